@@ -1,0 +1,244 @@
+"""Build the pinned upstream control plane and tools from source.
+
+Every binary is built through the Go module proxy from the versions in ``pins.toml`` into a
+cache outside the repository (``$REVERSI_CACHE`` or ``~/.cache/reversi``), one folder per
+component and version, e.g. ``~/.cache/reversi/kubernetes-v1.36.3/bin/kube-apiserver``.
+What is already built is skipped. Nothing built here is ever committed.
+
+Why scratch modules: ``go install k8s.io/kubernetes/cmd/...@v1.36.3`` is refused because the
+kubernetes module carries ``replace`` directives pointing at its in-tree ``staging/`` folder.
+A scratch module that requires ``k8s.io/kubernetes`` and replaces each staging module
+``k8s.io/<name>`` with its published ``v0.<minor>.<patch>`` release builds the same code.
+etcd is built from a scratch module whose ``main`` calls ``etcdmain.Main(os.Args)``.
+
+Requirements: Go (1.26+) and access to the Go module proxy. Users who bring a cluster of their
+own need neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+PINS_FILE = Path(__file__).with_name("pins.toml")
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message names it and its build log."""
+
+
+def load_pins() -> dict:
+    """Return the parsed ``pins.toml`` (component name -> table)."""
+    with PINS_FILE.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def cache_root() -> Path:
+    """The cache folder for built binaries: ``$REVERSI_CACHE`` or ``~/.cache/reversi``."""
+    return Path(os.environ.get("REVERSI_CACHE") or Path.home() / ".cache" / "reversi")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One thing to build: its cache folder and the binaries it must produce."""
+
+    name: str
+    version: str
+    binaries: tuple[str, ...]
+
+    @property
+    def root(self) -> Path:
+        return cache_root() / f"{self.name}-{self.version}"
+
+    @property
+    def bindir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "build.log"
+
+    def path(self, binary: str) -> Path:
+        return self.bindir / binary
+
+    def is_built(self) -> bool:
+        return all(os.access(self.path(b), os.X_OK) for b in self.binaries)
+
+
+def components() -> dict[str, Component]:
+    """The buildable components, keyed by name, with versions from ``pins.toml``."""
+    pins = load_pins()
+    return {
+        "kubernetes": Component(
+            "kubernetes", pins["kubernetes"]["version"], tuple(pins["kubernetes"]["commands"])
+        ),
+        "etcd": Component("etcd", pins["etcd"]["version"], ("etcd",)),
+        "helm": Component("helm", pins["helm"]["version"], ("helm",)),
+        "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool",)),
+    }
+
+
+def binary(component: str, name: str | None = None) -> Path:
+    """Path of a built binary, e.g. ``binary("kubernetes", "kubectl")``; it may not exist yet."""
+    comp = components()[component]
+    return comp.path(name or comp.binaries[0])
+
+
+def _go_env(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOFLAGS", "-buildvcs=false")
+    env["CGO_ENABLED"] = "0"
+    env["GOWORK"] = "off"
+    env["GOTOOLCHAIN"] = env.get("GOTOOLCHAIN", "local")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True) -> None:
+    """Run a go command, appending its output to ``log``; print a progress line per package."""
+    with log.open("a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=_go_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        count = 0
+        started = time.monotonic()
+        for line in proc.stdout:
+            fh.write(line)
+            count += 1
+            if progress and count % 100 == 0:
+                print(
+                    f"  {label}: {count} lines of go output, {time.monotonic() - started:.0f}s",
+                    file=sys.stderr, flush=True,
+                )
+        rc = proc.wait()
+    if rc != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise BuildError(
+            f"building {label} failed (exit {rc}); full log: {log}\n--- last lines ---\n{tail}"
+        )
+
+
+def _staging_replaces(k8s_version: str, staging_version: str, workdir: Path, log: Path) -> list[str]:
+    """Read the staging module names from the kubernetes module's own go.mod replace lines."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{k8s_version}"],
+        cwd=workdir, env=_go_env(workdir), capture_output=True, text=True,
+    )
+    if out.returncode != 0:
+        log.write_text(out.stdout + out.stderr)
+        raise BuildError(f"cannot download k8s.io/kubernetes@{k8s_version}; log: {log}")
+    gomod = Path(json.loads(out.stdout)["GoMod"]).read_text()
+    names = []
+    for line in gomod.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("./staging/"):
+            names.append(parts[0])
+    if not names:
+        raise BuildError(f"no staging replace lines found in k8s.io/kubernetes@{k8s_version} go.mod")
+    return [f"replace {n} => {n} {staging_version}" for n in names]
+
+
+def _build_kubernetes(comp: Component, pins: dict) -> None:
+    k = pins["kubernetes"]
+    src = comp.root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text("module reversi.local/k8sbuild\n\ngo 1.26.0\n")
+    replaces = _staging_replaces(k["version"], k["staging_version"], src, comp.log)
+    (src / "go.mod").write_text(
+        "module reversi.local/k8sbuild\n\ngo 1.26.0\n\n"
+        + "\n".join(replaces)
+        + f"\n\nrequire k8s.io/kubernetes {k['version']}\n"
+    )
+    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in comp.binaries]
+    _run(["go", "get", "-tool", *[f"{p}@{k['version']}" for p in pkgs]], src, comp.log,
+         "kubernetes (resolve modules)")
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    _run(
+        ["go", "build", "-v", "-trimpath", "-tags", ",".join(k["build_tags"]),
+         "-ldflags", f"-s -w -X k8s.io/component-base/version.gitVersion={k['version']}"
+         f" -X k8s.io/client-go/pkg/version.gitVersion={k['version']}",
+         "-o", str(comp.bindir) + "/", *pkgs],
+        src, comp.log, f"kubernetes {k['version']}",
+    )
+
+
+ETCD_MAIN = """package main
+
+import (
+\t"os"
+
+\t"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+"""
+
+
+def _build_etcd(comp: Component, pins: dict) -> None:
+    src = comp.root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text("module reversi.local/etcdbuild\n\ngo 1.26.0\n")
+    (src / "main.go").write_text(ETCD_MAIN)
+    _run(["go", "get", f"go.etcd.io/etcd/server/v3@{comp.version}"], src, comp.log,
+         "etcd (resolve modules)")
+    _run(["go", "mod", "tidy"], src, comp.log, "etcd (tidy)")
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    _run(["go", "build", "-v", "-trimpath", "-ldflags", "-s -w", "-o",
+          str(comp.path("etcd")), "."], src, comp.log, f"etcd {comp.version}")
+
+
+def _go_install(comp: Component, package: str) -> None:
+    comp.root.mkdir(parents=True, exist_ok=True)
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    env_gobin = ["env", f"GOBIN={comp.bindir}"]
+    _run([*env_gobin, "go", "install", "-v", "-trimpath", f"{package}@{comp.version}"],
+         comp.root, comp.log, f"{comp.name} {comp.version}")
+
+
+def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
+    """Build the named components (default: kubernetes and etcd), skipping built ones.
+
+    Returns the components by name. Raises :class:`BuildError` naming the component and its
+    build log when a build fails.
+    """
+    pins = load_pins()
+    comps = components()
+    wanted = names or ["kubernetes", "etcd"]
+    for name in wanted:
+        comp = comps[name]
+        if comp.is_built() and not force:
+            continue
+        if shutil.which("go") is None:
+            raise BuildError(
+                "Go is needed to build the local control plane (see README: Requirements); "
+                "install Go 1.26+ or point KUBECONFIG at a cluster of your own"
+            )
+        comp.root.mkdir(parents=True, exist_ok=True)
+        comp.log.write_text("")
+        started = time.monotonic()
+        print(f"building {name} {comp.version} into {comp.bindir} (log: {comp.log})",
+              file=sys.stderr, flush=True)
+        if name == "kubernetes":
+            _build_kubernetes(comp, pins)
+        elif name == "etcd":
+            _build_etcd(comp, pins)
+        elif name == "helm":
+            _go_install(comp, "helm.sh/helm/v3/cmd/helm")
+        elif name == "prometheus":
+            _go_install(comp, "github.com/prometheus/prometheus/cmd/promtool")
+        missing = [b for b in comp.binaries if not comp.path(b).exists()]
+        if missing:
+            raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")
+        print(f"built {name} {comp.version} in {time.monotonic() - started:.0f}s",
+              file=sys.stderr, flush=True)
+    return {n: comps[n] for n in wanted}
