@@ -1,0 +1,445 @@
+"""Start, stop and inspect the local control plane on loopback.
+
+Components, each a process of its own with its log in ``<state>/logs/<component>.log``:
+
+- ``etcd`` (built from the pinned release) with its data in ``<state>/etcd``;
+- ``kube-apiserver`` on ``https://127.0.0.1:<port>`` with client-certificate authentication,
+  RBAC authorization and service-account token signing;
+- ``kube-controller-manager`` running the job, garbage-collector, namespace, serviceaccount,
+  serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers;
+- ``node-agent`` (:mod:`reversi.devcluster.nodeagent`), standing in for a kubelet.
+
+The state folder is ``$REVERSI_CLUSTER_DIR`` or ``~/.cache/reversi/cluster``. Ports come from
+:class:`ClusterSettings` (environment variables ``REVERSI_APISERVER_PORT``,
+``REVERSI_ETCD_PORT``, ``REVERSI_ETCD_PEER_PORT``, ``REVERSI_KUBELET_PORT``).
+
+Every failure raises :class:`ClusterError` naming the component and its log; ``down`` stops
+every process it started, whatever state ``up`` reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from . import build, pki
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent")
+NODE_NAME = "reversi-node"
+SERVICE_CIDR = "10.96.0.0/24"
+SERVICE_IP = "10.96.0.1"
+
+
+class ClusterError(RuntimeError):
+    """A component failed; the message names it and the log to read."""
+
+
+class ClusterSettings(BaseSettings):
+    """Knobs of the local control plane, read from ``REVERSI_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="REVERSI_")
+
+    cluster_dir: Path = Field(
+        default_factory=lambda: build.cache_root() / "cluster",
+        description="Folder for certificates, kubeconfigs, etcd data, logs and pids.",
+    )
+    apiserver_port: int = Field(16443, description="kube-apiserver secure port on 127.0.0.1.")
+    etcd_port: int = Field(12379, description="etcd client port on 127.0.0.1.")
+    etcd_peer_port: int = Field(12380, description="etcd peer port on 127.0.0.1.")
+    kubelet_port: int = Field(20250, description="node agent's kubelet API port (logs).")
+    start_timeout: float = Field(90.0, description="Seconds to wait for each component.")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the cluster keeps its files."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def node(self) -> Path:
+        return self.root / "node"
+
+    @property
+    def kubeconfigs(self) -> Path:
+        return self.root / "kubeconfigs"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfigs / "admin.yaml"
+
+    def log(self, component: str) -> Path:
+        return self.logs / f"{component}.log"
+
+    def pid(self, component: str) -> Path:
+        return self.pids / f"{component}.pid"
+
+
+class Cluster:
+    """The local control plane: ``up()``, ``down()``, ``status()`` and kubeconfigs."""
+
+    def __init__(self, settings: ClusterSettings | None = None):
+        self.settings = settings or ClusterSettings()
+        self.paths = Paths(self.settings.cluster_dir)
+
+    # ----- identities -------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.settings.apiserver_port}"
+
+    @property
+    def ca(self) -> pki.KeyPair:
+        return pki.make_ca(self.paths.pki)
+
+    def kubeconfig_for(self, user: str, groups: tuple[str, ...] = (), name: str | None = None) -> Path:
+        """Write a kubeconfig that authenticates as ``user`` in ``groups``; return its path.
+
+        The identity is a client certificate signed by the cluster CA (CN = user,
+        O = groups), so the API server sees exactly that user; RBAC decides what it may do.
+        """
+        stem = name or _safe(user + ("-" + "-".join(groups) if groups else ""))
+        pair = pki.issue(
+            self.ca, self.paths.pki / "users", stem, user, organizations=tuple(groups), client=True
+        )
+        path = self.paths.kubeconfigs / f"{stem}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "reversi-local", "cluster": {
+                "server": self.server, "certificate-authority": str(self.ca.cert)}}],
+            "users": [{"name": user, "user": {
+                "client-certificate": str(pair.cert), "client-key": str(pair.key)}}],
+            "contexts": [{"name": "reversi-local", "context": {
+                "cluster": "reversi-local", "user": user}}],
+            "current-context": "reversi-local",
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    def _prepare_pki(self) -> dict[str, pki.KeyPair]:
+        d = self.paths.pki
+        ca = self.ca
+        return {
+            "ca": ca,
+            "apiserver": pki.issue(
+                ca, d, "apiserver", "kube-apiserver",
+                dns_names=("localhost", "kubernetes", "kubernetes.default",
+                           "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
+                ip_addresses=("127.0.0.1", SERVICE_IP), server=True,
+            ),
+            "apiserver-kubelet-client": pki.issue(
+                ca, d, "apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                organizations=("system:masters",), client=True,
+            ),
+            "kubelet": pki.issue(
+                ca, d, "kubelet", f"system:node:{NODE_NAME}",
+                dns_names=("localhost", NODE_NAME), ip_addresses=("127.0.0.1",), server=True,
+            ),
+            "sa": pki.make_service_account_keys(d),
+        }
+
+    # ----- lifecycle --------------------------------------------------------------------
+
+    def up(self, *, log=print) -> None:
+        """Build what is missing and start every component; return when the node is Ready.
+
+        Reuses a cluster that is already running. Raises :class:`ClusterError` (after
+        stopping what it started) naming the failing component and its log.
+        """
+        if self.is_running():
+            log(f"control plane already running at {self.server}")
+            return
+        self.down(quiet=True)
+        build.build(["kubernetes", "etcd"])
+        for p in (self.paths.logs, self.paths.pids, self.paths.node, self.paths.kubeconfigs):
+            p.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
+        for comp in COMPONENTS:
+            self.paths.log(comp).write_text("")
+        s = self.settings
+        for comp, port in (("etcd", s.etcd_port), ("etcd", s.etcd_peer_port),
+                           ("kube-apiserver", s.apiserver_port), ("node-agent", s.kubelet_port)):
+            if _port_in_use(port):
+                raise ClusterError(
+                    f"{comp}: port {port} on 127.0.0.1 is in use; stop what holds it "
+                    f"(`ss -ltnp 'sport = :{port}'`) or choose another port with the "
+                    f"REVERSI_*_PORT variables (reversi-devcluster --help)"
+                )
+        certs = self._prepare_pki()
+        admin = self.kubeconfig_for("reversi-admin", ("system:masters",), name="admin")
+        kcm = self.kubeconfig_for("system:kube-controller-manager", name="controller-manager")
+        node = self.kubeconfig_for(
+            f"system:node:{NODE_NAME}", ("system:nodes", "system:masters"), name="node-agent"
+        )
+        started = time.monotonic()
+        try:
+            self._start("etcd", self._etcd_cmd())
+            self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{s.etcd_port}/health"))
+            self._start("kube-apiserver", self._apiserver_cmd(certs))
+            self._wait("kube-apiserver", self._apiserver_ready)
+            self._start("kube-controller-manager", self._kcm_cmd(certs, kcm))
+            self._start("node-agent", [
+                sys.executable, "-m", "reversi.devcluster.nodeagent",
+                "--kubeconfig", str(node), "--node-name", NODE_NAME,
+                "--state-dir", str(self.paths.node), "--port", str(s.kubelet_port),
+                "--tls-cert", str(certs["kubelet"].cert), "--tls-key", str(certs["kubelet"].key),
+                "--client-ca", str(certs["ca"].cert),
+                "--apiserver-host", "127.0.0.1", "--apiserver-port", str(s.apiserver_port),
+            ], env={"PYTHONPATH": _package_root()})
+            self._wait("node-agent", self._node_ready)
+            self._wait("kube-controller-manager", self._default_serviceaccount_exists)
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        log(f"control plane up at {self.server} in {time.monotonic() - started:.1f}s")
+        log(f"export KUBECONFIG={admin}")
+
+    def down(self, *, quiet: bool = False, log=print) -> None:
+        """Stop every component this folder's pid files name (reverse start order).
+
+        Sends SIGTERM to each process group, then SIGKILL after a grace period; removes the
+        pid files and etcd's data, so the next ``up`` starts from an empty cluster.
+        """
+        for comp in reversed(COMPONENTS):
+            pidfile = self.paths.pid(comp)
+            if not pidfile.exists():
+                continue
+            pid = int(pidfile.read_text().strip() or 0)
+            if pid and _alive(pid):
+                _terminate_group(pid, grace=10.0 if comp == "node-agent" else 5.0)
+                if not quiet:
+                    log(f"stopped {comp} (pid {pid})")
+            pidfile.unlink(missing_ok=True)
+        shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
+
+    def status(self) -> dict[str, dict]:
+        """Each component's pid, whether it is alive, and its log path."""
+        out = {}
+        for comp in COMPONENTS:
+            pidfile = self.paths.pid(comp)
+            pid = int(pidfile.read_text().strip() or 0) if pidfile.exists() else None
+            out[comp] = {
+                "pid": pid,
+                "running": bool(pid and _alive(pid)),
+                "log": str(self.paths.log(comp)),
+            }
+        return out
+
+    def is_running(self) -> bool:
+        """True when every component is alive and the API server answers ``/readyz``."""
+        return all(c["running"] for c in self.status().values()) and self._apiserver_ready()
+
+    # ----- commands ---------------------------------------------------------------------
+
+    def _etcd_cmd(self) -> list[str]:
+        s = self.settings
+        return [
+            str(build.binary("etcd")),
+            "--name", "reversi", "--data-dir", str(self.paths.etcd_data),
+            "--listen-client-urls", f"http://127.0.0.1:{s.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{s.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{s.etcd_peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{s.etcd_peer_port}",
+            "--initial-cluster", f"reversi=http://127.0.0.1:{s.etcd_peer_port}",
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
+            "--log-level", "warn",
+        ]
+
+    def _apiserver_cmd(self, c: dict[str, pki.KeyPair]) -> list[str]:
+        s = self.settings
+        return [
+            str(build.binary("kubernetes", "kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{s.etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={s.apiserver_port}",
+            f"--tls-cert-file={c['apiserver'].cert}", f"--tls-private-key-file={c['apiserver'].key}",
+            f"--client-ca-file={c['ca'].cert}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={c['sa'].cert}",
+            f"--service-account-signing-key-file={c['sa'].key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--kubelet-client-certificate={c['apiserver-kubelet-client'].cert}",
+            f"--kubelet-client-key={c['apiserver-kubelet-client'].key}",
+            f"--kubelet-certificate-authority={c['ca'].cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--allow-privileged=false", "--profiling=false", "--v=1",
+        ]
+
+    def _kcm_cmd(self, c: dict[str, pki.KeyPair], kubeconfig: Path) -> list[str]:
+        return [
+            str(build.binary("kubernetes", "kube-controller-manager")),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--controllers=job-controller,garbage-collector-controller,namespace-controller,"
+            "serviceaccount-controller,serviceaccount-token-controller,"
+            "root-ca-certificate-publisher-controller,ttl-after-finished-controller",
+            f"--service-account-private-key-file={c['sa'].key}",
+            f"--root-ca-file={c['ca'].cert}",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0",
+            "--concurrent-job-syncs=10", "--v=1",
+        ]
+
+    # ----- process plumbing -------------------------------------------------------------
+
+    def _start(self, comp: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        log = self.paths.log(comp).open("ab")
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, **(env or {})}, cwd=self.paths.root,
+        )
+        self.paths.pid(comp).write_text(str(proc.pid))
+
+    def _wait(self, comp: str, ready) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout
+        pidfile = self.paths.pid(comp)
+        while time.monotonic() < deadline:
+            pid = int(pidfile.read_text())
+            if not _alive(pid):
+                raise ClusterError(self._died(comp))
+            for other in COMPONENTS:
+                opid = self.paths.pid(other)
+                if other != comp and opid.exists() and not _alive(int(opid.read_text())):
+                    raise ClusterError(self._died(other))
+            try:
+                if ready():
+                    return
+            except Exception:  # noqa: BLE001 - not ready yet
+                pass
+            time.sleep(0.25)
+        raise ClusterError(
+            f"{comp} did not become ready within {self.settings.start_timeout:.0f}s; "
+            f"read its log: {self.paths.log(comp)}\n{_tail(self.paths.log(comp))}"
+        )
+
+    def _died(self, comp: str) -> str:
+        return (f"{comp} exited during start-up; read its log: {self.paths.log(comp)}\n"
+                f"{_tail(self.paths.log(comp))}")
+
+    def _admin_ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca.cert))
+        users = self.paths.pki / "users"
+        ctx.load_cert_chain(str(users / "admin.crt"), str(users / "admin.key"))
+        return ctx
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.server + path)
+        try:
+            with urllib.request.urlopen(req, context=self._admin_ssl(), timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            return self._get("/readyz")[0] == 200
+        except (OSError, ssl.SSLError):
+            return False
+
+    def _node_ready(self) -> bool:
+        code, body = self._get(f"/api/v1/nodes/{NODE_NAME}")
+        if code != 200:
+            return False
+        conds = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    def _default_serviceaccount_exists(self) -> bool:
+        return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)[:80]
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _terminate_group(pid: int, grace: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "--- last lines ---\n" + "\n".join(text)

@@ -1,0 +1,71 @@
+"""Start one container's process inside a private mount namespace.
+
+The node agent runs ``unshare --mount --propagation private -- python -m
+reversi.devcluster.launcher SPEC.json``. This module bind-mounts each prepared volume folder
+(and the container's termination-message file) at its ``mountPath``, changes to the working
+directory and replaces itself with the container's command (``execvpe``), so the command's
+exit code is the container's exit code. The mounts vanish with the namespace when the
+process ends.
+
+SPEC.json: ``{"argv": [...], "env": {...}, "workingDir": str|null,
+"mounts": [{"source": path, "target": path, "readOnly": bool}]}``.
+
+Mount targets that do not exist are created on the host file system (as empty folders or
+files) before mounting; only what is mounted over them is private to the pod.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+
+
+def _mount(source: str, target: str, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def bind(source: str, target: str, read_only: bool) -> None:
+    """Bind-mount ``source`` at ``target`` (creating the target), read-only if asked."""
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target) or "/", exist_ok=True)
+        if not os.path.exists(target):
+            open(target, "a").close()
+    _mount(source, target, MS_BIND | MS_REC)
+    if read_only:
+        _mount(source, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[1]) as fh:
+        spec = json.load(fh)
+    try:
+        for m in spec.get("mounts", []):
+            bind(m["source"], m["target"], bool(m.get("readOnly")))
+        if spec.get("workingDir"):
+            os.makedirs(spec["workingDir"], exist_ok=True)
+            os.chdir(spec["workingDir"])
+    except OSError as err:
+        print(f"reversi node agent: cannot set up container: {err}", file=sys.stderr)
+        return 128
+    argv_ = spec["argv"]
+    try:
+        os.execvpe(argv_[0], argv_, spec["env"])
+    except OSError as err:
+        print(f"reversi node agent: cannot start {argv_[0]!r}: {err}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
