@@ -35,8 +35,9 @@ class BuildError(RuntimeError):
 
 
 def load_pins() -> dict:
-    """Return the parsed ``pins.toml`` (component name -> table)."""
-    with PINS_FILE.open("rb") as fh:
+    """Return the parsed ``pins.toml`` (component name -> table); ``$REVERSI_PINS`` may name
+    another pins file (used by tests to provoke a failing build)."""
+    with Path(os.environ.get("REVERSI_PINS") or PINS_FILE).open("rb") as fh:
         return tomllib.load(fh)
 
 
@@ -197,12 +198,17 @@ def _build_etcd(comp: Component, pins: dict) -> None:
           str(comp.path("etcd")), "."], src, comp.log, f"etcd {comp.version}")
 
 
-def _go_install(comp: Component, package: str) -> None:
-    comp.root.mkdir(parents=True, exist_ok=True)
+def _build_tool(comp: Component, package: str) -> None:
+    """Build one command from a scratch module (``go install pkg@v`` refuses modules with
+    ``replace`` or ``exclude`` directives, as Prometheus has)."""
+    src = comp.root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text(f"module reversi.local/{comp.name}build\n\ngo 1.26.0\n")
+    _run(["go", "get", "-tool", f"{package}@{comp.version}"], src, comp.log,
+         f"{comp.name} (resolve modules)")
     comp.bindir.mkdir(parents=True, exist_ok=True)
-    env_gobin = ["env", f"GOBIN={comp.bindir}"]
-    _run([*env_gobin, "go", "install", "-v", "-trimpath", f"{package}@{comp.version}"],
-         comp.root, comp.log, f"{comp.name} {comp.version}")
+    _run(["go", "build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(comp.bindir) + "/",
+          package], src, comp.log, f"{comp.name} {comp.version}")
 
 
 def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
@@ -233,9 +239,9 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
         elif name == "etcd":
             _build_etcd(comp, pins)
         elif name == "helm":
-            _go_install(comp, "helm.sh/helm/v3/cmd/helm")
+            _build_tool(comp, "helm.sh/helm/v3/cmd/helm")
         elif name == "prometheus":
-            _go_install(comp, "github.com/prometheus/prometheus/cmd/promtool")
+            _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool")
         missing = [b for b in comp.binaries if not comp.path(b).exists()]
         if missing:
             raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")

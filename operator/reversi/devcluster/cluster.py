@@ -63,6 +63,8 @@ class ClusterSettings(BaseSettings):
     etcd_peer_port: int = Field(12380, description="etcd peer port on 127.0.0.1.")
     kubelet_port: int = Field(20250, description="node agent's kubelet API port (logs).")
     start_timeout: float = Field(90.0, description="Seconds to wait for each component.")
+    apiserver_extra_args: list[str] = Field(
+        default_factory=list, description="Extra kube-apiserver flags (JSON list), e.g. feature gates.")
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ class Cluster:
             f"--kubelet-certificate-authority={c['ca'].cert}",
             "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=false", "--profiling=false", "--v=1",
+            *s.apiserver_extra_args,
         ]
 
     def _kcm_cmd(self, c: dict[str, pki.KeyPair], kubeconfig: Path) -> list[str]:
