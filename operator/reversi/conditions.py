@@ -1,0 +1,241 @@
+"""Condition types and reasons: the closed set Reversi ever writes (DESIGN §3, cert-manager style).
+
+Code never writes a type or reason string inline: it uses the constants below, and
+:func:`condition` refuses anything outside :data:`TYPES` / :data:`REASONS`.
+
+Conditions are plain dicts in the Kubernetes wire shape::
+
+    {"type": "Complete", "status": "False", "reason": "Incomplete",
+     "message": "step 3 could not be undone: ...", "observedGeneration": 2,
+     "lastTransitionTime": "2025-01-01T00:00:00Z"}
+
+Which types go where:
+
+- RollbackRequest summary: ``Planned``, ``Running``, ``AwaitingApproval``, ``Complete``, ``Invalid``.
+- RollbackRequest per-step entries (``status.steps[].conditions``): ``Approved``,
+  ``Compensated``, ``Verified``.
+- Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
+  (a RollbackRequest holds the run: ``status.activeRequest``).
+- ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``.
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+# --------------------------------------------------------------------------------------- status
+TRUE = "True"
+FALSE = "False"
+UNKNOWN = "Unknown"
+STATUSES = frozenset({TRUE, FALSE, UNKNOWN})
+
+# ---------------------------------------------------------------------------------------- types
+# RollbackRequest summary
+PLANNED = "Planned"
+RUNNING = "Running"
+AWAITING_APPROVAL = "AwaitingApproval"  # also a reason
+COMPLETE = "Complete"
+INVALID = "Invalid"
+# RollbackRequest per step
+APPROVED = "Approved"
+COMPENSATED = "Compensated"
+VERIFIED = "Verified"  # also a reason
+# Run
+ROLLED_BACK = "RolledBack"
+LOCKED = "Locked"
+# ToolManifest
+ACCEPTED = "Accepted"
+# Halt / ClusterHalt
+ACTIVE = "Active"
+
+TYPES = frozenset(
+    {
+        PLANNED,
+        RUNNING,
+        AWAITING_APPROVAL,
+        COMPLETE,
+        INVALID,
+        APPROVED,
+        COMPENSATED,
+        VERIFIED,
+        ROLLED_BACK,
+        LOCKED,
+        ACCEPTED,
+        ACTIVE,
+    }
+)
+
+# -------------------------------------------------------------------------------------- reasons
+# Planning / request lifecycle
+PLAN_READY = "PlanReady"  # Planned=True: the plan is in status.plan
+DRY_RUN = "DryRun"  # Running=False / Complete=False: dry run, nothing is undone
+WAITING_FOR_RUN = "WaitingForRun"  # another RollbackRequest holds the run (rule 6)
+RUN_NOT_FOUND = "RunNotFound"  # Invalid=True, phase Failed
+MANIFEST_NOT_FOUND = "ManifestNotFound"  # Invalid=True, phase Failed
+INVALID_DEPENDENCIES = "InvalidDependencies"  # Invalid=True: the run's dependencies are broken
+INVALID_SPEC = "InvalidSpec"  # Invalid=True: the request's own spec is unusable
+VALID = "Valid"  # Invalid=False
+NOT_STARTED = "NotStarted"  # Running=False before the first compensation starts
+IN_PROGRESS = "InProgress"  # Running=True
+FINISHED = "Finished"  # Running=False after the last compensation settled
+DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.deadlineSeconds passed; the rest is reported
+NOTHING_TO_UNDO = "NothingToUndo"  # Complete=True: no standing step needs an undo
+# Per-step compensation (Compensated condition)
+PENDING = "Pending"  # Compensated=False: not started yet (order or parallelism)
+COMPENSATING = "Compensating"  # Compensated=Unknown: the compensator Job is running (rule 3)
+COMPENSATION_SUCCEEDED = "CompensationSucceeded"  # Compensated=True
+ALREADY_COMPENSATED = "AlreadyCompensated"  # Compensated=True: settled earlier (rule 6)
+COMPENSATION_RETRYING = "CompensationRetrying"  # Compensated=Unknown: waiting for backoff (rule 4)
+COMPENSATION_FAILED = "CompensationFailed"  # Compensated=False: retries used up (rule 4)
+BLOCKED = "Blocked"  # Compensated=False: deferred, a dependent still stands (rule 1)
+# Per-step approval (Approved condition, rule 8); AWAITING_APPROVAL is also a reason
+APPROVED_BY_USER = "ApprovedByUser"  # Approved=True: spec.approvals names the step
+APPROVED_FOR_ALL = "ApprovedForAll"  # Approved=True: spec.approveCompensations
+APPROVAL_NOT_REQUIRED = "ApprovalNotRequired"  # Approved=True: snapshot does not require it
+# Per-step verification (Verified condition, rule 5); VERIFIED is also a reason
+VERIFYING = "Verifying"  # Verified=Unknown: the reader Job is running or waiting for backoff
+VERIFICATION_FAILED = "VerificationFailed"  # Verified=False: the answer does not contain expect
+VERIFICATION_ARGUMENTS_UNAVAILABLE = "VerificationArgumentsUnavailable"  # Verified=False
+READ_FAILED = "ReadFailed"  # Verified=False: reader exited non-zero or printed no JSON
+NO_READER = "NoReader"  # Verified=False: no verification declared: the step is unverified
+# Summary verdicts (Complete condition, Run RolledBack)
+ALL_COMPENSATED = "AllCompensated"  # Complete=True / RolledBack=True
+INCOMPLETE = "Incomplete"  # Complete=False: the report lists what is not undone
+# Run lock
+HELD_BY_REQUEST = "HeldByRequest"  # Locked=True
+RELEASED = "Released"  # Locked=False
+# ToolManifest
+MANIFEST_VALID = "ManifestValid"  # Accepted=True
+MANIFEST_INVALID = "ManifestInvalid"  # Accepted=False
+# Halt
+HALT_IN_EFFECT = "HaltInEffect"  # Active=True
+
+REASONS = frozenset(
+    {
+        PLAN_READY,
+        DRY_RUN,
+        WAITING_FOR_RUN,
+        RUN_NOT_FOUND,
+        MANIFEST_NOT_FOUND,
+        INVALID_DEPENDENCIES,
+        INVALID_SPEC,
+        VALID,
+        NOT_STARTED,
+        IN_PROGRESS,
+        FINISHED,
+        DEADLINE_EXCEEDED,
+        NOTHING_TO_UNDO,
+        PENDING,
+        COMPENSATING,
+        COMPENSATION_SUCCEEDED,
+        ALREADY_COMPENSATED,
+        COMPENSATION_RETRYING,
+        COMPENSATION_FAILED,
+        BLOCKED,
+        AWAITING_APPROVAL,
+        APPROVED_BY_USER,
+        APPROVED_FOR_ALL,
+        APPROVAL_NOT_REQUIRED,
+        VERIFIED,
+        VERIFYING,
+        VERIFICATION_FAILED,
+        VERIFICATION_ARGUMENTS_UNAVAILABLE,
+        READ_FAILED,
+        NO_READER,
+        ALL_COMPENSATED,
+        INCOMPLETE,
+        HELD_BY_REQUEST,
+        RELEASED,
+        MANIFEST_VALID,
+        MANIFEST_INVALID,
+        HALT_IN_EFFECT,
+    }
+)
+
+# Longest message kept in a condition (Kubernetes allows 32768; keep status small).
+MAX_MESSAGE_LENGTH = 4096
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """Format ``moment`` (default: now) as a Kubernetes timestamp, UTC, seconds: ``2025-01-01T00:00:00Z``."""
+    moment = moment or datetime.now(timezone.utc)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str = "",
+    observed_generation: int | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Build one condition dict (wire shape, camelCase keys).
+
+    ``status`` is ``"True"``, ``"False"`` or ``"Unknown"`` (a Python bool is accepted and
+    converted). ``message`` is cut to :data:`MAX_MESSAGE_LENGTH` characters.
+    ``lastTransitionTime`` is ``now`` (default: the current time) as RFC 3339.
+
+    Raises ``ValueError`` for a type, status or reason outside the closed sets of this module.
+    """
+    if isinstance(status, bool):
+        status = TRUE if status else FALSE
+    if type_ not in TYPES:
+        raise ValueError(f"unknown condition type {type_!r}; add it to reversi.conditions.TYPES")
+    if status not in STATUSES:
+        raise ValueError(f"condition status must be True, False or Unknown, not {status!r}")
+    if reason not in REASONS:
+        raise ValueError(f"unknown condition reason {reason!r}; add it to reversi.conditions.REASONS")
+    if len(message) > MAX_MESSAGE_LENGTH:
+        message = message[: MAX_MESSAGE_LENGTH - 1] + "…"
+    out: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": rfc3339(now),
+    }
+    if observed_generation is not None:
+        out["observedGeneration"] = observed_generation
+    return out
+
+
+def get_condition(conditions: Iterable[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    """Return the condition of ``type_`` in ``conditions`` (or ``None``)."""
+    for cond in conditions or ():
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def set_condition(conditions: Iterable[dict[str, Any]] | None, new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return a new list with ``new`` replacing the condition of the same type (or appended).
+
+    When the status does not change, the old ``lastTransitionTime`` is kept (reason, message and
+    observedGeneration are updated). The input list is not modified; order is kept.
+    """
+    out: list[dict[str, Any]] = []
+    placed = False
+    for cond in conditions or ():
+        if cond.get("type") == new["type"]:
+            merged = dict(new)
+            if cond.get("status") == new["status"] and cond.get("lastTransitionTime"):
+                merged["lastTransitionTime"] = cond["lastTransitionTime"]
+            out.append(merged)
+            placed = True
+        else:
+            out.append(dict(cond))
+    if not placed:
+        out.append(dict(new))
+    return out
+
+
+def is_true(conditions: Iterable[dict[str, Any]] | None, type_: str) -> bool:
+    """True when the condition of ``type_`` exists and has status ``"True"``."""
+    cond = get_condition(conditions, type_)
+    return bool(cond and cond.get("status") == TRUE)

@@ -1,0 +1,296 @@
+"""RollbackRequest (namespaced): asks for a run to be undone, or only planned (DESIGN §3, §4, §5).
+
+``spec.runRef`` and ``spec.dryRun`` are immutable (CEL); approvers are stamped at admission and
+never change. The status carries the plan (:class:`Plan`), one :class:`StepStatus` per
+compensate/defer action, the :class:`Report`, the summary conditions and a readable ``phase``:
+
+    Pending -> Waiting (another request holds the run) -> Planned (dry run: final)
+            -> Running <-> AwaitingApproval -> Succeeded | Incomplete
+    Failed: the request itself is unusable (run or manifest missing, broken dependencies).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from .common import (
+    MAX_CONDITIONS,
+    MAX_NAME,
+    MAX_STEPS,
+    Backoff,
+    Condition,
+    CrdInfo,
+    JSONObject,
+    ObjectRef,
+    ReversiModel,
+    StatusModel,
+    age_column,
+    immutable,
+    list_map,
+    rule,
+)
+
+Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
+ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
+
+PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
+TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
+
+
+class Approval(ReversiModel):
+    """Approval of one step's compensation (DESIGN §4 rule 8)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.approver) || (has(self.approver) && self.approver == oldSelf.approver)",
+                    "an approval's approver cannot change",
+                )
+            ]
+        }
+    )
+
+    step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step whose compensation is approved.")
+    approver: str | None = Field(
+        default=None, max_length=MAX_NAME * 2, description="Who approved (stamped at admission from the authenticated user)."
+    )
+    approved_at: datetime | None = Field(default=None, description="When it was approved.")
+
+
+class RollbackRequestSpec(ReversiModel):
+    """Which run to undo and how: dry run, approvals, retries, backoff, parallelism, deadline."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.approvedBy) || (has(self.approvedBy) && self.approvedBy == oldSelf.approvedBy)",
+                    "spec.approvedBy is immutable once set",
+                    fieldPath=".approvedBy",
+                ),
+            ]
+        }
+    )
+
+    run_ref: ObjectRef = Field(
+        description="The Run (same namespace) to undo. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [immutable("spec.runRef")]},
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Only plan: status.plan says what would be done; nothing is undone. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [immutable("spec.dryRun")]},
+    )
+    approve_compensations: bool = Field(
+        default=False, description="Approve every compensation that requires approval (RBAC verb approve)."
+    )
+    approvals: list[Approval] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="Per-step approvals, keyed by step (RBAC verb approve).",
+        json_schema_extra=list_map("step"),
+    )
+    approved_by: str | None = Field(
+        default=None,
+        max_length=MAX_NAME * 2,
+        description="Who set approveCompensations (stamped at admission). Immutable once set.",
+    )
+    retries: int = Field(default=3, ge=1, le=10, description="Attempts per compensation before it is compensationFailed.")
+    backoff: Backoff = Field(default_factory=Backoff, description="Backoff between attempts (exponential, with jitter).")
+    parallelism: int = Field(default=1, ge=1, le=32, description="Compensations running at once (order still holds).")
+    verify_command: list[str] | None = Field(
+        default=None,
+        max_length=64,
+        description="Optional extra check run after each successful undo (in the compensation's runner).",
+    )
+    deadline_seconds: int | None = Field(
+        default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
+    )
+
+    def approved_steps(self) -> set[int]:
+        """Indices of steps approved one by one in ``spec.approvals``."""
+        return {approval.step for approval in self.approvals}
+
+
+class PlanAction(StatusModel):
+    """What the rollback does with one step (DESIGN §4 rule 2)."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    tool: str = Field(description="Tool of the step.")
+    kind: ActionKind = Field(description="compensate, skip, unrecoverable, unresolved, unmanifested or defer.")
+    reason: str = Field(default="", description="Why this kind, for a person.")
+    compensation_tool: str | None = Field(default=None, description="compensate: the tool that undoes the step.")
+    compensation_kind: Literal["inverse", "compensation"] | None = Field(
+        default=None, description="compensate: inverse (exact prior state) or compensation (amends)."
+    )
+    runner: str | None = Field(default=None, description="compensate: runner of the compensator Job.")
+    args: JSONObject | None = Field(default=None, description="compensate: resolved compensation arguments.")
+    idempotency_key: str | None = Field(
+        default=None, description="compensate: compensation idempotency key (64 hex), the same on every retry and re-run."
+    )
+    needs_approval: bool = Field(default=False, description="compensate: waits for approval before it runs.")
+    residue: list[str] = Field(
+        default_factory=list, description="What the undo cannot take back (for irreversible steps: what stays)."
+    )
+    verified: bool = Field(default=False, description="compensate: a reader Job will check the undo.")
+    blocked_by: list[int] = Field(
+        default_factory=list, description="defer: standing dependents that will not be undone (at most 32 listed)."
+    )
+
+
+class Plan(StatusModel):
+    """The dry run: one action per step (skip for steps that failed) and fullyReversible."""
+
+    fully_reversible: bool = Field(
+        description="Every standing step is compensate or skip, assuming each compensation succeeds; residue does not make it false."
+    )
+    actions: list[PlanAction] = Field(default_factory=list, description="One action per step, in step order.")
+
+    def action(self, step: int) -> PlanAction:
+        """The action of step ``step`` (actions are in step order: ``actions[i].step == i``)."""
+        action = self.actions[step]
+        if action.step != step:  # pragma: no cover - build_plan keeps the invariant
+            raise KeyError(step)
+        return action
+
+    def of_kind(self, *kinds: str) -> list[PlanAction]:
+        """Actions of the given kinds, in step order."""
+        return [a for a in self.actions if a.kind in kinds]
+
+
+class StepStatus(StatusModel):
+    """Progress of one compensate or defer action, with its own conditions (Approved, Compensated, Verified)."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    tool: str | None = Field(default=None, description="Tool of the step.")
+    compensation_tool: str | None = Field(default=None, description="Tool that undoes it.")
+    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far.")
+    idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
+    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
+    last_error: str | None = Field(default=None, description="Error of the last failed attempt or check.")
+    next_attempt_at: datetime | None = Field(default=None, description="Earliest time of the next attempt (backoff).")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Approved, Compensated, Verified.",
+        json_schema_extra=list_map("type"),
+    )
+
+
+class StepError(StatusModel):
+    """A step and why it failed."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    error: str = Field(description="What failed: the compensation's error or the first field that differs.")
+
+
+class StepReason(StatusModel):
+    """A step and why it cannot be undone."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    reason: str = Field(description="Why the step cannot be undone, with its residue.")
+
+
+class StepBlocked(StatusModel):
+    """A step that was not undone because dependents still stand."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep it from being undone.")
+
+
+class StepResidue(StatusModel):
+    """What the undo of a step could not take back."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    residue: list[str] = Field(default_factory=list, description="Residue lines from the manifest.")
+
+
+class Report(StatusModel):
+    """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
+
+    compensated: list[int] = Field(default_factory=list, description="Undone and checked by a reader.")
+    skipped: list[int] = Field(
+        default_factory=list, description="Needed no undo: read or idempotent, outcome failed, or already compensated."
+    )
+    failed: list[StepError] = Field(default_factory=list, description="Compensation or verification failed.")
+    unrecoverable: list[StepReason] = Field(
+        default_factory=list, description="Cannot be undone: irreversible, or compensation arguments missing."
+    )
+    unresolved: list[int] = Field(default_factory=list, description="Outcome intended or uncertain: settle with a resolution.")
+    unmanifested: list[int] = Field(default_factory=list, description="No manifest entry (observe mode).")
+    deferred: list[StepBlocked] = Field(default_factory=list, description="Not undone because dependents still stand.")
+    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval.")
+    unverified: list[int] = Field(
+        default_factory=list, description="Undone but not checked (no reader): not in compensated."
+    )
+    pending: list[int] = Field(
+        default_factory=list, description="Not settled yet (compensation pending or running), e.g. at a deadline."
+    )
+    residue: list[StepResidue] = Field(
+        default_factory=list, description="Residue of every compensated (or unverified) step."
+    )
+    complete: bool = Field(
+        default=False,
+        description="True only when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified and pending are all empty.",
+    )
+
+
+class RollbackRequestStatus(StatusModel):
+    """Observed state of a RollbackRequest."""
+
+    observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last processed.")
+    phase: Phase | None = Field(
+        default=None,
+        description="Pending, Waiting, Planned, Running, AwaitingApproval, Succeeded, Incomplete or Failed (the request is invalid).",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Planned, Running, AwaitingApproval, Complete, Invalid.",
+        json_schema_extra=list_map("type"),
+    )
+    plan: Plan | None = Field(default=None, description="The plan (also the whole answer of a dry run).")
+    steps: list[StepStatus] = Field(
+        default_factory=list,
+        description="One entry per compensate or defer action.",
+        json_schema_extra=list_map("step"),
+    )
+    report: Report | None = Field(default=None, description="The verdict (DESIGN §5).")
+    progress: str | None = Field(default=None, description='Settled compensations of all, e.g. "3/7".')
+    start_time: datetime | None = Field(default=None, description="When work on the run started.")
+    completion_time: datetime | None = Field(default=None, description="When the request reached a final phase.")
+
+
+class RollbackRequest(ReversiModel):
+    """A whole RollbackRequest object (apiVersion, kind, metadata, spec, status)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["reversi.dev/v1alpha1"] = Field(default="reversi.dev/v1alpha1", description="API version.")
+    kind: Literal["RollbackRequest"] = Field(default="RollbackRequest", description="Kind.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Object metadata.")
+    spec: RollbackRequestSpec = Field(description="What to undo and how.")
+    status: RollbackRequestStatus | None = Field(default=None, description="Observed state.")
+
+
+CRD = CrdInfo(
+    kind="RollbackRequest",
+    plural="rollbackrequests",
+    singular="rollbackrequest",
+    short_names=["rbr"],
+    description="Asks for a Run to be undone (or only planned: dryRun) and reports what was undone, checked, and not.",
+    spec_model=RollbackRequestSpec,
+    status_model=RollbackRequestStatus,
+    printer_columns=[
+        {"name": "Run", "type": "string", "jsonPath": ".spec.runRef.name"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
+        {"name": "Complete", "type": "boolean", "jsonPath": ".status.report.complete"},
+        {"name": "Dry Run", "type": "boolean", "jsonPath": ".spec.dryRun", "priority": 1},
+        age_column(),
+    ],
+)
