@@ -1,0 +1,200 @@
+"""The plan (DESIGN §4 rules 1, 2, 6, 7): one action per step, and ``fullyReversible``.
+
+Kinds, decided per step in this order:
+
+1. resolutions apply first (rule 7): a resolved step is planned as if it had the resolution's
+   outcome and result (the resolution's result, else the recorded one);
+2. outcome ``failed`` (not standing): **skip**;
+3. no snapshot: **unmanifested** (recorded in observe mode; Reversi cannot undo it);
+4. effect ``read`` / ``idempotent``: **skip**;
+5. effect ``irreversible``: **unrecoverable**, the reason states the residue;
+6. already ``compensated`` in the run's undo state: **skip** (rule 6);
+7. outcome ``intended`` / ``uncertain`` (unresolved): **unresolved** (Reversi will not guess);
+8. ``write``: **compensate** with resolved args, or **unrecoverable** when an argument template
+   names a missing value (or the snapshot has no compensation);
+9. then, newest first: a compensate step with a standing dependent that will not be undone in this
+   rollback (unrecoverable, unresolved, unmanifested or defer: transitively) becomes **defer**
+   with ``blockedBy``. A dependent that will be compensated is an ordering constraint for the
+   schedule, not a blocker.
+
+``fullyReversible``: every standing step is compensate or skip (residue does not matter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..models.rollbackrequest import Plan, PlanAction
+from ..models.run import RunSpec, RunStatus, Step, StepUndo
+from .graph import MAX_BLOCKED_BY, DependentIndex, Graph, build_graph
+from .keys import compensation_key
+from .templates import MissingValue, resolve
+
+COMPENSATE = "compensate"
+SKIP = "skip"
+UNRECOVERABLE = "unrecoverable"
+UNRESOLVED = "unresolved"
+UNMANIFESTED = "unmanifested"
+DEFER = "defer"
+KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER)
+# standing steps of these kinds stay as they are: their dependencies cannot be undone
+BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER})
+
+UndoStateInput = RunStatus | Mapping[int, StepUndo] | Iterable[StepUndo] | None
+
+
+def undo_by_step(undo_state: UndoStateInput) -> dict[int, StepUndo]:
+    """Normalise the run's undo state (``RunStatus``, a mapping or a list of ``StepUndo``) to a dict."""
+    if undo_state is None:
+        return {}
+    if isinstance(undo_state, RunStatus):
+        return undo_state.undo_by_step()
+    if isinstance(undo_state, Mapping):
+        return dict(undo_state)
+    return {entry.step: entry for entry in undo_state}
+
+
+def effective_outcome(step: Step, resolution: Any | None) -> tuple[str, dict[str, Any] | None]:
+    """The outcome and result a step is planned with (rule 7): the resolution's when resolved."""
+    if resolution is None:
+        return step.outcome, step.result
+    result = resolution.result if resolution.result is not None else step.result
+    return resolution.status, result
+
+
+def build_plan(
+    run_spec: RunSpec,
+    undo_state: UndoStateInput = None,
+    *,
+    run_id: str,
+    graph: Graph | None = None,
+) -> Plan:
+    """Plan the rollback of a run (DESIGN §4 rule 2).
+
+    ``run_spec``: the Run's spec; ``undo_state``: its ``status.undo`` (or ``RunStatus``, or a
+    ``{step: StepUndo}`` mapping); ``run_id``: the Run's ``metadata.uid`` (compensation keys are
+    derived from it); ``graph``: a prebuilt :func:`build_graph` of the same spec (optional).
+
+    Returns a :class:`~reversi.models.Plan` with one action per step, in step order
+    (``plan.actions[i].step == i``). Raises :class:`~reversi.engine.graph.InvalidRun` for broken
+    indices, dependencies or resolutions. O(n + edges) for n steps.
+    """
+    graph = graph if graph is not None else build_graph(run_spec)
+    undo = undo_by_step(undo_state)
+    resolutions = {res.step: res for res in run_spec.resolutions}
+    actions: list[PlanAction] = [
+        _base_action(step, resolutions.get(step.index), undo.get(step.index), run_id) for step in run_spec.steps
+    ]
+    # newest first: a compensate step with a blocking dependent is deferred (rule 1)
+    index = DependentIndex(graph)
+    for s in range(len(actions) - 1, -1, -1):
+        action = actions[s]
+        if action.kind == COMPENSATE and index.blocked(s):
+            blockers = index.blockers(s, MAX_BLOCKED_BY)
+            described = ", ".join(f"{b} ({actions[b].kind})" for b in blockers)
+            action.kind = DEFER
+            action.blocked_by = blockers
+            action.reason = (
+                f"blocked by standing dependents that will not be undone: {described}; "
+                f"{action.compensation_tool} runs once they are settled"
+            )
+        if action.kind in BLOCKING_KINDS:
+            index.register(s)
+    fully = all(action.kind in (COMPENSATE, SKIP) for action in actions)
+    return Plan.model_construct(fully_reversible=fully, actions=actions)
+
+
+def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
+    values: dict[str, Any] = {
+        "step": step.index,
+        "tool": step.tool,
+        "kind": kind,
+        "reason": reason,
+        "compensation_tool": None,
+        "compensation_kind": None,
+        "runner": None,
+        "args": None,
+        "idempotency_key": None,
+        "needs_approval": False,
+        "residue": [],
+        "verified": False,
+        "blocked_by": [],
+    }
+    values.update(fields)
+    return PlanAction.model_construct(**values)
+
+
+def _base_action(step: Step, resolution: Any | None, undo: StepUndo | None, run_id: str) -> PlanAction:
+    outcome, result = effective_outcome(step, resolution)
+    settled = ""
+    if resolution is not None:
+        who = f" by {resolution.actor}" if resolution.actor else ""
+        settled = f" (resolved as {resolution.status}{who}: {resolution.note})"
+    if outcome == "failed":
+        return _action(step, SKIP, f"outcome failed: the call had no effect{settled}")
+    snapshot = step.snapshot
+    if snapshot is None:
+        return _action(
+            step,
+            UNMANIFESTED,
+            f"no manifest entry for {step.tool} (recorded in observe mode): Reversi cannot undo it{settled}",
+        )
+    if snapshot.effect in ("read", "idempotent"):
+        return _action(step, SKIP, f"{snapshot.effect}: nothing to undo{settled}")
+    if snapshot.effect == "irreversible":
+        residue = list(snapshot.residue)
+        stated = "; ".join(residue) if residue else "no residue stated in the manifest"
+        return _action(step, UNRECOVERABLE, f"irreversible: {stated}", residue=residue)
+    if undo is not None and undo.state == "compensated":
+        check = undo.verification or "unverified"
+        by = f" by {undo.request}" if undo.request else ""
+        return _action(step, SKIP, f"already compensated{by} ({check})")
+    if outcome in ("intended", "uncertain"):
+        return _action(
+            step,
+            UNRESOLVED,
+            f"outcome {outcome}: Reversi will not guess; settle it with a resolution "
+            "(spec.resolutions: status succeeded or failed, result, note)",
+        )
+    compensation = snapshot.compensation
+    if compensation is None:
+        return _action(step, UNRECOVERABLE, f"{step.tool} is a write tool with no compensation in its snapshot")
+    try:
+        args = resolve(compensation.args, step.args, result)
+    except MissingValue as missing:
+        return _action(
+            step,
+            UNRECOVERABLE,
+            f"compensation arguments missing: {missing}{settled}",
+            compensation_tool=compensation.tool,
+            compensation_kind=compensation.kind,
+            runner=compensation.runner,
+            residue=list(compensation.residue),
+        )
+    verification = snapshot.verification
+    verified = verification is not None and verification.runner is not None
+    if verification is None:
+        check = "no verification declared: the undo will be unverified"
+    elif verification.runner is None:
+        check = "no reader runner configured: the undo will be unverified"
+    else:
+        check = f"checked with {verification.tool}"
+    retry = ""
+    if undo is not None and undo.state == "compensationFailed":
+        retry = f"; retrying after {undo.attempts} failed attempt(s) with the same key"
+    elif undo is not None and undo.state == "compensating":
+        retry = "; a compensation was already started: its Job is adopted"
+    return _action(
+        step,
+        COMPENSATE,
+        f"undo with {compensation.tool} ({compensation.kind}); {check}{retry}{settled}",
+        compensation_tool=compensation.tool,
+        compensation_kind=compensation.kind,
+        runner=compensation.runner,
+        args=args,
+        idempotency_key=compensation_key(run_id, step.index, compensation.tool),
+        needs_approval=compensation.requires_approval,
+        residue=list(compensation.residue),
+        verified=verified,
+    )

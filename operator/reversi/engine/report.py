@@ -1,0 +1,199 @@
+"""The report (DESIGN §5): the verdict of a rollback, built from the plan and each step's outcome.
+
+Every step lands in exactly one bucket (standing steps in one of the non-``skipped`` buckets or in
+``skipped`` when they need no undo; steps whose outcome failed in ``skipped``):
+
+============== ===========================================================================
+plan kind       bucket
+============== ===========================================================================
+skip            ``skipped`` -- unless the step was compensated by an earlier request (rule 6):
+                then it is reported like a compensation of this one (below), so a re-run
+                never turns an unchecked undo into a checked one
+unrecoverable   ``unrecoverable`` ``{step, reason}`` (irreversible: the reason states the residue)
+unresolved      ``unresolved``
+unmanifested    ``unmanifested``
+defer           ``deferred`` ``{step, blockedBy}``
+compensate      by outcome state: ``compensated`` + verification ``verified`` -> ``compensated``;
+                ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
+                ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval``;
+                ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
+============== ===========================================================================
+
+``pending`` is a bucket beyond DESIGN §5 (steps not settled yet, e.g. at a deadline), so that a
+report made before the end never claims more than happened. ``residue`` lists the residue of
+every step undone by this or an earlier request (compensated or unverified). ``complete`` is true
+exactly when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval,
+unverified and pending are all empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..models.rollbackrequest import Plan, Report, StepBlocked, StepError, StepReason, StepResidue
+from ..models.run import StepUndo
+from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED, UndoStateInput, undo_by_step
+from .schedule import AWAITING_APPROVAL, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
+
+VERIFIED = "verified"
+UNVERIFIED = "unverified"
+VERIFICATION_FAILED = "verificationFailed"
+
+INCOMPLETE_BUCKETS = (
+    "failed",
+    "unrecoverable",
+    "unresolved",
+    "unmanifested",
+    "deferred",
+    "awaiting_approval",
+    "unverified",
+    "pending",
+)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened to one step in a rollback.
+
+    ``state``: pending, running, compensated, failed, awaitingApproval or deferred (see
+    ``schedule``); ``verification``: verified, unverified, verificationFailed or ``None`` (=
+    not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
+    """
+
+    state: str
+    verification: str | None = None
+    error: str | None = None
+    blocked_by: tuple[int, ...] = ()
+
+
+def outcomes_from_undo(undo_state: UndoStateInput) -> dict[int, StepOutcome]:
+    """Outcomes recorded in the run's undo state (``status.undo``): compensated -> compensated
+    (with its verification), compensationFailed -> failed (with the last error), compensating ->
+    running. Use it for steps settled by an earlier request (rule 6)."""
+    out: dict[int, StepOutcome] = {}
+    for step, entry in undo_by_step(undo_state).items():
+        out[step] = _from_undo(entry)
+    return out
+
+
+def _from_undo(entry: StepUndo) -> StepOutcome:
+    if entry.state == "compensated":
+        return StepOutcome(COMPENSATED, verification=entry.verification)
+    if entry.state == "compensationFailed":
+        return StepOutcome(FAILED, verification=entry.verification, error=entry.last_error)
+    return StepOutcome(RUNNING)
+
+
+def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None) -> Report:
+    """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
+    string is accepted for outcomes without detail). O(n).
+
+    See the module docstring for the buckets. Raises ``ValueError`` for an unknown state.
+    """
+    outcomes = outcomes or {}
+    compensated: list[int] = []
+    skipped: list[int] = []
+    failed: list[StepError] = []
+    unrecoverable: list[StepReason] = []
+    unresolved: list[int] = []
+    unmanifested: list[int] = []
+    deferred: list[StepBlocked] = []
+    awaiting: list[int] = []
+    unverified: list[int] = []
+    pending: list[int] = []
+    residue: list[StepResidue] = []
+
+    def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
+        if outcome.verification == VERIFIED:
+            compensated.append(step)
+        elif outcome.verification == VERIFICATION_FAILED:
+            failed.append(StepError(step=step, error=outcome.error or "verification failed"))
+            return
+        else:
+            unverified.append(step)
+        if lines:
+            residue.append(StepResidue(step=step, residue=list(lines)))
+
+    for action in plan.actions:
+        step = action.step
+        raw = outcomes.get(step)
+        outcome = StepOutcome(raw) if isinstance(raw, str) else raw
+        kind = action.kind
+        if kind == SKIP:
+            if outcome is not None and outcome.state == COMPENSATED:
+                undone(step, outcome, list(action.residue))
+            else:
+                skipped.append(step)
+        elif kind == UNRECOVERABLE:
+            unrecoverable.append(StepReason(step=step, reason=action.reason))
+        elif kind == UNRESOLVED:
+            unresolved.append(step)
+        elif kind == UNMANIFESTED:
+            unmanifested.append(step)
+        elif kind == DEFER:
+            blocked = list(outcome.blocked_by) if outcome is not None and outcome.blocked_by else list(action.blocked_by)
+            deferred.append(StepBlocked(step=step, blocked_by=blocked))
+        elif kind == COMPENSATE:
+            state = outcome.state if outcome is not None else PENDING
+            if state == COMPENSATED:
+                undone(step, outcome, list(action.residue))  # type: ignore[arg-type]
+            elif state == FAILED:
+                failed.append(StepError(step=step, error=(outcome.error if outcome else None) or "compensation failed"))
+            elif state == AWAITING_APPROVAL:
+                awaiting.append(step)
+            elif state == DEFERRED:
+                deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
+            elif state in (PENDING, RUNNING):
+                pending.append(step)
+            else:
+                raise ValueError(f"step {step}: unknown outcome state {state!r}")
+        else:  # pragma: no cover - the plan's kinds are a closed set
+            raise ValueError(f"step {step}: unknown plan kind {kind!r}")
+
+    report = Report(
+        compensated=compensated,
+        skipped=skipped,
+        failed=failed,
+        unrecoverable=unrecoverable,
+        unresolved=unresolved,
+        unmanifested=unmanifested,
+        deferred=deferred,
+        awaiting_approval=awaiting,
+        unverified=unverified,
+        pending=pending,
+        residue=residue,
+        complete=False,
+    )
+    report.complete = all(not getattr(report, bucket) for bucket in INCOMPLETE_BUCKETS)
+    return report
+
+
+def report_message(report: Report) -> str:
+    """A one-line summary for a condition message, e.g.
+    ``"incomplete: 1 compensated, 1 unrecoverable (3), 1 unresolved (2), 1 deferred (1 blocked by 2)"``."""
+    parts: list[str] = []
+
+    def add(name: str, steps: list[int], detail: str = "") -> None:
+        if steps:
+            shown = ", ".join(str(s) for s in steps[:10]) + (", ..." if len(steps) > 10 else "")
+            parts.append(f"{len(steps)} {name} ({shown}{detail})")
+
+    add("compensated", report.compensated)
+    add("unverified", report.unverified)
+    add("failed", [f.step for f in report.failed])
+    add("unrecoverable", [u.step for u in report.unrecoverable])
+    add("unresolved", report.unresolved)
+    add("unmanifested", report.unmanifested)
+    if report.deferred:
+        shown = ", ".join(
+            f"{d.step} blocked by {', '.join(str(b) for b in d.blocked_by) or 'a dependent'}" for d in report.deferred[:10]
+        )
+        parts.append(f"{len(report.deferred)} deferred ({shown}{', ...' if len(report.deferred) > 10 else ''})")
+    add("awaiting approval", report.awaiting_approval)
+    add("pending", report.pending)
+    if report.skipped:
+        parts.append(f"{len(report.skipped)} skipped")
+    verdict = "complete" if report.complete else "incomplete"
+    return f"{verdict}: " + (", ".join(parts) if parts else "nothing to undo")
+
