@@ -27,6 +27,7 @@ from .common import (
     ObjectRef,
     ReversiModel,
     StatusModel,
+    Text,
     age_column,
     immutable,
     list_map,
@@ -102,7 +103,7 @@ class RollbackRequestSpec(ReversiModel):
     retries: int = Field(default=3, ge=1, le=10, description="Attempts per compensation before it is compensationFailed.")
     backoff: Backoff = Field(default_factory=Backoff, description="Backoff between attempts (exponential, with jitter).")
     parallelism: int = Field(default=1, ge=1, le=32, description="Compensations running at once (order still holds).")
-    verify_command: list[str] | None = Field(
+    verify_command: list[Text] | None = Field(
         default=None,
         max_length=64,
         description="Optional extra check run after each successful undo (in the compensation's runner).",

@@ -34,6 +34,7 @@ from .common import (
     ResidueLine,
     RunnerName,
     StatusModel,
+    Text,
     ToolName,
     age_column,
     list_map,
@@ -51,10 +52,10 @@ class Runner(ReversiModel):
 
     name: RunnerName = Field(description="Name of the runner, referenced by compensation.runner and verification.runner.")
     image: str = Field(min_length=1, max_length=1024, description="Container image of the compensator/reader.")
-    command: list[str] = Field(
+    command: list[Text] = Field(
         min_length=1, max_length=64, description="Entrypoint of the container; it receives the call JSON (DESIGN §6)."
     )
-    args: list[str] = Field(default_factory=list, max_length=256, description="Arguments to the command.")
+    args: list[Text] = Field(default_factory=list, max_length=256, description="Arguments to the command.")
     env: list[JSONObject] = Field(
         default_factory=list,
         max_length=256,

@@ -1,0 +1,184 @@
+"""DESIGN §5: the report's buckets, residue and ``complete``."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reversi.engine import (
+    AWAITING_APPROVAL,
+    COMPENSATED,
+    DEFERRED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    StepOutcome,
+    build_plan,
+    build_report,
+    outcomes_from_undo,
+    report_message,
+)
+from reversi.engine.report import INCOMPLETE_BUCKETS
+from reversi.models import Plan, PlanAction, RunStatus, StepUndo
+from reversi_testkit import RUN_ID, example_run_spec, run_spec, step, tool
+
+W = tool("w", residue=["a log line stays"])
+MAIL = tool("mail", "irreversible", residue=["the mail was read"])
+READ = tool("r", "read")
+
+
+def test_design_example_report_is_incomplete_and_lists_every_step():
+    report = build_report(build_plan(example_run_spec(), run_id=RUN_ID))
+    assert report.skipped == [0]
+    assert [(d.step, d.blocked_by) for d in report.deferred] == [(1, [2])]
+    assert report.unresolved == [2]
+    assert [u.step for u in report.unrecoverable] == [3]
+    assert "the customer has read the email" in report.unrecoverable[0].reason
+    assert report.complete is False
+
+
+def test_report_complete_when_every_standing_step_is_compensated_and_verified():
+    plan = build_plan(run_spec([step(0, READ), step(1, W), step(2, W, "failed")]), run_id=RUN_ID)
+    report = build_report(plan, {1: StepOutcome(COMPENSATED, "verified")})
+    assert report.compensated == [1]
+    assert report.skipped == [0, 2]
+    assert [(r.step, r.residue) for r in report.residue] == [(1, ["a log line stays"])]
+    assert report.complete is True
+    assert report_message(report).startswith("complete: 1 compensated (1)")
+
+
+def test_rule5_unverified_undo_is_only_in_unverified_and_the_report_is_incomplete():
+    plan = build_plan(run_spec([step(0, W)]), run_id=RUN_ID)
+    for verification in ("unverified", None):
+        report = build_report(plan, {0: StepOutcome(COMPENSATED, verification)})
+        assert report.unverified == [0]
+        assert report.compensated == []
+        assert [r.step for r in report.residue] == [0]  # it was undone: its residue stays
+        assert report.complete is False
+
+
+def test_rule5_verification_failure_is_a_failed_step():
+    plan = build_plan(run_spec([step(0, W)]), run_id=RUN_ID)
+    report = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed", error='status is "x", expected "y"')})
+    assert [(f.step, f.error) for f in report.failed] == [(0, 'status is "x", expected "y"')]
+    assert report.residue == []
+
+
+def test_report_failed_awaiting_deferred_and_pending_buckets():
+    plan = build_plan(run_spec([step(i, W) for i in range(5)]), run_id=RUN_ID)
+    report = build_report(
+        plan,
+        {
+            0: StepOutcome(FAILED, error="HTTP 500"),
+            1: StepOutcome(AWAITING_APPROVAL),
+            2: StepOutcome(DEFERRED, blocked_by=(0,)),
+            3: RUNNING,
+        },
+    )
+    assert [(f.step, f.error) for f in report.failed] == [(0, "HTTP 500")]
+    assert report.awaiting_approval == [1]
+    assert [(d.step, d.blocked_by) for d in report.deferred] == [(2, [0])]
+    assert report.pending == [3, 4]
+    assert report.complete is False
+    assert "1 failed (0)" in report_message(report)
+
+
+def test_rule6_rerun_reports_settled_steps_without_upgrading_an_unchecked_undo():
+    spec = run_spec([step(0, W), step(1, W)])
+    undo = RunStatus(
+        undo=[
+            StepUndo(step=0, state="compensated", idempotency_key="a" * 64, verification="verified"),
+            StepUndo(step=1, state="compensated", idempotency_key="b" * 64, verification="unverified"),
+        ]
+    )
+    plan = build_plan(spec, undo, run_id=RUN_ID)
+    assert [a.kind for a in plan.actions] == ["skip", "skip"]
+    report = build_report(plan, outcomes_from_undo(undo))
+    assert report.compensated == [0]
+    assert report.unverified == [1]
+    assert report.complete is False
+    # without the earlier outcomes the steps are merely skipped
+    assert build_report(plan).skipped == [0, 1]
+
+
+def test_outcomes_from_undo_maps_states():
+    undo = [
+        StepUndo(step=0, state="compensated", idempotency_key="a" * 64, verification="verified"),
+        StepUndo(step=1, state="compensationFailed", idempotency_key="b" * 64, last_error="boom"),
+        StepUndo(step=2, state="compensating", idempotency_key="c" * 64),
+    ]
+    out = outcomes_from_undo(undo)
+    assert out[0] == StepOutcome(COMPENSATED, "verified")
+    assert out[1].state == FAILED and out[1].error == "boom"
+    assert out[2].state == RUNNING
+
+
+# ----------------------------------------------------------------------------- properties
+
+KINDS = ["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
+STATES = [None, PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED]
+CHECKS = [None, "verified", "unverified", "verificationFailed"]
+
+
+@st.composite
+def plans_and_outcomes(draw):
+    n = draw(st.integers(min_value=0, max_value=30))
+    actions, outcomes = [], {}
+    for i in range(n):
+        kind = draw(st.sampled_from(KINDS))
+        actions.append(
+            PlanAction(step=i, tool="t", kind=kind, reason="r", residue=draw(st.lists(st.just("x"), max_size=2)))
+        )
+        state = draw(st.sampled_from(STATES))
+        if state is not None and kind in ("compensate", "skip", "defer"):
+            if kind == "skip" and state != COMPENSATED:
+                continue
+            outcomes[i] = StepOutcome(state, draw(st.sampled_from(CHECKS)), error=draw(st.sampled_from([None, "e"])))
+    return Plan(fully_reversible=False, actions=actions), outcomes
+
+
+def buckets(report):
+    out = {
+        "compensated": report.compensated,
+        "skipped": report.skipped,
+        "failed": [f.step for f in report.failed],
+        "unrecoverable": [u.step for u in report.unrecoverable],
+        "unresolved": report.unresolved,
+        "unmanifested": report.unmanifested,
+        "deferred": [d.step for d in report.deferred],
+        "awaiting_approval": report.awaiting_approval,
+        "unverified": report.unverified,
+        "pending": report.pending,
+    }
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans_and_outcomes())
+def test_property_every_step_lands_in_exactly_one_bucket(case):
+    plan, outcomes = case
+    report = build_report(plan, outcomes)
+    seen = [s for steps in buckets(report).values() for s in steps]
+    assert sorted(seen) == [a.step for a in plan.actions]
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans_and_outcomes())
+def test_property_complete_exactly_when_the_non_success_buckets_are_empty(case):
+    plan, outcomes = case
+    report = build_report(plan, outcomes)
+    all_empty = all(not getattr(report, name) for name in INCOMPLETE_BUCKETS)
+    assert report.complete is all_empty
+    # complete: every step is compensated (and verified) or skipped, nothing else
+    assert report.complete is (len(report.compensated) + len(report.skipped) == len(plan.actions))
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans_and_outcomes())
+def test_property_report_never_claims_a_check_that_did_not_happen(case):
+    plan, outcomes = case
+    report = build_report(plan, outcomes)
+    for s in report.compensated:
+        assert outcomes[s].state == COMPENSATED and outcomes[s].verification == "verified"
+    residue_steps = {r.step for r in report.residue}
+    assert residue_steps <= set(report.compensated) | set(report.unverified)
