@@ -164,6 +164,18 @@ def test_property_compensation_keys_are_stable_64_hex(run_id, step_index, tool_n
     assert key != compensation_key(run_id, step_index + 1, tool_name)
 
 
+def test_snapshot_id_is_16_hex_and_follows_the_content():
+    from reversi.engine import snapshot_id
+    from reversi.models import ToolSpec
+
+    entry = tool("db.insert")
+    sid = snapshot_id(entry)
+    assert re.fullmatch(r"[0-9a-f]{16}", sid)
+    assert snapshot_id(ToolSpec.model_validate(entry)) == snapshot_id(ToolSpec.model_validate(entry).to_wire())
+    assert snapshot_id(dict(entry, id="x")) == sid
+    assert snapshot_id(tool("db.insert", residue=["r"])) != sid
+
+
 def test_forward_key_is_the_resolved_template_stringified_canonically():
     assert forward_key("$args.order_id", {"order_id": "o-4711"}) == "o-4711"
     assert forward_key("$args.amount", {"amount": 700}) == "700"

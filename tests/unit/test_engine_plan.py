@@ -296,3 +296,34 @@ def test_rule7_resolution_for_a_missing_step_is_refused():
     spec = run_spec([step(0, WRITE)], resolutions=[{"step": 4, "status": "failed", "note": "n"}])
     with pytest.raises(InvalidRun, match="step 4"):
         build_plan(spec, run_id=RUN_ID)
+
+
+# ------------------------------------------------------------------------ shared snapshots
+
+
+def _shared(spec_dict):
+    """The same run with each distinct snapshot stored once in spec.snapshots."""
+    from reversi.engine import snapshot_id
+
+    shared = {}
+    for entry in spec_dict["steps"]:
+        snap = entry.pop("snapshot", None)
+        if snap is not None:
+            sid = snapshot_id(snap)
+            shared[sid] = dict(snap, id=sid)
+            entry["snapshotId"] = sid
+    spec_dict["snapshots"] = list(shared.values())
+    return RunSpec.model_validate(spec_dict)
+
+
+def test_shared_snapshots_plan_exactly_like_inline_snapshots():
+    inline = example_run_dict()["spec"]
+    shared = _shared(example_run_dict()["spec"])
+    assert len(shared.snapshots) == 4
+    assert build_plan(shared, run_id=RUN_ID) == build_plan(RunSpec.model_validate(inline), run_id=RUN_ID)
+
+
+def test_snapshot_id_that_is_not_in_spec_snapshots_is_refused():
+    spec = _shared(example_run_dict()["spec"]).model_copy(update={"snapshots": []})
+    with pytest.raises(InvalidRun, match=r"step 0 \(payments.get_customer\) names snapshot '[0-9a-f]{16}', which is not in spec.snapshots"):
+        build_plan(spec, run_id=RUN_ID)

@@ -169,3 +169,9 @@ def test_property_no_step_starts_while_a_standing_dependent_remains(data, run):
             outcomes[s] = StepOutcome(AWAITING_APPROVAL)
     report = build_report(plan, outcomes)
     assert report.pending == []  # at the end every step is settled somewhere
+    placed = (
+        report.compensated + report.skipped + report.unresolved + report.unmanifested + report.awaiting_approval
+        + report.unverified + [f.step for f in report.failed] + [u.step for u in report.unrecoverable]
+        + [d.step for d in report.deferred]
+    )
+    assert sorted(placed) == list(range(len(plan.actions)))  # every step in exactly one bucket

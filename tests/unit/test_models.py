@@ -48,7 +48,7 @@ def test_run_with_snapshots_round_trips_and_snake_case_is_accepted():
     assert run.spec.steps[1].snapshot.compensation.tool == "payments.refund"
     assert run.spec.manifest_ref.name == "payments"
     again = RunSpec(manifest_ref={"name": "payments"}, steps=[], mode="observe")
-    assert again.to_wire() == {"mode": "observe", "scope": {}, "manifestRef": {"name": "payments"}, "steps": [], "resolutions": []}
+    assert again.to_wire() == {"mode": "observe", "scope": {}, "manifestRef": {"name": "payments"}, "steps": [], "snapshots": [], "resolutions": []}
 
 
 def test_defaults_of_a_rollback_request():
@@ -119,6 +119,12 @@ def test_bad_steps_and_resolutions_are_refused():
     assert "step 2 has two resolutions" in _error(RunSpec, bad)
     bad = dict(run, mode="record")
     assert "mode" in _error(RunSpec, bad)
+
+
+def test_step_takes_an_inline_snapshot_or_a_snapshot_id_not_both():
+    run = example_run_dict()["spec"]
+    bad = dict(run, steps=[dict(run["steps"][1], snapshotId="abc")])
+    assert "set snapshot or snapshotId, not both" in _error(RunSpec, bad)
 
 
 def test_status_models_ignore_unknown_fields():

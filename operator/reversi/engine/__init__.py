@@ -6,7 +6,7 @@ Imports only ``reversi.models`` and the standard library: no Kubernetes, no kopf
 
 from .backoff import ceiling_ms, delay_seconds
 from .graph import MAX_BLOCKED_BY, DependentIndex, Graph, InvalidRun, build_graph
-from .keys import canonical_json, compensation_key, forward_key
+from .keys import canonical_json, compensation_key, forward_key, snapshot_id
 from .plan import (
     BLOCKING_KINDS,
     COMPENSATE,
@@ -83,5 +83,6 @@ __all__ = [
     "references",
     "report_message",
     "resolve",
+    "snapshot_id",
     "undo_by_step",
 ]

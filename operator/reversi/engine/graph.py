@@ -18,6 +18,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from ..models.run import RunSpec
+from ..models.toolmanifest import ToolSpec
 
 MAX_BLOCKED_BY = 32  # blockers listed per step (a step is blocked when at least one exists)
 
@@ -37,8 +38,8 @@ class InvalidRun(ValueError):
 class Graph:
     """Dependencies of the steps of one run (indices 0..n-1).
 
-    ``tools[i]``: tool of step i; ``requires[i]``: tools its snapshot requires (empty without a
-    snapshot); ``depends_on[i]``: explicit earlier indices; ``steps_by_tool``: tool -> ascending
+    ``tools[i]``: tool of step i; ``snapshots[i]``: its manifest entry (inline or from
+    ``spec.snapshots``; ``None``: unmanifested); ``requires[i]``: tools its snapshot requires; ``depends_on[i]``: explicit earlier indices; ``steps_by_tool``: tool -> ascending
     step indices; ``requirers_by_tool``: tool T -> ascending indices of steps whose snapshot
     requires T; ``explicit_dependents``: s -> ascending indices of steps naming s in dependsOn.
     """
@@ -46,6 +47,7 @@ class Graph:
     tools: list[str]
     requires: list[tuple[str, ...]]
     depends_on: list[tuple[int, ...]]
+    snapshots: list[ToolSpec | None] = field(default_factory=list)
     steps_by_tool: dict[str, list[int]] = field(default_factory=dict)
     requirers_by_tool: dict[str, list[int]] = field(default_factory=dict)
     explicit_dependents: dict[int, list[int]] = field(default_factory=dict)
@@ -79,9 +81,12 @@ def build_graph(spec: RunSpec) -> Graph:
     Raises :class:`InvalidRun` (naming the step and the fix) when an index is duplicated or out
     of order (indices must be 0, 1, 2, ... in list order), when ``dependsOn`` names the step
     itself or a later step (a cycle), or a step that does not exist (dangling), and when a
-    resolution names a step that does not exist or a step is resolved twice.
+    resolution names a step that does not exist or a step is resolved twice, and when a step's
+    ``snapshotId`` is not in ``spec.snapshots``.
     """
     steps = spec.steps
+    by_id = {entry.id: entry for entry in spec.snapshots}
+    snapshots: list[ToolSpec | None] = []
     n = len(steps)
     tools: list[str] = []
     requires: list[tuple[str, ...]] = []
@@ -127,7 +132,17 @@ def build_graph(spec: RunSpec) -> Graph:
         for d in unique_deps:
             explicit_dependents.setdefault(d, []).append(index)
         tools.append(step.tool)
-        req = tuple(step.snapshot.requires) if step.snapshot is not None else ()
+        snap: ToolSpec | None = step.snapshot
+        if snap is None and step.snapshot_id is not None:
+            snap = by_id.get(step.snapshot_id)
+            if snap is None:
+                raise InvalidRun(
+                    f"step {index} ({step.tool}) names snapshot {step.snapshot_id!r}, which is not in spec.snapshots; "
+                    "add the snapshot or fix snapshotId",
+                    step=index,
+                )
+        snapshots.append(snap)
+        req = tuple(snap.requires) if snap is not None else ()
         requires.append(req)
         depends_on.append(unique_deps)
         steps_by_tool.setdefault(step.tool, []).append(index)
@@ -147,6 +162,7 @@ def build_graph(spec: RunSpec) -> Graph:
         tools=tools,
         requires=requires,
         depends_on=depends_on,
+        snapshots=snapshots,
         steps_by_tool=steps_by_tool,
         requirers_by_tool=requirers_by_tool,
         explicit_dependents=explicit_dependents,

@@ -53,3 +53,16 @@ def forward_key(template: Any, args: dict[str, Any] | None, result: dict[str, An
     if isinstance(value, str):
         return value
     return canonical_json(value)
+
+
+def snapshot_id(entry: Any) -> str:
+    """Id of a manifest entry copied into ``Run.spec.snapshots``: 16 lowercase hex characters.
+
+    sha256 over ``["reversi.snapshot.v1", <canonical JSON of the entry>]`` (the entry's wire
+    form without any ``id``), so equal entries share one snapshot and a changed entry gets a new
+    one. ``entry`` is a ``ToolSpec`` (or ``ToolSnapshot``) or its wire dict.
+    """
+    wire = entry.to_wire() if hasattr(entry, "to_wire") else dict(entry)
+    wire.pop("id", None)
+    payload = canonical_json(["reversi.snapshot.v1", wire])
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

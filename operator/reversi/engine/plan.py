@@ -5,7 +5,7 @@ Kinds, decided per step in this order:
 1. resolutions apply first (rule 7): a resolved step is planned as if it had the resolution's
    outcome and result (the resolution's result, else the recorded one);
 2. outcome ``failed`` (not standing): **skip**;
-3. no snapshot: **unmanifested** (recorded in observe mode; Reversi cannot undo it);
+3. no snapshot (inline ``snapshot`` or ``snapshotId`` into ``spec.snapshots``): **unmanifested** (recorded in observe mode; Reversi cannot undo it);
 4. effect ``read`` / ``idempotent``: **skip**;
 5. effect ``irreversible``: **unrecoverable**, the reason states the residue;
 6. already ``compensated`` in the run's undo state: **skip** (rule 6);
@@ -27,6 +27,7 @@ from typing import Any
 
 from ..models.rollbackrequest import Plan, PlanAction
 from ..models.run import RunSpec, RunStatus, Step, StepUndo
+from ..models.toolmanifest import ToolSpec
 from .graph import MAX_BLOCKED_BY, DependentIndex, Graph, build_graph
 from .keys import compensation_key
 from .templates import MissingValue, resolve
@@ -40,6 +41,7 @@ DEFER = "defer"
 KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER)
 # standing steps of these kinds stay as they are: their dependencies cannot be undone
 BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER})
+REASON_BLOCKERS = 5  # blockers named in a defer reason (all, up to MAX_BLOCKED_BY, are in blockedBy)
 
 UndoStateInput = RunStatus | Mapping[int, StepUndo] | Iterable[StepUndo] | None
 
@@ -84,7 +86,8 @@ def build_plan(
     undo = undo_by_step(undo_state)
     resolutions = {res.step: res for res in run_spec.resolutions}
     actions: list[PlanAction] = [
-        _base_action(step, resolutions.get(step.index), undo.get(step.index), run_id) for step in run_spec.steps
+        _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id)
+        for step in run_spec.steps
     ]
     # newest first: a compensate step with a blocking dependent is deferred (rule 1)
     index = DependentIndex(graph)
@@ -92,7 +95,9 @@ def build_plan(
         action = actions[s]
         if action.kind == COMPENSATE and index.blocked(s):
             blockers = index.blockers(s, MAX_BLOCKED_BY)
-            described = ", ".join(f"{b} ({actions[b].kind})" for b in blockers)
+            described = ", ".join(f"{b} ({actions[b].kind})" for b in blockers[:REASON_BLOCKERS])
+            if len(blockers) > REASON_BLOCKERS:
+                described += f" and {len(blockers) - REASON_BLOCKERS} more (see blockedBy)"
             action.kind = DEFER
             action.blocked_by = blockers
             action.reason = (
@@ -125,7 +130,9 @@ def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
     return PlanAction.model_construct(**values)
 
 
-def _base_action(step: Step, resolution: Any | None, undo: StepUndo | None, run_id: str) -> PlanAction:
+def _base_action(
+    step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str
+) -> PlanAction:
     outcome, result = effective_outcome(step, resolution)
     settled = ""
     if resolution is not None:
@@ -133,7 +140,6 @@ def _base_action(step: Step, resolution: Any | None, undo: StepUndo | None, run_
         settled = f" (resolved as {resolution.status}{who}: {resolution.note})"
     if outcome == "failed":
         return _action(step, SKIP, f"outcome failed: the call had no effect{settled}")
-    snapshot = step.snapshot
     if snapshot is None:
         return _action(
             step,

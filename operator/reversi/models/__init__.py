@@ -38,7 +38,7 @@ from .rollbackrequest import (
     StepStatus,
 )
 from .run import CRD as RUN_CRD
-from .run import Resolution, Run, RunScope, RunSpec, RunStatus, Step, StepUndo
+from .run import Resolution, Run, RunScope, RunSpec, RunStatus, Step, StepUndo, ToolSnapshot
 from .toolmanifest import CRD as TOOL_MANIFEST_CRD
 from .toolmanifest import (
     Compensation,
@@ -98,6 +98,7 @@ __all__ = [
     "ToolManifest",
     "ToolManifestSpec",
     "ToolManifestStatus",
+    "ToolSnapshot",
     "ToolSpec",
     "Verification",
 ]

@@ -32,6 +32,8 @@ MAX_RESIDUE = 16  # residue lines of one compensation or tool
 MAX_TOOLS = 256  # tools in one manifest
 MAX_RUNNERS = 32  # runners in one manifest
 MAX_CONDITIONS = 16
+MAX_SNAPSHOTS = 256  # distinct manifest entries copied into one run (spec.snapshots)
+MAX_SNAPSHOT_ID = 16  # length of a snapshot id
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 ToolName = Annotated[

@@ -14,6 +14,11 @@
 
 Index-equals-position (the order) is checked in Python by ``reversi.engine.graph``.
 A step with no entry in ``status.undo`` is ``standing`` (when its outcome is not ``failed``).
+
+Size: a snapshot inline in every step makes a run of 10,000 steps several megabytes, beyond the
+apiserver's 3 MiB request limit and etcd's 1.5 MiB default. Long runs should record each distinct
+manifest entry once in ``spec.snapshots`` (id = ``reversi.engine.keys.snapshot_id(entry)``) and
+name it in ``step.snapshotId``; the engine treats both forms alike.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from .common import (
     MAX_DEPENDS_ON,
     MAX_ERROR,
     MAX_NAME,
+    MAX_SNAPSHOT_ID,
+    MAX_SNAPSHOTS,
     MAX_STEPS,
     Condition,
     CrdInfo,
@@ -77,6 +84,13 @@ class Step(ReversiModel):
                 rule(_same_optional("dependsOn"), "steps are append-only: a recorded step's dependsOn cannot change"),
                 rule(_same_optional("snapshot"), "steps are append-only: a recorded step's snapshot cannot change"),
                 rule(
+                    _same_optional("snapshotId"), "steps are append-only: a recorded step's snapshotId cannot change"
+                ),
+                rule(
+                    "!has(self.snapshot) || !has(self.snapshotId)",
+                    "a step carries its snapshot inline or names one in spec.snapshots (snapshotId), not both",
+                ),
+                rule(
                     "!has(oldSelf.recordedAt) || (has(self.recordedAt) && self.recordedAt == oldSelf.recordedAt)",
                     "steps are append-only: a recorded step's recordedAt cannot change",
                 ),
@@ -109,13 +123,42 @@ class Step(ReversiModel):
         default=None,
         description="The tool's manifest entry, copied when the step was recorded; absent: unmanifested (observe mode).",
     )
+    snapshot_id: str | None = Field(
+        default=None,
+        max_length=MAX_SNAPSHOT_ID,
+        pattern=r"^[a-z0-9]+$",
+        description="Instead of an inline snapshot: the id of an entry of spec.snapshots (one copy per distinct manifest entry keeps long runs small).",
+    )
     error: str | None = Field(default=None, max_length=MAX_ERROR, description="Error of the call, when it failed.")
     recorded_at: datetime | None = Field(default=None, description="When the step was recorded.")
+
+    @model_validator(mode="after")
+    def _one_snapshot(self) -> "Step":
+        if self.snapshot is not None and self.snapshot_id is not None:
+            raise ValueError(
+                f"step {self.index}: set snapshot or snapshotId, not both (snapshotId names an entry of spec.snapshots)"
+            )
+        return self
 
     @property
     def standing(self) -> bool:
         """Whether the step's effect may exist (outcome succeeded, intended or uncertain)."""
         return self.outcome in STANDING_OUTCOMES
+
+
+class ToolSnapshot(ToolSpec):
+    """A manifest entry copied into the run once, named by ``id``; steps refer to it with ``snapshotId``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [rule("self == oldSelf", "a snapshot cannot be changed")]}
+    )
+
+    id: str = Field(
+        min_length=1,
+        max_length=MAX_SNAPSHOT_ID,
+        pattern=r"^[a-z0-9]+$",
+        description="Id of the snapshot (reversi.engine.keys.snapshot_id: a hash of the entry).",
+    )
 
 
 class Resolution(ReversiModel):
@@ -168,6 +211,11 @@ class RunSpec(ReversiModel):
                     fieldPath=".steps",
                 ),
                 rule(
+                    "!has(oldSelf.snapshots) || (has(self.snapshots) && size(self.snapshots) >= size(oldSelf.snapshots))",
+                    "snapshots cannot be removed",
+                    fieldPath=".snapshots",
+                ),
+                rule(
                     "!has(oldSelf.resolutions) || (has(self.resolutions) && size(self.resolutions) >= size(oldSelf.resolutions))",
                     "resolutions cannot be removed",
                     fieldPath=".resolutions",
@@ -197,12 +245,28 @@ class RunSpec(ReversiModel):
         description="The recorded calls, append-only, keyed by index.",
         json_schema_extra=list_map("index"),
     )
+    snapshots: list[ToolSnapshot] = Field(
+        default_factory=list,
+        max_length=MAX_SNAPSHOTS,
+        description="Manifest entries copied into the run, keyed by id, for steps that name them with snapshotId; never change.",
+        json_schema_extra=list_map("id"),
+    )
     resolutions: list[Resolution] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
         description="Settlements of intended or uncertain steps, keyed by step; a resolution never changes.",
         json_schema_extra=list_map("step"),
     )
+
+    def snapshot_of(self, step: Step) -> ToolSpec | None:
+        """The manifest entry of ``step``: inline, or the ``spec.snapshots`` entry it names
+        (``None`` when unmanifested or when the id is not there; the engine refuses the latter)."""
+        if step.snapshot is not None or step.snapshot_id is None:
+            return step.snapshot
+        for entry in self.snapshots:
+            if entry.id == step.snapshot_id:
+                return entry
+        return None
 
     @model_validator(mode="after")
     def _unique_resolutions(self) -> "RunSpec":

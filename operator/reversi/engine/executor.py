@@ -1,0 +1,278 @@
+"""The life of one compensation: journal, compensator, retries, extra check, read-back (rules 3–5).
+
+Pure: the caller observes Jobs and passes what it saw; this module answers with the step's new
+state and the *effects* to carry out, in order. The handler carries them out in that order —
+journal first (rule 3), then Jobs — and then writes the request's status.
+
+Stages of a step (``StepRun.stage``)::
+
+    pending ─start─> compensating ─ok─> [checking ─ok─>] verifying ─match─> compensated (verified)
+       │                 │ fail                              │ mismatch / failed read
+       │                 └─> retrying ─backoff─> compensating└─> rereading ─backoff─> verifying
+       │                        (attempts < retries)               (reads < verification.retries)
+       └─ awaitingApproval (needs approval)           out of attempts or reads ─> failed
+
+    no verification declared, or no reader runner: compensated (unverified)
+    verification arguments missing: failed ("cannot verify: arguments unavailable")
+
+Attempts count across requests (the run's ``status.undo``): a re-run continues the count with the
+same idempotency key (rule 6). A step journaled ``compensating`` is resumed at that attempt, and
+its Job, whose name is deterministic, is adopted instead of started again (rule 3).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+from ..models.run import StepUndo
+from ..models.toolmanifest import ToolSpec
+from .backoff import ceiling_ms, delay_seconds
+from .templates import MissingValue, resolve
+from .verify import first_mismatch, parse_answer
+
+Stage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
+                "rereading", "compensated", "failed", "deferred"]
+STAGES: tuple[str, ...] = ("pending", "awaitingApproval", "compensating", "retrying", "checking",
+                           "verifying", "rereading", "compensated", "failed", "deferred")
+ACTIVE_STAGES = frozenset({"compensating", "retrying", "checking", "verifying", "rereading"})
+FINAL_STAGES = frozenset({"compensated", "failed"})
+Role = Literal["compensator", "reader", "check"]
+
+UNAVAILABLE = "cannot verify: arguments unavailable"
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a Job did: ``state`` running, succeeded or failed; ``message`` the error (the
+    container's termination message or the Job's failure reason); ``output`` a reader's stdout."""
+
+    state: Literal["running", "succeeded", "failed"]
+    message: str = ""
+    output: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """How a compensated step is checked (rule 5).
+
+    ``mode``: ``reader`` (a reader Job runs ``tool`` with ``args`` and must answer ``expect``),
+    ``none`` (the manifest declares no verification: unverified), ``noReader`` (declared, but no
+    reader runner is configured: unverified) or ``unavailable`` (arguments cannot be resolved:
+    the step fails). ``retries`` read-backs, ``backoff_ms`` doubling between them.
+    """
+
+    mode: Literal["reader", "none", "noReader", "unavailable"]
+    tool: str | None = None
+    args: Any = None
+    expect: Any = None
+    runner: str | None = None
+    retries: int = 1
+    backoff_ms: int = 0
+    detail: str = ""
+
+
+def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | None,
+                runner_names: set[str] | frozenset[str]) -> VerifyPlan:
+    """Decide how a step's undo is checked from its manifest snapshot (rule 5).
+
+    ``args``/``result``: the original call's (after any resolution, rule 7); ``runner_names``:
+    runners the ToolManifest defines now. Never raises: missing pieces give ``none``,
+    ``noReader`` or ``unavailable``.
+    """
+    v = snapshot.verification if snapshot is not None else None
+    if v is None:
+        return VerifyPlan("none", detail="the manifest declares no verification for this tool")
+    if not v.runner or v.runner not in runner_names:
+        what = f"runner {v.runner!r} is not defined in the ToolManifest" if v.runner else "no reader runner is configured"
+        return VerifyPlan("noReader", tool=v.tool, detail=what)
+    try:
+        resolved = resolve(v.args, args, result)
+    except MissingValue as err:
+        return VerifyPlan("unavailable", tool=v.tool, detail=f"{UNAVAILABLE} ({err})")
+    return VerifyPlan("reader", tool=v.tool, args=resolved, expect=v.expect, runner=v.runner,
+                      retries=v.retries, backoff_ms=v.backoff_ms)
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One step's progress inside one request. ``attempts`` counts compensator runs (across
+    requests), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
+    waiting stage moves on; ``verification`` verified, unverified or verificationFailed."""
+
+    step: int
+    stage: Stage = "pending"
+    attempts: int = 0
+    reads: int = 0
+    next_at: float | None = None
+    error: str | None = None
+    verification: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class StartJob:
+    """Create (or adopt) the Job ``role`` for ``attempt`` (and read-back ``read``)."""
+
+    step: int
+    role: Role
+    attempt: int
+    read: int = 0
+
+
+@dataclass(frozen=True)
+class Journal:
+    """Write the step's undo state on the Run (``status.undo``) — before any Job (rule 3)."""
+
+    step: int
+    state: Literal["compensating", "compensated", "compensationFailed"]
+    attempts: int
+    verification: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something a person should see: a Kubernetes Event on the request (``reason`` CamelCase)."""
+
+    step: int
+    reason: str
+    message: str
+    warning: bool = False
+
+
+Effect = StartJob | Journal | Note
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The request's retry policy: ``retries`` attempts, backoff ``base_ms`` doubling to ``max_ms``;
+    ``check`` whether ``verifyCommand`` runs after each successful undo."""
+
+    retries: int
+    base_ms: int
+    max_ms: int
+    check: bool = False
+
+
+def start(run: StepRun, journaled: StepUndo | None) -> tuple[StepRun, list[Effect]]:
+    """Start a pending step (the scheduler chose it, rule 1).
+
+    A step the run journaled ``compensating`` resumes at that attempt (its Job is adopted);
+    otherwise the next attempt after those journaled so far starts (rule 6: same key).
+    """
+    if journaled is not None and journaled.state == "compensating":
+        attempt = max(journaled.attempts, 1)
+    else:
+        attempt = max(run.attempts, journaled.attempts if journaled else 0) + 1
+    new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None)
+    return new, [Journal(run.step, "compensating", attempt),
+                 StartJob(run.step, "compensator", attempt),
+                 Note(run.step, "CompensationStarted", f"step {run.step}: compensation attempt {attempt} started")]
+
+
+def advance(
+    run: StepRun,
+    observe: Callable[[Role, int, int], JobView | None],
+    verify: VerifyPlan,
+    policy: Policy,
+    now: float,
+    rng: random.Random | None = None,
+) -> tuple[StepRun, list[Effect]]:
+    """Move an active step on, given what its Jobs did (``observe(role, attempt, read)``, None
+    when the Job does not exist). Returns the new state and the effects, in order.
+
+    Final and waiting-for-the-scheduler stages are returned unchanged.
+    """
+    s = run.step
+    if run.stage == "compensating":
+        job = observe("compensator", run.attempts, 0)
+        if job is None:  # journaled but not created yet (a crash in between): create it now
+            return run, [StartJob(s, "compensator", run.attempts)]
+        if job.state == "running":
+            return run, []
+        if job.state == "failed":
+            error = job.message or "the compensator exited non-zero"
+            if run.attempts < policy.retries:
+                wait = delay_seconds(run.attempts, policy.base_ms, policy.max_ms, rng)
+                return replace(run, stage="retrying", next_at=now + wait, error=error), [
+                    Note(s, "CompensationRetrying",
+                         f"step {s}: attempt {run.attempts} of {policy.retries} failed: {error}; "
+                         f"retrying in {wait:.1f}s with the same idempotency key", warning=True)]
+            return _fail(run, f"compensation failed after {run.attempts} attempts: {error}", None,
+                         "CompensationFailed")
+        if policy.check:
+            return replace(run, stage="checking", reads=0, error=None), [StartJob(s, "check", run.attempts, 0)]
+        return _begin_verification(replace(run, error=None), verify)
+    if run.stage == "retrying":
+        if run.next_at is not None and now < run.next_at:
+            return run, []
+        attempt = run.attempts + 1
+        return replace(run, stage="compensating", attempts=attempt, next_at=None), [
+            Journal(s, "compensating", attempt), StartJob(s, "compensator", attempt)]
+    if run.stage == "checking":
+        job = observe("check", run.attempts, 0)
+        if job is None:
+            return run, [StartJob(s, "check", run.attempts, 0)]
+        if job.state == "running":
+            return run, []
+        if job.state == "failed":
+            return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
+                         "verificationFailed", "VerificationFailed")
+        return _begin_verification(run, verify)
+    if run.stage == "verifying":
+        job = observe("reader", run.attempts, run.reads)
+        if job is None:
+            return run, [StartJob(s, "reader", run.attempts, run.reads)]
+        if job.state == "running":
+            return run, []
+        if job.state == "failed":
+            problem = f"read failed: {job.message or 'the reader exited non-zero'}"
+        else:
+            try:
+                problem = first_mismatch(parse_answer(job.output or ""), verify.expect)
+            except ValueError as err:
+                problem = f"read failed: {err}"
+        if problem is None:
+            done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
+            return done, [Journal(s, "compensated", run.attempts, "verified"),
+                          Note(s, "Verified", f"step {s}: undone and verified by {verify.tool}")]
+        if run.reads < verify.retries:
+            wait = ceiling_ms(run.reads, verify.backoff_ms, 2**31) / 1000.0
+            return replace(run, stage="rereading", next_at=now + wait, error=problem), [
+                Note(s, "VerificationRetrying",
+                     f"step {s}: read-back {run.reads} of {verify.retries}: {problem}; reading again in {wait:.1f}s")]
+        return _fail(run, f"verification failed: {problem}", "verificationFailed", "VerificationFailed")
+    if run.stage == "rereading":
+        if run.next_at is not None and now < run.next_at:
+            return run, []
+        reads = run.reads + 1
+        return replace(run, stage="verifying", reads=reads, next_at=None), [StartJob(s, "reader", run.attempts, reads)]
+    return run, []
+
+
+def _begin_verification(run: StepRun, verify: VerifyPlan) -> tuple[StepRun, list[Effect]]:
+    s = run.step
+    if verify.mode == "reader":
+        return replace(run, stage="verifying", reads=1, next_at=None), [StartJob(s, "reader", run.attempts, 1)]
+    if verify.mode == "unavailable":
+        return _fail(run, verify.detail or UNAVAILABLE, "verificationFailed", "VerificationArgumentsUnavailable")
+    reason = "NoReader"
+    done = replace(run, stage="compensated", verification="unverified", reason=reason,
+                   error=None)
+    return done, [Journal(s, "compensated", run.attempts, "unverified"),
+                  Note(s, "Unverified", f"step {s}: undone but not checked: {verify.detail}", warning=True)]
+
+
+def _fail(run: StepRun, error: str, verification: str | None, reason: str) -> tuple[StepRun, list[Effect]]:
+    failed = replace(run, stage="failed", error=error, verification=verification, next_at=None, reason=reason)
+    return failed, [Journal(run.step, "compensationFailed", run.attempts, verification, error),
+                    Note(run.step, reason, f"step {run.step}: {error}", warning=True)]
+
+
+def schedule_state(stage: str) -> str:
+    """The :mod:`~reversi.engine.schedule` progress state of a stage."""
+    if stage in ACTIVE_STAGES:
+        return "running"
+    return stage
