@@ -327,3 +327,22 @@ def test_snapshot_id_that_is_not_in_spec_snapshots_is_refused():
     spec = _shared(example_run_dict()["spec"]).model_copy(update={"snapshots": []})
     with pytest.raises(InvalidRun, match=r"step 0 \(payments.get_customer\) names snapshot '[0-9a-f]{16}', which is not in spec.snapshots"):
         build_plan(spec, run_id=RUN_ID)
+
+
+def test_compact_plan_drops_skips_first_then_the_oldest_and_counts_them():
+    from reversi.engine import build_report, compact_plan
+
+    read = tool("get", "read")
+    spec = run_spec([step(0, read), step(1, WRITE), step(2, read), step(3, WRITE), step(4, WRITE)])
+    plan = build_plan(spec, run_id=RUN_ID)
+    assert compact_plan(plan, 10) is plan
+    small = compact_plan(plan, 3)
+    assert [a.step for a in small.actions] == [1, 3, 4] and small.omitted == 2
+    smaller = compact_plan(plan, 2)
+    assert [a.step for a in smaller.actions] == [3, 4] and smaller.omitted == 3
+    assert smaller.action(4).kind == "compensate"
+    with pytest.raises(KeyError):
+        smaller.action(1)
+    assert smaller.to_wire()["omitted"] == 3
+    with pytest.raises(ValueError, match="full plan"):
+        build_report(smaller)

@@ -17,6 +17,7 @@ from .plan import (
     UNRECOVERABLE,
     UNRESOLVED,
     build_plan,
+    compact_plan,
     effective_outcome,
     undo_by_step,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "build_report",
     "canonical_json",
     "ceiling_ms",
+    "compact_plan",
     "compensation_key",
     "deferred_steps",
     "delay_seconds",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..models.run import RunSpec
 from ..models.toolmanifest import ToolSpec
 
-MAX_BLOCKED_BY = 32  # blockers listed per step (a step is blocked when at least one exists)
+MAX_BLOCKED_BY = 8  # blockers listed per step, lowest first (a step is blocked when at least one exists)
 
 
 class InvalidRun(ValueError):

@@ -41,7 +41,7 @@ DEFER = "defer"
 KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER)
 # standing steps of these kinds stay as they are: their dependencies cannot be undone
 BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER})
-REASON_BLOCKERS = 5  # blockers named in a defer reason (all, up to MAX_BLOCKED_BY, are in blockedBy)
+REASON_BLOCKERS = 3  # blockers named in a defer reason (all, up to MAX_BLOCKED_BY, are in blockedBy)
 
 UndoStateInput = RunStatus | Mapping[int, StepUndo] | Iterable[StepUndo] | None
 
@@ -97,17 +97,14 @@ def build_plan(
             blockers = index.blockers(s, MAX_BLOCKED_BY)
             described = ", ".join(f"{b} ({actions[b].kind})" for b in blockers[:REASON_BLOCKERS])
             if len(blockers) > REASON_BLOCKERS:
-                described += f" and {len(blockers) - REASON_BLOCKERS} more (see blockedBy)"
+                described += " and more (see blockedBy)"
             action.kind = DEFER
             action.blocked_by = blockers
-            action.reason = (
-                f"blocked by standing dependents that will not be undone: {described}; "
-                f"{action.compensation_tool} runs once they are settled"
-            )
+            action.reason = f"blocked by standing dependents that will not be undone: {described}"
         if action.kind in BLOCKING_KINDS:
             index.register(s)
     fully = all(action.kind in (COMPENSATE, SKIP) for action in actions)
-    return Plan.model_construct(fully_reversible=fully, actions=actions)
+    return Plan.model_construct(fully_reversible=fully, actions=actions, omitted=0)
 
 
 def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
@@ -203,4 +200,25 @@ def _base_action(
         needs_approval=compensation.requires_approval,
         residue=list(compensation.residue),
         verified=verified,
+    )
+
+
+def compact_plan(plan: Plan, max_actions: int = 1000) -> Plan:
+    """A copy of ``plan`` small enough for a status: at most ``max_actions`` actions.
+
+    Skip actions go first (they need nothing), then, if still too many, the oldest actions of
+    the rest; ``omitted`` counts what was left out (the report still lists every step).
+    ``fullyReversible`` is unchanged. Raises ``ValueError`` for ``max_actions < 0``.
+    """
+    if max_actions < 0:
+        raise ValueError("max_actions must not be negative")
+    if len(plan.actions) <= max_actions:
+        return plan
+    kept = [a for a in plan.actions if a.kind != SKIP]
+    if len(kept) > max_actions:
+        kept = kept[len(kept) - max_actions :] if max_actions else []
+    return Plan.model_construct(
+        fully_reversible=plan.fully_reversible,
+        actions=kept,
+        omitted=len(plan.actions) - len(kept) + plan.omitted,
     )

@@ -89,8 +89,11 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
     string is accepted for outcomes without detail). O(n).
 
+    ``plan`` is the full plan of ``build_plan`` (a ``compact_plan`` would drop steps: refused).
     See the module docstring for the buckets. Raises ``ValueError`` for an unknown state.
     """
+    if plan.omitted:
+        raise ValueError("build_report needs the full plan from build_plan, not a compact_plan")
     outcomes = outcomes or {}
     compensated: list[int] = []
     skipped: list[int] = []

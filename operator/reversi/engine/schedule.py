@@ -11,7 +11,8 @@ Progress is a mapping ``{step: state}`` for the plan's compensate actions (a mis
 A step is *unsettled* while it stands and is not compensated: a compensate action in any state but
 ``compensated``, and every standing step the plan will not undo (unrecoverable, unresolved,
 unmanifested, defer). A step never starts while any step that depends on it is unsettled.
-Newest first; at most ``parallelism`` running at once.
+Newest first; at most ``parallelism`` running at once. Every function takes the full plan of
+``build_plan`` (``plan.actions[i].step == i``) and the graph it was built from.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def ready_steps(plan: Plan, graph: Graph, progress: Progress, parallelism: int) 
     """
     if parallelism < 1:
         raise ValueError(f"parallelism must be at least 1, not {parallelism}")
+    _check_full(plan)
     _check_states(progress)
     running = sum(1 for state in progress.values() if state == RUNNING)
     slots = parallelism - running
@@ -100,6 +102,7 @@ def deferred_steps(plan: Plan, graph: Graph, progress: Progress, limit: int = MA
     :func:`is_finished` is true these are final: the report lists them as deferred (rule 1: a
     dependent whose compensation failed, or that awaits approval, keeps them standing).
     """
+    _check_full(plan)
     _check_states(progress)
     out: dict[int, list[int]] = {}
     index = DependentIndex(graph)
@@ -126,6 +129,11 @@ def progress_text(plan: Plan, progress: Progress) -> str:
     total = sum(1 for a in plan.actions if a.kind in (COMPENSATE, "defer"))
     done = sum(1 for a in plan.actions if a.kind == COMPENSATE and progress.get(a.step) == COMPENSATED)
     return f"{done}/{total}"
+
+
+def _check_full(plan: Plan) -> None:
+    if plan.omitted:
+        raise ValueError("the schedule needs the full plan from build_plan, not a compact_plan")
 
 
 def _check_states(progress: Progress) -> None:

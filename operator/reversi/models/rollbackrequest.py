@@ -139,7 +139,7 @@ class PlanAction(StatusModel):
     )
     verified: bool = Field(default=False, description="compensate: a reader Job will check the undo.")
     blocked_by: list[int] = Field(
-        default_factory=list, description="defer: standing dependents that will not be undone (at most 32 listed)."
+        default_factory=list, description="defer: standing dependents that will not be undone (the lowest 8 listed)."
     )
 
 
@@ -149,14 +149,24 @@ class Plan(StatusModel):
     fully_reversible: bool = Field(
         description="Every standing step is compensate or skip, assuming each compensation succeeds; residue does not make it false."
     )
-    actions: list[PlanAction] = Field(default_factory=list, description="One action per step, in step order.")
+    actions: list[PlanAction] = Field(
+        default_factory=list, description="One action per step, in step order (see omitted)."
+    )
+    omitted: int = Field(
+        default=0,
+        ge=0,
+        description="Actions left out to keep the status small (skips first, then the oldest); the report lists every step.",
+    )
 
     def action(self, step: int) -> PlanAction:
-        """The action of step ``step`` (actions are in step order: ``actions[i].step == i``)."""
-        action = self.actions[step]
-        if action.step != step:  # pragma: no cover - build_plan keeps the invariant
-            raise KeyError(step)
-        return action
+        """The action of step ``step``. A full plan (``omitted == 0``) is in step order:
+        ``actions[i].step == i``; a compacted one is searched. Raises ``KeyError`` when absent."""
+        if not self.omitted and step < len(self.actions) and self.actions[step].step == step:
+            return self.actions[step]
+        for action in self.actions:
+            if action.step == step:
+                return action
+        raise KeyError(step)
 
     def of_kind(self, *kinds: str) -> list[PlanAction]:
         """Actions of the given kinds, in step order."""
