@@ -48,7 +48,7 @@ from .common import (
     list_map,
     rule,
 )
-from .toolmanifest import ToolSpec
+from .toolmanifest import TOOL_RULES, ToolSpec
 
 Outcome = Literal["intended", "succeeded", "failed", "uncertain"]
 Mode = Literal["enforce", "observe"]
@@ -150,7 +150,9 @@ class ToolSnapshot(ToolSpec):
     """A manifest entry copied into the run once, named by ``id``; steps refer to it with ``snapshotId``."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [rule("self == oldSelf", "a snapshot cannot be changed")]}
+        json_schema_extra={
+            "x-kubernetes-validations": [*TOOL_RULES, rule("self == oldSelf", "a snapshot cannot be changed")]
+        }
     )
 
     id: str = Field(

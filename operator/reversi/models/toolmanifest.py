@@ -117,23 +117,22 @@ class Verification(ReversiModel):
     )
 
 
+TOOL_RULES = [
+    rule(
+        "self.effect != 'write' || has(self.compensation)",
+        "a write tool needs a compensation (or declare its effect irreversible)",
+        fieldPath=".compensation",
+    ),
+]
+
+
 class ToolSpec(ReversiModel):
     """One tool's entry: its effect and how a call of it is undone and checked.
 
     A copy of this entry is kept in each Run step (``snapshot``) when the step is recorded.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                rule(
-                    "self.effect != 'write' || has(self.compensation)",
-                    "a write tool needs a compensation (or declare its effect irreversible)",
-                    fieldPath=".compensation",
-                ),
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list(TOOL_RULES)})
 
     name: ToolName = Field(description="Tool name as the automation calls it, e.g. payments.create_charge.")
     effect: Effect = Field(
