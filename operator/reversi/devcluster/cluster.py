@@ -278,6 +278,8 @@ class Cluster:
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{s.etcd_peer_port}",
             "--initial-cluster", f"reversi=http://127.0.0.1:{s.etcd_peer_port}",
             "--unsafe-no-fsync", "--quota-backend-bytes", str(4 * 1024**3),
+            # large Runs (thousands of steps) exceed etcd's default 1.5 MiB request limit
+            "--max-request-bytes", str(4 * 1024**2),
             "--log-level", "warn",
         ]
 

@@ -35,6 +35,8 @@ from .common import (
 )
 
 Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
+StepStage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
+                    "rereading", "compensated", "failed", "deferred"]
 ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
 
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
@@ -179,7 +181,13 @@ class StepStatus(StatusModel):
     step: int = Field(ge=0, description="Index of the step.")
     tool: str | None = Field(default=None, description="Tool of the step.")
     compensation_tool: str | None = Field(default=None, description="Tool that undoes it.")
+    stage: StepStage | None = Field(
+        default=None,
+        description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
+        "verifying, rereading, compensated, failed or deferred.",
+    )
     attempts: int = Field(default=0, ge=0, description="Compensation attempts so far.")
+    reads: int = Field(default=0, ge=0, description="Read-backs of the current attempt so far (verification).")
     idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
     last_error: str | None = Field(default=None, description="Error of the last failed attempt or check.")

@@ -1,0 +1,223 @@
+"""Pure builders for compensator and reader Jobs and the Secrets that carry their calls.
+
+DESIGN §6 is the contract these functions implement; none of them does I/O, so a unit test can
+check every field. The handlers create what they return.
+
+Shapes:
+
+- compensator call JSON: ``{"run_id", "step", "tool", "original_tool", "args",
+  "idempotency_key"}``; reader call JSON: ``{"tool", "arguments"}``.
+- The call reaches the container as the file ``/var/run/reversi/call.json`` (``REVERSI_CALL_FILE``)
+  and the variable ``REVERSI_CALL``, both from a Secret owned by the RollbackRequest; the
+  compensation idempotency key is also in ``REVERSI_IDEMPOTENCY_KEY``. Nothing of the call is
+  plain text in the Job spec.
+- Names are deterministic (≤ 63 characters) from the run's uid, the step, the attempt and the
+  read-back number, so a restarted operator finds (adopts) the Job it already created instead of
+  starting another (rule 3). The Secret has the Job's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..models.toolmanifest import Runner
+
+CALL_DIR = "/var/run/reversi"
+CALL_FILE = f"{CALL_DIR}/call.json"
+CALL_KEY = "call.json"
+KEY_KEY = "idempotency-key"
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_RUN_UID = "reversi.dev/run-uid"
+LABEL_REQUEST_UID = "reversi.dev/request-uid"
+LABEL_STEP = "reversi.dev/step"
+LABEL_ATTEMPT = "reversi.dev/attempt"
+LABEL_READ = "reversi.dev/read"
+LABEL_ROLE = "reversi.dev/role"
+ANNOTATION_RUN = "reversi.dev/run"
+ANNOTATION_REQUEST = "reversi.dev/request"
+
+Role = Literal["compensator", "reader", "check"]
+_ROLE_LETTER = {"compensator": "c", "reader": "r", "check": "x"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The RollbackRequest that owns a Job and its Secret."""
+
+    namespace: str
+    name: str
+    uid: str
+    api_version: str = "reversi.dev/v1alpha1"
+    kind: str = "RollbackRequest"
+
+    def reference(self) -> dict[str, Any]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name,
+                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Operator-wide knobs for Jobs: seconds to keep a finished Job, the user id to run as."""
+
+    ttl_seconds_after_finished: int = 3600
+    run_as_user: int = 65532
+
+
+def run_hash(run_uid: str) -> str:
+    """Ten hex characters identifying a run (its uid) in Job names."""
+    return hashlib.sha256(run_uid.encode()).hexdigest()[:10]
+
+
+def job_name(run_uid: str, step: int, attempt: int, role: Role = "compensator", read: int = 0) -> str:
+    """Deterministic Job (and Secret) name, at most 63 characters.
+
+    ``rv-<run hash>-<step>-c<attempt>`` for a compensator; a reader adds ``-r<read>`` and the
+    extra check of ``verifyCommand`` adds ``-x<read>``. ``attempt`` counts from 1.
+    """
+    name = f"rv-{run_hash(run_uid)}-{step}-c{attempt}"
+    if role != "compensator":
+        name += f"-{_ROLE_LETTER[role]}{read}"
+    assert len(name) <= 63, name
+    return name
+
+
+def compensator_call(run_id: str, step: int, tool: str, original_tool: str, args: Any,
+                     idempotency_key: str) -> dict[str, Any]:
+    """The compensator call JSON of DESIGN §6."""
+    return {"run_id": run_id, "step": step, "tool": tool, "original_tool": original_tool,
+            "args": args, "idempotency_key": idempotency_key}
+
+
+def reader_call(tool: str, arguments: Any) -> dict[str, Any]:
+    """The reader call JSON of DESIGN §6."""
+    return {"tool": tool, "arguments": arguments}
+
+
+def _labels(owner: Owner, run_uid: str, step: int, attempt: int, role: Role, read: int) -> dict[str, str]:
+    labels = {
+        LABEL_MANAGED_BY: "reversi",
+        LABEL_RUN_UID: run_uid,
+        LABEL_REQUEST_UID: owner.uid,
+        LABEL_STEP: str(step),
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_ROLE: role,
+    }
+    if role != "compensator":
+        labels[LABEL_READ] = str(read)
+    return labels
+
+
+def call_secret(name: str, owner: Owner, labels: dict[str, str], call: dict[str, Any],
+                idempotency_key: str | None) -> dict[str, Any]:
+    """The Secret carrying a call: ``call.json`` and, for compensators, the idempotency key."""
+    data = {CALL_KEY: json.dumps(call, sort_keys=True, separators=(",", ":"))}
+    if idempotency_key:
+        data[KEY_KEY] = idempotency_key
+    return {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": owner.namespace, "labels": labels,
+                     "ownerReferences": [owner.reference()]},
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": data,
+    }
+
+
+def build_job(
+    *,
+    owner: Owner,
+    run_name: str,
+    run_uid: str,
+    step: int,
+    attempt: int,
+    runner: Runner,
+    call: dict[str, Any],
+    role: Role = "compensator",
+    read: int = 0,
+    idempotency_key: str | None = None,
+    command: list[str] | None = None,
+    deadline_seconds: int | None = None,
+    settings: JobSettings = JobSettings(),
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return ``(secret, job)`` for one compensator, reader or check run.
+
+    ``runner`` gives image, command, args, env, envFrom, service account, resources and the
+    deadline (``deadline_seconds`` overrides it when smaller: the request's own deadline).
+    ``command`` replaces the runner's command and args (``verifyCommand``). The Job has
+    ``backoffLimit: 0`` (Reversi owns retries, rule 4), ``activeDeadlineSeconds``,
+    ``ttlSecondsAfterFinished``, an owner reference to the request, and a pod that meets the
+    ``restricted`` Pod Security Standard.
+    """
+    name = job_name(run_uid, step, attempt, role, read)
+    labels = _labels(owner, run_uid, step, attempt, role, read)
+    annotations = {ANNOTATION_RUN: run_name, ANNOTATION_REQUEST: owner.name}
+    secret = call_secret(name, owner, labels, call, idempotency_key)
+    env: list[dict[str, Any]] = [
+        {"name": "REVERSI_CALL_FILE", "value": CALL_FILE},
+        {"name": "REVERSI_CALL", "valueFrom": {"secretKeyRef": {"name": name, "key": CALL_KEY}}},
+        {"name": "REVERSI_ROLE", "value": role},
+    ]
+    if idempotency_key:
+        env.append({"name": "REVERSI_IDEMPOTENCY_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": name, "key": KEY_KEY}}})
+    env += [dict(e) for e in runner.env]
+    container: dict[str, Any] = {
+        "name": role,
+        "image": runner.image,
+        "command": list(command) if command else list(runner.command),
+        "args": [] if command else list(runner.args),
+        "env": env,
+        "envFrom": [dict(e) for e in runner.env_from],
+        "volumeMounts": [
+            {"name": "call", "mountPath": CALL_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if runner.resources:
+        container["resources"] = dict(runner.resources)
+    deadline = runner.deadline_seconds
+    if deadline_seconds is not None:
+        deadline = max(1, min(deadline, deadline_seconds))
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": bool(runner.service_account_name),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.run_as_user,
+            "runAsGroup": settings.run_as_user,
+            "fsGroup": settings.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "call", "secret": {"secretName": name, "defaultMode": 0o440}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        ],
+    }
+    if runner.service_account_name:
+        pod_spec["serviceAccountName"] = runner.service_account_name
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": owner.namespace, "labels": labels,
+                     "annotations": annotations, "ownerReferences": [owner.reference()]},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+        },
+    }
+    return secret, job

@@ -1,0 +1,177 @@
+"""Kubernetes reads and writes for the operator: the only module that talks to the API for it.
+
+Every call is blocking (the official client): use it from sync kopf handlers or worker threads,
+never from ``async`` code (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ..engine.executor import JobView
+
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+JSON_PATCH = "application/json-patch+json"
+log = logging.getLogger("reversi.kube")
+
+
+class Conflict(Exception):
+    """A write lost an optimistic-concurrency race (HTTP 409, or a failed JSON-patch test)."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kube:
+    """Thin, typed access to the objects Reversi reads and writes."""
+
+    def __init__(self, api: client.ApiClient):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+
+    # ----- custom objects -------------------------------------------------------------------
+
+    def get(self, plural: str, namespace: str, name: str) -> dict | None:
+        """The object as a dict, or None when it does not exist."""
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list(self, plural: str, namespace: str | None = None) -> list[dict]:
+        """All objects of a kind (in one namespace, or cluster-wide)."""
+        if namespace:
+            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+        else:
+            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        return resp.get("items", [])
+
+    def merge_status(self, plural: str, namespace: str, name: str, status: dict,
+                     resource_version: str | None = None) -> dict:
+        """Merge-patch ``status`` through the status subresource. With ``resource_version``,
+        raise :class:`Conflict` when the object changed since it was read."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            return self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, body)
+        except ApiException as err:
+            if err.status == 409:
+                raise Conflict(str(err.reason)) from err
+            raise
+
+    def json_patch_status(self, plural: str, namespace: str, name: str, ops: list[dict]) -> dict:
+        """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""
+        try:
+            return self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH)
+        except ApiException as err:
+            if err.status in (409, 422) or (err.status == 500 and "test" in (err.body or "")):
+                raise Conflict(_message(err)) from err
+            raise
+
+    # ----- jobs -------------------------------------------------------------------------------
+
+    def list_jobs(self, namespace: str, selector: str) -> dict[str, Any]:
+        """Jobs matching a label selector, by name."""
+        jobs = self.batch.list_namespaced_job(namespace, label_selector=selector).items
+        return {j.metadata.name: j for j in jobs}
+
+    def create_job(self, secret: dict, job: dict) -> bool:
+        """Create the call Secret and the Job; an existing one (same deterministic name) is
+        adopted, not replaced. Returns True when the Job was created now."""
+        ns = job["metadata"]["namespace"]
+        try:
+            self.core.create_namespaced_secret(ns, secret)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+        try:
+            self.batch.create_namespaced_job(ns, job)
+            return True
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+
+    def job_view(self, job: Any, reader: bool) -> JobView:
+        """What a Job did: running, or succeeded/failed with its container's termination message
+        (and, for a reader, its stdout)."""
+        state = "running"
+        job_message = ""
+        for cond in job.status.conditions or []:
+            if cond.status != "True":
+                continue
+            if cond.type == "Complete":
+                state = "succeeded"
+            elif cond.type == "Failed":
+                state = "failed"
+                job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
+        if state == "running":
+            return JobView("running")
+        ns, name = job.metadata.namespace, job.metadata.name
+        pods = self.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+        pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
+        message, output = "", None
+        if pods:
+            pod = pods[-1]
+            for cs in pod.status.container_statuses or []:
+                term = cs.state.terminated if cs.state else None
+                if term is not None:
+                    message = (term.message or "").strip()
+                    if not message and term.exit_code:
+                        message = f"exit code {term.exit_code}"
+            if reader and state == "succeeded":
+                try:
+                    output = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader")
+                except ApiException as err:
+                    output = None
+                    message = f"cannot read the reader's output: {err.reason}"
+        if state == "failed" and not message:
+            message = job_message
+        if state == "failed" and job_message.startswith("DeadlineExceeded"):
+            message = f"{job_message}; {message}" if message and message not in job_message else job_message
+        return JobView(state, message=message, output=output)
+
+    # ----- events -------------------------------------------------------------------------------
+
+    def event(self, obj: dict, reason: str, message: str, warning: bool = False) -> None:
+        """Post a Kubernetes Event about ``obj`` (a custom object dict). Never raises."""
+        meta = obj["metadata"]
+        now = dt.datetime.now(dt.timezone.utc)
+        body = {
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "reversi-operator"},
+            "reportingComponent": "reversi.dev/operator",
+            "reportingInstance": "reversi-operator",
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": now, "action": reason, "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as err:  # an event is worth a log line, never a failure
+            log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+def _message(err: ApiException) -> str:
+    try:
+        return json.loads(err.body or "{}").get("message", str(err.reason))
+    except ValueError:
+        return str(err.reason)

@@ -1,0 +1,158 @@
+"""Pure builders for RollbackRequest and Run status (no I/O).
+
+Per-step detail is bounded (DESIGN §3): ``status.steps`` keeps the steps that need a person's eye
+first — active, failed, awaiting approval, deferred — then the rest, up to a limit; the plan in
+status lists the non-skip actions up to the same limit and counts what it left out. The report's
+buckets are step numbers (small), with error texts cut to a limit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Iterable
+
+from .. import conditions as c
+from ..engine.executor import ACTIVE_STAGES, StepRun
+from ..engine.plan import compact_plan
+from ..models.rollbackrequest import Plan, PlanAction, Report
+
+_PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "rereading": 0,
+             "failed": 1, "awaitingApproval": 2, "deferred": 3, "pending": 4, "compensated": 5}
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as an RFC 3339 UTC timestamp (None stays None)."""
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cut(text: str | None, limit: int) -> str | None:
+    """``text`` shortened to ``limit`` characters (with an ellipsis), None stays None."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+def approval_condition(action: PlanAction, approved: dict[int, str], approved_all_by: str | None,
+                       generation: int, old: list[dict]) -> list[dict]:
+    """The step's ``Approved`` condition (rule 8), naming the approver."""
+    if not action.needs_approval:
+        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVAL_NOT_REQUIRED,
+                           "the compensation does not require approval", generation)
+    elif action.step in approved:
+        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVED_BY_USER, f"approved by {approved[action.step]}", generation)
+    elif approved_all_by is not None:
+        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVED_FOR_ALL,
+                           f"approved by {approved_all_by} (approveCompensations)", generation)
+    else:
+        cond = c.condition(c.APPROVED, c.FALSE, c.AWAITING_APPROVAL,
+                           f"{action.compensation_tool} requires approval: approve step {action.step} "
+                           f"(kubectl reversi approve) or set spec.approveCompensations", generation)
+    return c.set_condition(old, cond)
+
+
+def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],
+                    approved_all_by: str | None, generation: int, old: list[dict],
+                    blocked_by: list[int], limit: int) -> list[dict]:
+    """``Approved``, ``Compensated`` and ``Verified`` of one step (DESIGN §3)."""
+    conds = approval_condition(action, approved, approved_all_by, generation, old)
+    stage = run.stage
+    error = cut(run.error, limit) or ""
+    if stage == "compensated":
+        comp = (c.TRUE, c.COMPENSATION_SUCCEEDED, f"{action.compensation_tool} succeeded (attempt {run.attempts})")
+    elif stage == "failed" and run.verification is None:
+        comp = (c.FALSE, c.COMPENSATION_FAILED, error)
+    elif stage == "failed":
+        comp = (c.FALSE, c.COMPENSATION_FAILED, f"the undo ran but was not confirmed: {error}")
+    elif stage == "compensating":
+        comp = (c.UNKNOWN, c.COMPENSATING, f"attempt {run.attempts}: {action.compensation_tool} is running")
+    elif stage == "retrying":
+        comp = (c.UNKNOWN, c.COMPENSATION_RETRYING,
+                f"attempt {run.attempts} failed: {error}; next attempt at {iso(run.next_at)}")
+    elif stage in ("checking", "verifying", "rereading"):
+        comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
+    elif stage == "deferred" or blocked_by:
+        comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
+    elif stage == "awaitingApproval":
+        comp = (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
+    else:
+        comp = (c.FALSE, c.PENDING, "not started yet (newest first, within parallelism)")
+    conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
+    if run.verification == "verified":
+        ver = (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
+    elif run.verification == "unverified":
+        ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
+    elif run.verification == "verificationFailed":
+        reason = c.VERIFICATION_ARGUMENTS_UNAVAILABLE if run.reason == "VerificationArgumentsUnavailable" else (
+            c.READ_FAILED if error.startswith("verification failed: read failed") else c.VERIFICATION_FAILED)
+        ver = (c.FALSE, reason, error)
+    elif stage in ("verifying", "rereading"):
+        ver = (c.UNKNOWN, c.VERIFYING, f"read-back {run.reads}" + (f": {error}" if error else ""))
+    else:
+        ver = (c.UNKNOWN, c.PENDING, "not checked yet")
+    return c.set_condition(conds, c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+
+
+def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[int]], keys: dict[int, str],
+                 approved: dict[int, str], approved_all_by: str | None, generation: int,
+                 old_entries: dict[int, dict], verify_tools: dict[int, str | None], limit: int,
+                 message_limit: int) -> list[dict]:
+    """``status.steps``: one entry per compensate or defer action, most important first, at
+    most ``limit`` (active steps are always kept so a restarted operator can resume them)."""
+    chosen: list[tuple[int, int, dict]] = []
+    for action in plan.actions:
+        if action.kind not in ("compensate", "defer"):
+            continue
+        run = runs.get(action.step) or StepRun(action.step, stage="deferred" if action.kind == "defer" else "pending")
+        blocked = deferred.get(action.step) or (list(action.blocked_by) if action.kind == "defer" else [])
+        if blocked and run.stage == "pending":
+            run = StepRun(run.step, stage="deferred", attempts=run.attempts)
+        old = old_entries.get(action.step, {})
+        entry = {
+            "step": action.step,
+            "tool": action.tool,
+            "compensationTool": action.compensation_tool,
+            "stage": run.stage,
+            "attempts": run.attempts,
+            "reads": run.reads,
+            "idempotencyKey": keys.get(action.step) or action.idempotency_key,
+            "blockedBy": blocked,
+            "lastError": cut(run.error, message_limit),
+            "nextAttemptAt": iso(run.next_at),
+            "conditions": step_conditions(action, run, verify_tools.get(action.step), approved, approved_all_by,
+                                          generation, old.get("conditions", []), blocked, message_limit),
+        }
+        chosen.append((_PRIORITY.get(run.stage, 9), action.step, {k: v for k, v in entry.items() if v is not None}))
+    keep = [e for p, _, e in chosen if p == 0]
+    rest = sorted((e for e in chosen if e[0] != 0), key=lambda t: (t[0], -t[1]))
+    keep += [e for _, _, e in rest[: max(0, limit - len(keep))]]
+    return sorted(keep, key=lambda e: e["step"])
+
+
+def plan_status(plan: Plan, limit: int) -> dict[str, Any]:
+    """``status.plan``: ``fullyReversible`` and at most ``limit`` actions (skips left out first),
+    with ``omitted`` counting what was left out."""
+    return compact_plan(plan, limit).to_wire()
+
+
+def report_status(report: Report, message_limit: int) -> dict[str, Any]:
+    """The report as wire JSON, texts cut to ``message_limit``."""
+    wire = report.to_wire()
+    for bucket, key in (("failed", "error"), ("unrecoverable", "reason")):
+        for item in wire.get(bucket, []):
+            item[key] = cut(item.get(key), message_limit)
+    return wire
+
+
+def summary_conditions(old: list[dict], generation: int, updates: Iterable[tuple[str, str, str, str]]) -> list[dict]:
+    """Set the summary conditions ``(type, status, reason, message)`` on ``old``."""
+    out = list(old)
+    for ctype, status, reason, message in updates:
+        out = c.set_condition(out, c.condition(ctype, status, reason, message, generation))
+    return out
+
+
+def active(runs: dict[int, StepRun]) -> list[int]:
+    """Steps whose compensation, check or read-back is under way."""
+    return sorted(s for s, r in runs.items() if r.stage in ACTIVE_STAGES)

@@ -1,0 +1,90 @@
+"""``reversi-operator``: run the Reversi operator (kopf).
+
+    reversi-operator [--namespace NS ...] [--metrics-port 8080] [--kubeconfig PATH]
+
+Settings come from ``REVERSI_*`` environment variables (:class:`reversi.settings.OperatorSettings`);
+flags override them. In a pod the in-cluster service account is used, elsewhere ``--kubeconfig`` or
+``$KUBECONFIG``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import click
+import kopf
+from kubernetes import client, config
+
+from ..adapters.kube import Kube
+from ..handlers import rollback as _rollback_handlers  # noqa: F401 - registers the handlers
+from ..handlers import runtime
+from ..settings import OperatorSettings
+
+log = logging.getLogger("reversi.operator")
+_settings: OperatorSettings | None = None
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An API client: in-cluster when in a pod, else from ``kubeconfig`` / ``$KUBECONFIG``."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"):
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """kopf settings (progress in annotations, never in status) and the shared objects."""
+    ours = _settings or OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reversi.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="reversi.dev")
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = 32
+    settings.watching.server_timeout = 300
+    if ours.peering is None:
+        settings.peering.standalone = True
+    else:
+        settings.peering.name = ours.peering
+        settings.peering.mandatory = False
+    kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
+    runtime.init(ours, kube)
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    try:
+        runtime.state().workers.stop_all()
+    except RuntimeError:
+        pass
+
+
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--namespace", "namespaces", multiple=True, help="Namespace to watch (repeatable); default: all.")
+@click.option("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster or $KUBECONFIG).")
+@click.option("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off).")
+@click.option("--verbose", is_flag=True, help="Debug logging.")
+def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
+    global _settings
+    overrides: dict[str, Any] = {}
+    if namespaces:
+        overrides["namespaces"] = list(namespaces)
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
+    _settings = OperatorSettings(**overrides)
+    if kubeconfig:
+        os.environ["REVERSI_KUBECONFIG"] = kubeconfig
+        os.environ["KUBECONFIG"] = kubeconfig
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces,
+             standalone=_settings.peering is None, liveness_endpoint=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""One reconcile pass of a RollbackRequest: read, decide (engine), act (adapters), report.
+
+Level-triggered and restart-safe: every pass starts from what the API holds — the request, the
+Run (its spec and ``status.undo``) and the Jobs — so an operator killed at any point resumes
+where it was (rule 3). The pass:
+
+1. loads the request, its Run and ToolManifest; bad input ends the request ``Failed`` with an
+   ``Invalid`` condition that says what to fix (never a crash loop);
+2. plans (rule 2) against the undo state left by *other* requests, so the plan is a function of
+   the Run alone and can be rebuilt after a restart; a dry run stops here (``Planned``);
+3. takes the Run's lock (``status.activeRequest``; rule 6) or waits (``Waiting``);
+4. moves every active step on (:func:`reversi.engine.executor.advance`) and starts what the
+   schedule allows (newest first, dependents first, within ``parallelism``; rule 1);
+5. carries out the effects: journal on the Run first, then Jobs, then Events;
+6. when nothing can move any more, writes the report (§5), releases the lock and ends
+   ``Succeeded`` (complete) or ``Incomplete``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from .. import conditions as c
+from ..adapters import jobs as jobs_mod
+from ..adapters import status as st
+from ..adapters.kube import Conflict, Kube
+from ..engine import executor as ex
+from ..engine.graph import InvalidRun, build_graph
+from ..engine.plan import COMPENSATE, build_plan
+from ..engine.report import StepOutcome, build_report, report_message
+from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
+from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
+from ..models.run import RunSpec, StepUndo
+from ..models.toolmanifest import ToolManifestSpec
+from ..settings import OperatorSettings
+
+log = logging.getLogger("reversi.rollback")
+
+RUNS, REQUESTS, MANIFESTS = "runs", "rollbackrequests", "toolmanifests"
+
+
+@dataclass
+class Memory:
+    """What a worker keeps between passes: finished Job views (they never change) and the
+    random source for backoff jitter."""
+
+    views: dict[str, ex.JobView] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+
+
+class Invalid(Exception):
+    """The request cannot be carried out; ``reason`` is a condition reason, the message says
+    what to fix."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class Reconciler:
+    """Reconciles RollbackRequests; one instance serves every worker thread."""
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None):
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.job_settings = jobs_mod.JobSettings(settings.job_ttl_seconds, settings.job_run_as_user)
+
+    # ------------------------------------------------------------------------------ entry
+
+    def reconcile(self, namespace: str, name: str, memory: Memory) -> bool:
+        """Run one pass. Returns True while the request needs more passes."""
+        req = self.kube.get(REQUESTS, namespace, name)
+        if req is None or req["metadata"].get("deletionTimestamp"):
+            return False
+        status = req.get("status") or {}
+        if status.get("phase") in TERMINAL_PHASES:
+            return False
+        try:
+            return self._reconcile(req, memory)
+        except Invalid as bad:
+            self._fail(req, bad.reason, bad.message)
+            return False
+
+    # --------------------------------------------------------------------------- the pass
+
+    def _reconcile(self, req: dict, memory: Memory) -> bool:
+        meta = req["metadata"]
+        ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
+        ref = f"RollbackRequest {ns}/{name}"
+        try:
+            spec = RollbackRequestSpec.model_validate(req.get("spec") or {})
+        except ValidationError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
+        run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
+        if run_obj is None:
+            raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} not found; create the Run or fix spec.runRef.name")
+        try:
+            run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
+            undo_all = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
+        except ValidationError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: Run {ns}/{spec.run_ref.name} is invalid: {_first_error(err)}") from err
+        run_uid = run_obj["metadata"]["uid"]
+        mine = {u.step: u for u in undo_all if u.request == name}
+        prior = [u for u in undo_all if u.request != name]
+        try:
+            graph = build_graph(run_spec)
+            plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph)
+        except InvalidRun as err:
+            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
+        manifest_obj = self.kube.get(MANIFESTS, ns, run_spec.manifest_ref.name)
+        manifest: ToolManifestSpec | None = None
+        if manifest_obj is not None:
+            try:
+                manifest = ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
+            except ValidationError as err:
+                raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid: "
+                              f"{_first_error(err)}") from err
+        status = dict(req.get("status") or {})
+        now = time.time()
+        status.setdefault("startTime", st.iso(now))
+        limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
+        status["plan"] = st.plan_status(plan, limit)
+        status["observedGeneration"] = gen
+        conds = status.get("conditions") or []
+        conds = st.summary_conditions(conds, gen, [(c.INVALID, c.FALSE, c.VALID, "the request and its Run are valid"),
+                                                   (c.PLANNED, c.TRUE, c.PLAN_READY,
+                                                    f"{len(plan.of_kind(COMPENSATE))} compensations planned; "
+                                                    f"fullyReversible={str(plan.fully_reversible).lower()}")])
+        if spec.dry_run:
+            report = build_report(plan, {})
+            status.update(phase="Planned", conditions=st.summary_conditions(conds, gen, [
+                (c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
+                (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")]),
+                completionTime=st.iso(now), progress=progress_text(plan, {}))
+            status.pop("report", None)
+            self._write(req, status)
+            if self.metrics:
+                self.metrics.request_finished(ns, "dryRun")
+            return False
+        needed_runners = {a.runner for a in plan.of_kind(COMPENSATE) if a.runner}
+        if needed_runners and manifest is None:
+            raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
+                          "its runners are needed to run compensators: create it or fix the Run's spec.manifestRef")
+        runner_names = {r.name for r in manifest.runners} if manifest else set()
+        missing = sorted(needed_runners - runner_names)
+        if missing:
+            raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
+                          f"{', '.join(missing)}; add it to spec.runners")
+
+        # ---- the lock (rule 6) ----
+        if not self._lock(run_obj, name, ns):
+            holder = (run_obj.get("status") or {}).get("activeRequest")
+            status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
+                (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN,
+                 f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends")]))
+            self._write(req, status)
+            return True
+
+        # ---- per-step state ----
+        old_entries = {e["step"]: e for e in status.get("steps") or []}
+        approved = {a.step: (a.approver or "an unknown approver") for a in spec.approvals}
+        approved_all_by = (spec.approved_by or "an unknown approver") if spec.approve_compensations else None
+        steps_by_index = {s.index: s for s in run_spec.steps}
+        resolutions = {r.step: r for r in run_spec.resolutions}
+        runs: dict[int, ex.StepRun] = {}
+        verify_plans: dict[int, ex.VerifyPlan] = {}
+        for action in plan.of_kind(COMPENSATE):
+            s = action.step
+            step = steps_by_index[s]
+            res = resolutions.get(s)
+            args, result = step.args, (res.result if res and res.result is not None else step.result)
+            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names)
+            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by)
+
+        deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
+        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command))
+        effects: list[ex.Effect] = []
+        jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
+
+        def observe(role: str, attempt: int, read: int, step: int) -> ex.JobView | None:
+            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)  # type: ignore[arg-type]
+            if jname in memory.views:
+                return memory.views[jname]
+            job = jobs.get(jname)
+            if job is None:
+                return None
+            view = self.kube.job_view(job, reader=(role == "reader"))
+            if view.state != "running":
+                memory.views[jname] = view
+            return view
+
+        for s, run in list(runs.items()):
+            if run.stage in ex.ACTIVE_STAGES:
+                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now, memory.rng)
+                runs[s] = new
+                effects += eff
+        progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
+        if not deadline_passed:
+            for s in ready_steps(plan, graph, progress, spec.parallelism):
+                new, eff = ex.start(runs[s], undo_by_step(undo_all).get(s))
+                runs[s] = new
+                progress[s] = ex.schedule_state(new.stage)
+                effects += eff
+
+        # ---- act: journal first, then Jobs, then Events (rule 3) ----
+        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan)
+        for e in effects:
+            if isinstance(e, ex.StartJob):
+                self._start_job(req, run_obj, plan, steps_by_index, verify_plans, spec, e)
+        for e in effects:
+            if isinstance(e, ex.Note):
+                self.kube.event(req, e.reason, e.message, e.warning)
+                if self.metrics and isinstance(e, ex.Note):
+                    self.metrics.step_note(ns, plan.actions[e.step].tool, e.reason)
+
+        # ---- report ----
+        running = any(r.stage in ex.ACTIVE_STAGES for r in runs.values())
+        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval")
+        finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
+        deferred = deferred_steps(plan, graph, progress)
+        outcomes = self._outcomes(plan, runs, deferred, prior, finished)
+        report = build_report(plan, outcomes)
+        keys = {s: u.idempotency_key for s, u in mine.items()}
+        verify_tools = {s: v.tool for s, v in verify_plans.items()}
+        status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
+                                          old_entries, verify_tools, limit, mlimit)
+        status["progress"] = progress_text(plan, progress)
+        status["report"] = st.report_status(report, mlimit)
+        verdict = report_message(report)
+        if finished and not (awaiting and not deadline_passed):
+            phase = "Succeeded" if report.complete else "Incomplete"
+            complete_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
+            if report.complete and not plan.of_kind(COMPENSATE):
+                complete_reason = c.NOTHING_TO_UNDO
+            status.update(phase=phase, completionTime=st.iso(now), conditions=st.summary_conditions(conds, gen, [
+                (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
+                (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
+                 f"steps {awaiting} were not approved before the deadline" if awaiting else "no step waits for approval"),
+                (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict)]))
+            self._write(req, status)
+            self._release(ns, spec.run_ref.name, name, report.complete)
+            self.kube.event(req, "RollbackComplete" if report.complete else "RollbackIncomplete", verdict,
+                            warning=not report.complete)
+            if self.metrics:
+                self.metrics.request_finished(ns, "complete" if report.complete else "incomplete", report, plan)
+            return False
+        if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
+            phase = "AwaitingApproval"
+        else:
+            phase = "Running"
+        status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
+            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else c.NOT_STARTED,
+             f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"),
+            (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
+             f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
+             if awaiting else "no step waits for approval"),
+            (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict)]))
+        self._write(req, status)
+        return True
+
+    # --------------------------------------------------------------------------- helpers
+
+    def _step_run(self, action, entry: dict | None, journaled: StepUndo | None,
+                  approved: dict[int, str], approved_all_by: str | None) -> ex.StepRun:
+        """Rebuild a step's progress from status (in-flight detail) and the Run's journal."""
+        s = action.step
+        if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
+            run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
+                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"))
+        else:
+            run = ex.StepRun(s)
+        if journaled is not None:
+            # the journal outranks the request's status: it is written first (rule 3)
+            if journaled.state == "compensated":
+                return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
+                               error=None, reason="Verified" if journaled.verification == "verified" else "NoReader")
+            if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
+                return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
+                               error=journaled.last_error)
+            if journaled.state == "compensating" and run.stage in ("pending", "awaitingApproval", "failed"):
+                return replace(run, stage="compensating", attempts=journaled.attempts)
+            run = replace(run, attempts=max(run.attempts, journaled.attempts))
+        if run.stage in ("pending", "awaitingApproval"):
+            needs = action.needs_approval and s not in approved and approved_all_by is None
+            run = replace(run, stage="awaitingApproval" if needs else "pending")
+        return run
+
+    def _outcomes(self, plan, runs: dict[int, ex.StepRun], deferred: dict[int, list[int]], prior: list[StepUndo],
+                  finished: bool) -> dict[int, StepOutcome]:
+        out: dict[int, StepOutcome] = {}
+        for u in prior:  # settled by earlier requests (rule 6): reported, never redone
+            if u.state == "compensated":
+                out[u.step] = StepOutcome("compensated", verification=u.verification)
+        for s, r in runs.items():
+            if r.stage == "compensated":
+                out[s] = StepOutcome("compensated", verification=r.verification)
+            elif r.stage == "failed":
+                out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
+            elif r.stage == "awaitingApproval":
+                out[s] = StepOutcome("awaitingApproval")
+            elif finished and s in deferred:
+                out[s] = StepOutcome("deferred", blocked_by=tuple(deferred[s]))
+            elif r.stage in ex.ACTIVE_STAGES:
+                out[s] = StepOutcome("running")
+            else:
+                out[s] = StepOutcome("pending")
+        return out
+
+    def _lock(self, run_obj: dict, name: str, ns: str) -> bool:
+        """Take the Run's lock for request ``name`` (optimistic concurrency), or report that
+        another live request holds it."""
+        run_status = run_obj.get("status") or {}
+        holder = run_status.get("activeRequest")
+        if holder == name:
+            return True
+        if holder:
+            other = self.kube.get(REQUESTS, ns, holder)
+            if other is not None and (other.get("status") or {}).get("phase") not in TERMINAL_PHASES \
+                    and not other["metadata"].get("deletionTimestamp"):
+                return False
+        conds = c.set_condition(run_status.get("conditions") or [], c.condition(
+            c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run",
+            run_obj["metadata"].get("generation")))
+        try:
+            self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"], {"activeRequest": name, "conditions": conds},
+                                   resource_version=run_obj["metadata"]["resourceVersion"])
+        except Conflict:
+            return False  # someone else changed the run: look again next pass
+        return True
+
+    def _release(self, ns: str, run_name: str, name: str, complete: bool) -> None:
+        run_obj = self.kube.get(RUNS, ns, run_name)
+        if run_obj is None or (run_obj.get("status") or {}).get("activeRequest") != name:
+            return
+        conds = c.set_condition((run_obj.get("status") or {}).get("conditions") or [], c.condition(
+            c.LOCKED, c.FALSE, c.RELEASED, f"RollbackRequest {name} finished", run_obj["metadata"].get("generation")))
+        conds = c.set_condition(conds, c.condition(
+            c.ROLLED_BACK, c.TRUE if complete else c.FALSE, c.ALL_COMPENSATED if complete else c.INCOMPLETE,
+            f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})",
+            run_obj["metadata"].get("generation")))
+        try:
+            self.kube.merge_status(RUNS, ns, run_name, {"activeRequest": None, "conditions": conds},
+                                   resource_version=run_obj["metadata"]["resourceVersion"])
+        except Conflict:
+            self._release(ns, run_name, name, complete)
+
+    def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan) -> None:
+        """Write the steps' undo state on the Run with a JSON patch guarded by ``test`` ops, so
+        a concurrent writer is never overwritten (retried on conflict)."""
+        if not entries:
+            return
+        for _ in range(10):
+            run_obj = self.kube.get(RUNS, ns, run_name)
+            if run_obj is None:
+                raise Invalid(c.RUN_NOT_FOUND, f"Run {ns}/{run_name} was deleted during the rollback")
+            undo = (run_obj.get("status") or {}).get("undo")
+            ops: list[dict] = []
+            if undo is None:
+                ops.append({"op": "add", "path": "/status/undo", "value": []})
+                undo = []
+            if not run_obj.get("status"):
+                ops.insert(0, {"op": "add", "path": "/status", "value": {}})
+            position = {u["step"]: i for i, u in enumerate(undo)}
+            appended = 0
+            for j in entries:
+                action = plan.actions[j.step]
+                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
+                                 idempotency_key=action.idempotency_key, last_error=st.cut(j.error, self.settings.message_limit),
+                                 verification=j.verification, request=request,
+                                 updated_at=st.iso(time.time())).to_wire()
+                if j.step in position:
+                    i = position[j.step]
+                    ops += [{"op": "test", "path": f"/status/undo/{i}/step", "value": j.step},
+                            {"op": "replace", "path": f"/status/undo/{i}", "value": value}]
+                else:
+                    ops.append({"op": "add", "path": "/status/undo/-", "value": value})
+                    position[j.step] = len(undo) + appended
+                    appended += 1
+            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": run_obj["metadata"]["resourceVersion"]})
+            try:
+                self.kube.json_patch_status(RUNS, ns, run_name, ops)
+                return
+            except Conflict:
+                time.sleep(0.05)
+        raise RuntimeError(f"could not journal steps {[e.step for e in entries]} on Run {ns}/{run_name}: it kept changing")
+
+    def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, spec: RollbackRequestSpec,
+                   e: ex.StartJob) -> None:
+        meta = req["metadata"]
+        owner = jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"])
+        action = plan.actions[e.step]
+        step = steps_by_index[e.step]
+        run_meta = run_obj["metadata"]
+        manifest = self.kube.get(MANIFESTS, meta["namespace"], run_obj["spec"]["manifestRef"]["name"])
+        runners = {r["name"]: r for r in (manifest or {}).get("spec", {}).get("runners", [])}
+        from ..models.toolmanifest import Runner
+
+        common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
+                      deadline_seconds=spec.deadline_seconds, settings=self.job_settings)
+        if e.role == "reader":
+            vp = verify_plans[e.step]
+            runner = Runner.model_validate(runners[vp.runner])
+            secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
+                                             role="reader", read=e.read, **common)
+        else:
+            runner = Runner.model_validate(runners[action.runner])
+            call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step, action.compensation_tool,
+                                             step.tool, action.args, action.idempotency_key)
+            secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
+                                             idempotency_key=action.idempotency_key,
+                                             command=list(spec.verify_command) if e.role == "check" else None, **common)
+        created = self.kube.create_job(secret, job)
+        if not created:
+            log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
+
+    def _write(self, req: dict, status: dict) -> None:
+        meta = req["metadata"]
+        if status == (req.get("status") or {}):
+            return
+        self.kube.merge_status(REQUESTS, meta["namespace"], meta["name"], status)
+
+    def _fail(self, req: dict, reason: str, message: str) -> None:
+        meta = req["metadata"]
+        gen = meta.get("generation", 1)
+        status = dict(req.get("status") or {})
+        conds = st.summary_conditions(status.get("conditions") or [], gen, [
+            (c.INVALID, c.TRUE, reason, message),
+            (c.RUNNING, c.FALSE, c.FINISHED, "the request cannot be carried out"),
+            (c.COMPLETE, c.FALSE, reason, message)])
+        status.update(phase="Failed", conditions=conds, observedGeneration=gen,
+                      completionTime=st.iso(time.time()))
+        self._write(req, status)
+        self.kube.event(req, reason, message, warning=True)
+        if self.metrics:
+            self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def undo_by_step(entries: list[StepUndo]) -> dict[int, StepUndo]:
+    return {u.step: u for u in entries}
+
+
+def _epoch(ts: str | None) -> float | None:
+    if not ts:
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))

@@ -1,0 +1,35 @@
+"""Thin kopf handlers for RollbackRequests and their Jobs: they only start or wake workers.
+
+The work happens in :mod:`reversi.handlers.reconciler`, driven by :mod:`reversi.handlers.workers`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY
+from ..models.rollbackrequest import TERMINAL_PHASES
+from . import runtime
+
+
+@kopf.on.event("reversi.dev", "v1alpha1", "rollbackrequests")
+def rollback_request_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+    """Start a worker for an unfinished request (also on operator start: kopf lists them all)."""
+    workers = runtime.state().workers
+    if type == "DELETED":
+        workers.stop(namespace, name)
+        return
+    status = body.get("status") or {}
+    if status.get("phase") in TERMINAL_PHASES:
+        return
+    workers.ensure(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
+def rollback_job_event(body: Any, namespace: str, **_: Any) -> None:
+    """A compensator or reader Job changed: wake its request's worker at once."""
+    request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
+    if request:
+        runtime.state().workers.ensure(namespace, request)

@@ -1,0 +1,78 @@
+"""One worker thread per unfinished RollbackRequest.
+
+kopf tells us about requests (:mod:`reversi.handlers.rollback`); a worker runs reconcile passes
+every ``tick_seconds`` until the request is final or deleted. Workers are plain threads rather
+than kopf daemons because kopf puts a finalizer on objects with daemons, and a finalizer would keep
+requests (and their namespaces) from being deleted whenever the operator is not running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .reconciler import Memory, Reconciler
+
+log = logging.getLogger("reversi.workers")
+
+
+class Workers:
+    """The registry of worker threads, keyed by ``namespace/name``."""
+
+    def __init__(self, reconciler: Reconciler, tick_seconds: float):
+        self.reconciler = reconciler
+        self.tick = tick_seconds
+        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._lock = threading.Lock()
+        self._wake: dict[str, threading.Event] = {}
+
+    def ensure(self, namespace: str, name: str) -> None:
+        """Start a worker for the request unless one runs; wake it up if it does."""
+        key = f"{namespace}/{name}"
+        with self._lock:
+            current = self._threads.get(key)
+            if current and current[0].is_alive():
+                self._wake[key].set()
+                return
+            stop, wake = threading.Event(), threading.Event()
+            thread = threading.Thread(target=self._loop, args=(namespace, name, stop, wake), daemon=True,
+                                      name=f"rollback-{key}")
+            self._threads[key] = (thread, stop)
+            self._wake[key] = wake
+        thread.start()
+
+    def stop(self, namespace: str, name: str) -> None:
+        """Stop the request's worker (the request was deleted)."""
+        with self._lock:
+            entry = self._threads.pop(f"{namespace}/{name}", None)
+            self._wake.pop(f"{namespace}/{name}", None)
+        if entry:
+            entry[1].set()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            entries = list(self._threads.values())
+            self._threads.clear()
+        for _, stop in entries:
+            stop.set()
+
+    def _loop(self, namespace: str, name: str, stop: threading.Event, wake: threading.Event) -> None:
+        memory = Memory()
+        failures = 0
+        while not stop.is_set():
+            try:
+                again = self.reconciler.reconcile(namespace, name, memory)
+                failures = 0
+            except Exception:  # noqa: BLE001 - log, back off, try again: never crash the operator
+                failures += 1
+                log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name, failures)
+                again = True
+            if not again:
+                break
+            wake.wait(min(self.tick * (2 ** min(failures, 5)), 30.0))
+            wake.clear()
+        with self._lock:
+            key = f"{namespace}/{name}"
+            if key in self._threads and self._threads[key][1] is stop:
+                self._threads.pop(key, None)
+                self._wake.pop(key, None)

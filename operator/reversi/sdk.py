@@ -1,0 +1,255 @@
+"""Record an automation's calls in a Run, so Reversi can undo them later.
+
+An agent opens (or continues) a Run and wraps each call. The step is recorded ``intended``
+*before* the call is made, so a call that crashes the agent still leaves a trace; after the
+call it becomes ``succeeded`` (with the result), ``failed`` (with the error) or ``uncertain``
+(a timeout or transport error: the effect is unknown). DESIGN §2 and §4 rules 7, 9, 10.
+
+    from reversi.sdk import Recorder
+
+    rec = Recorder.open("shop", "order-4711", manifest="payments",
+                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"})
+    charge = rec.call("payments.create_charge", {"order_id": "o-4711", "amount": 700},
+                      lambda a: payments.create_charge(**a))
+    with rec.step("inventory.reserve", {"sku": "sku-mug", "qty": 1}, depends_on=[1]) as step:
+        step.result = inventory.reserve("sku-mug", 1)
+
+When the API server refuses to record a step — a halt (``kill switch: …``), a run that belongs
+to another principal, a tool with no manifest entry in enforce mode, a forward duplicate —
+:class:`RecordingRefused` is raised **before the call is made**, with the server's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from .models.toolmanifest import ToolManifestSpec
+
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+JSON_PATCH = "application/json-patch+json"
+T = TypeVar("T")
+
+#: Exceptions that mean "the effect is unknown": the step is recorded ``uncertain``.
+UNCERTAIN_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+
+
+class RecordingRefused(Exception):
+    """The API server refused to record a step or open a run; no call was made.
+
+    ``reason`` is the server's reason (``Forbidden``, ``Invalid``, ...) and ``message`` its
+    explanation, e.g. ``kill switch: investigating duplicate charges``.
+    """
+
+    def __init__(self, message: str, reason: str = "", status: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.status = status
+
+
+class UnknownTool(RecordingRefused):
+    """The tool has no entry in the run's ToolManifest and the run is in enforce mode."""
+
+
+def _refusal(err: ApiException, what: str) -> RecordingRefused:
+    try:
+        body = json.loads(err.body or "{}")
+        message, reason = body.get("message", err.reason), body.get("reason", "")
+    except ValueError:
+        message, reason = str(err.body or err.reason), ""
+    return RecordingRefused(f"{what} refused: {message}", reason=reason, status=err.status)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Step:
+    """A step being recorded; set ``result`` inside ``with rec.step(...)``."""
+
+    index: int
+    tool: str
+    args: dict[str, Any]
+    result: Any = None
+    outcome: str = "intended"
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    """Records steps in one Run. Create with :meth:`open` (create or continue) or
+    :meth:`attach` (continue only)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, run: str,
+                 uncertain_errors: tuple[type[BaseException], ...] = UNCERTAIN_ERRORS):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.run = run
+        self.uncertain_errors = uncertain_errors
+        self._manifest: ToolManifestSpec | None = None
+        self._mode = "enforce"
+        self._manifest_name = ""
+
+    # ----- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, namespace: str, run: str, *, manifest: str, mode: str = "enforce",
+             scope: Mapping[str, str] | None = None, api: client.ApiClient | None = None,
+             kubeconfig: str | None = None, **kwargs: Any) -> "Recorder":
+        """Create the Run ``namespace/run`` (or continue it if it exists) and return a recorder.
+
+        ``manifest`` names the ToolManifest in the same namespace; ``mode`` is ``enforce`` or
+        ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``. The principal is
+        stamped by the API server from the authenticated user. Raises
+        :class:`RecordingRefused` when the server refuses the Run.
+        """
+        api = api or _default_api(kubeconfig)
+        rec = cls(api, namespace, run, **kwargs)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run",
+                "metadata": {"name": run, "namespace": namespace},
+                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
+                         "steps": []}}
+        try:
+            rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body)
+        except ApiException as err:
+            if err.status != 409:
+                raise _refusal(err, f"Run {namespace}/{run}") from err
+        rec._load()
+        return rec
+
+    @classmethod
+    def attach(cls, namespace: str, run: str, *, api: client.ApiClient | None = None,
+               kubeconfig: str | None = None, **kwargs: Any) -> "Recorder":
+        """Continue an existing Run; raises :class:`RecordingRefused` if it does not exist."""
+        rec = cls(api or _default_api(kubeconfig), namespace, run, **kwargs)
+        rec._load()
+        return rec
+
+    def _load(self) -> dict:
+        try:
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run)
+        except ApiException as err:
+            raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
+        self._mode = obj["spec"].get("mode", "enforce")
+        self._manifest_name = obj["spec"]["manifestRef"]["name"]
+        return obj
+
+    def manifest(self, refresh: bool = False) -> ToolManifestSpec | None:
+        """The run's ToolManifest spec (cached), or None when it does not exist."""
+        if self._manifest is None or refresh:
+            try:
+                obj = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "toolmanifests", self._manifest_name)
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+            self._manifest = ToolManifestSpec.model_validate(obj["spec"])
+        return self._manifest
+
+    # ----- recording ----------------------------------------------------------------------
+
+    def begin(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Step:
+        """Record ``tool(args)`` as ``intended`` and return the step (call not yet made).
+
+        The step carries a snapshot of the tool's manifest entry. Raises :class:`UnknownTool`
+        in enforce mode when the manifest has no entry, :class:`RecordingRefused` when the
+        server refuses (halt, another principal, duplicate).
+        """
+        manifest = self.manifest(refresh=True)
+        spec = manifest.tool(tool) if manifest else None
+        if spec is None and self._mode == "enforce":
+            raise UnknownTool(
+                f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}; "
+                "add it to the manifest or open the run in observe mode", reason="UnknownTool")
+        value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended",
+                                 "recordedAt": _now()}
+        if depends_on:
+            value["dependsOn"] = list(depends_on)
+        if spec is not None:
+            value["snapshot"] = spec.to_wire() if hasattr(spec, "to_wire") else spec.model_dump(by_alias=True, exclude_none=True)
+        for attempt in range(20):
+            obj = self._load()
+            index = len(obj["spec"].get("steps") or [])
+            value["index"] = index
+            patch = [
+                # Optimistic concurrency: two writers never get the same index.
+                {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/spec/steps/-", "value": value},
+            ]
+            if not obj["spec"].get("steps"):
+                patch[1] = {"op": "add", "path": "/spec/steps", "value": [value]}
+            try:
+                self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run, patch,
+                                                           _content_type=JSON_PATCH)
+                return Step(index, tool, dict(args))
+            except ApiException as err:
+                if err.status in (409, 422) and "test operation" in (err.body or "") or err.status == 409:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}") from err
+        raise RecordingRefused(f"recording {tool}: the run kept changing; try again", reason="Conflict")
+
+    def finish(self, step: Step, outcome: str, result: Any = None, error: str | None = None) -> None:
+        """Move ``step`` from ``intended`` to ``outcome`` (succeeded, failed, uncertain)."""
+        base = f"/spec/steps/{step.index}"
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": f"{base}/outcome", "value": "intended"},
+            {"op": "replace", "path": f"{base}/outcome", "value": outcome},
+        ]
+        if result is not None:
+            patch.append({"op": "add", "path": f"{base}/result",
+                          "value": result if isinstance(result, dict) else {"value": result}})
+        if error:
+            patch.append({"op": "add", "path": f"{base}/error", "value": error[:500]})
+        try:
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run, patch,
+                                                           _content_type=JSON_PATCH)
+        except ApiException as err:
+            raise _refusal(err, f"finishing step {step.index} of Run {self.namespace}/{self.run}") from err
+        step.outcome, step.result, step.error = outcome, result, error
+
+    @contextlib.contextmanager
+    def step(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Iterator[Step]:
+        """Context manager: records ``intended``, yields the step, then records the outcome.
+
+        Set ``step.result`` in the block. An exception from :data:`uncertain_errors` records
+        ``uncertain``; any other records ``failed``; both are re-raised.
+        """
+        s = self.begin(tool, args, depends_on)
+        try:
+            yield s
+        except self.uncertain_errors as err:
+            self.finish(s, "uncertain", error=f"{type(err).__name__}: {err}")
+            raise
+        except BaseException as err:
+            self.finish(s, "failed", error=f"{type(err).__name__}: {err}")
+            raise
+        self.finish(s, "succeeded", result=s.result)
+
+    def call(self, tool: str, args: Mapping[str, Any], fn: Callable[[dict[str, Any]], T],
+             depends_on: list[int] | None = None) -> T:
+        """Record and make one call: ``fn(args)``; its return value is the step's result."""
+        with self.step(tool, args, depends_on) as s:
+            s.result = fn(dict(args))
+        return s.result
+
+
+def _default_api(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()

@@ -1,0 +1,46 @@
+"""Every operator knob in one typed object (kopf's ``OperatorSettings`` style).
+
+Read from ``REVERSI_*`` environment variables (``REVERSI_NAMESPACES=shop,billing``,
+``REVERSI_METRICS_PORT=8080``); the entry point's flags override them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    """Operator settings. Times in seconds, ports on all interfaces unless a host is given."""
+
+    model_config = SettingsConfigDict(env_prefix="REVERSI_", extra="ignore")
+
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Namespaces to watch; empty: the whole cluster.")
+    tick_seconds: float = Field(1.0, gt=0, le=60, description="How often a running request looks at its Jobs.")
+    job_ttl_seconds: int = Field(3600, ge=60, description="ttlSecondsAfterFinished of compensator and reader Jobs.")
+    job_run_as_user: int = Field(65532, ge=1, description="Non-root user id of compensator and reader pods.")
+    metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port (0: off).")
+    webhook_port: int = Field(9443, ge=1, le=65535, description="Admission webhook HTTPS port.")
+    webhook_host: str = Field("0.0.0.0", description="Address the webhook server listens on.")
+    webhook_cert: str | None = Field(None, description="PEM serving certificate of the webhook server.")
+    webhook_key: str | None = Field(None, description="PEM private key of the webhook server.")
+    webhook_url: str | None = Field(
+        None, description="URL the API server calls (local control plane); unset: the chart's Service is used.")
+    webhook_ca: str | None = Field(None, description="PEM CA bundle the API server uses to trust the webhook.")
+    webhook_configure: bool = Field(
+        False, description="Let the operator create its own webhook configurations (local control plane only).")
+    peering: str | None = Field(None, description="kopf peering object name (standby replicas); unset: no peering.")
+    status_detail_limit: int = Field(
+        200, ge=10, le=2000, description="Most per-step entries and plan actions kept in a request's status.")
+    message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value):
+        if isinstance(value, str):
+            return [n.strip() for n in value.split(",") if n.strip()]
+        return value
