@@ -56,7 +56,9 @@ Test hooks (never faulted themselves)
                  ``timeout`` does the call (the effect happens) and answers only after
                  ``delay_s`` seconds; ``error`` answers 500 without any effect.
                  Faults are kept in memory only. -> {faults: [...]}
-  GET  /_state   -> every collection, the idempotency store and the pending faults
+  GET  /_state   -> every collection, the idempotency store, the pending faults and ``calls``:
+                 every successful POST in order ({at, path, key, replayed}), so a test can
+                 count how often an effect really happened
   POST /_reset   {stock?: {sku: qty}, customers?: {id: {name, email}}}  -> back to the seed state
                  (default seed below, or the given stock/customers); clears faults.
 """
@@ -363,12 +365,16 @@ class Handler(BaseHTTPRequestHandler):
             delay = float(fault["delay_s"]) if fault else 0.0
             key = self.headers.get("Idempotency-Key") if method == "POST" else None
             with store.lock:
+                calls = store.state.setdefault("calls", [])
                 if key:
                     stored = store.state["idempotency"].get(f"{path} {key}")
                     if stored is not None:
+                        calls.append({"at": time.time(), "path": path, "key": key, "replayed": True})
+                        store.save()
                         return stored["status"], stored["body"], {"Idempotent-Replayed": "true"}, delay
                 answer = copy.deepcopy(fn(store, match.groups(), body))
                 if mutates:
+                    calls.append({"at": time.time(), "path": path, "key": key, "replayed": False})
                     if key:
                         store.state["idempotency"][f"{path} {key}"] = {"status": 200, "body": answer}
                     store.save()

@@ -21,10 +21,12 @@ from kubernetes import client, config
 from ..adapters.kube import Kube
 from ..handlers import rollback as _rollback_handlers  # noqa: F401 - registers the handlers
 from ..handlers import runtime
+from ..metrics import Metrics
 from ..settings import OperatorSettings
 
 log = logging.getLogger("reversi.operator")
 _settings: OperatorSettings | None = None
+_stop = threading.Event()
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -51,11 +53,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = ours.peering
         settings.peering.mandatory = False
     kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
-    runtime.init(ours, kube)
+    metrics = Metrics()
+    if ours.metrics_port:
+        metrics.serve(ours.metrics_port)
+    threading.Thread(target=metrics.refresh_forever, args=(kube, 30.0, _stop), daemon=True,
+                     name="metrics-refresh").start()
+    runtime.init(ours, kube, metrics)
 
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
+    _stop.set()
     try:
         runtime.state().workers.stop_all()
     except RuntimeError:

@@ -52,6 +52,7 @@ class Memory:
 
     views: dict[str, ex.JobView] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    since: dict[tuple[int, str], float] = field(default_factory=dict)
 
 
 class Invalid(Exception):
@@ -202,10 +203,12 @@ class Reconciler:
                 new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now, memory.rng)
                 runs[s] = new
                 effects += eff
+                self._durations(ns, plan.actions[s].tool, run, new, memory, now)
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
         if not deadline_passed:
             for s in ready_steps(plan, graph, progress, spec.parallelism):
                 new, eff = ex.start(runs[s], undo_by_step(undo_all).get(s))
+                self._durations(ns, plan.actions[s].tool, runs[s], new, memory, now)
                 runs[s] = new
                 progress[s] = ex.schedule_state(new.stage)
                 effects += eff
@@ -218,8 +221,6 @@ class Reconciler:
         for e in effects:
             if isinstance(e, ex.Note):
                 self.kube.event(req, e.reason, e.message, e.warning)
-                if self.metrics and isinstance(e, ex.Note):
-                    self.metrics.step_note(ns, plan.actions[e.step].tool, e.reason)
 
         # ---- report ----
         running = any(r.stage in ex.ACTIVE_STAGES for r in runs.values())
@@ -251,6 +252,7 @@ class Reconciler:
                             warning=not report.complete)
             if self.metrics:
                 self.metrics.request_finished(ns, "complete" if report.complete else "incomplete", report, plan)
+                self.metrics.refresh(self.kube)
             return False
         if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
             phase = "AwaitingApproval"
@@ -267,6 +269,23 @@ class Reconciler:
         return True
 
     # --------------------------------------------------------------------------- helpers
+
+    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: Memory, now: float) -> None:
+        """Time compensator attempts and verifications (histograms; in-memory start times, so a
+        step in flight across an operator restart is not timed)."""
+        s = new.step
+        if new.stage == "compensating" and (old.stage != "compensating" or old.attempts != new.attempts):
+            memory.since[(s, "compensation")] = now
+        if new.stage == "verifying" and old.stage not in ("verifying", "rereading"):
+            memory.since[(s, "verification")] = now
+        if old.stage == "compensating" and new.stage != "compensating":
+            started = memory.since.pop((s, "compensation"), None)
+            if started is not None and self.metrics:
+                self.metrics.observe_compensation(ns, tool, now - started)
+        if old.stage in ("verifying", "rereading") and new.stage in ("compensated", "failed"):
+            started = memory.since.pop((s, "verification"), None)
+            if started is not None and self.metrics:
+                self.metrics.observe_verification(ns, tool, now - started)
 
     def _step_run(self, action, entry: dict | None, journaled: StepUndo | None,
                   approved: dict[int, str], approved_all_by: str | None) -> ex.StepRun:

@@ -1,0 +1,129 @@
+"""Prometheus metrics of the operator (DESIGN §7), prefix ``reversi_``.
+
+Labels are ``namespace`` and ``tool`` (and a small closed set such as ``verdict``, ``bucket``,
+``reason``) — never a run or step name, so cardinality stays bounded.
+
+=========================================== ======= ==========================================
+metric                                      type    meaning
+=========================================== ======= ==========================================
+reversi_rollbacks_total                     counter finished requests by ``verdict``: complete,
+                                                    incomplete, invalid, dryRun
+reversi_rollback_steps_total                counter steps of finished rollbacks by report
+                                                    ``bucket`` and ``tool``
+reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
+                                                    (Run condition RolledBack=False), now
+reversi_compensation_duration_seconds       hist.   compensator start to its verdict, by tool
+reversi_verification_duration_seconds       hist.   first read-back to the verification verdict
+reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
+                                                    (``namespace=""``) in force
+reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
+=========================================== ======= ==========================================
+
+Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
+operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("reversi.metrics")
+
+BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
+           "deferred", "awaiting_approval", "pending", "skipped")
+DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class Metrics:
+    """The operator's metrics in a registry of their own (tests make as many as they like)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.rollbacks = Counter("reversi_rollbacks", "Finished RollbackRequests by verdict.",
+                                 ["namespace", "verdict"], registry=r)
+        self.steps = Counter("reversi_rollback_steps", "Steps of finished rollbacks by report bucket.",
+                             ["namespace", "tool", "bucket"], registry=r)
+        self.incomplete = Gauge("reversi_incomplete_rollbacks",
+                                "Runs whose last rollback is incomplete (RolledBack=False).", ["namespace"], registry=r)
+        self.compensation_seconds = Histogram("reversi_compensation_duration_seconds",
+                                              "Compensator start to its verdict.", ["namespace", "tool"],
+                                              buckets=DURATION_BUCKETS, registry=r)
+        self.verification_seconds = Histogram("reversi_verification_duration_seconds",
+                                              "First read-back to the verification verdict.", ["namespace", "tool"],
+                                              buckets=DURATION_BUCKETS, registry=r)
+        self.halts = Gauge("reversi_active_halts", "Halts and ClusterHalts in force (ClusterHalts: namespace=\"\").",
+                           ["namespace"], registry=r)
+        self.refused = Counter("reversi_refused_calls", "Steps refused at admission, by reason.",
+                               ["namespace", "tool", "reason"], registry=r)
+        self._known_incomplete: set[str] = set()
+        self._known_halts: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ----- events from the reconciler ------------------------------------------------------
+
+    def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
+        """Count a finished request and, with its report, each step by bucket and tool."""
+        self.rollbacks.labels(namespace, verdict).inc()
+        if report is None or plan is None:
+            return
+        for bucket in BUCKETS:
+            for item in getattr(report, bucket):
+                step = item if isinstance(item, int) else item.step
+                self.steps.labels(namespace, plan.actions[step].tool, bucket).inc()
+
+    def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
+        self.compensation_seconds.labels(namespace, tool).observe(seconds)
+
+    def observe_verification(self, namespace: str, tool: str, seconds: float) -> None:
+        self.verification_seconds.labels(namespace, tool).observe(seconds)
+
+    def refused_call(self, namespace: str, tool: str, reason: str) -> None:
+        self.refused.labels(namespace, tool, reason).inc()
+
+    # ----- gauges from the API ---------------------------------------------------------------
+
+    def refresh(self, kube: Any) -> None:
+        """Recompute the gauges from the API (Runs' RolledBack condition, Halts, ClusterHalts)."""
+        counts: dict[str, int] = {}
+        for run in kube.list("runs"):
+            for cond in (run.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == "RolledBack" and cond.get("status") == "False":
+                    ns = run["metadata"]["namespace"]
+                    counts[ns] = counts.get(ns, 0) + 1
+        halts: dict[str, int] = {}
+        for halt in kube.list("halts"):
+            ns = halt["metadata"]["namespace"]
+            halts[ns] = halts.get(ns, 0) + 1
+        cluster_halts = len(kube.list("clusterhalts"))
+        halts[""] = cluster_halts
+        with self._lock:
+            for ns in self._known_incomplete - set(counts):
+                self.incomplete.labels(ns).set(0)
+            for ns, n in counts.items():
+                self.incomplete.labels(ns).set(n)
+            self._known_incomplete |= set(counts)
+            for ns in self._known_halts - set(halts):
+                self.halts.labels(ns).set(0)
+            for ns, n in halts.items():
+                self.halts.labels(ns).set(n)
+            self._known_halts |= set(halts)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve ``/metrics`` on ``port`` (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
+        log.info("metrics on %s:%d/metrics", addr, port)
+
+    def refresh_forever(self, kube: Any, every: float, stop: threading.Event) -> None:
+        """Refresh the gauges now and every ``every`` seconds until ``stop`` is set."""
+        while True:
+            try:
+                self.refresh(kube)
+            except Exception as err:  # noqa: BLE001 - metrics never take the operator down
+                log.warning("refreshing gauges failed: %s", err)
+            if stop.wait(every):
+                return

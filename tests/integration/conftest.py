@@ -1,0 +1,281 @@
+"""Fixtures for the operator's integration tests on the local control plane.
+
+- ``crds``: the project's CRDs, applied once and Established;
+- ``downstream``: the demo's payments/inventory/email server (real state, idempotency keys,
+  fault injection) on loopback; compensator and reader Jobs reach it through ``DOWNSTREAM_URL``;
+- ``operator``: ``reversi-operator`` as a real process (an :class:`OperatorProcess` that tests may
+  kill and restart), logging to ``<cluster logs>/operator.log``;
+- ``rv``: a small API for tests: manifests, runs, requests, waiting for phases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "demo" / "downstream" / "tool.py"
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+
+
+@pytest.fixture(scope="session")
+def crds(cluster, admin_api):
+    """Apply ``crds/*.yaml`` and wait until every CRD is Established."""
+    ext = client.ApiextensionsV1Api(admin_api)
+    names = []
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        names.append(body["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(body["metadata"]["name"])
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established():
+        for name in names:
+            crd = ext.read_custom_resource_definition(name)
+            if not any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+                return False
+        return True
+
+    wait_for(established, what="CRDs established")
+    return names
+
+
+class Downstream:
+    """The demo's downstream server, for tests: state, faults, resets."""
+
+    def __init__(self, url: str, proc: subprocess.Popen):
+        self.url = url
+        self.proc = proc
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+
+    def post(self, path: str, body: dict) -> Any:
+        return self._call("POST", path, body)
+
+    def get(self, path: str) -> Any:
+        return self._call("GET", path)
+
+    def state(self) -> dict:
+        return self.get("/_state")
+
+    def fault(self, path_prefix: str, mode: str, times: int = 1, delay_s: float = 3) -> None:
+        self.post("/_faults", {"path_prefix": path_prefix, "mode": mode, "times": times, "delay_s": delay_s})
+
+    def calls(self, path_prefix: str, since: float = 0.0) -> list[dict]:
+        """Successful POSTs under ``path_prefix`` since ``since`` that really had an effect (no replays)."""
+        return [c for c in self.state().get("calls", [])
+                if c["path"].startswith(path_prefix) and not c["replayed"] and c["at"] >= since]
+
+
+@pytest.fixture(scope="session")
+def downstream(tmp_path_factory):
+    state = tmp_path_factory.mktemp("downstream") / "state.json"
+    proc = subprocess.Popen([sys.executable, str(REPO / "demo" / "downstream" / "server.py"), "--port", "0",
+                             "--state", str(state), "--quiet"], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    assert line.startswith("listening on "), line
+    yield Downstream(line.split()[-1], proc)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+class OperatorProcess:
+    """``reversi-operator`` as a child process: start, kill (SIGKILL: a crash), restart."""
+
+    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0):
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.metrics_port = metrics_port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        fh = self.log.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVERSI_TICK_SECONDS": "0.5"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reversi.entrypoints.operator", "--kubeconfig", str(self.kubeconfig),
+             "--metrics-port", str(self.metrics_port)],
+            stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        time.sleep(1.5)
+        assert self.proc.poll() is None, f"the operator exited at start; see {self.log}"
+
+    def kill(self) -> None:
+        """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return bool(self.proc and self.proc.poll() is None)
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crds):
+    """The operator, running as a real process against the local control plane."""
+    op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator.log",
+                         metrics_port=int(os.environ.get("REVERSI_TEST_METRICS_PORT", "18089")))
+    op.start()
+    yield op
+    op.stop()
+
+
+def manifest_body(downstream_url: str, *, reader: bool = True, expect: dict | None = None,
+                  capture_needs_approval: bool = True, extra_tools: list[dict] | None = None,
+                  reader_command: list[str] | None = None) -> dict:
+    """The test ToolManifest: payments (charge, capture), inventory (reserve), email, reads.
+
+    Every compensator and reader runs ``demo/downstream/tool.py`` against ``downstream_url``.
+    """
+    runner = {"name": "tools", "image": "registry.example/reversi-demo-tools:1",
+              "command": [sys.executable, str(TOOL)],
+              "env": [{"name": "DOWNSTREAM_URL", "value": downstream_url}], "deadlineSeconds": 60}
+    runners = [runner]
+    if reader_command:
+        runners.append({**runner, "name": "odd-reader", "command": reader_command})
+    verify_runner = ("odd-reader" if reader_command else "tools") if reader else None
+    tools = [
+        {"name": "payments.get_customer", "effect": "read"},
+        {"name": "payments.create_charge", "effect": "write", "idempotencyKey": "$args.order_id",
+         "compensation": {"tool": "payments.refund", "kind": "compensation",
+                          "args": {"charge_id": "$result.id", "amount": "$args.amount"},
+                          "residue": ["the charge stays visible on the customer's statement"], "runner": "tools"},
+         "verification": {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"},
+                          "expect": expect or {"refunded": True}, "retries": 2, "backoffMs": 200,
+                          **({"runner": verify_runner} if verify_runner else {})}},
+        {"name": "payments.capture", "effect": "write", "requires": ["payments.create_charge"],
+         "compensation": {"tool": "payments.void_capture", "kind": "inverse", "args": {"capture_id": "$result.id"},
+                          "requiresApproval": capture_needs_approval, "runner": "tools"},
+         "verification": {"tool": "payments.get_capture", "args": {"capture_id": "$result.id"},
+                          "expect": {"status": "voided"}, "retries": 2, "backoffMs": 200, "runner": "tools"}},
+        {"name": "inventory.reserve", "effect": "write",
+         "compensation": {"tool": "inventory.release", "kind": "inverse", "args": {"reservation_id": "$result.id"},
+                          "runner": "tools"},
+         "verification": {"tool": "inventory.get_reservation", "args": {"reservation_id": "$result.id"},
+                          "expect": {"status": "released"}, "retries": 2, "backoffMs": 200, "runner": "tools"}},
+        {"name": "email.send", "effect": "irreversible", "residue": ["the customer has read the email"]},
+    ]
+    tools += extra_tools or []
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ToolManifest", "metadata": {"name": "payments"},
+            "spec": {"runners": runners, "tools": tools}}
+
+
+class RV:
+    """Test helpers for Reversi objects in one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, downstream: Downstream):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.ns = namespace
+        self.downstream = downstream
+        self.manifest: dict | None = None
+        self.started = time.time()
+
+    def create(self, plural: str, body: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, plural, body)
+
+    def get(self, plural: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name)
+
+    def patch(self, plural: str, name: str, body: Any) -> dict:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name, body)
+
+    def apply_manifest(self, **kwargs: Any) -> dict:
+        body = manifest_body(self.downstream.url, **kwargs)
+        self.manifest = self.create("toolmanifests", body)
+        return self.manifest
+
+    def snapshot(self, tool: str) -> dict | None:
+        assert self.manifest is not None, "apply_manifest first"
+        return next((t for t in self.manifest["spec"]["tools"] if t["name"] == tool), None)
+
+    def step(self, index: int, tool: str, args: dict, result: dict | None = None, outcome: str = "succeeded",
+             depends_on: list[int] | None = None) -> dict:
+        step: dict[str, Any] = {"index": index, "tool": tool, "args": args, "outcome": outcome}
+        if result is not None:
+            step["result"] = result
+        if depends_on:
+            step["dependsOn"] = depends_on
+        snap = self.snapshot(tool)
+        if snap is not None:
+            step["snapshot"] = snap
+        return step
+
+    def run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None, mode: str = "enforce") -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": name},
+                "spec": {"mode": mode, "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"},
+                         "steps": steps, "resolutions": resolutions or []}}
+        return self.create("runs", body)
+
+    def request(self, name: str, run: str, **spec: Any) -> dict:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RollbackRequest", "metadata": {"name": name},
+                "spec": {"runRef": {"name": run}, **spec}}
+        return self.create("rollbackrequests", body)
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 120) -> dict:
+        def check():
+            obj = self.get("rollbackrequests", name)
+            return obj if (obj.get("status") or {}).get("phase") in phases else None
+
+        try:
+            return wait_for(check, timeout=timeout, what=f"RollbackRequest {name} to reach {phases}")
+        except AssertionError:
+            obj = self.get("rollbackrequests", name)
+            raise AssertionError(f"RollbackRequest {name} is {json.dumps(obj.get('status'), indent=1)[:4000]}") from None
+
+    def step_status(self, request: dict, step: int) -> dict:
+        return next(e for e in request["status"]["steps"] if e["step"] == step)
+
+    def condition(self, entry: dict, ctype: str) -> dict:
+        return next(c for c in entry["conditions"] if c["type"] == ctype)
+
+    # downstream helpers: real calls, as the agent made them
+    def charge(self, order_id: str, amount: int = 700) -> dict:
+        return self.downstream.post("/payments/charges", {"order_id": order_id, "amount": amount, "customer": "cus_9"})
+
+    def capture(self, charge_id: str) -> dict:
+        return self.downstream.post("/payments/captures", {"charge_id": charge_id})
+
+    def reserve(self, order_id: str, sku: str = "sku-mug") -> dict:
+        return self.downstream.post("/inventory/reservations", {"sku": sku, "qty": 1, "order_id": order_id})
+
+
+@pytest.fixture
+def rv(admin_api, namespace, downstream, operator):
+    """Helpers for one test's namespace, with the operator and downstream running (downstream
+    reset to its seed state: no faults left over from another test)."""
+    downstream.post("/_reset", {})
+    return RV(admin_api, namespace, downstream)

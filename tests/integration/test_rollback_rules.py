@@ -1,0 +1,311 @@
+"""DESIGN §4 rules 1–8 and the report of §5, on the real control plane with real Jobs.
+
+Every compensator and reader is ``demo/downstream/tool.py`` run by the node agent as a Job pod;
+the downstream server keeps real state, so each test also checks what really happened there.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def _charge_step(rv, index, order, **kw):
+    charge = rv.charge(order)
+    return rv.step(index, "payments.create_charge", {"order_id": order, "amount": 700, "customer": "cus_9"},
+                   charge, **kw), charge
+
+
+def test_rule2_dry_run_plans_the_design_example_and_changes_nothing(rv):
+    rv.apply_manifest()
+    s1, charge = _charge_step(rv, 1, "o-dry")
+    rv.run("order-4711", [
+        rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"}),
+        s1,
+        rv.step(2, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain"),
+        rv.step(3, "email.send", {"to": "customer"}, {"id": "msg_1"}),
+    ])
+    rv.request("plan-only", "order-4711", dryRun=True)
+    req = rv.wait_phase("plan-only", "Planned", timeout=30)
+    actions = {a["step"]: a for a in req["status"]["plan"]["actions"]}
+    assert actions[3]["kind"] == "unrecoverable" and "the customer has read the email" in actions[3]["reason"]
+    assert actions[2]["kind"] == "unresolved"
+    assert actions[1]["kind"] == "defer" and actions[1]["blockedBy"] == [2]
+    assert 0 not in actions or actions[0]["kind"] == "skip"
+    assert req["status"]["plan"]["fullyReversible"] is False
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
+    assert rv.batch.list_namespaced_job(rv.ns).items == []
+
+
+def test_rule5_compensated_step_is_verified_by_a_reader_job(rv):
+    rv.apply_manifest()
+    s0, charge = _charge_step(rv, 0, "o-verify")
+    rv.run("r", [s0])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["phase"] == "Succeeded", req["status"]
+    report = req["status"]["report"]
+    assert report["compensated"] == [0] and report["complete"] is True
+    assert report["residue"] == [{"step": 0, "residue": ["the charge stays visible on the customer's statement"]}]
+    entry = rv.step_status(req, 0)
+    assert rv.condition(entry, "Compensated")["status"] == "True"
+    assert rv.condition(entry, "Verified")["reason"] == "Verified"
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    run = rv.get("runs", "r")
+    undo = run["status"]["undo"][0]
+    assert undo["state"] == "compensated" and undo["verification"] == "verified" and undo["attempts"] == 1
+    assert len(undo["idempotencyKey"]) == 64
+
+
+def test_rule1_dependents_are_undone_first_newest_first(rv):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = _charge_step(rv, 0, "o-order")
+    capture = rv.capture(charge["id"])
+    reservation = rv.reserve("o-order")
+    rv.run("r", [s0,
+                 rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture),
+                 rv.step(2, "inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-order"}, reservation,
+                         depends_on=[0])])
+    started = time.time()
+    rv.request("undo", "r", parallelism=3)
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0, 1, 2], req["status"]["report"]
+    calls = [c for c in rv.downstream.state()["calls"] if c["at"] > started and not c["replayed"]]
+    refund_at = next(c["at"] for c in calls if c["path"] == "/payments/refunds")
+    void_at = next(c["at"] for c in calls if c["path"].endswith("/void"))
+    release_at = next(c["at"] for c in calls if c["path"].endswith("/release"))
+    # the charge (0) is undone only after both of its dependents (1 requires it, 2 dependsOn it)
+    assert refund_at > void_at and refund_at > release_at
+
+
+def test_rule1_step_is_deferred_while_dependent_stands(rv):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = _charge_step(rv, 0, "o-defer")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain"),
+                 rv.step(2, "email.send", {"to": "c"}, {"id": "m"})])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    report = req["status"]["report"]
+    assert report["deferred"] == [{"step": 0, "blockedBy": [1]}]
+    assert report["unresolved"] == [1]
+    assert report["unrecoverable"][0]["step"] == 2
+    assert report["complete"] is False
+    entry = rv.step_status(req, 0)
+    assert rv.condition(entry, "Compensated")["reason"] == "Blocked"
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
+
+
+def test_rule4_failing_compensation_is_retried_with_the_same_key(rv):
+    rv.apply_manifest()
+    s0, charge = _charge_step(rv, 0, "o-retry")
+    rv.run("r", [s0])
+    rv.downstream.fault("/payments/refunds", "error", times=2)
+    rv.request("undo", "r", retries=4, backoff={"baseMs": 100, "maxMs": 400})
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["phase"] == "Succeeded", req["status"]
+    entry = rv.step_status(req, 0)
+    assert entry["attempts"] == 3
+    keys = {rv.core.read_namespaced_secret(f"{j.metadata.name}", rv.ns).data["idempotency-key"]
+            for j in rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items}
+    assert len(keys) == 1, "every attempt carries the same idempotency key"
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
+    events = rv.core.list_namespaced_event(rv.ns, field_selector="involvedObject.name=undo").items
+    assert sum(1 for e in events if e.reason == "CompensationRetrying") == 2
+
+
+def test_rule4_compensation_fails_after_retries_with_error_and_attempts(rv):
+    rv.apply_manifest()
+    s0, charge = _charge_step(rv, 0, "o-fail")
+    rv.run("r", [s0])
+    rv.downstream.fault("/payments/refunds", "error", times=10)
+    rv.request("undo", "r", retries=2, backoff={"baseMs": 100, "maxMs": 200})
+    req = rv.wait_phase("undo", "Incomplete")
+    report = req["status"]["report"]
+    assert report["failed"][0]["step"] == 0
+    assert "after 2 attempts" in report["failed"][0]["error"]
+    assert "injected fault" in report["failed"][0]["error"]
+    undo = rv.get("runs", "r")["status"]["undo"][0]
+    assert undo["state"] == "compensationFailed" and undo["attempts"] == 2
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
+
+
+def test_rule5_verification_mismatch_names_the_field_and_fails_the_step(rv):
+    rv.apply_manifest(expect={"status": "canceled"})
+    s0, charge = _charge_step(rv, 0, "o-mismatch")
+    rv.run("r", [s0])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    failed = req["status"]["report"]["failed"]
+    assert failed[0]["step"] == 0
+    assert 'status is "refunded", expected "canceled"' in failed[0]["error"]
+    entry = rv.step_status(req, 0)
+    assert rv.condition(entry, "Verified")["reason"] == "VerificationFailed"
+    assert entry["reads"] == 2  # retries: 2 read-backs, then the verdict
+    assert rv.get("runs", "r")["status"]["undo"][0]["state"] == "compensationFailed"
+
+
+def test_rule5_reader_printing_no_json_is_a_failed_read(rv):
+    rv.apply_manifest(reader_command=["sh", "-c", "echo this is not json"])
+    s0, _ = _charge_step(rv, 0, "o-nojson")
+    rv.run("r", [s0])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    error = req["status"]["report"]["failed"][0]["error"]
+    assert "read failed" in error and "no JSON" in error
+    assert rv.condition(rv.step_status(req, 0), "Verified")["reason"] == "ReadFailed"
+
+
+def test_rule5_no_reader_runner_means_unverified_and_incomplete(rv):
+    rv.apply_manifest(reader=False)
+    s0, charge = _charge_step(rv, 0, "o-noreader")
+    rv.run("r", [s0])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    report = req["status"]["report"]
+    assert report["unverified"] == [0] and report["compensated"] == [] and report["complete"] is False
+    assert rv.condition(rv.step_status(req, 0), "Verified")["reason"] == "NoReader"
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+def test_rule5_unresolvable_verification_arguments_fail_the_step(rv):
+    extra = [{"name": "payments.charge_without_id", "effect": "write",
+              "compensation": {"tool": "payments.refund", "kind": "compensation",
+                               "args": {"charge_id": "$args.charge_id"}, "runner": "tools"},
+              "verification": {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"},
+                               "expect": {"refunded": True}, "runner": "tools"}}]
+    rv.apply_manifest(extra_tools=extra)
+    charge = rv.charge("o-noargs")
+    rv.run("r", [rv.step(0, "payments.charge_without_id", {"charge_id": charge["id"]}, {"ok": True})])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    error = req["status"]["report"]["failed"][0]["error"]
+    assert error.startswith("cannot verify: arguments unavailable")
+    assert rv.condition(rv.step_status(req, 0), "Verified")["reason"] == "VerificationArgumentsUnavailable"
+
+
+def test_rule6_rerun_skips_compensated_and_retries_failed_with_the_same_key(rv):
+    rv.apply_manifest()
+    s0, charge0 = _charge_step(rv, 0, "o-rerun-a")
+    s1, charge1 = _charge_step(rv, 1, "o-rerun-b")
+    rv.run("r", [s0, s1])
+    # the newest step (1) is undone first: make its refund fail for the whole first request
+    rv.downstream.fault(f"/payments/refunds", "error", times=2)
+    rv.request("first", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
+    first = rv.wait_phase("first", "Incomplete")
+    assert [f["step"] for f in first["status"]["report"]["failed"]] == [1]
+    assert first["status"]["report"]["compensated"] == [0]
+    key1 = rv.get("runs", "r")["status"]["undo"]
+    key1 = {u["step"]: u["idempotencyKey"] for u in key1}
+    rv.request("second", "r")
+    second = rv.wait_phase("second", "Succeeded", "Incomplete")
+    assert second["status"]["phase"] == "Succeeded", second["status"]
+    assert second["status"]["report"]["compensated"] == [0, 1]
+    undo = {u["step"]: u for u in rv.get("runs", "r")["status"]["undo"]}
+    assert undo[1]["attempts"] == 3 and undo[1]["idempotencyKey"] == key1[1]
+    assert undo[0]["request"] == "first", "a compensated step is never redone"
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 2  # one real refund per charge
+
+
+def test_rule6_two_requests_never_run_one_compensation_twice(rv):
+    rv.apply_manifest()
+    steps, charges = [], []
+    for i in range(3):
+        s, ch = _charge_step(rv, i, f"o-two-{i}")
+        steps.append(s)
+        charges.append(ch)
+    rv.run("r", steps)
+    rv.request("a", "r")
+    rv.request("b", "r")
+    a = rv.wait_phase("a", "Succeeded", "Incomplete")
+    b = rv.wait_phase("b", "Succeeded", "Incomplete")
+    assert a["status"]["phase"] == b["status"]["phase"] == "Succeeded"
+    assert sorted(a["status"]["report"]["compensated"]) == sorted(b["status"]["report"]["compensated"]) == [0, 1, 2]
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 3
+    jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    assert len(jobs) == 3
+    events = rv.core.list_namespaced_event(rv.ns).items
+    waited = [e for e in events if e.involved_object.name in ("a", "b")]
+    assert waited  # both requests reported what they did
+
+
+def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = _charge_step(rv, 0, "o-resolve")
+    capture = rv.capture(charge["id"])  # the call did happen, but the agent saw a timeout
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")],
+           resolutions=[{"step": 1, "status": "succeeded", "result": {"id": capture["id"]},
+                         "note": "seen in the payments dashboard", "actor": "oncall"}])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0, 1], req["status"]["report"]
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "voided"
+
+
+def test_rule7_resolution_without_result_leaves_the_step_unrecoverable(rv):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = _charge_step(rv, 0, "o-resolve-nores")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")],
+           resolutions=[{"step": 1, "status": "succeeded", "note": "it went through", "actor": "oncall"}])
+    rv.request("undo", "r", dryRun=True)
+    req = rv.wait_phase("undo", "Planned", timeout=30)
+    action = next(a for a in req["status"]["plan"]["actions"] if a["step"] == 1)
+    assert action["kind"] == "unrecoverable" and "$result.id" in action["reason"]
+
+
+def test_rule8_compensation_needing_approval_waits_until_approved(rv):
+    rv.apply_manifest(capture_needs_approval=True)
+    s0, charge = _charge_step(rv, 0, "o-approve")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "AwaitingApproval")
+    assert req["status"]["report"]["awaitingApproval"] == [1]
+    assert rv.condition(rv.step_status(req, 1), "Approved")["reason"] == "AwaitingApproval"
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+    rv.patch("rollbackrequests", "undo", {"spec": {"approvals": [{"step": 1, "approver": "alice"}]}})
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0, 1]
+    assert rv.condition(rv.step_status(req, 1), "Approved")["message"] == "approved by alice"
+
+
+def test_request_for_a_missing_run_fails_with_a_clear_condition(rv):
+    rv.request("undo", "no-such-run")
+    req = rv.wait_phase("undo", "Failed", timeout=30)
+    invalid = next(c for c in req["status"]["conditions"] if c["type"] == "Invalid")
+    assert invalid["status"] == "True" and invalid["reason"] == "RunNotFound"
+    assert "create the Run or fix spec.runRef.name" in invalid["message"]
+
+
+def test_request_for_a_run_without_its_manifest_fails_with_a_clear_condition(rv):
+    rv.apply_manifest()
+    s0, _ = _charge_step(rv, 0, "o-nomanifest")
+    rv.run("r", [s0])
+    rv.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", rv.ns, "toolmanifests", "payments")
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Failed", timeout=30)
+    invalid = next(c for c in req["status"]["conditions"] if c["type"] == "Invalid")
+    assert invalid["reason"] == "ManifestNotFound" and "payments" in invalid["message"]
+
+
+def test_a_dangling_depends_on_is_refused_at_admission(rv):
+    rv.apply_manifest()
+    s0, _ = _charge_step(rv, 0, "o-dangling", depends_on=[5])
+    with pytest.raises(ApiException) as err:
+        rv.run("r", [s0])
+    assert err.value.status == 422
+    assert "dependsOn may only name earlier steps" in err.value.body
+
+
+def test_a_template_that_points_nowhere_makes_the_step_unrecoverable(rv):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o", "amount": 1, "customer": "c"}, {"no_id": 1})])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete")
+    unrecoverable = req["status"]["report"]["unrecoverable"]
+    assert unrecoverable[0]["step"] == 0 and "$result.id" in unrecoverable[0]["reason"]
