@@ -6,7 +6,9 @@ Components, each a process of its own with its log in ``<state>/logs/<component>
 - ``kube-apiserver`` on ``https://127.0.0.1:<port>`` with client-certificate authentication,
   RBAC authorization and service-account token signing;
 - ``kube-controller-manager`` running the job, garbage-collector, namespace, serviceaccount,
-  serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers;
+  serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers, and the
+  deployment, replicaset, endpoints and endpointslice controllers (for the operator installed by
+  its Helm chart; with no kube-proxy, the API server reaches Services through their endpoints);
 - ``node-agent`` (:mod:`reversi.devcluster.nodeagent`), standing in for a kubelet.
 
 The state folder is ``$REVERSI_CLUSTER_DIR`` or ``~/.cache/reversi/cluster``. Ports come from
@@ -301,6 +303,8 @@ class Cluster:
             f"--kubelet-client-key={c['apiserver-kubelet-client'].key}",
             f"--kubelet-certificate-authority={c['ca'].cert}",
             "--kubelet-preferred-address-types=InternalIP",
+            # no kube-proxy: the API server reaches webhook Services through their endpoints
+            "--enable-aggregator-routing=true",
             "--allow-privileged=false", "--profiling=false", "--v=1",
             *s.apiserver_extra_args,
         ]
@@ -313,7 +317,9 @@ class Cluster:
             f"--authorization-kubeconfig={kubeconfig}",
             "--controllers=job-controller,garbage-collector-controller,namespace-controller,"
             "serviceaccount-controller,serviceaccount-token-controller,"
-            "root-ca-certificate-publisher-controller,ttl-after-finished-controller",
+            "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
+            # for the operator installed by its Helm chart: Deployments and Services
+            "deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller",
             f"--service-account-private-key-file={c['sa'].key}",
             f"--root-ca-file={c['ca'].cert}",
             "--use-service-account-credentials=true",
