@@ -88,25 +88,32 @@ class Metrics:
     # ----- gauges from the API ---------------------------------------------------------------
 
     def refresh(self, kube: Any) -> None:
-        """Recompute the gauges from the API (Runs' RolledBack condition, Halts, ClusterHalts)."""
+        """Recompute every gauge from the API."""
+        self.refresh_runs(kube)
+        self.refresh_halts(kube)
+
+    def refresh_runs(self, kube: Any) -> None:
+        """Recompute ``reversi_incomplete_rollbacks`` from the Runs' RolledBack condition."""
         counts: dict[str, int] = {}
         for run in kube.list("runs"):
             for cond in (run.get("status") or {}).get("conditions") or []:
                 if cond.get("type") == "RolledBack" and cond.get("status") == "False":
                     ns = run["metadata"]["namespace"]
                     counts[ns] = counts.get(ns, 0) + 1
-        halts: dict[str, int] = {}
-        for halt in kube.list("halts"):
-            ns = halt["metadata"]["namespace"]
-            halts[ns] = halts.get(ns, 0) + 1
-        cluster_halts = len(kube.list("clusterhalts"))
-        halts[""] = cluster_halts
         with self._lock:
             for ns in self._known_incomplete - set(counts):
                 self.incomplete.labels(ns).set(0)
             for ns, n in counts.items():
                 self.incomplete.labels(ns).set(n)
             self._known_incomplete |= set(counts)
+
+    def refresh_halts(self, kube: Any) -> None:
+        """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""
+        halts: dict[str, int] = {"": len(kube.list("clusterhalts"))}
+        for halt in kube.list("halts"):
+            ns = halt["metadata"]["namespace"]
+            halts[ns] = halts.get(ns, 0) + 1
+        with self._lock:
             for ns in self._known_halts - set(halts):
                 self.halts.labels(ns).set(0)
             for ns, n in halts.items():

@@ -28,11 +28,12 @@ class OperatorSettings(BaseSettings):
     webhook_host: str = Field("0.0.0.0", description="Address the webhook server listens on.")
     webhook_cert: str | None = Field(None, description="PEM serving certificate of the webhook server.")
     webhook_key: str | None = Field(None, description="PEM private key of the webhook server.")
-    webhook_url: str | None = Field(
-        None, description="URL the API server calls (local control plane); unset: the chart's Service is used.")
-    webhook_ca: str | None = Field(None, description="PEM CA bundle the API server uses to trust the webhook.")
     webhook_configure: bool = Field(
-        False, description="Let the operator create its own webhook configurations (local control plane only).")
+        False, description="Let the operator make its own certificate (unless webhook_cert is set) and "
+        "webhook configurations pointing at webhook_url_host (local control plane, development).")
+    webhook_url_host: str = Field("127.0.0.1", description="Host the API server calls when webhook_configure is on.")
+    webhook_cert_dir: str | None = Field(
+        None, description="Where webhook_configure writes its CA and serving certificate (default: a temp folder).")
     peering: str | None = Field(None, description="kopf peering object name (standby replicas); unset: no peering.")
     status_detail_limit: int = Field(
         200, ge=10, le=2000, description="Most per-step entries and plan actions kept in a request's status.")

@@ -107,21 +107,43 @@ def downstream(tmp_path_factory):
 class OperatorProcess:
     """``reversi-operator`` as a child process: start, kill (SIGKILL: a crash), restart."""
 
-    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0):
+    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0):
         self.kubeconfig = kubeconfig
         self.log = log
         self.metrics_port = metrics_port
+        self.webhook_port = webhook_port
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         fh = self.log.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVERSI_TICK_SECONDS": "0.5"}
+        if self.webhook_port:
+            # the operator serves its admission webhooks and registers them (failurePolicy Fail)
+            env.update(REVERSI_WEBHOOK_CONFIGURE="true", REVERSI_WEBHOOK_PORT=str(self.webhook_port),
+                       REVERSI_WEBHOOK_HOST="127.0.0.1", REVERSI_WEBHOOK_URL_HOST="127.0.0.1",
+                       REVERSI_WEBHOOK_CERT_DIR=str(self.log.parent / "operator-webhook-certs"))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reversi.entrypoints.operator", "--kubeconfig", str(self.kubeconfig),
              "--metrics-port", str(self.metrics_port)],
             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         time.sleep(1.5)
         assert self.proc.poll() is None, f"the operator exited at start; see {self.log}"
+        if self.webhook_port:
+            wait_for(self._webhooks_ready, timeout=30, what=f"the operator's webhooks (log: {self.log})")
+
+    def _webhooks_ready(self) -> bool:
+        """The webhook configuration points at this operator's server, and it answers."""
+        import socket
+        import ssl
+
+        try:
+            with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1) as sock:
+                ctx = ssl.create_default_context(cafile=str(self.log.parent / "operator-webhook-certs" / "ca.crt"))
+                with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
+                    pass
+        except OSError:
+            return False
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
@@ -144,8 +166,10 @@ class OperatorProcess:
 @pytest.fixture(scope="session")
 def operator(cluster, crds):
     """The operator, running as a real process against the local control plane."""
+    metrics_port = int(os.environ.get("REVERSI_TEST_METRICS_PORT", "18089"))
+    webhook_port = int(os.environ.get("REVERSI_TEST_WEBHOOK_PORT", str(metrics_port + 1000)))
     op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator.log",
-                         metrics_port=int(os.environ.get("REVERSI_TEST_METRICS_PORT", "18089")))
+                         metrics_port=metrics_port, webhook_port=webhook_port)
     op.start()
     yield op
     op.stop()

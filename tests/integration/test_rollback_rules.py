@@ -268,10 +268,12 @@ def test_rule8_compensation_needing_approval_waits_until_approved(rv):
     assert req["status"]["report"]["awaitingApproval"] == [1]
     assert rv.condition(rv.step_status(req, 1), "Approved")["reason"] == "AwaitingApproval"
     assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+    # the client claims to be alice; the admission webhook records who really approved
     rv.patch("rollbackrequests", "undo", {"spec": {"approvals": [{"step": 1, "approver": "alice"}]}})
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
     assert req["status"]["report"]["compensated"] == [0, 1]
-    assert rv.condition(rv.step_status(req, 1), "Approved")["message"] == "approved by alice"
+    assert rv.condition(rv.step_status(req, 1), "Approved")["message"] == "approved by reversi-admin"
+    assert rv.get("rollbackrequests", "undo")["spec"]["approvals"][0]["approver"] == "reversi-admin"
 
 
 def test_request_for_a_missing_run_fails_with_a_clear_condition(rv):

@@ -1,150 +1,20 @@
-"""Certificates for the local control plane, made with ``cryptography``.
+"""Certificates for the local control plane.
 
-One CA signs everything: the kube-apiserver serving certificate, client certificates for the
-admin, the controller manager, the node agent and any test user, and the node agent's serving
-certificate. A separate RSA key pair signs service-account tokens.
-
-Client certificate identity follows Kubernetes' x509 authenticator: the certificate's common
-name is the user name and each organization is a group.
+One CA (:mod:`reversi.certs`) signs everything: the kube-apiserver serving certificate, client
+certificates for the admin, the controller manager, the node agent and any test user, and the
+node agent's serving certificate. A separate RSA key pair signs service-account tokens.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
-from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
-VALIDITY = dt.timedelta(days=365)
+from ..certs import KeyPair, write_key, issue, make_ca
 
-
-@dataclass(frozen=True)
-class KeyPair:
-    """PEM paths of a certificate and its private key."""
-
-    cert: Path
-    key: Path
-
-
-def _write_key(key, path: Path) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    path.chmod(0o600)
-
-
-def _load(pair: KeyPair):
-    cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
-    key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
-    return cert, key
-
-
-def make_ca(directory: Path, name: str = "reversi-local-ca") -> KeyPair:
-    """Create (or reuse) a self-signed CA in ``directory`` as ``ca.crt``/``ca.key``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    pair = KeyPair(directory / "ca.crt", directory / "ca.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY * 5)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    _write_key(key, pair.key)
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return pair
-
-
-def issue(
-    ca: KeyPair,
-    directory: Path,
-    stem: str,
-    common_name: str,
-    *,
-    organizations: tuple[str, ...] = (),
-    dns_names: tuple[str, ...] = (),
-    ip_addresses: tuple[str, ...] = (),
-    server: bool = False,
-    client: bool = False,
-) -> KeyPair:
-    """Issue a leaf certificate signed by ``ca`` and write ``<stem>.crt``/``<stem>.key``.
-
-    ``common_name`` is the user name and ``organizations`` the groups for a client
-    certificate; ``dns_names``/``ip_addresses`` are the subject alternative names of a
-    serving certificate. Existing files are reused.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    pair = KeyPair(directory / f"{stem}.crt", directory / f"{stem}.key")
-    if pair.cert.exists() and pair.key.exists():
-        return pair
-    ca_cert, ca_key = _load(ca)
-    key = ec.generate_private_key(ec.SECP256R1())
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    now = dt.datetime.now(dt.timezone.utc)
-    usages = []
-    if server:
-        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-    if client:
-        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_encipherment=False, key_cert_sign=False,
-                crl_sign=False, content_commitment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
-            critical=False,
-        )
-    )
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
-    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    _write_key(key, pair.key)
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return pair
+__all__ = ["KeyPair", "issue", "make_ca", "make_service_account_keys"]
 
 
 def make_service_account_keys(directory: Path) -> KeyPair:
@@ -157,7 +27,7 @@ def make_service_account_keys(directory: Path) -> KeyPair:
     if pair.cert.exists() and pair.key.exists():
         return pair
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    _write_key(key, pair.key)
+    write_key(key, pair.key)
     pair.cert.write_bytes(
         key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

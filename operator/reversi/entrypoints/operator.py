@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
@@ -19,7 +21,10 @@ import kopf
 from kubernetes import client, config
 
 from ..adapters.kube import Kube
-from ..handlers import rollback as _rollback_handlers  # noqa: F401 - registers the handlers
+from .. import certs
+from ..handlers import admission as _admission_handlers  # noqa: F401 - registers the handlers
+from ..handlers import halts as _halt_handlers  # noqa: F401
+from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runtime
 from ..metrics import Metrics
 from ..settings import OperatorSettings
@@ -52,6 +57,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     else:
         settings.peering.name = ours.peering
         settings.peering.mandatory = False
+    _configure_webhooks(settings, ours)
     kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
     metrics = Metrics()
     if ours.metrics_port:
@@ -59,6 +65,35 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     threading.Thread(target=metrics.refresh_forever, args=(kube, 30.0, _stop), daemon=True,
                      name="metrics-refresh").start()
     runtime.init(ours, kube, metrics)
+
+
+def _configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Serve the admission webhooks over TLS with a certificate made by ``cryptography``.
+
+    With ``webhook_cert``/``webhook_key`` (the chart mounts them), the server uses those files
+    and the chart owns the webhook configurations. With ``webhook_configure`` (local control
+    plane), the operator makes a CA and serving certificate itself and lets kopf create the
+    configurations, pointing at ``https://<webhook_url_host>:<webhook_port>``. Neither: no
+    webhooks are served (writes are not checked beyond the CRD's CEL rules).
+    """
+    certfile, keyfile, cafile = ours.webhook_cert, ours.webhook_key, None
+    if not certfile and ours.webhook_configure:
+        folder = Path(ours.webhook_cert_dir or tempfile.mkdtemp(prefix="reversi-webhook-"))
+        ca = certs.make_ca(folder, name="reversi-webhook-ca")
+        host = ours.webhook_url_host
+        ip = [host] if host.replace(".", "").isdigit() else []
+        pair = certs.issue(ca, folder, "webhook", "reversi-webhook", dns_names=("localhost", *([] if ip else [host])),
+                           ip_addresses=tuple(ip or ["127.0.0.1"]), server=True)
+        certfile, keyfile, cafile = str(pair.cert), str(pair.key), str(ca.cert)
+    if not certfile:
+        log.warning("admission webhooks are not served: set REVERSI_WEBHOOK_CERT/KEY (the chart does) "
+                    "or REVERSI_WEBHOOK_CONFIGURE=true")
+        return
+    settings.admission.server = kopf.WebhookServer(
+        addr=ours.webhook_host, port=ours.webhook_port, host=ours.webhook_url_host if ours.webhook_configure else None,
+        certfile=certfile, pkeyfile=keyfile, cafile=cafile)
+    if ours.webhook_configure:
+        settings.admission.managed = "reversi.dev"
 
 
 @kopf.on.cleanup()

@@ -252,7 +252,7 @@ class Reconciler:
                             warning=not report.complete)
             if self.metrics:
                 self.metrics.request_finished(ns, "complete" if report.complete else "incomplete", report, plan)
-                self.metrics.refresh(self.kube)
+                self.metrics.refresh_runs(self.kube)
             return False
         if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
             phase = "AwaitingApproval"

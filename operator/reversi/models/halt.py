@@ -1,13 +1,21 @@
 """Halt (namespaced) and ClusterHalt (cluster): stop *new* calls, never a rollback (DESIGN §3, rule 9).
 
-``scope`` holds globs (``fnmatch`` style: ``payments.*``); a call must match every field named;
-no scope (or an empty one) halts everything in reach. Lifting a halt is deleting it.
+``scope`` holds globs; a call must match every field named; no scope (or an empty one) halts
+everything in reach. Lifting a halt is deleting it.
+
+Glob semantics (defined here, once — :func:`glob_match`): a pattern matches the whole value,
+case-sensitively; ``*`` matches any run of characters, empty included, **including ``.`` and
+``/``** (``payments.*`` matches ``payments.refund`` and ``payments.v2/charge``; ``*`` matches
+everything); ``?`` matches exactly one character; ``\`` makes the next character literal
+(``\*`` is a star); every other character, ``.``, ``/`` and ``[`` included, stands for itself
+(there are no character classes).
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from fnmatch import fnmatchcase
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -24,6 +32,32 @@ from .common import (
 )
 
 Glob = str
+
+
+@lru_cache(maxsize=1024)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    parts: list[str] = []
+    escaped = False
+    for ch in pattern:
+        if escaped:
+            parts.append(re.escape(ch))
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "*":
+            parts.append(".*")
+        elif ch == "?":
+            parts.append(".")
+        else:
+            parts.append(re.escape(ch))
+    if escaped:  # a trailing backslash stands for itself
+        parts.append(re.escape("\\"))
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def glob_match(pattern: str, value: str) -> bool:
+    """Whether ``value`` matches the halt glob ``pattern`` (semantics in the module docstring)."""
+    return _glob_regex(pattern).fullmatch(value) is not None
 
 
 class HaltScope(ReversiModel):
@@ -44,7 +78,7 @@ class HaltScope(ReversiModel):
         """
         for field, pattern in self.model_dump(exclude_none=True).items():
             value = call.get(field)
-            if value is None or not fnmatchcase(value, pattern):
+            if value is None or not glob_match(pattern, value):
                 return False
         return True
 

@@ -1,0 +1,180 @@
+"""Admission rules for Runs and RollbackRequests (DESIGN §4 rules 7–10, §3): pure decisions.
+
+The webhook handlers (:mod:`reversi.handlers.admission`) read the halts, the manifest and the
+caller's identity from the API and ask these functions; each returns ``None`` (admit) or a
+:class:`Refusal` whose message says what happened and what to do. What a CEL rule in the CRD can
+check without identity or other objects (append-only steps, immutable mode and scope) stays a
+CEL rule; what needs them lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..models.halt import ClusterHaltScope, HaltScope
+from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
+from ..models.toolmanifest import ToolManifestSpec, ToolSpec
+from .keys import forward_key
+from .templates import MissingValue
+
+#: refusal reasons (the ``reason`` label of ``reversi_refused_calls_total``)
+HALTED = "halted"
+FOREIGN_PRINCIPAL = "foreignPrincipal"
+UNKNOWN_TOOL = "unknownTool"
+DUPLICATE = "duplicate"
+INVALID = "invalid"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a write is refused: ``reason`` (one of the constants above), ``message`` for the
+    user, and for a halt the halt that refused it (``halt`` = ``(kind, namespace, name)``)."""
+
+    reason: str
+    message: str
+    tool: str = ""
+    halt: tuple[str, str | None, str] | None = None
+
+
+@dataclass(frozen=True)
+class HaltView:
+    """A Halt (``namespace`` set) or ClusterHalt (``namespace`` None) in force."""
+
+    kind: str
+    name: str
+    namespace: str | None
+    reason: str
+    scope: HaltScope | ClusterHaltScope | None
+
+
+def new_steps(old: RunSpec | None, new: RunSpec) -> list[Step]:
+    """Steps in ``new`` whose index ``old`` does not have (all of them on create)."""
+    known = {s.index for s in old.steps} if old else set()
+    return [s for s in new.steps if s.index not in known]
+
+
+def steps_changed(old: RunSpec, new: RunSpec) -> bool:
+    """Whether the journal changed at all (a step added, or an outcome or result set)."""
+    if len(old.steps) != len(new.steps):
+        return True
+    return any(a != b for a, b in zip(old.steps, new.steps))
+
+
+def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str, scope: dict[str, str | None]) -> HaltView | None:
+    """The first halt that refuses a call of ``tool`` in a run with ``scope`` in ``namespace``
+    (rule 9): every field a halt's scope names must match; no scope matches everything."""
+    call = {"tool": tool, "actor": scope.get("actor"), "tenant": scope.get("tenant"),
+            "environment": scope.get("environment")}
+    for halt in halts:
+        if halt.namespace is not None and halt.namespace != namespace:
+            continue
+        if halt.scope is None:
+            return halt
+        fields = dict(call)
+        if halt.namespace is None:
+            fields["namespace"] = namespace
+        if halt.scope.matches(**fields):
+            return halt
+    return None
+
+
+def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: list[Step]) -> Refusal | None:
+    """Refuse recording any of ``steps`` that a halt matches: ``kill switch: <reason>``."""
+    scope = spec.scope.model_dump()
+    for step in steps:
+        halt = matching_halt(halts, namespace=namespace, tool=step.tool, scope=scope)
+        if halt is not None:
+            where = f"{halt.kind} {halt.namespace}/{halt.name}" if halt.namespace else f"{halt.kind} {halt.name}"
+            return Refusal(HALTED, f"kill switch: {halt.reason} ({where} refuses step {step.index}, {step.tool}; "
+                           "deleting the halt lifts it)", step.tool, (halt.kind, halt.namespace, halt.name))
+    return None
+
+
+def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal | None:
+    """Only the principal that created a run may change its journal (rule 10)."""
+    if old.principal and user != old.principal and steps_changed(old, new):
+        tool = new.steps[-1].tool if new.steps else ""
+        return Refusal(FOREIGN_PRINCIPAL, f"Run {run} belongs to another principal ({old.principal}); "
+                       f"{user} may not add or change its steps: open a Run of your own", tool)
+    return None
+
+
+def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None, manifest_name: str) -> Refusal | None:
+    """In enforce mode every new step's tool needs a manifest entry (DESIGN §3, ``mode``)."""
+    if spec.mode != "enforce":
+        return None
+    for step in steps:
+        if manifest is None:
+            return Refusal(UNKNOWN_TOOL, f"ToolManifest {manifest_name} not found: in enforce mode every call needs "
+                           "its tool's manifest entry; create the manifest or fix spec.manifestRef", step.tool)
+        if manifest.tool(step.tool) is None:
+            return Refusal(UNKNOWN_TOOL, f"tool {step.tool!r} (step {step.index}) has no entry in ToolManifest "
+                           f"{manifest_name}: add it, or record this run in observe mode", step.tool)
+    return None
+
+
+def check_duplicates(spec: RunSpec, steps: list[Step], compensated: set[int],
+                     manifest: ToolManifestSpec | None) -> Refusal | None:
+    """Refuse a new step whose forward idempotency key matches an earlier standing step of the
+    same tool in the same run (DESIGN §2: the forward idempotency key)."""
+    by_key: dict[tuple[str, str], int] = {}
+    new_indices = {s.index for s in steps}
+    for step in spec.steps:
+        entry = _entry(spec, step, manifest)
+        if entry is None or not entry.idempotency_key:
+            continue
+        try:
+            key = forward_key(entry.idempotency_key, step.args, None)
+        except MissingValue:
+            continue
+        standing = step.standing and step.index not in compensated
+        if step.index in new_indices:
+            earlier = by_key.get((step.tool, key))
+            if earlier is not None:
+                return Refusal(DUPLICATE, f"duplicate call: step {step.index} ({step.tool}) has idempotency key "
+                               f"{key!r}, like step {earlier}, which still stands; the first call must be undone "
+                               "(or fail) before it is repeated", step.tool)
+        if standing:
+            by_key.setdefault((step.tool, key), step.index)
+    return None
+
+
+def check_resolutions(old: RunSpec | None, new: RunSpec) -> Refusal | None:
+    """A new resolution must name an existing step whose outcome is intended or uncertain (rule 7)."""
+    known = {r.step for r in old.resolutions} if old else set()
+    steps = {s.index: s for s in new.steps}
+    for res in new.resolutions:
+        if res.step in known:
+            continue
+        step = steps.get(res.step)
+        if step is None:
+            return Refusal(INVALID, f"resolution of step {res.step}: the run has no such step")
+        if step.outcome not in UNKNOWN_OUTCOMES:
+            return Refusal(INVALID, f"resolution of step {res.step}: its outcome is {step.outcome}; only intended "
+                           "or uncertain steps can be resolved")
+        if not res.note.strip():
+            return Refusal(INVALID, f"resolution of step {res.step}: a note is required (say how you know)")
+    return None
+
+
+def new_approvals(old: dict | None, new: dict) -> tuple[list[int], bool]:
+    """What a RollbackRequest write approves: new per-step approvals, and whether
+    ``approveCompensations`` is newly set (rule 8). ``old``/``new`` are specs (wire dicts)."""
+    before = {a.get("step") for a in (old or {}).get("approvals") or [] if isinstance(a, dict)}
+    steps = [a.get("step") for a in new.get("approvals") or [] if isinstance(a, dict) and a.get("step") not in before]
+    all_now = bool(new.get("approveCompensations")) and not bool((old or {}).get("approveCompensations"))
+    return [s for s in steps if isinstance(s, int)], all_now
+
+
+def snapshot_for(manifest: ToolManifestSpec | None, tool: str) -> dict[str, Any] | None:
+    """The manifest entry to copy into a new step (DESIGN §3: a snapshot taken when recorded)."""
+    entry = manifest.tool(tool) if manifest else None
+    return entry.to_wire() if entry is not None else None
+
+
+def _entry(spec: RunSpec, step: Step, manifest: ToolManifestSpec | None) -> ToolSpec | None:
+    entry = spec.snapshot_of(step)
+    if entry is None and manifest is not None:
+        entry = manifest.tool(step.tool)
+    return entry
