@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from .adapters.kube import failed_test
 from .models.toolmanifest import ToolManifestSpec
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
@@ -59,13 +60,34 @@ class UnknownTool(RecordingRefused):
     """The tool has no entry in the run's ToolManifest and the run is in enforce mode."""
 
 
+class Halted(RecordingRefused):
+    """A Halt or ClusterHalt refuses the call (``kill switch: <reason>``, rule 9)."""
+
+
+class NotYourRun(RecordingRefused):
+    """The run belongs to another principal (rule 10): open a run of your own."""
+
+
+class DuplicateCall(RecordingRefused):
+    """An earlier standing step of the run has the same forward idempotency key."""
+
+
+_KINDS: tuple[tuple[str, type[RecordingRefused]], ...] = (
+    ("kill switch:", Halted),
+    ("belongs to another principal", NotYourRun),
+    ("duplicate call:", DuplicateCall),
+    ("has no entry in ToolManifest", UnknownTool),
+)
+
+
 def _refusal(err: ApiException, what: str) -> RecordingRefused:
     try:
         body = json.loads(err.body or "{}")
         message, reason = body.get("message", err.reason), body.get("reason", "")
     except ValueError:
         message, reason = str(err.body or err.reason), ""
-    return RecordingRefused(f"{what} refused: {message}", reason=reason, status=err.status)
+    kind = next((k for marker, k in _KINDS if marker in message), RecordingRefused)
+    return kind(f"{what} refused: {message}", reason=reason, status=err.status)
 
 
 def _now() -> str:
@@ -194,7 +216,7 @@ class Recorder:
                                                            _content_type=JSON_PATCH)
                 return Step(index, tool, dict(args))
             except ApiException as err:
-                if err.status in (409, 422) and "test operation" in (err.body or "") or err.status == 409:
+                if err.status == 409 or failed_test(err):  # another writer appended first: retry
                     time.sleep(0.05 * (attempt + 1))
                     continue
                 raise _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}") from err

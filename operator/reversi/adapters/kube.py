@@ -79,7 +79,7 @@ class Kube:
             return self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH)
         except ApiException as err:
-            if err.status in (409, 422) or (err.status == 500 and "test" in (err.body or "")):
+            if err.status == 409 or failed_test(err):
                 raise Conflict(_message(err)) from err
             raise
 
@@ -168,6 +168,16 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], body)
         except ApiException as err:  # an event is worth a log line, never a failure
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+#: what the API server answers when a JSON-patch ``test`` operation fails (422, no causes)
+FAILED_TEST = "the server rejected our request due to an error in our request"
+
+
+def failed_test(err: ApiException) -> bool:
+    """Whether ``err`` is a failed JSON-patch ``test`` (optimistic concurrency lost), not a
+    validation error (those have their own message)."""
+    return err.status == 422 and _message(err) == FAILED_TEST
 
 
 def _message(err: ApiException) -> str:

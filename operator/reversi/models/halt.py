@@ -1,4 +1,4 @@
-"""Halt (namespaced) and ClusterHalt (cluster): stop *new* calls, never a rollback (DESIGN §3, rule 9).
+r"""Halt (namespaced) and ClusterHalt (cluster): stop *new* calls, never a rollback (DESIGN §3, rule 9).
 
 ``scope`` holds globs; a call must match every field named; no scope (or an empty one) halts
 everything in reach. Lifting a halt is deleting it.

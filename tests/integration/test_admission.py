@@ -1,0 +1,383 @@
+"""Halts, identity, resolutions and approvals, enforced at admission (DESIGN rules 7–10).
+
+Each test acts as distinct users with distinct permissions: client certificates minted by the
+local control plane's CA, so the API server — not the client — says who is calling.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from reversi.devcluster import build
+from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+G, V = "reversi.dev", "v1alpha1"
+
+AGENT_RULES = [
+    {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+    {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
+]
+ONCALL_RULES = [
+    {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "update", "patch"]},
+    {"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+]
+APPROVER_RULES = ONCALL_RULES + [{"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["approve"]}]
+
+
+@pytest.fixture
+def users(cluster, admin_api, namespace):
+    """Users with Roles in the test namespace: agent-a and agent-b (record runs), oncall (requests,
+    resolutions; no approve) and approver (oncall + verb approve). Returns ``{name: ApiClient}``."""
+    rbac = client.RbacAuthorizationV1Api(admin_api)
+    out = {}
+    for user, rules in (("agent-a", AGENT_RULES), ("agent-b", AGENT_RULES), ("oncall", ONCALL_RULES),
+                        ("approver", APPROVER_RULES)):
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+        out[user] = config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
+    return out
+
+
+def _custom(api):
+    return client.CustomObjectsApi(api)
+
+
+def _halt(admin_api, namespace, name, reason, scope=None):
+    body = {"apiVersion": f"{G}/{V}", "kind": "Halt", "metadata": {"name": name},
+            "spec": {"reason": reason, "by": "oncall", **({"scope": scope} if scope is not None else {})}}
+    _custom(admin_api).create_namespaced_custom_object(G, V, namespace, "halts", body)
+
+
+def _cluster_halt(admin_api, name, reason, scope=None):
+    body = {"apiVersion": f"{G}/{V}", "kind": "ClusterHalt", "metadata": {"name": name},
+            "spec": {"reason": reason, **({"scope": scope} if scope is not None else {})}}
+    _custom(admin_api).create_cluster_custom_object(G, V, "clusterhalts", body)
+
+
+def _lift_cluster_halt(admin_api, name):
+    try:
+        _custom(admin_api).delete_cluster_custom_object(G, V, "clusterhalts", name)
+    except ApiException:
+        pass
+
+
+def _recorder(api, namespace, run, scope=None):
+    return Recorder.open(namespace, run, manifest="payments", api=api,
+                         scope=scope or {"actor": "checkout-agent", "tenant": "acme", "environment": "prod"})
+
+
+def _call(rec, tool="payments.get_customer"):
+    """Record one call through the SDK; return whether the call itself was made."""
+    made = []
+    rec.call(tool, {"id": "cus_9"}, lambda a: made.append(a) or {"id": "cus_9"})
+    return bool(made)
+
+
+# ------------------------------------------------------------------------------ rule 9: halts
+
+@pytest.mark.parametrize("scope, matches", [
+    (None, True),                                           # no scope halts everything
+    ({"tool": "payments.*"}, True),                         # glob over the tool
+    ({"tool": "payments.get_?ustomer"}, True),              # ? is one character
+    ({"tool": "inventory.*"}, False),
+    ({"actor": "checkout-agent"}, True),
+    ({"actor": "other-agent"}, False),
+    ({"tenant": "ac*"}, True),
+    ({"tenant": "globex"}, False),
+    ({"environment": "prod"}, True),
+    ({"environment": "staging"}, False),
+    ({"tool": "payments.*", "actor": "checkout-agent", "environment": "staging"}, False),  # every field must match
+    ({"tool": "*", "actor": "*", "tenant": "*", "environment": "*"}, True),
+])
+def test_rule9_halt_scope_matching(rv, users, admin_api, namespace, scope, matches):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    _halt(admin_api, namespace, "stop", "investigating duplicate charges", scope)
+    if matches:
+        with pytest.raises(Halted) as err:
+            _call(rec)
+        assert "kill switch: investigating duplicate charges" in str(err.value)
+    else:
+        assert _call(rec) is True
+
+
+def test_rule9_halted_sdk_call_raises_before_the_call_is_made(rv, users, admin_api, namespace):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    assert _call(rec) is True
+    _halt(admin_api, namespace, "stop", "charges look duplicated", {"tool": "payments.*"})
+    made = []
+    with pytest.raises(Halted) as err:
+        rec.call("payments.create_charge", {"order_id": "o-h", "amount": 1, "customer": "c"},
+                 lambda a: made.append(a) or rv.charge("o-h"))
+    assert made == [], "the call must not be made"
+    assert "kill switch: charges look duplicated" in str(err.value)
+    run = rv.get("runs", "r")
+    assert len(run["spec"]["steps"]) == 1, "nothing is recorded for the refused call"
+    halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls") and h, what="refused count")
+    assert halt["status"]["active"] is True and halt["status"]["refusedCalls"] == 1 and halt["status"]["since"]
+    # lifting the halt is deleting it
+    rv.custom.delete_namespaced_custom_object(G, V, namespace, "halts", "stop")
+    assert _call(rec) is True
+
+
+def test_rule9_creating_a_run_whose_first_steps_match_a_halt_is_refused(rv, users, admin_api, namespace):
+    rv.apply_manifest()
+    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"})
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+            "spec": {"scope": {"actor": "a"}, "manifestRef": {"name": "payments"}, "steps": [
+                {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
+                 "outcome": "intended"}]}}
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
+    assert err.value.status == 403 and "kill switch: maintenance window" in err.value.body
+
+
+def test_rule9_cluster_halt_across_namespaces(rv, users, admin_api, namespace):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    _cluster_halt(admin_api, f"other-ns-{namespace}", "not this namespace", {"namespace": "elsewhere-*"})
+    _cluster_halt(admin_api, f"this-ns-{namespace}", "whole fleet paused", {"namespace": namespace[:6] + "*"})
+    try:
+        with pytest.raises(Halted) as err:
+            _call(rec)
+        assert "kill switch: whole fleet paused" in str(err.value)
+        _lift_cluster_halt(admin_api, f"this-ns-{namespace}")
+        assert _call(rec) is True  # the other ClusterHalt names other namespaces only
+    finally:
+        _lift_cluster_halt(admin_api, f"other-ns-{namespace}")
+        _lift_cluster_halt(admin_api, f"this-ns-{namespace}")
+
+
+def test_rule9_rollback_finishes_while_a_total_halt_is_active(rv, admin_api):
+    rv.apply_manifest()
+    charge = rv.charge("o-total")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-total", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    name = f"total-{rv.ns}"
+    _cluster_halt(admin_api, name, "total stop")
+    try:
+        rv.request("undo", "r")
+        req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+        assert req["status"]["phase"] == "Succeeded"
+        assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    finally:
+        _lift_cluster_halt(admin_api, name)
+
+
+def test_rule9_halt_applied_from_a_folder_gitops(rv, users, cluster, namespace, tmp_path):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    folder = tmp_path / "halts"
+    folder.mkdir()
+    (folder / "payments-halt.yaml").write_text(
+        "apiVersion: reversi.dev/v1alpha1\nkind: Halt\nmetadata:\n  name: payments-freeze\n"
+        f"  namespace: {namespace}\nspec:\n  reason: quarter-end freeze\n  by: finance\n"
+        "  scope:\n    tool: \"payments.*\"\n")
+    kubectl = [str(build.binary("kubernetes", "kubectl")), "--kubeconfig", str(cluster.paths.admin_kubeconfig)]
+    subprocess.run(kubectl + ["apply", "-f", str(folder)], check=True, capture_output=True)
+    with pytest.raises(Halted):
+        _call(rec)
+    subprocess.run(kubectl + ["delete", "-f", str(folder)], check=True, capture_output=True)  # git revert
+    assert _call(rec) is True
+
+
+# --------------------------------------------------------------------- rule 10: identity
+
+def test_rule10_principal_is_stamped_from_the_authenticated_user(rv, users, namespace):
+    rv.apply_manifest()
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+            "spec": {"principal": "mallory", "manifestRef": {"name": "payments"}, "steps": []}}
+    created = _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
+    assert created["spec"]["principal"] == "agent-a"
+
+
+def test_rule10_another_principal_may_not_add_steps(rv, users, namespace):
+    rv.apply_manifest()
+    rec_a = _recorder(users["agent-a"], namespace, "r")
+    _call(rec_a)
+    rec_b = Recorder.attach(namespace, "r", api=users["agent-b"])
+    with pytest.raises(NotYourRun) as err:
+        _call(rec_b)
+    assert "belongs to another principal (agent-a)" in str(err.value)
+    assert _call(rec_a) is True
+
+
+def test_rule10_mode_and_scope_never_change(rv, users, namespace):
+    rv.apply_manifest()
+    _recorder(users["agent-a"], namespace, "r")
+    c = _custom(users["agent-a"])
+    with pytest.raises(ApiException) as err:
+        c.patch_namespaced_custom_object(G, V, namespace, "runs", "r", {"spec": {"mode": "observe"}})
+    assert err.value.status == 422 and "spec.mode is immutable" in err.value.body
+    with pytest.raises(ApiException) as err:
+        c.patch_namespaced_custom_object(G, V, namespace, "runs", "r", {"spec": {"scope": {"tenant": "globex"}}})
+    assert err.value.status == 422 and "spec.scope is immutable" in err.value.body
+
+
+# ------------------------------------------------------------------- rule 7: resolutions
+
+def _uncertain_run(rv, users, namespace):
+    rec = _recorder(users["agent-a"], namespace, "r")
+    charge = rv.charge("o-unc")
+    with pytest.raises(TimeoutError):
+        with rec.step("payments.create_charge", {"order_id": "o-unc", "amount": 700, "customer": "cus_9"}):
+            raise TimeoutError("the payments API did not answer in 10s")
+    return charge
+
+
+def _resolve(api, namespace, resolution):
+    c = _custom(api)
+    has_list = "resolutions" in c.get_namespaced_custom_object(G, V, namespace, "runs", "r")["spec"]
+    op = ({"op": "add", "path": "/spec/resolutions/-", "value": resolution} if has_list else
+          {"op": "add", "path": "/spec/resolutions", "value": [resolution]})
+    return c.patch_namespaced_custom_object(G, V, namespace, "runs", "r", [op],
+                                            _content_type="application/json-patch+json")
+
+
+def _message(err: ApiException) -> str:
+    return json.loads(err.body)["message"]
+
+
+def test_rule7_resolution_without_a_note_is_refused(rv, users, namespace):
+    rv.apply_manifest()
+    _uncertain_run(rv, users, namespace)
+    with pytest.raises(ApiException) as err:
+        _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded"})
+    assert err.value.status == 422 and "note" in err.value.body
+
+
+def test_rule7_only_intended_or_uncertain_steps_can_be_resolved(rv, users, namespace):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    _call(rec)
+    with pytest.raises(ApiException) as err:
+        _resolve(users["oncall"], namespace, {"step": 0, "status": "failed", "note": "n"})
+    assert "only intended or uncertain steps can be resolved" in err.value.body
+
+
+def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv, users, namespace):
+    rv.apply_manifest()
+    charge = _uncertain_run(rv, users, namespace)
+    run = rv.get("runs", "r")
+    assert run["spec"]["steps"][0]["outcome"] == "uncertain"
+    resolved = _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": charge["id"]},
+                                                     "note": "found in the payments dashboard", "actor": "someone-else"})
+    assert resolved["spec"]["resolutions"][0]["actor"] == "oncall"
+    _custom(users["oncall"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"}, "spec": {"runRef": {"name": "r"}}})
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+# --------------------------------------------------------------------- rule 8: approvals
+
+def test_rule8_approval_needs_the_approve_permission_and_records_the_approver(rv, users, namespace):
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-appr")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-appr", "amount": 700, "customer": "cus_9"}, charge),
+                 rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    oncall, approver = _custom(users["oncall"]), _custom(users["approver"])
+    # approving all at creation needs the permission too
+    with pytest.raises(ApiException) as err:
+        oncall.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+            "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo-all"},
+            "spec": {"runRef": {"name": "r"}, "approveCompensations": True}})
+    assert err.value.status == 403 and 'needs the RBAC verb "approve"' in _message(err.value)
+    oncall.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"}, "spec": {"runRef": {"name": "r"}}})
+    req = rv.wait_phase("undo", "AwaitingApproval")
+    assert req["status"]["report"]["awaitingApproval"] == [1]
+    approve = {"spec": {"approvals": [{"step": 1}]}}
+    with pytest.raises(ApiException) as err:
+        oncall.patch_namespaced_custom_object(G, V, namespace, "rollbackrequests", "undo", approve)
+    assert err.value.status == 403 and "oncall may not approve step(s) [1]" in _message(err.value)
+    approver.patch_namespaced_custom_object(G, V, namespace, "rollbackrequests", "undo", approve)
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["phase"] == "Succeeded"
+    approved = next(c for c in rv.step_status(req, 1)["conditions"] if c["type"] == "Approved")
+    assert approved["reason"] == "ApprovedByUser" and approved["message"] == "approved by approver"
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "voided"
+
+
+# ------------------------------------------------------------------- forward duplicates
+
+def test_forward_duplicate_is_refused_naming_the_earlier_step(rv, users, namespace):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    rec.call("payments.create_charge", {"order_id": "o-dup", "amount": 700, "customer": "cus_9"},
+             lambda a: rv.charge("o-dup"))
+    made = []
+    with pytest.raises(DuplicateCall) as err:
+        rec.call("payments.create_charge", {"order_id": "o-dup", "amount": 700, "customer": "cus_9"},
+                 lambda a: made.append(a))
+    assert made == []
+    assert "like step 0, which still stands" in str(err.value) and "'o-dup'" in str(err.value)
+    rec.call("payments.create_charge", {"order_id": "o-other", "amount": 700, "customer": "cus_9"},
+             lambda a: rv.charge("o-other"))
+
+
+# ------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("plural, body, expected", [
+    ("runs", {"spec": {"manifestRef": {"name": "payments"}, "steps": [{"index": 0, "tool": "t", "args": {}, "outcome": "maybe"}]}},
+     "outcome"),
+    ("runs", {"spec": {"steps": []}}, "manifestRef"),
+    ("runs", {"spec": {"manifestRef": {"name": "payments"}, "steps": "not a list"}}, "steps"),
+    ("runs", {"spec": {"manifestRef": {"name": "payments"}, "scope": {"actor": "x" * 5000}}}, "actor"),
+    ("rollbackrequests", {"spec": {}}, "runRef"),
+    ("rollbackrequests", {"spec": {"runRef": {"name": "r"}, "retries": 99}}, "retries"),
+    ("rollbackrequests", {"spec": {"runRef": {"name": "r"}, "parallelism": "many"}}, "parallelism"),
+    ("toolmanifests", {"spec": {"tools": [{"name": "w", "effect": "write"}]}}, "compensation"),
+    ("toolmanifests", {"spec": {"tools": [{"name": "w", "effect": "write", "compensation": {
+        "tool": "u", "kind": "inverse", "args": {}, "runner": "nowhere"}}]}}, "must name a runner in spec.runners"),
+    ("halts", {"spec": {"scope": {"tool": "x"}}}, "reason"),
+    ("halts", {"spec": {"reason": "r", "scope": {"color": "red"}}}, "color"),
+])
+def test_bad_input_is_refused_with_a_message_and_the_operator_keeps_serving(rv, users, namespace, plural, body, expected):
+    rv.apply_manifest()
+    kind = {"runs": "Run", "rollbackrequests": "RollbackRequest", "toolmanifests": "ToolManifest", "halts": "Halt"}[plural]
+    obj = {"apiVersion": f"{G}/{V}", "kind": kind, "metadata": {"name": "bad"}, **body}
+    with pytest.raises(ApiException) as err:
+        # kubectl's default: unknown fields are an error, not silently pruned
+        rv.custom.create_namespaced_custom_object(G, V, namespace, plural, obj, field_validation="Strict")
+    assert err.value.status in (400, 403, 422)
+    message = json.loads(err.value.body)["message"]
+    assert expected in message, message
+    # the operator keeps serving: a good write goes through its webhooks
+    rec = _recorder(users["agent-a"], namespace, "after-bad-input")
+    assert _call(rec) is True
+
+
+def test_unknown_tool_in_enforce_mode_is_refused(rv, users, namespace):
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    with pytest.raises(RecordingRefused) as err:
+        rec.call("crm.delete_contact", {"id": 1}, lambda a: None)
+    assert "has no entry in ToolManifest" in str(err.value)
+
+
+def test_snapshot_is_stamped_from_the_manifest_not_the_client(rv, users, namespace):
+    rv.apply_manifest()
+    _recorder(users["agent-a"], namespace, "r")
+    lie = {"name": "payments.create_charge", "effect": "read"}  # a client claiming nothing needs undoing
+    step = {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
+            "outcome": "intended", "snapshot": lie}
+    run = _custom(users["agent-a"]).patch_namespaced_custom_object(
+        G, V, namespace, "runs", "r", [{"op": "add", "path": "/spec/steps/-", "value": step}],
+        _content_type="application/json-patch+json")
+    snap = run["spec"]["steps"][0]["snapshot"]
+    assert snap["effect"] == "write" and snap["compensation"]["tool"] == "payments.refund"
+    assert run["spec"]["steps"][0]["recordedAt"]
