@@ -51,8 +51,9 @@ path. A repeat with a known key returns the first (successful) answer unchanged,
 refused or failed call can be retried with the same key.
 
 Test hooks (never faulted themselves)
-  POST /_faults  {path_prefix, mode: "timeout"|"error", times: 1, delay_s: 3}
-                 The next ``times`` calls whose path starts with ``path_prefix`` (any method):
+  POST /_faults  {path_prefix, mode: "timeout"|"error", times: 1, delay_s: 3, skip: 0}
+                 After ``skip`` matching calls pass untouched, the next ``times`` calls whose path
+                 starts with ``path_prefix`` (any method):
                  ``timeout`` does the call (the effect happens) and answers only after
                  ``delay_s`` seconds; ``error`` answers 500 without any effect.
                  Faults are kept in memory only. -> {faults: [...]}
@@ -165,6 +166,9 @@ class Store:
         with self.lock:
             for fault in self.faults:
                 if path.startswith(fault["path_prefix"]) and fault["times"] > 0:
+                    if fault.get("skip", 0) > 0:  # let this many matching calls through first
+                        fault["skip"] -= 1
+                        return None
                     fault["times"] -= 1
                     self.faults = [f for f in self.faults if f["times"] > 0]
                     return dict(fault)
@@ -394,7 +398,8 @@ class Handler(BaseHTTPRequestHandler):
                     raise HTTPError(400, "bad_request", "mode must be 'timeout' or 'error'")
                 store.faults.append({"path_prefix": str(body.get("path_prefix", "/")),
                                      "mode": mode, "times": int(body.get("times", 1)),
-                                     "delay_s": float(body.get("delay_s", 3))})
+                                     "delay_s": float(body.get("delay_s", 3)),
+                                     "skip": int(body.get("skip", 0))})
                 return {"faults": copy.deepcopy(store.faults)}
             if (method, path) == ("POST", "/_reset"):
                 store.state = seed_state(body.get("stock"), body.get("customers"))

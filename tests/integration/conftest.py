@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
+from reversi.devcluster.localop import OperatorProcess, apply_crds
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,29 +33,7 @@ GROUP, VERSION = "reversi.dev", "v1alpha1"
 @pytest.fixture(scope="session")
 def crds(cluster, admin_api):
     """Apply ``crds/*.yaml`` and wait until every CRD is Established."""
-    ext = client.ApiextensionsV1Api(admin_api)
-    names = []
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        body = yaml.safe_load(path.read_text())
-        names.append(body["metadata"]["name"])
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            current = ext.read_custom_resource_definition(body["metadata"]["name"])
-            body["metadata"]["resourceVersion"] = current.metadata.resource_version
-            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-
-    def established():
-        for name in names:
-            crd = ext.read_custom_resource_definition(name)
-            if not any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
-                return False
-        return True
-
-    wait_for(established, what="CRDs established")
-    return names
+    return apply_crds(admin_api)
 
 
 class Downstream:
@@ -102,65 +78,6 @@ def downstream(tmp_path_factory):
     yield Downstream(line.split()[-1], proc)
     proc.terminate()
     proc.wait(timeout=10)
-
-
-class OperatorProcess:
-    """``reversi-operator`` as a child process: start, kill (SIGKILL: a crash), restart."""
-
-    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0):
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.metrics_port = metrics_port
-        self.webhook_port = webhook_port
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        fh = self.log.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVERSI_TICK_SECONDS": "0.5"}
-        if self.webhook_port:
-            # the operator serves its admission webhooks and registers them (failurePolicy Fail)
-            env.update(REVERSI_WEBHOOK_CONFIGURE="true", REVERSI_WEBHOOK_PORT=str(self.webhook_port),
-                       REVERSI_WEBHOOK_HOST="127.0.0.1", REVERSI_WEBHOOK_URL_HOST="127.0.0.1",
-                       REVERSI_WEBHOOK_CERT_DIR=str(self.log.parent / "operator-webhook-certs"))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reversi.entrypoints.operator", "--kubeconfig", str(self.kubeconfig),
-             "--metrics-port", str(self.metrics_port)],
-            stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        time.sleep(1.5)
-        assert self.proc.poll() is None, f"the operator exited at start; see {self.log}"
-        if self.webhook_port:
-            wait_for(self._webhooks_ready, timeout=30, what=f"the operator's webhooks (log: {self.log})")
-
-    def _webhooks_ready(self) -> bool:
-        """The webhook configuration points at this operator's server, and it answers."""
-        import socket
-        import ssl
-
-        try:
-            with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1) as sock:
-                ctx = ssl.create_default_context(cafile=str(self.log.parent / "operator-webhook-certs" / "ca.crt"))
-                with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
-                    pass
-        except OSError:
-            return False
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def alive(self) -> bool:
-        return bool(self.proc and self.proc.poll() is None)
 
 
 @pytest.fixture(scope="session")

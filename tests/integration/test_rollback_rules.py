@@ -195,7 +195,7 @@ def test_rule6_rerun_skips_compensated_and_retries_failed_with_the_same_key(rv):
     s1, charge1 = _charge_step(rv, 1, "o-rerun-b")
     rv.run("r", [s0, s1])
     # the newest step (1) is undone first: make its refund fail for the whole first request
-    rv.downstream.fault(f"/payments/refunds", "error", times=2)
+    rv.downstream.fault("/payments/refunds", "error", times=2)
     rv.request("first", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
     first = rv.wait_phase("first", "Incomplete")
     assert [f["step"] for f in first["status"]["report"]["failed"]] == [1]

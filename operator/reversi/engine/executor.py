@@ -23,7 +23,7 @@ its Job, whose name is deterministic, is adopted instead of started again (rule 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 from ..models.run import StepUndo

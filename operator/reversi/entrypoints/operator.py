@@ -96,6 +96,22 @@ def _configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings)
         settings.admission.managed = "reversi.dev"
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own connection: from ``--kubeconfig`` when given, else in-cluster or ``$KUBECONFIG``
+    through the official client (kopf's default)."""
+    path = os.environ.get("REVERSI_KUBECONFIG")
+    if not path:
+        return kopf.login_via_client(**kwargs)
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=cfg)
+    token = (cfg.api_key or {}).get("authorization", "")
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        scheme="Bearer" if token else None, token=token.removeprefix("Bearer ") or None)
+
+
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
     _stop.set()

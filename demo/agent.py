@@ -1,0 +1,71 @@
+"""The demo's checkout agent: eight real calls, each recorded in a Run through the SDK.
+
+    python demo/agent.py --namespace reversi-demo --run order-4711 --downstream http://127.0.0.1:PORT
+
+Calls (step: tool): 0 payments.get_customer (read), 1 payments.create_charge, 2 inventory.reserve
+(dependsOn step 1: the mug is held for this charge), 3 payments.capture (requires the charge; its
+undo needs approval), 4 inventory.reserve of a poster (times out: the effect is unknown, so the
+step is recorded uncertain), 5 email.send (irreversible), 6 inventory.get_stock (read),
+7 payments.create_charge of the shipping fee. Prints one line per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from demo.downstream.client import Client  # noqa: E402
+from reversi.sdk import Recorder  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--manifest", default="shop-tools")
+    p.add_argument("--downstream", required=True)
+    p.add_argument("--kubeconfig", default=None)
+    args = p.parse_args()
+
+    shop = Client(args.downstream, timeout=5)
+    rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
+                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"})
+    order = "o-4711"
+
+    def say(step: int, text: str) -> None:
+        print(f"  agent  step {step}: {text}", flush=True)
+
+    customer = rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: shop.get_customer(a["id"]))
+    say(0, f"read customer {customer['id']}")
+    charge = rec.call("payments.create_charge", {"order_id": order, "amount": 4200, "customer": "cus_9"},
+                      lambda a: shop.create_charge(a["order_id"], a["amount"], a["customer"],
+                                                   idempotency_key=a["order_id"]))
+    say(1, f"charged {charge['amount']} ({charge['id']})")
+    mug = rec.call("inventory.reserve", {"sku": "sku-mug", "qty": 2, "order_id": order},
+                   lambda a: shop.reserve(a["sku"], a["qty"], a["order_id"], idempotency_key=a["order_id"] + "-mug"),
+                   depends_on=[1])
+    say(2, f"reserved 2 mugs ({mug['id']}), depends on the charge")
+    capture = rec.call("payments.capture", {"charge_id": charge["id"]},
+                       lambda a: shop.capture(a["charge_id"], idempotency_key=order + "-capture"))
+    say(3, f"captured the charge ({capture['id']})")
+    try:
+        rec.call("inventory.reserve", {"sku": "sku-poster", "qty": 1, "order_id": order + "-poster"},
+                 lambda a: shop.reserve(a["sku"], a["qty"], a["order_id"], idempotency_key=a["order_id"], timeout=1.0))
+    except TimeoutError as err:
+        say(4, f"reserving a poster timed out ({err}): recorded as uncertain")
+    rec.call("email.send", {"to": "ada@example.com", "subject": f"Your order {order}"},
+             lambda a: shop.send_email(a["to"], a["subject"]))
+    say(5, "sent the order confirmation email")
+    stock = rec.call("inventory.get_stock", {"sku": "sku-mug"}, lambda a: shop.get_stock(a["sku"]))
+    say(6, f"read stock of mugs: {stock['available']} available")
+    fee = rec.call("payments.create_charge", {"order_id": order + "-shipping", "amount": 500, "customer": "cus_9"},
+                   lambda a: shop.create_charge(a["order_id"], a["amount"], a["customer"], idempotency_key=a["order_id"]))
+    say(7, f"charged the shipping fee ({fee['id']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

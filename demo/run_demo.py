@@ -1,0 +1,315 @@
+"""Reversi's main job on real input, end to end (README command 1: ``make demo``).
+
+1. starts what is missing: the local control plane (built from pinned sources on first use), the
+   CRDs, the operator (with its admission webhooks) and a downstream system with real state
+   (payments and inventory with idempotency keys, and an email outbox);
+2. a checkout agent (demo/agent.py) makes eight real calls, each recorded in a Run through the
+   SDK — a read, a charge, a reservation that depends on it, a capture whose undo needs approval,
+   a call that times out, an irreversible email, another read and a shipping fee;
+3. an on-call engineer (a different user, with the ``approve`` permission) settles the timed-out
+   call with a resolution, looks at the plan (dry run), asks for the rollback and approves the
+   capture's undo when the request waits for it; progress is shown live;
+4. the report is printed, then the downstream system is read directly: everything the report
+   calls compensated must really be undone, and what it calls unrecoverable must still be there.
+
+Exit status: 0 when the report and the downstream truth agree, 1 when they do not, 2 when the demo
+could not run (the message names the component and its log).
+
+    python demo/run_demo.py [--keep]    # --keep leaves the cluster, operator and downstream running
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from string import Template
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "operator"))
+
+import yaml  # noqa: E402
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from reversi.devcluster import build  # noqa: E402
+from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
+from reversi.devcluster.localop import OperatorProcess, apply_crds  # noqa: E402
+
+G, V = "reversi.dev", "v1alpha1"
+NS = "reversi-demo"
+RUN = "order-4711"
+ROLES = {
+    "checkout-agent": [
+        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+        {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
+    ],
+    "oncall": [
+        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [G], "resources": ["rollbackrequests"],
+         "verbs": ["get", "list", "watch", "create", "patch", "approve"]},
+    ],
+}
+
+
+def title(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+class Demo:
+    def __init__(self, keep: bool):
+        self.keep = keep
+        self.cluster = Cluster()
+        self.started_cluster = False
+        self.operator: OperatorProcess | None = None
+        self.downstream: subprocess.Popen | None = None
+        self.downstream_url = ""
+        self.work = Path(tempfile.mkdtemp(prefix="reversi-demo-"))
+
+    # ----- setting up ---------------------------------------------------------------------
+
+    def setup(self) -> None:
+        title("Setting up: local control plane, CRDs, operator, downstream system")
+        if not self.cluster.is_running():
+            self.cluster.up(log=lambda m: print(f"  {m}", flush=True))
+            self.started_cluster = True
+        else:
+            print(f"  using the running control plane at {self.cluster.server}")
+        self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
+        apply_crds(self.admin)
+        print("  CRDs installed")
+        log = self.cluster.paths.logs / "demo-operator.log"
+        self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, log, metrics_port=18189,
+                                        webhook_port=19189)
+        self.operator.start()
+        print(f"  operator running (webhooks on :19189, metrics on :18189; log: {log})")
+        self.downstream = subprocess.Popen(
+            [sys.executable, str(REPO / "demo/downstream/server.py"), "--port", "0", "--state",
+             str(self.work / "downstream.json"), "--quiet"], stdout=subprocess.PIPE, text=True)
+        line = self.downstream.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"downstream server did not start: {line!r}")
+        self.downstream_url = line.split()[-1]
+        print(f"  downstream system (payments, inventory, email) at {self.downstream_url}")
+        core = client.CoreV1Api(self.admin)
+        try:
+            core.delete_namespace(NS)
+            while True:
+                core.read_namespace(NS)
+                time.sleep(0.5)
+        except ApiException:
+            pass
+        core.create_namespace({"metadata": {"name": NS}})
+        rbac = client.RbacAuthorizationV1Api(self.admin)
+        self.users = {}
+        for user, rules in ROLES.items():
+            rbac.create_namespaced_role(NS, {"metadata": {"name": user}, "rules": rules})
+            rbac.create_namespaced_role_binding(NS, {
+                "metadata": {"name": user},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+            self.users[user] = self.cluster.kubeconfig_for(user)
+        print(f"  namespace {NS}: users checkout-agent (records runs) and oncall (rolls back, approves)")
+        manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(
+            PYTHON=sys.executable, TOOL=str(REPO / "demo/downstream/tool.py"), DOWNSTREAM_URL=self.downstream_url)
+        body = yaml.safe_load(manifest)
+        client.CustomObjectsApi(self.admin).create_namespaced_custom_object(G, V, NS, "toolmanifests", body)
+        print("  ToolManifest shop-tools: how each tool is undone and checked")
+        self.oncall = client.CustomObjectsApi(config.new_client_from_config(config_file=str(self.users["oncall"])))
+
+    def shop(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.downstream_url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+
+    # ----- the story ------------------------------------------------------------------------
+
+    def agent(self) -> None:
+        title("The checkout agent makes its calls (each recorded in Run order-4711)")
+        # The mug reservation (the first) answers at once; the poster reservation (the second)
+        # answers after 3s, so the agent's 1s timeout fires while the reservation really happens.
+        self.shop("POST", "/_faults", {"path_prefix": "/inventory/reservations", "mode": "timeout",
+                                        "skip": 1, "times": 1, "delay_s": 3})
+        out = subprocess.run([sys.executable, str(REPO / "demo/agent.py"), "--namespace", NS, "--run", RUN,
+                              "--downstream", self.downstream_url, "--kubeconfig", str(self.users["checkout-agent"])],
+                             env={**os.environ, "PYTHONPATH": str(REPO / "operator")}, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+        print(out.stdout, end="", flush=True)
+        if out.returncode != 0:
+            raise RuntimeError("the agent failed (its output is above)")
+        run = self.get("runs", RUN)
+        print(f"  Run {RUN}: {len(run['spec']['steps'])} steps, principal {run['spec']['principal']} "
+              "(stamped by the API server from the agent's identity)")
+        for s in run["spec"]["steps"]:
+            print(f"    {s['index']}  {s['tool']:<24} {s['outcome']}")
+
+    def get(self, plural: str, name: str) -> dict:
+        return client.CustomObjectsApi(self.admin).get_namespaced_custom_object(G, V, NS, plural, name)
+
+    def resolve(self) -> None:
+        title("On call: settle the timed-out call (rule 7)")
+        reservations = self.shop("GET", "/_state")["reservations"].values()
+        poster = next(r for r in reservations if r["sku"] == "sku-poster")
+        print(f"  the inventory system shows the poster reservation happened: {poster['id']} ({poster['status']})")
+        self.oncall.patch_namespaced_custom_object(G, V, NS, "runs", RUN, [{"op": "add", "path": "/spec/resolutions",
+            "value": [{"step": 4, "status": "succeeded", "result": {"id": poster["id"]},
+                       "note": "found in the inventory admin: the reservation went through"}]}],
+            _content_type="application/json-patch+json")
+        res = self.get("runs", RUN)["spec"]["resolutions"][0]
+        print(f"  step 4 resolved as succeeded by {res['actor']} (stamped by the API server)")
+
+    def plan(self) -> None:
+        title("The plan (a dry run changes nothing)")
+        self.request("order-4711-plan", dryRun=True)
+        req = self.wait("order-4711-plan", {"Planned", "Failed"})
+        plan = req["status"]["plan"]
+        for a in plan["actions"]:
+            extra = f" -> {a['compensationTool']}" if a.get("compensationTool") else ""
+            flags = " (needs approval)" if a.get("needsApproval") else ""
+            flags += f" blocked by {a['blockedBy']}" if a.get("blockedBy") else ""
+            print(f"    {a['step']}  {a['tool']:<24} {a['kind']:<13}{extra}{flags}")
+        print(f"  fully reversible: {plan['fullyReversible']}  (the email cannot be unsent)")
+
+    def request(self, name: str, **spec) -> None:
+        self.oncall.create_namespaced_custom_object(G, V, NS, "rollbackrequests", {
+            "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": name},
+            "spec": {"runRef": {"name": RUN}, **spec}})
+
+    def wait(self, name: str, phases: set[str], timeout: float = 300, on_change=None,
+             seen: dict[int, str] | None = None) -> dict:
+        deadline = time.monotonic() + timeout
+        seen = {} if seen is None else seen
+        while time.monotonic() < deadline:
+            req = self.get("rollbackrequests", name)
+            status = req.get("status") or {}
+            for entry in status.get("steps") or []:
+                stage = entry.get("stage", "")
+                if seen.get(entry["step"]) != stage:
+                    seen[entry["step"]] = stage
+                    if on_change:
+                        on_change(req, entry)
+            if status.get("phase") in phases:
+                return req
+            time.sleep(0.5)
+        raise RuntimeError(f"RollbackRequest {name} did not reach {phases} in {timeout:.0f}s; "
+                           f"see {self.operator.log if self.operator else 'the operator log'}")
+
+    def rollback(self) -> dict:
+        title("Roll back Run order-4711")
+        self.request("order-4711-undo", parallelism=2)
+
+        def show(req, entry):
+            status = req["status"]
+            print(f"  [{status.get('progress', '?'):>5}] step {entry['step']} {entry.get('tool', '')}: "
+                  f"{entry.get('stage')}" + (f" (attempt {entry['attempts']})" if entry.get("attempts") else ""),
+                  flush=True)
+
+        seen: dict[int, str] = {}
+        req = self.wait("order-4711-undo", {"AwaitingApproval", "Succeeded", "Incomplete", "Failed"}, on_change=show,
+                        seen=seen)
+        if req["status"]["phase"] == "AwaitingApproval":
+            waiting = req["status"]["report"]["awaitingApproval"]
+            print(f"  waiting for approval of steps {waiting}: on call approves (RBAC verb approve)")
+            self.oncall.patch_namespaced_custom_object(G, V, NS, "rollbackrequests", "order-4711-undo",
+                                                       {"spec": {"approvals": [{"step": s} for s in waiting]}})
+            req = self.wait("order-4711-undo", {"Succeeded", "Incomplete", "Failed"}, on_change=show, seen=seen)
+        return req
+
+    def report(self, req: dict) -> None:
+        title(f"The report: {req['status']['phase']}")
+        report = req["status"]["report"]
+        for bucket in ("compensated", "unverified", "skipped", "unresolved", "unmanifested", "awaitingApproval"):
+            if report.get(bucket):
+                print(f"  {bucket:<17} {report[bucket]}")
+        for f in report.get("failed", []):
+            print(f"  failed            step {f['step']}: {f['error']}")
+        for u in report.get("unrecoverable", []):
+            print(f"  unrecoverable     step {u['step']}: {u['reason']}")
+        for d in report.get("deferred", []):
+            print(f"  deferred          step {d['step']} blocked by {d['blockedBy']}")
+        for r in report.get("residue", []):
+            print(f"  residue           step {r['step']}: {'; '.join(r['residue'])}")
+        print(f"  complete: {report['complete']}")
+
+    def check_truth(self, req: dict) -> int:
+        title("Downstream truth: is what the report calls undone really undone?")
+        run = self.get("runs", RUN)
+        steps = {s["index"]: s for s in run["spec"]["steps"]}
+        results = {r["step"]: r.get("result") for r in run["spec"].get("resolutions", [])}
+        report = req["status"]["report"]
+        state = self.shop("GET", "/_state")
+        disagreements = 0
+        undone = set(report.get("compensated", [])) | set(report.get("unverified", []))
+        for index, step in sorted(steps.items()):
+            result = results.get(index) or step.get("result") or {}
+            tool = step["tool"]
+            if tool == "payments.create_charge":
+                truth = "refunded" if state["charges"][result["id"]]["refunded"] else "still charged"
+                really_undone = truth == "refunded"
+            elif tool == "payments.capture":
+                truth = state["captures"][result["id"]]["status"]
+                really_undone = truth == "voided"
+            elif tool == "inventory.reserve":
+                truth = state["reservations"][result["id"]]["status"]
+                really_undone = truth == "released"
+            elif tool == "email.send":
+                sent = any(m["id"] == result.get("id") for m in state["outbox"])
+                truth = "in the customer's inbox" if sent else "not sent"
+                really_undone = not sent
+            else:
+                continue
+            claimed = index in undone
+            verdict = "agrees" if claimed == really_undone else "DISAGREES"
+            disagreements += verdict != "agrees"
+            print(f"  step {index} {tool:<24} report: {'undone' if claimed else 'not undone':<11} "
+                  f"downstream: {truth:<24} {verdict}")
+        if disagreements:
+            print(f"\n{disagreements} disagreement(s) between the report and the downstream systems")
+            return 1
+        print("\nThe report and the downstream systems agree.")
+        return 0
+
+    # ----- tearing down -----------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        if self.keep:
+            print(f"\n--keep: leaving everything running. export KUBECONFIG={self.cluster.paths.admin_kubeconfig}")
+            return
+        if self.operator:
+            self.operator.stop()
+        if self.downstream:
+            self.downstream.terminate()
+        if self.started_cluster:
+            self.cluster.down(quiet=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--keep", action="store_true", help="leave the cluster, operator and downstream running")
+    args = p.parse_args()
+    demo = Demo(args.keep)
+    try:
+        demo.setup()
+        demo.agent()
+        demo.resolve()
+        demo.plan()
+        req = demo.rollback()
+        demo.report(req)
+        return demo.check_truth(req)
+    except (ClusterError, build.BuildError, RuntimeError, ApiException) as err:
+        print(f"\ndemo failed: {err}", file=sys.stderr)
+        return 2
+    finally:
+        demo.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
