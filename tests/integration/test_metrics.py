@@ -1,0 +1,90 @@
+"""Prometheus metrics (DESIGN §7) scraped from the running operator after real rollbacks."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+UNCHECKED = {"name": "payments.create_charge_unchecked", "effect": "write",
+             "compensation": {"tool": "payments.refund", "kind": "compensation",
+                              "args": {"charge_id": "$result.id"}, "runner": "tools"}}
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """``{(sample name, labels): value}`` from the operator's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples, name, **labels) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, operator):
+    rv.apply_manifest(extra_tools=[UNCHECKED])
+    ns = rv.ns
+    a, b = rv.charge("o-m-a"), rv.charge("o-m-b")
+    rv.run("r", [
+        rv.step(0, "payments.create_charge", {"order_id": "o-m-a", "amount": 700, "customer": "cus_9"}, a),
+        rv.step(1, "payments.create_charge_unchecked", {"order_id": "o-m-b"}, b),
+    ])
+    # newest first: step 1's refund goes through (unverified: no check declared), step 0's fails
+    rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "error", "skip": 1, "times": 1})
+    rv.request("undo", "r", retries=1)
+    req = rv.wait_phase("undo", "Incomplete")
+    assert [f["step"] for f in req["status"]["report"]["failed"]] == [0]
+    assert req["status"]["report"]["unverified"] == [1]
+
+    samples = wait_for(lambda: (s := scrape(operator.metrics_port)) and
+                       value(s, "reversi_rollbacks_total", namespace=ns, verdict="incomplete") == 1 and s,
+                       what="the rollback counted")
+    steps = {labels: v for (name, labels), v in samples.items()
+             if name == "reversi_rollback_steps_total" and ("namespace", ns) in labels}
+    assert steps == {
+        frozenset({("namespace", ns), ("tool", "payments.create_charge"), ("bucket", "failed")}): 1.0,
+        frozenset({("namespace", ns), ("tool", "payments.create_charge_unchecked"), ("bucket", "unverified")}): 1.0,
+    }
+    assert value(samples, "reversi_rollbacks_total", namespace=ns, verdict="complete") == 0
+    assert value(samples, "reversi_incomplete_rollbacks", namespace=ns) == 1
+    assert value(samples, "reversi_compensation_duration_seconds_count", namespace=ns,
+                 tool="payments.create_charge_unchecked") == 1
+    # a later complete rollback of the same run clears the gauge (it counts runs, not requests)
+    rv.request("again", "r")
+    again = rv.wait_phase("again", "Succeeded", "Incomplete")
+    assert again["status"]["report"]["compensated"] == [0] and again["status"]["report"]["unverified"] == [1]
+    # still incomplete (step 1 stays unverified): the gauge keeps counting the run, once
+    samples = scrape(operator.metrics_port)
+    assert value(samples, "reversi_incomplete_rollbacks", namespace=ns) == 1
+    assert value(samples, "reversi_rollbacks_total", namespace=ns, verdict="incomplete") == 2
+
+
+def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):
+    from reversi.sdk import Halted, Recorder
+
+    rv.apply_manifest()
+    ns = rv.ns
+    rv.custom.create_namespaced_custom_object("reversi.dev", "v1alpha1", ns, "halts", {
+        "apiVersion": "reversi.dev/v1alpha1", "kind": "Halt", "metadata": {"name": "stop"},
+        "spec": {"reason": "metrics test", "scope": {"tool": "payments.*"}}})
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_active_halts", namespace=ns) == 1,
+             what="the active halt counted")
+    rec = Recorder.open(ns, "r", manifest="payments", api=admin_api)
+    with pytest.raises(Halted):
+        rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: a)
+    samples = scrape(operator.metrics_port)
+    assert value(samples, "reversi_refused_calls_total", namespace=ns, tool="payments.get_customer",
+                 reason="halted") == 1
+    rv.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", ns, "halts", "stop")
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_active_halts", namespace=ns) == 0,
+             what="the lifted halt no longer counted")
