@@ -1,0 +1,543 @@
+"""What ``kubectl reversi`` prints: pure functions from API objects (dicts) to text or JSON.
+
+No I/O and no Kubernetes client here, so every view is checked by a fast unit test. Objects come
+in as the API returns them (wire names, camelCase); times as RFC 3339 strings.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
+from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
+
+#: Fields of one action in ``plan --json``, in this order (snake_case, the plugin's JSON contract).
+PLAN_JSON_FIELDS = (
+    "step",
+    "tool",
+    "kind",
+    "compensation_tool",
+    "args",
+    "idempotency_key",
+    "needs_approval",
+    "residue",
+    "compensation_kind",
+    "verified",
+    "blocked_by",
+    "reason",
+)
+#: Phases ``rollback --wait`` stops at, and their exit codes.
+FINAL_EXIT = {"Succeeded": 0, "Planned": 0, "Incomplete": 2, "Failed": 2}
+#: Halt scope fields, in the order ``halt list`` shows them.
+SCOPE_FIELDS = ("tool", "actor", "tenant", "environment", "namespace")
+#: Most items listed per report bucket in ``describe`` (the rest are counted).
+BUCKET_LIMIT = 50
+#: Label of each report bucket in ``describe``, in the order they are printed.
+BUCKETS = (
+    ("compensated", "Compensated (undone and checked by a reader)"),
+    ("unverified", "Unverified (undone, NOT checked: no reader ran)"),
+    ("failed", "Failed"),
+    ("unrecoverable", "Unrecoverable (cannot be undone)"),
+    ("unresolved", "Unresolved (outcome intended or uncertain: Reversi will not guess)"),
+    ("unmanifested", "Unmanifested (no manifest entry: recorded in observe mode)"),
+    ("deferred", "Deferred (a dependent still stands)"),
+    ("awaitingApproval", "Awaiting approval"),
+    ("pending", "Pending (not settled yet)"),
+)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    """An RFC 3339 timestamp as an aware datetime (``None`` or garbage: ``None``)."""
+    if not value:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def age(value: str | None, now: dt.datetime) -> str:
+    """kubectl-style age of a timestamp: ``42s``, ``5m``, ``3h``, ``2d`` (unknown: ``<unknown>``)."""
+    moment = parse_time(value)
+    if moment is None:
+        return "<unknown>"
+    seconds = max(0, int((now - moment).total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60}m"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns two spaces apart (kubectl's layout); the last column is not padded."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def steps_text(steps: Sequence[int], limit: int = 10) -> str:
+    """``1, 2, 3`` (at most ``limit``, then ``...``)."""
+    shown = ", ".join(str(s) for s in steps[:limit])
+    return shown + (", ..." if len(steps) > limit else "")
+
+
+def ns_flag(namespace: str) -> str:
+    """``-n NAMESPACE`` for the commands a view suggests."""
+    return f"-n {shlex.quote(namespace)}"
+
+
+# -------------------------------------------------------------------------------------- plan
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """``plan --json``: ``{"fully_reversible", "actions": [{PLAN_JSON_FIELDS...}]}``."""
+    return {
+        "fully_reversible": bool(plan.fully_reversible),
+        "actions": [{name: _plain(getattr(action, name)) for name in PLAN_JSON_FIELDS} for action in plan.actions],
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _kinds(plan: Plan) -> dict[int, str]:
+    return {a.step: a.kind for a in plan.actions}
+
+
+def _last_column(action: PlanAction, kinds: Mapping[int, str]) -> str:
+    if action.kind == DEFER and action.blocked_by:
+        named = ", ".join(f"{b} ({kinds[b]})" if b in kinds else str(b) for b in action.blocked_by)
+        return f"blocked by {named}"
+    return action.reason
+
+
+def plan_table(plan: Plan) -> str:
+    """The plan as a table: step, tool, kind, compensation tool, approval, verified, reason or
+    blockedBy."""
+    kinds = _kinds(plan)
+    rows = []
+    for a in plan.actions:
+        undoes = a.kind in (COMPENSATE, DEFER)
+        rows.append((
+            a.step,
+            a.tool,
+            a.kind,
+            a.compensation_tool or "-",
+            ("required" if a.needs_approval else "no") if undoes else "-",
+            ("yes" if a.verified else "no") if undoes else "-",
+            _last_column(a, kinds),
+        ))
+    return table(("STEP", "TOOL", "KIND", "COMPENSATION", "APPROVAL", "VERIFIED", "REASON / BLOCKED BY"), rows)
+
+
+def plan_verdict(plan: Plan, run: str, namespace: str) -> str:
+    """The verdict under the plan table, with residue and what to do about blockers."""
+    by_kind: dict[str, list[int]] = {}
+    for a in plan.actions:
+        by_kind.setdefault(a.kind, []).append(a.step)
+    compensate = by_kind.get(COMPENSATE, [])
+    lines: list[str] = []
+    if plan.fully_reversible:
+        detail = [f"{len(compensate)} to compensate", f"{len(by_kind.get(SKIP, []))} to skip"]
+        approval = [a.step for a in plan.actions if a.kind == COMPENSATE and a.needs_approval]
+        unchecked = [a.step for a in plan.actions if a.kind == COMPENSATE and not a.verified]
+        if approval:
+            detail.append(f"approval needed for step(s) {steps_text(approval)}")
+        if unchecked:
+            detail.append(f"step(s) {steps_text(unchecked)} will be unverified (no reader)")
+        lines.append(f"Verdict: fully reversible ({'; '.join(detail)}), assuming each compensation succeeds.")
+    else:
+        parts = []
+        for kind in (UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER):
+            steps = by_kind.get(kind, [])
+            if steps:
+                parts.append(f"{len(steps)} {'deferred' if kind == DEFER else kind} ({steps_text(steps)})")
+        lines.append(f"Verdict: NOT fully reversible: {', '.join(parts)}; "
+                     f"{len(compensate)} to compensate, {len(by_kind.get(SKIP, []))} to skip.")
+        if by_kind.get(UNRESOLVED):
+            first = by_kind[UNRESOLVED][-1]
+            lines.append(f"  Settle unresolved steps first: kubectl reversi resolve {run} {first} "
+                         f"--status succeeded|failed [--result JSON] --note TEXT {ns_flag(namespace)}")
+    residue = [(a.step, line) for a in plan.actions if a.kind in (COMPENSATE, DEFER) for line in a.residue]
+    if residue:
+        lines.append("Residue (stays even after the undo):")
+        lines += [f"  step {step}: {line}" for step, line in residue]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- describe
+
+
+def _conditions(entry: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in entry.get("conditions") or []}
+
+
+def condition_reasons(entry: Mapping[str, Any]) -> str:
+    """``Approved=ApprovedByUser Compensated=Compensating Verified=Pending``."""
+    return " ".join(f"{c.get('type')}={c.get('reason')}" for c in entry.get("conditions") or [])
+
+
+def progress_line(entry: Mapping[str, Any]) -> str:
+    """One line of ``rollback --wait``: step, tool, stage, attempts, conditions' reasons, error."""
+    parts = [f"step {entry.get('step')}", str(entry.get("tool") or "?")]
+    if entry.get("compensationTool"):
+        parts[-1] += f" -> {entry['compensationTool']}"
+    parts.append(str(entry.get("stage") or "pending"))
+    parts.append(f"attempts={entry.get('attempts', 0)}")
+    if entry.get("reads"):
+        parts.append(f"reads={entry['reads']}")
+    if entry.get("blockedBy"):
+        parts.append(f"blockedBy={','.join(str(b) for b in entry['blockedBy'])}")
+    reasons = condition_reasons(entry)
+    if reasons:
+        parts.append(reasons)
+    line = "  ".join(parts)
+    if entry.get("lastError"):
+        line += f"  error: {entry['lastError']}"
+    return line
+
+
+def progress_key(entry: Mapping[str, Any]) -> tuple:
+    """What must change for ``rollback --wait`` to print a step again."""
+    return (entry.get("stage"), entry.get("attempts"), entry.get("reads"), entry.get("lastError"),
+            tuple((c.get("type"), c.get("status"), c.get("reason")) for c in entry.get("conditions") or []))
+
+
+def phase_line(request: Mapping[str, Any]) -> str:
+    """``phase Running  progress 1/3`` and, while waiting or invalid, why."""
+    status = request.get("status") or {}
+    line = f"phase {status.get('phase') or 'Pending'}"
+    if status.get("progress"):
+        line += f"  progress {status['progress']}"
+    conds = _conditions(status)
+    running = conds.get("Running") or {}
+    if status.get("phase") == "Waiting" and running.get("message"):
+        line += f"  ({running['message']})"
+    invalid = conds.get("Invalid") or {}
+    if invalid.get("status") == "True":
+        line += f"  ({invalid.get('message')})"
+    return line
+
+
+def awaiting_steps(request: Mapping[str, Any]) -> list[int]:
+    """Steps waiting for approval, from the report (else from the per-step entries)."""
+    status = request.get("status") or {}
+    report = status.get("report") or {}
+    if report.get("awaitingApproval"):
+        return sorted(report["awaitingApproval"])
+    return sorted(e["step"] for e in status.get("steps") or [] if e.get("stage") == "awaitingApproval")
+
+
+def approval_hint(request: Mapping[str, Any]) -> str:
+    """What to run when a request waits for approval."""
+    meta = request.get("metadata") or {}
+    name, ns = meta.get("name", "?"), meta.get("namespace", "default")
+    steps = awaiting_steps(request)
+    flags = " ".join(f"--step {s}" for s in steps) or "--step N"
+    return (f"steps {steps_text(steps, 50) or '?'} wait for approval; approve them with:\n"
+            f"  kubectl reversi approve {name} {flags} {ns_flag(ns)}\n"
+            f"or approve every compensation of the request: kubectl reversi approve {name} --all {ns_flag(ns)}")
+
+
+def _tool_names(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> dict[int, str]:
+    tools: dict[int, str] = {}
+    status = request.get("status") or {}
+    for action in (status.get("plan") or {}).get("actions") or []:
+        tools[action["step"]] = action.get("tool", "")
+    for entry in status.get("steps") or []:
+        if entry.get("tool"):
+            tools[entry["step"]] = entry["tool"]
+    for step in ((run or {}).get("spec") or {}).get("steps") or []:
+        tools[step["index"]] = step.get("tool", "")
+    return tools
+
+
+def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str]) -> list[str]:
+    out = []
+    for item in items[:BUCKET_LIMIT]:
+        step = item["step"] if isinstance(item, Mapping) else item
+        head = f"  step {step}  {tools.get(step, '')}".rstrip()
+        if name == "failed":
+            head += f": {item.get('error', '')}"
+        elif name == "unrecoverable":
+            head += f": {item.get('reason', '')}"
+        elif name == "deferred":
+            head += f": blocked by {steps_text(item.get('blockedBy') or [], 8) or 'a standing dependent'}"
+        out.append(head)
+    if len(items) > BUCKET_LIMIT:
+        out.append(f"  ... and {len(items) - BUCKET_LIMIT} more (all of them: kubectl get rollbackrequest -o yaml)")
+    return out
+
+
+def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:
+    """The "What to do next" lines of ``describe`` (empty when nothing is left to do)."""
+    meta = request.get("metadata") or {}
+    name, ns = meta.get("name", "?"), meta.get("namespace", "default")
+    run_name = ((request.get("spec") or {}).get("runRef") or {}).get("name", "RUN")
+    status = request.get("status") or {}
+    report = status.get("report") or {}
+    phase = status.get("phase")
+    n = ns_flag(ns)
+    out: list[str] = []
+    invalid = _conditions(status).get("Invalid") or {}
+    if phase == "Failed" and invalid.get("status") == "True":
+        out.append(f"The request cannot be carried out: {invalid.get('message', '')}")
+        out.append(f"Fix that, then start a new request: kubectl reversi rollback {run_name} {n}")
+        return out
+    if phase == "Planned":
+        plan = status.get("plan") or {}
+        if plan.get("fullyReversible"):
+            out.append(f"Nothing blocks the undo. Start it: kubectl reversi rollback {run_name} {n}")
+        else:
+            out.append(f"See every step with kubectl reversi plan {run_name} {n}; settle what blocks it, then "
+                       f"kubectl reversi rollback {run_name} {n}")
+        return out
+    if phase in (None, "Pending"):
+        out.append("The operator has not picked the request up yet: check that reversi-operator is running.")
+        return out
+    if phase == "Waiting":
+        out.append("Another request is undoing the run; this one starts when it ends.")
+    unresolved = report.get("unresolved") or []
+    if unresolved:
+        out.append(f"Settle unresolved step(s) {steps_text(unresolved)} (what did the call really do?), e.g.:")
+        out.append(f"  kubectl reversi resolve {run_name} {unresolved[-1]} --status succeeded|failed "
+                   f"[--result JSON] --note TEXT {n}")
+        out.append(f"  then undo what they unblock: kubectl reversi rollback {run_name} {n}")
+    awaiting = report.get("awaitingApproval") or []
+    if awaiting and phase not in TERMINAL_PHASES:
+        out.append(f"Approve step(s) {steps_text(awaiting)}: kubectl reversi approve {name} "
+                   + " ".join(f"--step {s}" for s in awaiting[:10]) + f" {n}  (or --all)")
+    elif awaiting:
+        out.append(f"Step(s) {steps_text(awaiting)} were never approved; start a new request and approve it: "
+                   f"kubectl reversi rollback {run_name} --approve-compensations {n}")
+    failed = report.get("failed") or []
+    if failed:
+        out.append(f"Fix what made step(s) {steps_text([f['step'] for f in failed])} fail (errors above), then re-run: "
+                   f"kubectl reversi rollback {run_name} {n}  (same idempotency keys, compensated steps are skipped)")
+    unverified = report.get("unverified") or []
+    if unverified:
+        manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
+        out.append(f"Step(s) {steps_text(unverified)} were undone but not checked: add a reader runner to the "
+                   f"tools' verification in ToolManifest {ns}/{manifest} so the next undo is checked.")
+    deferred = report.get("deferred") or []
+    if deferred:
+        out.append(f"Deferred step(s) {steps_text([d['step'] for d in deferred])} are undone only after the steps "
+                   "blocking them are undone or settled.")
+    unrecoverable = report.get("unrecoverable") or []
+    if unrecoverable:
+        out.append(f"Step(s) {steps_text([u['step'] for u in unrecoverable])} cannot be undone by Reversi: "
+                   "handle them by hand and tell the people affected.")
+    unmanifested = report.get("unmanifested") or []
+    if unmanifested:
+        out.append(f"Step(s) {steps_text(unmanifested)} have no manifest entry: undo them by hand.")
+    if report.get("pending") and phase in TERMINAL_PHASES:
+        out.append(f"Step(s) {steps_text(report['pending'])} were not settled (deadline?): re-run "
+                   f"kubectl reversi rollback {run_name} {n}")
+    return out
+
+
+def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
+                     now: dt.datetime) -> str:
+    """``kubectl reversi describe``: a report a person can read (Velero style)."""
+    meta = request.get("metadata") or {}
+    spec = request.get("spec") or {}
+    status = request.get("status") or {}
+    ns = meta.get("namespace", "default")
+    run_name = (spec.get("runRef") or {}).get("name", "")
+    tools = _tool_names(request, run)
+    conds = _conditions(status)
+    lines = [
+        f"Name:         {meta.get('name', '')}",
+        f"Namespace:    {ns}",
+        f"Run:          {run_name}" + ("" if run is not None else "  (not found)"),
+        f"Dry run:      {'yes' if spec.get('dryRun') else 'no'}",
+        f"Phase:        {status.get('phase') or 'Pending'}",
+    ]
+    if status.get("progress"):
+        lines.append(f"Progress:     {status['progress']} compensations settled")
+    approve = "all (approveCompensations" + (f", by {spec['approvedBy']})" if spec.get("approvedBy") else ")") \
+        if spec.get("approveCompensations") else ""
+    approvals = spec.get("approvals") or []
+    if approvals:
+        per = ", ".join(f"{a['step']}" + (f" by {a['approver']}" if a.get("approver") else "") for a in approvals)
+        approve = (approve + "; " if approve else "") + f"steps {per}"
+    lines.append(f"Approved:     {approve or 'none'}")
+    lines.append(f"Retries:      {spec.get('retries', 3)}   Parallelism: {spec.get('parallelism', 1)}")
+    created = meta.get("creationTimestamp")
+    lines.append(f"Created:      {created or '<unknown>'} ({age(created, now)} ago)")
+    lines.append(f"Started:      {status.get('startTime') or '-'}")
+    lines.append(f"Completed:    {status.get('completionTime') or '-'}")
+    complete = conds.get("Complete") or {}
+    if complete.get("message"):
+        lines.append(f"Verdict:      {complete['message']}")
+    invalid = conds.get("Invalid") or {}
+    if invalid.get("status") == "True":
+        lines.append(f"Invalid:      {invalid.get('reason')}: {invalid.get('message')}")
+    running = conds.get("Running") or {}
+    if status.get("phase") == "Waiting" and running.get("message"):
+        lines.append(f"Waiting:      {running['message']}")
+
+    report = status.get("report")
+    if status.get("phase") == "Planned" or (report is None and status.get("plan")):
+        plan = status.get("plan") or {}
+        lines.append("")
+        verdict = "fully reversible" if plan.get("fullyReversible") else "NOT fully reversible"
+        lines.append(f"Plan ({verdict}; skipped steps not listed):")
+        actions = [a for a in plan.get("actions") or [] if a.get("kind") != SKIP]
+        if actions:
+            rows = [(a["step"], a.get("tool", ""), a.get("kind", ""), a.get("compensationTool") or "-",
+                     ("blocked by " + steps_text(a["blockedBy"], 8)) if a.get("blockedBy") else a.get("reason", ""))
+                    for a in actions[:BUCKET_LIMIT]]
+            lines += ["  " + line for line in
+                      table(("STEP", "TOOL", "KIND", "COMPENSATION", "REASON / BLOCKED BY"), rows).splitlines()]
+            if len(actions) > BUCKET_LIMIT:
+                lines.append(f"  ... and {len(actions) - BUCKET_LIMIT} more: kubectl reversi plan {run_name} {ns_flag(ns)}")
+        else:
+            lines.append("  nothing to undo")
+        if plan.get("omitted"):
+            lines.append(f"  ({plan['omitted']} actions omitted from the status; kubectl reversi plan {run_name} shows all)")
+
+    if report is not None:
+        lines.append("")
+        lines.append(f"Report ({'complete' if report.get('complete') else 'NOT complete'}):")
+        for key, label in BUCKETS:
+            items = report.get(key) or []
+            if items:
+                lines.append(f" {label}: {len(items)}")
+                lines += _bucket_lines(key, items, tools)
+        lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
+        residue = report.get("residue") or []
+        if residue:
+            lines.append(" Residue (what the undo could not take back):")
+            for item in residue[:BUCKET_LIMIT]:
+                for text in item.get("residue") or []:
+                    lines.append(f"  step {item['step']}: {text}")
+
+    entries = status.get("steps") or []
+    if entries and status.get("phase") not in ("Planned", "Failed"):
+        lines.append("")
+        lines.append("Steps:")
+        rows = []
+        for e in entries[:BUCKET_LIMIT]:
+            rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
+                         e.get("attempts", 0), condition_reasons(e) + (f"  error: {e['lastError']}" if e.get("lastError") else "")))
+        lines += ["  " + line for line in table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "CONDITIONS"), rows).splitlines()]
+        if len(entries) > BUCKET_LIMIT:
+            lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")
+
+    todo = next_steps(request, run)
+    lines.append("")
+    lines.append("What to do next:")
+    lines += [f"  - {line}" if not line.startswith("  ") else f"    {line.strip()}" for line in todo] or \
+        ["  nothing: every standing step is undone and checked."]
+
+    if events:
+        lines.append("")
+        lines.append("Events (newest last):")
+        rows = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+                for e in list(events)[-10:]]
+        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), rows).splitlines()]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- halts
+
+
+def scope_text(scope: Mapping[str, Any] | None) -> str:
+    """``tool=payments.* actor=checkout-agent``; no scope: ``<every call>``."""
+    scope = scope or {}
+    order = [k for k in SCOPE_FIELDS if k in scope] + sorted(k for k in scope if k not in SCOPE_FIELDS)
+    fields = [f"{k}={scope[k]}" for k in order if scope[k]]
+    return " ".join(fields) if fields else "<every call>"
+
+
+def halt_rows(halts: Iterable[Mapping[str, Any]], now: dt.datetime, all_namespaces: bool) -> str:
+    """``halt list``: kind, (namespace), name, reason, scope, active, refused, by, age."""
+    headers = ["KIND"] + (["NAMESPACE"] if all_namespaces else []) + \
+        ["NAME", "REASON", "SCOPE", "ACTIVE", "REFUSED", "BY", "AGE"]
+    rows = []
+    for h in halts:
+        meta, spec, status = h.get("metadata") or {}, h.get("spec") or {}, h.get("status") or {}
+        kind = h.get("kind", "Halt")
+        row = [kind]
+        if all_namespaces:
+            row.append(meta.get("namespace") or "*")
+        active = status.get("active")
+        row += [meta.get("name", ""), spec.get("reason", ""), scope_text(spec.get("scope")),
+                "<unknown>" if active is None else str(bool(active)).lower(), status.get("refusedCalls", 0),
+                spec.get("by") or "-", age(meta.get("creationTimestamp"), now)]
+        rows.append(row)
+    return table(headers, rows)
+
+
+def kill_switch_text(halt: Mapping[str, Any] | None, now: dt.datetime) -> str:
+    """``kill-switch status``."""
+    if halt is None:
+        return "kill switch: off"
+    meta, spec, status = halt.get("metadata") or {}, halt.get("spec") or {}, halt.get("status") or {}
+    by = f" by {spec['by']}" if spec.get("by") else ""
+    return (f"kill switch: ON{by} for {age(meta.get('creationTimestamp'), now)}: {spec.get('reason', '')}\n"
+            f"every new call in every namespace is refused ({status.get('refusedCalls', 0)} refused so far); "
+            "rollbacks keep working. Turn it off with kubectl reversi kill-switch off")
+
+
+# ------------------------------------------------------------------------------------ export
+
+
+def _time_key(value: str | None) -> dt.datetime:
+    return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+
+
+def export_records(run: Mapping[str, Any], transitions: Iterable[Mapping[str, Any]],
+                   with_snapshots: bool = False) -> Iterator[dict[str, Any]]:
+    """``export``: one record per journal step, resolution, undo entry and undo transition.
+
+    Order: a ``run`` record, the steps (by index), the resolutions, the undo state per step
+    (``status.undo``), then the transitions (Events on the run's RollbackRequests) in time order.
+    Steps leave out their manifest snapshot unless ``with_snapshots`` (then a step naming a shared
+    snapshot gets it inline, as ``snapshot``).
+    """
+    meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+    yield {"type": "run", "namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
+           "principal": spec.get("principal"), "mode": spec.get("mode"), "scope": spec.get("scope") or {},
+           "manifestRef": spec.get("manifestRef"), "steps": len(spec.get("steps") or []),
+           "createdAt": meta.get("creationTimestamp")}
+    shared = {s.get("id"): s for s in spec.get("snapshots") or []}
+    for step in spec.get("steps") or []:
+        record = {"type": "step", **{k: v for k, v in step.items() if k != "snapshot"}}
+        if with_snapshots:
+            snap = step.get("snapshot")
+            if snap is None and step.get("snapshotId") in shared:
+                snap = {k: v for k, v in shared[step["snapshotId"]].items() if k != "id"}
+            record["snapshot"] = snap
+        yield record
+    for res in spec.get("resolutions") or []:
+        yield {"type": "resolution", **res}
+    for undo in sorted(status.get("undo") or [], key=lambda u: u.get("step", 0)):
+        yield {"type": "undo", **undo}
+    for t in sorted(transitions, key=lambda t: (_time_key(t.get("time")), t.get("request") or "")):
+        yield {"type": "transition", "request": t.get("request"), "reason": t.get("reason"),
+               "message": t.get("message"), "time": t.get("time")}
+
+
+def json_line(record: Mapping[str, Any]) -> str:
+    """One compact JSON line."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
