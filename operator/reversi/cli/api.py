@@ -1,0 +1,288 @@
+"""The plugin's connection to the API server and the reads and writes its commands make.
+
+Every expected failure becomes a :class:`CliError` whose message names the object and the fix;
+``main`` prints it as one line (``error: ...``) and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+JSON_PATCH = "application/json-patch+json"
+IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+#: plural -> kind, for messages
+KINDS = {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", "clusterhalts": "ClusterHalt",
+         "toolmanifests": "ToolManifest"}
+
+
+class CliError(Exception):
+    """An expected failure: the message is one line that names the object and the fix."""
+
+
+def server_message(err: ApiException) -> str:
+    """The API server's own message (``Status.message``), else its HTTP reason."""
+    try:
+        body = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or err.reason or f"HTTP {err.status}")
+
+
+def _not_found_is_object(err: ApiException, name: str) -> bool:
+    """A 404 for the object itself (``details.name``), not for its kind (CRD not installed)."""
+    try:
+        details = json.loads(err.body or "{}").get("details") or {}
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return details.get("name") == name
+
+
+def refused(err: ApiException, what: str) -> CliError:
+    """A server refusal as one line: ``<what> refused (<Reason>): <server message>``."""
+    try:
+        reason = json.loads(err.body or "{}").get("reason") or err.reason
+    except (TypeError, ValueError, AttributeError):
+        reason = err.reason
+    message = server_message(err).replace("\n", " ")
+    hint = ""
+    if err.status == 401:
+        hint = "; your credentials were not accepted: check --kubeconfig and --context"
+    return CliError(f"{what} refused ({reason}): {message}{hint}")
+
+
+@dataclass
+class Connection:
+    """An API client plus the namespace and context the commands work in."""
+
+    api: client.ApiClient
+    namespace: str
+    context: str | None
+    server: str
+
+    def __post_init__(self) -> None:
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+
+    # ---------------------------------------------------------------------- reads
+
+    def where(self, plural: str, name: str, namespace: str | None) -> str:
+        kind = KINDS.get(plural, plural)
+        return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+    def get(self, plural: str, name: str, namespace: str | None = None, *, cluster: bool = False,
+            missing: str | None = None) -> dict | None:
+        """The object, or ``None`` when it does not exist (or :class:`CliError` with ``missing``
+        as the fix when given). ``cluster``: a cluster-scoped kind."""
+        ns = None if cluster else (namespace or self.namespace)
+        try:
+            if cluster:
+                return self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+        except ApiException as err:
+            if err.status == 404 and _not_found_is_object(err, name):
+                if missing is None:
+                    return None
+                raise CliError(f"{self.where(plural, name, ns)} not found; {missing}") from err
+            raise self.api_error(err, f"reading {self.where(plural, name, ns)}") from err
+
+    def list(self, plural: str, namespace: str | None = None, *, cluster: bool = False,
+             all_namespaces: bool = False) -> list[dict]:
+        """Every object of a kind in the namespace (or all namespaces, or cluster-scoped), paged."""
+        items: list[dict] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 500}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                if cluster or all_namespaces:
+                    resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
+                else:
+                    resp = self.custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace or self.namespace, plural, **kwargs)
+            except ApiException as err:
+                where = "all namespaces" if cluster or all_namespaces else f"namespace {namespace or self.namespace}"
+                raise self.api_error(err, f"listing {plural}.{GROUP} in {where}") from err
+            items += resp.get("items") or []
+            token = (resp.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
+        """Core v1 Events about objects of ``kind`` whose uid is in ``uids`` (paged), as
+        ``{uid, name, reason, message, type, time}``, oldest first."""
+        out: list[dict] = []
+        if not uids:
+            return out
+        token: str | None = None
+        selector = f"involvedObject.kind={kind}"
+        if len(uids) == 1:
+            selector += f",involvedObject.uid={next(iter(uids))}"
+        while True:
+            kwargs: dict[str, Any] = {"field_selector": selector, "limit": 500}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                resp = self.core.list_namespaced_event(namespace, **kwargs)
+            except ApiException as err:
+                raise self.api_error(err, f"listing Events in namespace {namespace}") from err
+            for e in resp.items:
+                obj = e.involved_object
+                if obj is None or obj.uid not in uids:
+                    continue
+                moment = e.event_time or e.last_timestamp or e.first_timestamp or e.metadata.creation_timestamp
+                out.append({"uid": obj.uid, "name": obj.name, "reason": e.reason, "message": e.message,
+                            "type": e.type, "time": _rfc3339(moment)})
+            token = resp.metadata._continue if resp.metadata else None
+            if not token:
+                break
+        out.sort(key=lambda e: e["time"] or "")
+        return out
+
+    # ---------------------------------------------------------------------- writes
+
+    def create(self, plural: str, body: dict, *, cluster: bool = False) -> dict:
+        name = body["metadata"]["name"]
+        ns = None if cluster else body["metadata"].get("namespace") or self.namespace
+        try:
+            if cluster:
+                return self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)
+            return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, body)
+        except ApiException as err:
+            if err.status == 409:
+                raise CliError(f"{self.where(plural, name, ns)} already exists; choose another name") from err
+            raise self.api_error(err, f"creating {self.where(plural, name, ns)}") from err
+
+    def patch(self, plural: str, name: str, body: Any, *, json_patch: bool = False, cluster: bool = False,
+              namespace: str | None = None) -> dict:
+        """Patch an object (merge patch, or a JSON patch); a refusal raises :class:`ApiException`."""
+        kwargs: dict[str, Any] = {"_content_type": JSON_PATCH} if json_patch else {}
+        if cluster:
+            return self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body, **kwargs)
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace or self.namespace, plural, name, body, **kwargs)
+
+    def delete(self, plural: str, name: str, *, cluster: bool = False, namespace: str | None = None) -> bool:
+        """Delete an object; False when it did not exist."""
+        ns = None if cluster else namespace or self.namespace
+        try:
+            if cluster:
+                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+            else:
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+            return True
+        except ApiException as err:
+            if err.status == 404 and _not_found_is_object(err, name):
+                return False
+            raise self.api_error(err, f"deleting {self.where(plural, name, ns)}") from err
+
+    def whoami(self) -> str | None:
+        """The authenticated user's name (SelfSubjectReview), or ``None`` when the server cannot tell."""
+        try:
+            review = client.AuthenticationV1Api(self.api).create_self_subject_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        except (ApiException, ValueError, AttributeError):
+            return None
+        info = getattr(getattr(review, "status", None), "user_info", None)
+        return getattr(info, "username", None) or None
+
+    # ---------------------------------------------------------------------- errors
+
+    def api_error(self, err: ApiException, what: str) -> CliError:
+        """An unexpected API answer as a :class:`CliError` naming the fix where one is known."""
+        if err.status == 404:
+            return CliError(f"{what}: the server does not know reversi.dev/{VERSION} "
+                            "(the Reversi CRDs are not installed); install them with kubectl apply -f crds/ "
+                            "or the Helm chart")
+        if err.status == 403:
+            return CliError(f"{what}: forbidden: {server_message(err)}; ask for RBAC access "
+                            "(kubectl auth can-i --list shows what you may do)")
+        return refused(err, what)
+
+
+def _rfc3339(moment: Any) -> str | None:
+    if moment is None:
+        return None
+    if hasattr(moment, "astimezone"):
+        import datetime as dt
+
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=dt.timezone.utc)
+        text = moment.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+        return text.replace("+00:00", "Z")
+    return str(moment)
+
+
+def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Connection:
+    """Load the kubeconfig (``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``; in a
+    pod with none of them, the service account), pick the context and the namespace
+    (``--namespace``, else the context's, else ``default``)."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if kubeconfig and not os.path.exists(kubeconfig):
+        raise CliError(f"kubeconfig {kubeconfig} not found; pass an existing file to --kubeconfig")
+    has_file = any(os.path.exists(p) for p in path.split(os.pathsep) if p)
+    if not has_file and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config()
+        except config.ConfigException as err:
+            raise CliError(f"no kubeconfig at {path} and no usable service account ({err}); "
+                           "pass --kubeconfig or set KUBECONFIG") from err
+        ns = namespace
+        if ns is None and os.path.exists(IN_CLUSTER_NAMESPACE):
+            with open(IN_CLUSTER_NAMESPACE) as fh:
+                ns = fh.read().strip() or None
+        api = client.ApiClient()
+        return Connection(api, ns or "default", None, api.configuration.host)
+    if not has_file:
+        raise CliError(f"no kubeconfig at {path}; pass --kubeconfig or set KUBECONFIG")
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig or path)
+    except (config.ConfigException, OSError, ValueError, TypeError) as err:
+        raise CliError(f"cannot read kubeconfig {path}: {err}; fix it or pass another with --kubeconfig") from err
+    if context is not None:
+        chosen = next((c for c in contexts or [] if c.get("name") == context), None)
+        if chosen is None:
+            names = ", ".join(c.get("name", "?") for c in contexts or []) or "none"
+            raise CliError(f"context {context} not found in kubeconfig {path} (contexts: {names}); "
+                           "list them with kubectl config get-contexts")
+    else:
+        chosen = active
+        if not chosen:
+            raise CliError(f"kubeconfig {path} has no current context; pass --context "
+                           "(kubectl config get-contexts lists them)")
+    ns = namespace or (chosen.get("context") or {}).get("namespace") or "default"
+    try:
+        api = config.new_client_from_config(config_file=kubeconfig or path, context=chosen.get("name"))
+    except (config.ConfigException, OSError, ValueError, TypeError) as err:
+        raise CliError(f"cannot use context {chosen.get('name')} of kubeconfig {path}: {err}; "
+                       "fix the kubeconfig or pass another --context") from err
+    return Connection(api, ns, chosen.get("name"), api.configuration.host)
+
+
+def retry_conflicts(action: Callable[[], Any], what: str, attempts: int = 5) -> Any:
+    """Run ``action`` again when the object changed under it (409, or a failed JSON-patch
+    ``test``: 422/500 mentioning test); other refusals propagate."""
+    for attempt in range(attempts):
+        try:
+            return action()
+        except ApiException as err:
+            body = err.body or ""
+            lost_race = err.status == 409 or (err.status in (422, 500) and "test" in body and
+                                              "resourceVersion" in body)
+            if not lost_race or attempt == attempts - 1:
+                if lost_race:
+                    raise CliError(f"{what}: the object kept changing; try again") from err
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")

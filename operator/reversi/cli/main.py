@@ -1,0 +1,682 @@
+"""``kubectl reversi``: plan, start, follow and settle rollbacks; halt new calls; export the record.
+
+    kubectl reversi [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] COMMAND ...
+
+    plan RUN [--json]                 what undoing RUN would do (computed locally; exit 2: not fully reversible)
+    rollback RUN [--wait] ...         create a RollbackRequest (exit 2 with --wait: not complete)
+    describe REQUEST | run/RUN        the report of a request, and what to do next
+    resolve RUN STEP --status ...     settle an intended or uncertain step
+    approve REQUEST --step N | --all  approve compensations that need it
+    halt add|list|lift                refuse new calls (Halt, ClusterHalt)
+    kill-switch on|off|status         refuse every new call everywhere
+    export RUN                        the journal, undo state and transitions as JSON lines
+
+The global options also work after the command (``kubectl reversi plan order-9 -n shop``).
+Errors are one line on stderr (``error: ...``) and exit 1.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import secrets
+import string
+import sys
+import time
+from typing import Any, Callable
+
+import click
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from ..engine.graph import InvalidRun, build_graph
+from ..engine.plan import build_plan
+from ..models.rollbackrequest import Plan
+from ..models.run import UNKNOWN_OUTCOMES, RunSpec, RunStatus
+from . import views
+from .api import API_VERSION, CliError, Connection, connect, refused, retry_conflicts, server_message
+
+KILL_SWITCH = "reversi-kill-switch"
+POLL_SECONDS = 1.0
+_META = "reversi.cli"
+_server_seen: list[str] = []  # the API server of this invocation, for "cannot reach" errors
+
+
+# ------------------------------------------------------------------------------ connection
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Store a global option in the shared context meta (a value after the command wins)."""
+    if value is not None:
+        ctx.meta.setdefault(_META, {})[param.name] = value
+    return value
+
+
+def global_options(f: Callable) -> Callable:
+    """``--kubeconfig``, ``--context``, ``-n/--namespace`` on the group and on every command."""
+    f = click.option("-n", "--namespace", default=None, expose_value=False, callback=_remember,
+                     help="Namespace (default: the context's, else default).")(f)
+    f = click.option("--context", default=None, expose_value=False, callback=_remember,
+                     help="kubeconfig context (default: the current one).")(f)
+    f = click.option("--kubeconfig", default=None, expose_value=False, callback=_remember,
+                     help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).")(f)
+    return f
+
+
+def conn() -> Connection:
+    """The connection for this invocation (made on first use)."""
+    ctx = click.get_current_context()
+    meta = ctx.meta.setdefault(_META, {})
+    if "connection" not in meta:
+        meta["connection"] = connect(meta.get("kubeconfig"), meta.get("context"), meta.get("namespace"))
+        _server_seen.append(meta["connection"].server)
+    return meta["connection"]
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def out(text: str = "") -> None:
+    click.echo(text)
+
+
+def remark(text: str) -> None:
+    """A remark for the person (stderr), not part of the output a script reads."""
+    click.echo(text, err=True)
+
+
+# ------------------------------------------------------------------------------------ group
+
+
+GROUP_HELP = """Plan, start, follow and settle rollbacks of Reversi Runs; halt new calls; export the record.
+
+Exit codes: 0 done (plan: fully reversible; rollback --wait: complete or planned), 1 an error (one
+line on stderr), 2 not fully reversible or not complete.
+
+The global options also work after the command: kubectl reversi plan order-9 -n shop"""
+
+
+@click.group(help=GROUP_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@global_options
+def cli() -> None:
+    pass
+
+
+# -------------------------------------------------------------------------------------- plan
+
+
+def load_run(c: Connection, name: str) -> dict:
+    return c.get("runs", name, missing=f"check the name with kubectl get runs -n {c.namespace}")
+
+
+def plan_of(c: Connection, run: dict) -> Plan:
+    """The plan of undoing ``run`` now (pure engine), against its recorded undo state."""
+    where = f"Run {c.namespace}/{run['metadata']['name']}"
+    try:
+        spec = RunSpec.model_validate(run.get("spec") or {})
+        status = RunStatus.model_validate(run.get("status") or {})
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        raise CliError(f"{where} is not a valid Run: spec.{loc}: {first.get('msg')}; fix the Run "
+                       "(is this plugin older than the operator?)") from err
+    try:
+        return build_plan(spec, status, run_id=run["metadata"]["uid"], graph=build_graph(spec))
+    except InvalidRun as err:
+        raise CliError(f"{where} cannot be planned: {err}") from err
+
+
+@cli.command(help="What undoing RUN would do, computed locally. Exit 2 when it is not fully reversible.")
+@click.argument("run")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (snake_case fields).")
+@global_options
+def plan(run: str, as_json: bool) -> int:
+    c = conn()
+    obj = load_run(c, run)
+    p = plan_of(c, obj)
+    if as_json:
+        out(json.dumps(views.plan_json(p), indent=2))
+    else:
+        out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
+        out(views.plan_table(p) if p.actions else "  no steps recorded")
+        out("")
+        out(views.plan_verdict(p, run, c.namespace))
+    return 0 if p.fully_reversible else 2
+
+
+# ---------------------------------------------------------------------------------- rollback
+
+
+def request_name(run: str) -> str:
+    """``<run>-undo-<5 random letters and digits>``, at most 253 characters."""
+    suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+    return f"{run[: 253 - 11].rstrip('-.')}-undo-{suffix}"
+
+
+@cli.command(help="Undo RUN: create a RollbackRequest and print its name.")
+@click.argument("run")
+@click.option("--name", default=None, help="Name of the request (default: <run>-undo-<random>).")
+@click.option("--dry-run", is_flag=True, help="Only plan; nothing is undone.")
+@click.option("--approve-compensations", is_flag=True,
+              help="Approve every compensation that requires approval (needs the RBAC verb approve).")
+@click.option("--retries", type=click.IntRange(1, 10), default=None, help="Attempts per compensation (1-10).")
+@click.option("--parallelism", type=click.IntRange(1, 32), default=None, help="Compensations at once (1-32).")
+@click.option("--wait", is_flag=True, help="Follow the request until it ends; exit 2 when it is not complete.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="With --wait: give up after this many seconds (0: no limit); exit 1.")
+@click.option("--approval-grace", type=click.FloatRange(min=0), default=5.0, hidden=True,
+              help="With --wait: seconds AwaitingApproval must last before giving up.")
+@global_options
+def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: bool, retries: int | None,
+             parallelism: int | None, wait: bool, timeout: float, approval_grace: float) -> int:
+    c = conn()
+    load_run(c, run)
+    name = name or request_name(run)
+    spec: dict[str, Any] = {"runRef": {"name": run}, "dryRun": dry_run, "approveCompensations": approve_compensations}
+    if retries is not None:
+        spec["retries"] = retries
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+    body = {"apiVersion": API_VERSION, "kind": "RollbackRequest",
+            "metadata": {"name": name, "namespace": c.namespace}, "spec": spec}
+    c.create("rollbackrequests", body)
+    out(name)
+    if not wait:
+        remark(f"RollbackRequest {c.namespace}/{name} created; follow it with "
+             f"kubectl reversi describe {name} -n {c.namespace}")
+        return 0
+    return follow(c, name, timeout, approval_grace)
+
+
+def follow(c: Connection, name: str, timeout: float, approval_grace: float) -> int:
+    """Print progress of a request until its phase is final (or it waits for approval for
+    ``approval_grace`` seconds), then the describe view. Returns the exit code."""
+    started = time.monotonic()
+    shown_phase = None
+    shown: dict[int, tuple] = {}
+    awaiting_since: float | None = None
+    missing = f"it was deleted while waiting (kubectl get rollbackrequests -n {c.namespace})"
+    while True:
+        req = c.get("rollbackrequests", name, missing=missing)
+        status = req.get("status") or {}
+        line = views.phase_line(req)
+        if line != shown_phase:
+            out(line)
+            shown_phase = line
+        for entry in status.get("steps") or []:
+            key = views.progress_key(entry)
+            if shown.get(entry.get("step")) != key:
+                out("  " + views.progress_line(entry))
+                shown[entry.get("step")] = key
+        phase = status.get("phase")
+        if phase in views.FINAL_EXIT:
+            out("")
+            out(describe_view(c, req))
+            return views.FINAL_EXIT[phase]
+        if phase == "AwaitingApproval":
+            awaiting_since = awaiting_since or time.monotonic()
+            if time.monotonic() - awaiting_since >= approval_grace:
+                out("")
+                out(describe_view(c, req))
+                out("")
+                out("Stopped waiting: " + views.approval_hint(req))
+                return 2
+        else:
+            awaiting_since = None
+        if timeout and time.monotonic() - started > timeout:
+            raise CliError(f"timed out after {timeout:g}s waiting for RollbackRequest {c.namespace}/{name} "
+                           f"({line}); it goes on in the cluster: kubectl reversi describe {name} -n {c.namespace}")
+        time.sleep(POLL_SECONDS)
+
+
+# ---------------------------------------------------------------------------------- describe
+
+
+RUN_PREFIXES = ("run/", "runs/", "rvrun/", "run.reversi.dev/", "runs.reversi.dev/")
+REQUEST_PREFIXES = ("rollbackrequest/", "rollbackrequests/", "rbr/", "rollbackrequest.reversi.dev/",
+                    "rollbackrequests.reversi.dev/")
+
+
+def newest_request(c: Connection, run: str) -> dict:
+    """The newest RollbackRequest whose spec.runRef.name is ``run``."""
+    mine = [r for r in c.list("rollbackrequests")
+            if ((r.get("spec") or {}).get("runRef") or {}).get("name") == run]
+    if not mine:
+        raise CliError(f"no RollbackRequest for Run {c.namespace}/{run}; start one with "
+                       f"kubectl reversi rollback {run} -n {c.namespace}")
+    return max(mine, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"]))
+
+
+def describe_view(c: Connection, req: dict) -> str:
+    run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name", "")
+    run = c.get("runs", run_name) if run_name else None
+    uid = req["metadata"].get("uid")
+    events = c.events_for(c.namespace, "RollbackRequest", {uid}) if uid else []
+    return views.describe_request(req, run, events, now())
+
+
+@cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN), "
+                  "and what to do next.")
+@click.argument("target", metavar="REQUEST|run/RUN")
+@global_options
+def describe(target: str) -> int:
+    c = conn()
+    lowered = target.lower()
+    run_prefix = next((p for p in RUN_PREFIXES if lowered.startswith(p)), None)
+    if run_prefix:
+        run = target[len(run_prefix):]
+        load_run(c, run)
+        req = newest_request(c, run)
+    else:
+        req_prefix = next((p for p in REQUEST_PREFIXES if lowered.startswith(p)), "")
+        name = target[len(req_prefix):]
+        req = c.get("rollbackrequests", name,
+                    missing=f"list them with kubectl get rollbackrequests -n {c.namespace}, "
+                            f"or describe the newest of a run with kubectl reversi describe run/RUN")
+    out(describe_view(c, req))
+    return 0
+
+
+# ----------------------------------------------------------------------------------- resolve
+
+
+def check_resolution(run: dict, namespace: str, step: int) -> None:
+    """Refuse locally what the server would refuse: no such step, a settled outcome, a step
+    already resolved."""
+    spec = run.get("spec") or {}
+    where = f"Run {namespace}/{run['metadata']['name']}"
+    steps = spec.get("steps") or []
+    found = next((s for s in steps if s.get("index") == step), None)
+    if found is None:
+        known = f"steps 0..{len(steps) - 1}" if steps else "no steps"
+        raise CliError(f"{where} has no step {step} (it has {known}); "
+                       f"see the steps with kubectl reversi plan {run['metadata']['name']} -n {namespace}")
+    if found.get("outcome") not in UNKNOWN_OUTCOMES:
+        raise CliError(f"step {step} ({found.get('tool')}) of {where} has outcome {found.get('outcome')}: "
+                       "only intended or uncertain steps are resolved; there is nothing to settle")
+    old = next((r for r in spec.get("resolutions") or [] if r.get("step") == step), None)
+    if old is not None:
+        by = f" by {old['actor']}" if old.get("actor") else ""
+        raise CliError(f"step {step} of {where} is already resolved as {old.get('status')}{by} "
+                       f"({old.get('note')!r}); a resolution cannot be changed")
+
+
+@cli.command(help="Settle an intended or uncertain step of RUN: what did the call really do?")
+@click.argument("run")
+@click.argument("step", type=click.IntRange(min=0))
+@click.option("--status", "outcome", type=click.Choice(["succeeded", "failed"]), required=True,
+              help="What the call really did.")
+@click.option("--result", default=None, metavar="JSON",
+              help='The call\'s real result, a JSON object, e.g. \'{"id": "cap_1"}\' (needed for $result templates).')
+@click.option("--note", required=True, help="How you know (required; kept in the record).")
+@global_options
+def resolve(run: str, step: int, outcome: str, result: str | None, note: str) -> int:
+    if not note.strip():
+        raise CliError("--note is empty; say how you know what the call did (it is kept in the record)")
+    value: dict[str, Any] = {"step": step, "status": outcome}
+    if result is not None:
+        try:
+            parsed = json.loads(result)
+        except ValueError as err:
+            raise CliError(f"--result is not JSON ({err}); pass an object, e.g. --result '{{\"id\": \"cap_1\"}}'") from err
+        if not isinstance(parsed, dict):
+            raise CliError("--result must be a JSON object, e.g. --result '{\"id\": \"cap_1\"}'")
+        value["result"] = parsed
+    value["note"] = note
+    c = conn()
+    where = f"Run {c.namespace}/{run}"
+
+    def attempt() -> dict:
+        obj = load_run(c, run)
+        check_resolution(obj, c.namespace, step)
+        ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                            "value": obj["metadata"]["resourceVersion"]}]
+        if (obj.get("spec") or {}).get("resolutions") is None:
+            ops.append({"op": "add", "path": "/spec/resolutions", "value": [value]})
+        else:
+            ops.append({"op": "add", "path": "/spec/resolutions/-", "value": value})
+        return c.patch("runs", run, ops, json_patch=True)
+
+    try:
+        updated = retry_conflicts(attempt, f"resolving step {step} of {where}")
+    except ApiException as err:
+        raise refused(err, f"resolving step {step} of {where}") from err
+    saved = next((r for r in (updated.get("spec") or {}).get("resolutions") or [] if r.get("step") == step), value)
+    by = f" by {saved['actor']}" if saved.get("actor") else ""
+    out(f"{where}: step {step} resolved as {outcome}{by}.")
+    remark(f"See what the rollback will do now: kubectl reversi plan {run} -n {c.namespace}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- approve
+
+
+def check_approval(req: dict, namespace: str, steps: tuple[int, ...]) -> None:
+    """Refuse locally what cannot work: a finished or dry-run request, a step that is not a
+    compensation needing approval (when the plan in status says so)."""
+    meta, spec, status = req["metadata"], req.get("spec") or {}, req.get("status") or {}
+    where = f"RollbackRequest {namespace}/{meta['name']}"
+    run = (spec.get("runRef") or {}).get("name", "RUN")
+    if spec.get("dryRun"):
+        raise CliError(f"{where} is a dry run: nothing is undone, so there is nothing to approve; "
+                       f"start a real one with kubectl reversi rollback {run} -n {namespace}")
+    phase = status.get("phase")
+    if phase in ("Succeeded", "Incomplete", "Failed"):
+        raise CliError(f"{where} has ended ({phase}): approving it changes nothing; start a new request with "
+                       f"kubectl reversi rollback {run} -n {namespace} and approve that one")
+    plan = status.get("plan") or {}
+    actions = {a["step"]: a for a in plan.get("actions") or []}
+    for s in steps:
+        action = actions.get(s)
+        if action is not None and not (action.get("kind") in ("compensate", "defer") and action.get("needsApproval")):
+            raise CliError(f"step {s} of {where} needs no approval ({action.get('kind')}: "
+                           f"{action.get('reason') or 'its compensation does not require approval'})")
+        if action is None and plan and not plan.get("omitted"):
+            raise CliError(f"{where} has no step {s} in its plan; see which steps wait with "
+                           f"kubectl reversi describe {meta['name']} -n {namespace}")
+
+
+@cli.command(help="Approve compensations of a RollbackRequest: --step N (repeatable) or --all.")
+@click.argument("request")
+@click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, help="Step to approve (repeatable).")
+@click.option("--all", "approve_all", is_flag=True, help="Approve every compensation (spec.approveCompensations).")
+@global_options
+def approve(request: str, steps: tuple[int, ...], approve_all: bool) -> int:
+    if not steps and not approve_all:
+        raise click.UsageError("say what to approve: --step N (repeatable) or --all")
+    if steps and approve_all:
+        raise click.UsageError("use --step or --all, not both")
+    c = conn()
+    where = f"RollbackRequest {c.namespace}/{request}"
+    missing = f"list them with kubectl get rollbackrequests -n {c.namespace}"
+    try:
+        if approve_all:
+            req = c.get("rollbackrequests", request, missing=missing)
+            check_approval(req, c.namespace, ())
+            updated = c.patch("rollbackrequests", request, {"spec": {"approveCompensations": True}})
+            by = (updated.get("spec") or {}).get("approvedBy")
+            out(f"{where}: every compensation approved (approveCompensations){f' by {by}' if by else ''}.")
+            return 0
+
+        def attempt() -> dict | None:
+            req = c.get("rollbackrequests", request, missing=missing)
+            check_approval(req, c.namespace, steps)
+            have = {a.get("step") for a in (req.get("spec") or {}).get("approvals") or []}
+            new = [s for s in dict.fromkeys(steps) if s not in have]
+            if not new:
+                return None
+            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                "value": req["metadata"]["resourceVersion"]}]
+            if (req.get("spec") or {}).get("approvals") is None:
+                ops.append({"op": "add", "path": "/spec/approvals", "value": [{"step": s} for s in new]})
+            else:
+                ops += [{"op": "add", "path": "/spec/approvals/-", "value": {"step": s}} for s in new]
+            return c.patch("rollbackrequests", request, ops, json_patch=True)
+
+        updated = retry_conflicts(attempt, f"approving {where}")
+    except ApiException as err:
+        hint = ""
+        if err.status == 403 and 'verb "approve"' not in server_message(err):
+            hint = "; approving needs the RBAC verbs patch and approve on rollbackrequests.reversi.dev"
+        raise CliError(f"{refused(err, f'approving {where}')}{hint}") from err
+    if updated is None:
+        out(f"{where}: step(s) {views.steps_text(list(steps))} already approved; nothing to do.")
+        return 0
+    approvers = {a.get("step"): a.get("approver") for a in (updated.get("spec") or {}).get("approvals") or []}
+    done = ", ".join(f"{s}" + (f" (by {approvers[s]})" if approvers.get(s) else "") for s in dict.fromkeys(steps))
+    out(f"{where}: approved step(s) {done}.")
+    return 0
+
+
+# -------------------------------------------------------------------------------------- halt
+
+
+@cli.group(help="Refuse new calls: add, list and lift Halts (namespaced) and ClusterHalts.")
+@global_options
+def halt() -> None:
+    pass
+
+
+def halt_body(name: str, namespace: str | None, reason: str, by: str | None, scope: dict[str, str]) -> dict:
+    """A Halt (``namespace`` given) or ClusterHalt object."""
+    spec: dict[str, Any] = {"reason": reason}
+    if by:
+        spec["by"] = by
+    if scope:
+        spec["scope"] = scope
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": API_VERSION, "kind": "Halt" if namespace else "ClusterHalt", "metadata": meta, "spec": spec}
+
+
+def current_user(c: Connection) -> str | None:
+    user = c.whoami()
+    return user if user and len(user) <= 253 else None
+
+
+@halt.command("add", help="Refuse new calls that match the scope (no scope: every call).")
+@click.argument("name")
+@click.option("--reason", required=True, help='Why; refused calls get "kill switch: <reason>".')
+@click.option("--tool", default=None, metavar="GLOB", help="Glob over the tool, e.g. 'payments.*'.")
+@click.option("--actor", default=None, metavar="GLOB", help="Glob over the run's scope.actor.")
+@click.option("--tenant", default=None, metavar="GLOB", help="Glob over the run's scope.tenant.")
+@click.option("--environment", default=None, metavar="GLOB", help="Glob over the run's scope.environment.")
+@click.option("--cluster", is_flag=True, help="A ClusterHalt: every namespace (or --namespace-glob).")
+@click.option("--namespace-glob", default=None, metavar="GLOB", help="With --cluster: glob over the run's namespace.")
+@global_options
+def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant: str | None,
+             environment: str | None, cluster: bool, namespace_glob: str | None) -> int:
+    if namespace_glob is not None and not cluster:
+        raise click.UsageError("--namespace-glob needs --cluster (a Halt covers its own namespace only)")
+    if not reason.strip():
+        raise CliError("--reason is empty; say why calls are halted (refused calls quote it)")
+    c = conn()
+    scope = {k: v for k, v in (("tool", tool), ("actor", actor), ("tenant", tenant), ("environment", environment),
+                               ("namespace", namespace_glob)) if v}
+    body = halt_body(name, None if cluster else c.namespace, reason, current_user(c), scope)
+    plural = "clusterhalts" if cluster else "halts"
+    try:
+        c.create(plural, body, cluster=cluster)
+    except CliError as err:
+        if "already exists" in str(err):
+            lift = f"kubectl reversi halt lift {name}" + (" --cluster" if cluster else f" -n {c.namespace}")
+            raise CliError(f"{'ClusterHalt ' + name if cluster else f'Halt {c.namespace}/{name}'} already exists; "
+                           f"lift it first ({lift}) or choose another name") from err
+        raise
+    where = f"ClusterHalt {name}" if cluster else f"Halt {c.namespace}/{name}"
+    reach = "in every namespace" if cluster and "namespace" not in scope else (
+        "" if cluster else f"in namespace {c.namespace}")
+    out(f"{where} created: new calls matching {views.scope_text(scope)} {reach} are refused "
+        f"(\"kill switch: {reason}\"); rollbacks keep working.".replace("  ", " "))
+    return 0
+
+
+@halt.command("list", help="Halts (of the namespace, or all) and ClusterHalts: reason, scope, active, refused, age.")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Halts of every namespace.")
+@global_options
+def halt_list(all_namespaces: bool) -> int:
+    c = conn()
+    halts = c.list("halts", all_namespaces=all_namespaces)
+    for h in halts:
+        h.setdefault("kind", "Halt")
+    try:
+        cluster_halts = c.list("clusterhalts", cluster=True)
+    except CliError as err:
+        remark(f"warning: ClusterHalts not listed: {err}")
+        cluster_halts = []
+    for h in cluster_halts:
+        h.setdefault("kind", "ClusterHalt")
+    items = sorted(cluster_halts, key=lambda h: h["metadata"]["name"]) + \
+        sorted(halts, key=lambda h: (h["metadata"].get("namespace", ""), h["metadata"]["name"]))
+    if not items:
+        where = "any namespace" if all_namespaces else f"namespace {c.namespace}"
+        out(f"No halts in {where} and no ClusterHalts: new calls are admitted.")
+        return 0
+    out(views.halt_rows(items, now(), all_namespaces))
+    return 0
+
+
+@halt.command("lift", help="Delete a Halt (or a ClusterHalt with --cluster): calls are admitted again.")
+@click.argument("name")
+@click.option("--cluster", is_flag=True, help="Lift a ClusterHalt.")
+@global_options
+def halt_lift(name: str, cluster: bool) -> int:
+    c = conn()
+    plural = "clusterhalts" if cluster else "halts"
+    where = f"ClusterHalt {name}" if cluster else f"Halt {c.namespace}/{name}"
+    if name == KILL_SWITCH and cluster:
+        remark("note: this is the kill switch; kubectl reversi kill-switch off does the same")
+    if not c.delete(plural, name, cluster=cluster):
+        listing = "kubectl reversi halt list" + ("" if cluster else f" -n {c.namespace}")
+        other = "" if cluster else " (a ClusterHalt? add --cluster)"
+        raise CliError(f"{where} not found{other}; list halts with {listing}")
+    out(f"{where} lifted.")
+    return 0
+
+
+# ------------------------------------------------------------------------------- kill switch
+
+
+@cli.group("kill-switch", help=f"Refuse every new call everywhere (ClusterHalt {KILL_SWITCH}); rollbacks keep working.")
+@global_options
+def kill_switch() -> None:
+    pass
+
+
+@kill_switch.command("on", help="Turn the kill switch on: every new call in every namespace is refused.")
+@click.option("--reason", required=True, help='Why; refused calls get "kill switch: <reason>".')
+@global_options
+def kill_switch_on(reason: str) -> int:
+    if not reason.strip():
+        raise CliError("--reason is empty; say why every call is halted (refused calls quote it)")
+    c = conn()
+    by = current_user(c)
+    existing = c.get("clusterhalts", KILL_SWITCH, cluster=True)
+    if existing is not None:
+        old = (existing.get("spec") or {}).get("reason")
+        if old != reason:
+            patch: dict[str, Any] = {"spec": {"reason": reason}}
+            if by:
+                patch["spec"]["by"] = by
+            try:
+                c.patch("clusterhalts", KILL_SWITCH, patch, cluster=True)
+            except ApiException as err:
+                raise c.api_error(err, f"updating ClusterHalt {KILL_SWITCH}") from err
+            out(f"kill switch was already on; reason changed from {old!r} to {reason!r}.")
+        else:
+            out("kill switch is already on.")
+        return 0
+    c.create("clusterhalts", halt_body(KILL_SWITCH, None, reason, by, {}), cluster=True)
+    out(f"kill switch ON: every new call in every namespace is refused (\"kill switch: {reason}\"); "
+        "rollbacks keep working. Turn it off with kubectl reversi kill-switch off")
+    return 0
+
+
+@kill_switch.command("off", help="Turn the kill switch off (other halts stay).")
+@global_options
+def kill_switch_off() -> int:
+    c = conn()
+    if c.delete("clusterhalts", KILL_SWITCH, cluster=True):
+        out("kill switch off: new calls are admitted again (unless another halt matches: kubectl reversi halt list).")
+    else:
+        out("kill switch is already off.")
+    return 0
+
+
+@kill_switch.command("status", help="Whether the kill switch is on.")
+@global_options
+def kill_switch_status() -> int:
+    c = conn()
+    out(views.kill_switch_text(c.get("clusterhalts", KILL_SWITCH, cluster=True), now()))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ export
+
+
+@cli.command(help="The record of RUN as JSON lines: run, steps, resolutions, undo state, transitions.")
+@click.argument("run")
+@click.option("--with-snapshots", is_flag=True, help="Include each step's manifest snapshot.")
+@global_options
+def export(run: str, with_snapshots: bool) -> int:
+    c = conn()
+    obj = load_run(c, run)
+    requests = [r for r in c.list("rollbackrequests")
+                if ((r.get("spec") or {}).get("runRef") or {}).get("name") == run]
+    names = {r["metadata"]["uid"]: r["metadata"]["name"] for r in requests}
+    events = c.events_for(c.namespace, "RollbackRequest", set(names))
+    transitions = [{"request": names.get(e["uid"], e["name"]), "reason": e["reason"], "message": e["message"],
+                    "time": e["time"]} for e in events]
+    write = sys.stdout.write
+    for record in views.export_records(obj, transitions, with_snapshots):
+        write(views.json_line(record) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+# -------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the plugin; exit 0, 1 (an error, one line on stderr) or 2 (not fully undone)."""
+    for noisy in ("urllib3", "kubernetes"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    try:
+        code = cli.main(args=argv, prog_name="kubectl reversi", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as err:
+        click.echo(err.ctx.get_help() if err.ctx else str(err))
+        code = 0
+    except click.UsageError as err:
+        where = err.ctx.command_path if err.ctx else "kubectl reversi"
+        click.echo(f"error: {err.format_message().rstrip('.')}; see {where} --help", err=True)
+        code = 1
+    except click.ClickException as err:
+        click.echo(f"error: {err.format_message()}", err=True)
+        code = 1
+    except click.Abort:
+        click.echo("error: interrupted (anything already created goes on in the cluster)", err=True)
+        code = 1
+    except CliError as err:
+        click.echo(f"error: {err}", err=True)
+        code = 1
+    except ApiException as err:
+        click.echo(f"error: the API server answered {err.status} {err.reason}: {server_message(err)}", err=True)
+        code = 1
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 1
+    except Exception as err:  # noqa: BLE001 - connection failures come in many types
+        if not _is_connection_error(err):
+            raise
+        host = _server()
+        click.echo(f"error: cannot reach the API server{f' at {host}' if host else ''}: {_short(err)}; "
+                   "check --kubeconfig and --context, and that the cluster is up (kubectl cluster-info)", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    import urllib3.exceptions
+
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+def _short(err: BaseException) -> str:
+    reason = getattr(err, "reason", None) or err
+    text = str(reason)
+    if "Connection refused" in text:
+        return "connection refused"
+    return text.splitlines()[0][:200]
+
+
+def _server() -> str | None:
+    return _server_seen[-1] if _server_seen else None
+
+
+if __name__ == "__main__":
+    main()
