@@ -1,0 +1,582 @@
+"""``kubectl reversi`` on the real control plane: each command run as a subprocess, checked by its
+exit code, its output and the API objects it created or changed.
+
+Approvals and resolutions are stamped with the user (``approver``, ``actor``) by an admission
+webhook when it is installed; these tests accept an entry with the stamp or without it, but
+never one with a different user or with fields the plugin did not send.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+ADMIN = "reversi-admin"  # the user of the local control plane's admin kubeconfig
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def kr(cluster, *args: str, namespace: str | None = None, kubeconfig: Path | None = None,
+       timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run ``kubectl-reversi`` (as ``python -m reversi.entrypoints.plugin``)."""
+    cmd = [sys.executable, "-m", "reversi.entrypoints.plugin",
+           "--kubeconfig", str(kubeconfig or cluster.paths.admin_kubeconfig)]
+    if namespace:
+        cmd += ["-n", namespace]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The process failed with exit 1 and one ``error: ...`` line on stderr, no traceback."""
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def charge_step(rv, index: int, order: str, **kw) -> tuple[dict, dict]:
+    charge = rv.charge(order)
+    return rv.step(index, "payments.create_charge", {"order_id": order, "amount": 700, "customer": "cus_9"},
+                   charge, **kw), charge
+
+
+def design_example(rv, name: str = "order-4711") -> dict:
+    """The DESIGN §10 run: a read, a charge, an uncertain capture, an email."""
+    s1, charge = charge_step(rv, 1, f"o-{uuid.uuid4().hex[:6]}")
+    rv.run(name, [
+        rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"}),
+        s1,
+        rv.step(2, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain"),
+        rv.step(3, "email.send", {"to": "customer"}, {"id": "msg_1"}),
+    ])
+    return charge
+
+
+def stamped_or_absent(entry: dict, field: str) -> None:
+    """The webhook stamps ``field`` with the authenticated user; before it lands it is absent."""
+    assert entry.get(field) in (None, ADMIN), entry
+
+
+# ---------------------------------------------------------------------------------- plan
+
+
+def test_plan_of_the_design_example_matches_the_operators_dry_run_and_exits_2(rv, cluster):
+    rv.apply_manifest()
+    design_example(rv)
+    table = kr(cluster, "plan", "order-4711", namespace=rv.ns)
+    assert table.returncode == 2, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.splitlines() if line[:1].isdigit()}
+    assert set(rows) == {"0", "1", "2", "3"}
+    assert "defer" in rows["1"] and "blocked by 2 (unresolved)" in rows["1"]
+    assert "unresolved" in rows["2"] and "unrecoverable" in rows["3"]
+    assert "Verdict: NOT fully reversible" in table.stdout
+
+    proc = kr(cluster, "plan", "order-4711", "--json", namespace=rv.ns)
+    assert proc.returncode == 2, proc.stderr
+    mine = json.loads(proc.stdout)
+    assert mine["fully_reversible"] is False
+    assert [a["kind"] for a in mine["actions"]] == ["skip", "defer", "unresolved", "unrecoverable"]
+
+    # the same plan as the operator's own dry run (same keys, args, blockers)
+    dry = kr(cluster, "rollback", "order-4711", "--dry-run", "--name", "plan-only", "--wait", namespace=rv.ns)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert dry.stdout.splitlines()[0] == "plan-only"
+    assert "Phase:        Planned" in dry.stdout and "Plan (NOT fully reversible" in dry.stdout
+    theirs = {a["step"]: a for a in rv.get("rollbackrequests", "plan-only")["status"]["plan"]["actions"]}
+    assert theirs, "the operator planned something"
+    for action in mine["actions"]:
+        if action["step"] not in theirs:
+            assert action["kind"] == "skip"  # the status leaves skips out
+            continue
+        op = theirs[action["step"]]
+        assert action["kind"] == op["kind"]
+        assert action["blocked_by"] == op.get("blockedBy", [])
+        assert action["idempotency_key"] == op.get("idempotencyKey")
+        assert action["args"] == op.get("args")
+        assert action["residue"] == op.get("residue", [])
+    assert rv.batch.list_namespaced_job(rv.ns).items == [], "a plan and a dry run undo nothing"
+
+
+def test_plan_of_a_reversible_run_exits_0_with_resolved_args_and_key(rv, cluster):
+    rv.apply_manifest()
+    s0, charge = charge_step(rv, 0, "o-plan-ok")
+    rv.run("r", [s0])
+    proc = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
+    assert proc.returncode == 0, proc.stderr
+    action = json.loads(proc.stdout)["actions"][0]
+    assert action["kind"] == "compensate" and action["compensation_tool"] == "payments.refund"
+    assert action["args"] == {"charge_id": charge["id"], "amount": 700}
+    assert len(action["idempotency_key"]) == 64 and action["verified"] is True
+    assert action["compensation_kind"] == "compensation" and action["needs_approval"] is False
+    human = kr(cluster, "plan", "r", namespace=rv.ns)
+    assert human.returncode == 0 and "Verdict: fully reversible" in human.stdout
+
+
+def test_plan_of_a_missing_run_is_one_line_naming_the_fix(rv, cluster):
+    line = one_line_error(kr(cluster, "plan", "order-9", namespace=rv.ns))
+    assert line == f"error: Run {rv.ns}/order-9 not found; check the name with kubectl get runs -n {rv.ns}"
+
+
+# ------------------------------------------------------------------------------ rollback
+
+
+def test_rollback_wait_undoes_the_run_and_exits_0(rv, cluster):
+    rv.apply_manifest()
+    s0, charge = charge_step(rv, 0, "o-rb-ok")
+    rv.run("r", [s0])
+    proc = kr(cluster, "rollback", "r", "--wait", "--retries", "2", "--parallelism", "2", "--timeout", "120",
+              namespace=rv.ns)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    name = proc.stdout.splitlines()[0]
+    assert name.startswith("r-undo-") and len(name) == len("r-undo-") + 5
+    req = rv.get("rollbackrequests", name)
+    assert req["spec"]["runRef"] == {"name": "r"}
+    assert (req["spec"]["retries"], req["spec"]["parallelism"]) == (2, 2)
+    assert req["spec"]["dryRun"] is False and req["spec"]["approveCompensations"] is False
+    assert req["status"]["phase"] == "Succeeded"
+    assert "phase Succeeded" in proc.stdout
+    assert "step 0  payments.create_charge -> payments.refund" in proc.stdout  # live progress lines
+    assert "Compensated (undone and checked by a reader): 1" in proc.stdout
+    assert "the charge stays visible on the customer's statement" in proc.stdout
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+def test_rollback_without_wait_prints_the_name_and_creates_the_request(rv, cluster):
+    rv.apply_manifest()
+    s0, _ = charge_step(rv, 0, "o-rb-nowait")
+    rv.run("r", [s0])
+    proc = kr(cluster, "rollback", "r", "--name", "mine", namespace=rv.ns)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "mine\n"
+    assert "kubectl reversi describe mine" in proc.stderr
+    assert rv.get("rollbackrequests", "mine")["spec"]["runRef"]["name"] == "r"
+    again = kr(cluster, "rollback", "r", "--name", "mine", namespace=rv.ns)
+    assert "RollbackRequest" in one_line_error(again) and "already exists" in again.stderr
+    rv.wait_phase("mine", "Succeeded", "Incomplete")
+
+
+def test_rollback_wait_of_an_incomplete_undo_exits_2_and_says_what_to_do(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=False)
+    design_example(rv, "r")
+    proc = kr(cluster, "rollback", "r", "--wait", "--name", "undo", namespace=rv.ns)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert rv.get("rollbackrequests", "undo")["status"]["phase"] == "Incomplete"
+    out = proc.stdout
+    assert "Report (NOT complete)" in out
+    assert "Unresolved (outcome intended or uncertain: Reversi will not guess): 1\n  step 2  payments.capture" in out
+    assert "step 3  email.send: irreversible: the customer has read the email" in out
+    assert "step 1  payments.create_charge: blocked by 2" in out
+    todo = out.split("What to do next:")[1]
+    assert f"kubectl reversi resolve r 2 --status succeeded|failed [--result JSON] --note TEXT -n {rv.ns}" in todo
+
+
+def test_rollback_of_a_missing_run_creates_nothing(rv, cluster):
+    line = one_line_error(kr(cluster, "rollback", "ghost", "--wait", namespace=rv.ns))
+    assert f"Run {rv.ns}/ghost not found" in line
+    assert rv.custom.list_namespaced_custom_object(GROUP, VERSION, rv.ns, "rollbackrequests")["items"] == []
+
+
+def test_rollback_wait_stops_at_approval_then_approve_step_finishes_it(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=True)
+    s0, charge = charge_step(rv, 0, "o-approve")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    proc = kr(cluster, "rollback", "r", "--wait", "--name", "undo", "--approval-grace", "2", namespace=rv.ns)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "phase AwaitingApproval" in proc.stdout
+    assert "Stopped waiting: steps 1 wait for approval" in proc.stdout
+    assert f"kubectl reversi approve undo --step 1 -n {rv.ns}" in proc.stdout
+    assert rv.get("rollbackrequests", "undo")["status"]["phase"] == "AwaitingApproval"
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+
+    wrong = kr(cluster, "approve", "undo", "--step", "0", namespace=rv.ns)
+    assert "needs no approval" in one_line_error(wrong)
+    ok = kr(cluster, "approve", "undo", "--step", "1", namespace=rv.ns)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"RollbackRequest {rv.ns}/undo: approved step(s) 1")
+    approvals = rv.get("rollbackrequests", "undo")["spec"]["approvals"]
+    assert [a["step"] for a in approvals] == [1]
+    assert set(approvals[0]) <= {"step", "approver", "approvedAt"}
+    stamped_or_absent(approvals[0], "approver")
+    again = kr(cluster, "approve", "undo", "--step", "1", namespace=rv.ns)
+    assert again.returncode == 0 and "already approved" in again.stdout
+    assert len(rv.get("rollbackrequests", "undo")["spec"]["approvals"]) == 1
+
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0, 1]
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "voided"
+    described = kr(cluster, "describe", "undo", namespace=rv.ns)
+    assert described.returncode == 0 and "Approved:     steps 1" in described.stdout
+    late = kr(cluster, "approve", "undo", "--step", "1", namespace=rv.ns)
+    assert "has ended (Succeeded)" in one_line_error(late)
+
+
+def test_rollback_wait_gives_up_at_its_timeout_and_the_request_goes_on(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=True)
+    s0, charge = charge_step(rv, 0, "o-timeout")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, rv.capture(charge["id"]))])
+    proc = kr(cluster, "rollback", "r", "--wait", "--name", "slow", "--timeout", "4", "--approval-grace", "600",
+              namespace=rv.ns)
+    line = one_line_error(proc)
+    assert line.startswith(f"error: timed out after 4s waiting for RollbackRequest {rv.ns}/slow (phase AwaitingApproval")
+    assert f"kubectl reversi describe slow -n {rv.ns}" in line
+    assert proc.stdout.splitlines()[0] == "slow"
+    assert rv.get("rollbackrequests", "slow")["status"]["phase"] == "AwaitingApproval"
+
+
+def test_approve_all_sets_approve_compensations(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=True)
+    s0, charge = charge_step(rv, 0, "o-approve-all")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    proc = kr(cluster, "approve", "undo", "--all", namespace=rv.ns)
+    assert proc.returncode == 0, proc.stderr
+    spec = rv.get("rollbackrequests", "undo")["spec"]
+    assert spec["approveCompensations"] is True
+    stamped_or_absent(spec, "approvedBy")
+    assert "approvals" not in spec or spec["approvals"] == []
+    assert rv.wait_phase("undo", "Succeeded", "Incomplete")["status"]["phase"] == "Succeeded"
+    usage = kr(cluster, "approve", "undo", namespace=rv.ns)
+    assert "--step N (repeatable) or --all" in one_line_error(usage)
+
+
+def _user_with(rv, cluster, verbs: list[str]) -> Path:
+    """A kubeconfig for a new user allowed ``verbs`` on runs and rollbackrequests in the namespace."""
+    user = f"user-{uuid.uuid4().hex[:6]}"
+    rbac = client.RbacAuthorizationV1Api(rv.api)
+    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": user}, "rules": [
+        {"apiGroups": [GROUP], "resources": ["rollbackrequests", "runs"], "verbs": verbs}]})
+    rbac.create_namespaced_role_binding(rv.ns, {"metadata": {"name": user},
+                                                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                            "name": user},
+                                                "subjects": [{"kind": "User", "name": user}]})
+    return cluster.kubeconfig_for(user)
+
+
+def test_approve_refused_by_the_server_shows_its_message(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=True)
+    s0, charge = charge_step(rv, 0, "o-approve-rbac")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, rv.capture(charge["id"]))])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+
+    viewer = _user_with(rv, cluster, ["get", "list", "watch"])
+    line = one_line_error(kr(cluster, "approve", "undo", "--step", "1", namespace=rv.ns, kubeconfig=viewer))
+    assert f"approving RollbackRequest {rv.ns}/undo refused (Forbidden):" in line
+    assert viewer.stem in line and "cannot patch" in line  # the API server's own words, naming the user
+    assert "RBAC verbs patch and approve" in line
+
+    # write access is not enough: approving is a permission of its own (the admission webhook)
+    editor = _user_with(rv, cluster, ["get", "list", "watch", "create", "patch", "update"])
+    line = one_line_error(kr(cluster, "approve", "undo", "--step", "1", namespace=rv.ns, kubeconfig=editor))
+    assert f"approving RollbackRequest {rv.ns}/undo refused (Forbidden):" in line
+    assert 'verb \\"approve\\"' in line or 'verb "approve"' in line
+    line = one_line_error(kr(cluster, "approve", "undo", "--all", namespace=rv.ns, kubeconfig=editor))
+    assert "approveCompensations" in line and "Forbidden" in line
+    line = one_line_error(kr(cluster, "rollback", "r", "--approve-compensations", namespace=rv.ns, kubeconfig=editor))
+    assert "creating RollbackRequest" in line and "forbidden" in line and "approve" in line
+    spec = rv.get("rollbackrequests", "undo")["spec"]
+    assert not spec.get("approvals") and not spec.get("approveCompensations")
+    assert [r["metadata"]["name"] for r in
+            rv.custom.list_namespaced_custom_object(GROUP, VERSION, rv.ns, "rollbackrequests")["items"]] == ["undo"]
+
+
+# ------------------------------------------------------------------------------ describe
+
+
+def test_describe_run_shows_the_newest_request_and_errors_name_the_fix(rv, cluster):
+    rv.apply_manifest()
+    s0, _ = charge_step(rv, 0, "o-describe")
+    rv.run("r", [s0])
+    rv.request("older", "r", dryRun=True)
+    rv.wait_phase("older", "Planned", timeout=30)
+    time.sleep(1.1)  # creationTimestamp has whole seconds: "newest" needs a later one
+    rv.request("newer", "r")
+    rv.wait_phase("newer", "Succeeded", "Incomplete")
+    proc = kr(cluster, "describe", "run/r", namespace=rv.ns)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Name:         newer\n")
+    assert "Phase:        Succeeded" in proc.stdout and "Compensated (undone and checked by a reader): 1" in proc.stdout
+    assert "CompensationStarted" in proc.stdout  # the request's events
+    by_name = kr(cluster, "describe", "older", namespace=rv.ns)
+    assert by_name.returncode == 0 and "Phase:        Planned" in by_name.stdout
+    assert f"kubectl reversi rollback r -n {rv.ns}" in by_name.stdout
+    missing = one_line_error(kr(cluster, "describe", "nope", namespace=rv.ns))
+    assert f"RollbackRequest {rv.ns}/nope not found" in missing
+    rv.run("lonely", [])
+    none = one_line_error(kr(cluster, "describe", "run/lonely", namespace=rv.ns))
+    assert f"no RollbackRequest for Run {rv.ns}/lonely" in none and "kubectl reversi rollback lonely" in none
+
+
+# ------------------------------------------------------------------------------- resolve
+
+
+def test_resolve_appends_resolutions_and_unblocks_the_plan(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = charge_step(rv, 0, "o-resolve")
+    capture = rv.capture(charge["id"])
+    reservation = rv.reserve("o-resolve")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain"),
+                 rv.step(2, "inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-resolve"},
+                         outcome="intended")])
+    assert kr(cluster, "plan", "r", namespace=rv.ns).returncode == 2
+
+    first = kr(cluster, "resolve", "r", "1", "--status", "succeeded", "--result", json.dumps({"id": capture["id"]}),
+               "--note", "seen in the payments dashboard", namespace=rv.ns)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(f"Run {rv.ns}/r: step 1 resolved as succeeded")
+    second = kr(cluster, "resolve", "r", "2", "--status", "succeeded", "--result", json.dumps({"id": reservation["id"]}),
+                "--note", "reservation exists", namespace=rv.ns)
+    assert second.returncode == 0, second.stderr
+    resolutions = rv.get("runs", "r")["spec"]["resolutions"]
+    assert [(r["step"], r["status"], r.get("result"), r["note"]) for r in resolutions] == [
+        (1, "succeeded", {"id": capture["id"]}, "seen in the payments dashboard"),
+        (2, "succeeded", {"id": reservation["id"]}, "reservation exists")]
+    for r in resolutions:
+        assert set(r) <= {"step", "status", "result", "note", "actor", "resolvedAt"}
+        stamped_or_absent(r, "actor")
+
+    plan = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
+    assert plan.returncode == 0, plan.stdout
+    assert [a["kind"] for a in json.loads(plan.stdout)["actions"]] == ["compensate"] * 3
+
+
+def test_resolve_refuses_what_cannot_be_settled(rv, cluster):
+    rv.apply_manifest()
+    s0, charge = charge_step(rv, 0, "o-resolve-bad")
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")])
+
+    def resolve(*args: str) -> str:
+        return one_line_error(kr(cluster, "resolve", "r", *args, namespace=rv.ns))
+
+    assert "has outcome succeeded" in resolve("0", "--status", "failed", "--note", "n")
+    assert f"Run {rv.ns}/r has no step 7 (it has steps 0..1)" in resolve("7", "--status", "failed", "--note", "n")
+    assert "--note is empty" in resolve("1", "--status", "failed", "--note", "  ")
+    assert "Missing option '--note'" in resolve("1", "--status", "failed")
+    assert "--result must be a JSON object" in resolve("1", "--status", "succeeded", "--result", "[1]", "--note", "n")
+    assert "--result is not JSON" in resolve("1", "--status", "succeeded", "--result", "{id", "--note", "n")
+    assert "resolutions" not in rv.get("runs", "r")["spec"] or not rv.get("runs", "r")["spec"]["resolutions"]
+    ok = kr(cluster, "resolve", "r", "1", "--status", "failed", "--note", "never happened", namespace=rv.ns)
+    assert ok.returncode == 0, ok.stderr
+    assert "already resolved as failed" in resolve("1", "--status", "succeeded", "--note", "changed my mind")
+    assert len(rv.get("runs", "r")["spec"]["resolutions"]) == 1
+    assert one_line_error(kr(cluster, "resolve", "ghost", "0", "--status", "failed", "--note", "n",
+                             namespace=rv.ns)).endswith(f"check the name with kubectl get runs -n {rv.ns}")
+
+
+# ---------------------------------------------------------------------------------- halts
+
+
+def test_halt_add_list_lift(rv, cluster):
+    name = f"cluster-{uuid.uuid4().hex[:6]}"
+    try:
+        proc = kr(cluster, "halt", "add", "dup", "--reason", "duplicate charges", "--tool", "payments.*",
+                  "--actor", "checkout-agent", "--tenant", "acme", "--environment", "prod", namespace=rv.ns)
+        assert proc.returncode == 0, proc.stderr
+        halt = rv.get("halts", "dup")
+        assert halt["spec"] == {"reason": "duplicate charges", "by": ADMIN, "scope": {
+            "tool": "payments.*", "actor": "checkout-agent", "tenant": "acme", "environment": "prod"}}
+        proc = kr(cluster, "halt", "add", name, "--cluster", "--namespace-glob", f"{rv.ns}*", "--reason", "freeze")
+        assert proc.returncode == 0, proc.stderr
+        custom = client.CustomObjectsApi(rv.api)
+        ch = custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", name)
+        assert ch["spec"] == {"reason": "freeze", "by": ADMIN, "scope": {"namespace": f"{rv.ns}*"}}
+
+        listed = kr(cluster, "halt", "list", namespace=rv.ns)
+        assert listed.returncode == 0, listed.stderr
+        lines = listed.stdout.splitlines()
+        assert lines[0].split()[:4] == ["KIND", "NAME", "REASON", "SCOPE"]
+        dup = next(line for line in lines if line.startswith("Halt "))
+        assert "dup" in dup and "duplicate charges" in dup
+        assert "tool=payments.* actor=checkout-agent tenant=acme environment=prod" in dup
+        assert any(line.startswith("ClusterHalt") and name in line and f"namespace={rv.ns}*" in line for line in lines)
+        everywhere = kr(cluster, "halt", "list", "-A")
+        assert everywhere.returncode == 0 and rv.ns in everywhere.stdout and "NAMESPACE" in everywhere.stdout
+
+        dupe = kr(cluster, "halt", "add", "dup", "--reason", "again", namespace=rv.ns)
+        assert f"Halt {rv.ns}/dup already exists; lift it first" in one_line_error(dupe)
+        bad = kr(cluster, "halt", "add", "x", "--reason", "r", "--namespace-glob", "a*", namespace=rv.ns)
+        assert "--namespace-glob needs --cluster" in one_line_error(bad)
+
+        assert kr(cluster, "halt", "lift", "dup", namespace=rv.ns).returncode == 0
+        assert kr(cluster, "halt", "lift", name, "--cluster").returncode == 0
+        with pytest.raises(ApiException) as err:
+            rv.get("halts", "dup")
+        assert err.value.status == 404
+        with pytest.raises(ApiException) as err:
+            custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", name)
+        assert err.value.status == 404
+        gone = kr(cluster, "halt", "lift", "dup", namespace=rv.ns)
+        assert f"Halt {rv.ns}/dup not found" in one_line_error(gone)
+        empty = kr(cluster, "halt", "list", namespace=rv.ns)
+        assert empty.returncode == 0 and name not in empty.stdout and "dup" not in empty.stdout
+    finally:
+        _delete_cluster_halt(rv.api, name)
+
+
+def _delete_cluster_halt(api, name: str) -> None:
+    try:
+        client.CustomObjectsApi(api).delete_cluster_custom_object(GROUP, VERSION, "clusterhalts", name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def test_kill_switch_on_status_off(rv, cluster):
+    custom = client.CustomObjectsApi(rv.api)
+    try:
+        on = kr(cluster, "kill-switch", "on", "--reason", "incident 42")
+        assert on.returncode == 0, on.stderr
+        halt = custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", "reversi-kill-switch")
+        assert halt["spec"] == {"reason": "incident 42", "by": ADMIN}  # no scope: every call everywhere
+        status = kr(cluster, "kill-switch", "status")
+        assert status.returncode == 0 and status.stdout.startswith(f"kill switch: ON by {ADMIN}")
+        assert "incident 42" in status.stdout
+        again = kr(cluster, "kill-switch", "on", "--reason", "incident 43")
+        assert again.returncode == 0 and "reason changed" in again.stdout
+        assert custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts",
+                                                "reversi-kill-switch")["spec"]["reason"] == "incident 43"
+        off = kr(cluster, "kill-switch", "off")
+        assert off.returncode == 0 and off.stdout.startswith("kill switch off")
+        with pytest.raises(ApiException):
+            custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", "reversi-kill-switch")
+        assert kr(cluster, "kill-switch", "status").stdout == "kill switch: off\n"
+        assert "already off" in kr(cluster, "kill-switch", "off").stdout
+    finally:
+        _delete_cluster_halt(rv.api, "reversi-kill-switch")
+
+
+# --------------------------------------------------------------------------------- export
+
+
+def test_export_writes_journal_resolutions_undo_and_transitions_in_time_order(rv, cluster):
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = charge_step(rv, 0, "o-export")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")],
+           resolutions=[{"step": 1, "status": "succeeded", "result": {"id": capture["id"]}, "note": "seen"}])
+    rv.downstream.fault("/payments/refunds", "error", times=1)
+    rv.request("undo", "r", retries=3, backoff={"baseMs": 100, "maxMs": 200})
+    rv.wait_phase("undo", "Succeeded", "Incomplete")
+    rv.request("other-run", "not-this-one", dryRun=True)  # its events must not appear
+    rv.wait_phase("other-run", "Failed", timeout=30)
+
+    proc = kr(cluster, "export", "r", namespace=rv.ns)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    types = [r["type"] for r in records]
+    assert types[:4] == ["run", "step", "step", "resolution"]
+    assert records[0]["uid"] == rv.get("runs", "r")["metadata"]["uid"]
+    steps = [r for r in records if r["type"] == "step"]
+    assert [s["index"] for s in steps] == [0, 1] and all("snapshot" not in s for s in steps)
+    assert steps[0]["result"] == charge and steps[1]["outcome"] == "uncertain"
+    res = next(r for r in records if r["type"] == "resolution")
+    assert (res["step"], res["status"], res["result"], res["note"]) == (1, "succeeded", {"id": capture["id"]}, "seen")
+    undo = {r["step"]: r for r in records if r["type"] == "undo"}
+    assert undo[0]["state"] == undo[1]["state"] == "compensated" and undo[0]["attempts"] == 2
+    transitions = [r for r in records if r["type"] == "transition"]
+    assert {t["request"] for t in transitions} == {"undo"}
+    reasons = [t["reason"] for t in transitions]
+    assert reasons.count("CompensationRetrying") == 1 and reasons[-1] == "RollbackComplete"
+    assert reasons.index("CompensationStarted") < reasons.index("CompensationRetrying")
+    times = [t["time"] for t in transitions]
+    assert times == sorted(times) and all(times)
+    assert types == sorted(types, key=["run", "step", "resolution", "undo", "transition"].index)
+
+    full = kr(cluster, "export", "r", "--with-snapshots", namespace=rv.ns)
+    snaps = [json.loads(line).get("snapshot") for line in full.stdout.splitlines() if '"type":"step"' in line]
+    assert [s["name"] for s in snaps] == ["payments.create_charge", "payments.capture"]
+
+
+# ------------------------------------------------------------------------ global options
+
+
+def test_namespace_comes_from_the_context_and_options_work_after_the_command(rv, cluster, tmp_path):
+    rv.apply_manifest()
+    s0, _ = charge_step(rv, 0, "o-context")
+    rv.run("r", [s0])
+    config = yaml.safe_load(cluster.paths.admin_kubeconfig.read_text())
+    config["contexts"].append({"name": "shop", "context": {**config["contexts"][0]["context"], "namespace": rv.ns}})
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(config))
+    base = [sys.executable, "-m", "reversi.entrypoints.plugin"]
+    by_context = subprocess.run(base + ["--kubeconfig", str(path), "--context", "shop", "plan", "r"],
+                                capture_output=True, text=True, timeout=60)
+    assert by_context.returncode == 0, by_context.stderr
+    after = subprocess.run(base + ["plan", "r", "--kubeconfig", str(path), "-n", rv.ns, "--json"],
+                           capture_output=True, text=True, timeout=60)
+    assert after.returncode == 0 and json.loads(after.stdout)["fully_reversible"] is True
+    default_ns = subprocess.run(base + ["--kubeconfig", str(path), "plan", "r"], capture_output=True, text=True,
+                                timeout=60)
+    assert "error: Run default/r not found" in one_line_error(default_ns)
+    unknown = subprocess.run(base + ["--kubeconfig", str(path), "--context", "nope", "plan", "r"],
+                             capture_output=True, text=True, timeout=60)
+    assert "context nope not found" in one_line_error(unknown)
+
+
+def test_an_unreachable_api_server_is_one_line(cluster, tmp_path):
+    config = yaml.safe_load(cluster.paths.admin_kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig", str(path),
+                           "plan", "r"], capture_output=True, text=True, timeout=120)
+    line = one_line_error(proc)
+    assert "cannot reach the API server at https://127.0.0.1:1" in line and "--kubeconfig" in line
+
+
+# ------------------------------------------------------------------------------ large runs
+
+
+def test_plan_and_export_of_a_2000_step_run(rv, cluster):
+    """The plan is computed locally, so it covers every step however long the run (the request's
+    status keeps only a bounded part of it). 2000 steps: the admission webhook's server refuses
+    larger request bodies (HTTP 413) for now."""
+    from reversi.engine.keys import snapshot_id
+    from reversi.models import ToolSpec
+
+    manifest = rv.apply_manifest()
+    tools = {t["name"]: ToolSpec.model_validate(t) for t in manifest["spec"]["tools"]}
+    shared = [{"id": snapshot_id(tools[name]), **tools[name].to_wire()}
+              for name in ("payments.create_charge", "payments.get_customer")]
+    ids = {s["name"]: s["id"] for s in shared}
+    steps = []
+    for i in range(2000):
+        tool = "payments.create_charge" if i % 2 else "payments.get_customer"
+        args = {"order_id": f"o-{i}", "amount": i, "customer": "cus_9"} if i % 2 else {"id": "cus_9"}
+        steps.append({"index": i, "tool": tool, "args": args, "result": {"id": f"ch_{i}"}, "outcome": "succeeded",
+                      "snapshotId": ids[tool]})
+    rv.create("runs", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": "big"},
+                       "spec": {"manifestRef": {"name": "payments"}, "snapshots": shared, "steps": steps}})
+    started = time.monotonic()
+    proc = kr(cluster, "plan", "big", "--json", namespace=rv.ns)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    actions = json.loads(proc.stdout)["actions"]
+    assert len(actions) == 2000 and [a["step"] for a in actions] == list(range(2000))
+    assert {a["kind"] for a in actions[1::2]} == {"compensate"} and {a["kind"] for a in actions[::2]} == {"skip"}
+    assert actions[1999]["args"] == {"charge_id": "ch_1999", "amount": 1999}
+    assert elapsed < 60, f"plan took {elapsed:.1f}s"
+    table = kr(cluster, "plan", "big", namespace=rv.ns)
+    assert table.returncode == 0 and sum(1 for line in table.stdout.splitlines() if line[:1].isdigit()) == 2000
+    export = kr(cluster, "export", "big", namespace=rv.ns)
+    assert export.returncode == 0
+    assert sum(1 for line in export.stdout.splitlines() if json.loads(line)["type"] == "step") == 2000
