@@ -37,7 +37,7 @@ from ..engine.report import StepOutcome, build_report, report_message
 from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
 from ..models.run import RunSpec, StepUndo
-from ..models.toolmanifest import ToolManifestSpec
+from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 
 log = logging.getLogger("reversi.rollback")
@@ -150,7 +150,8 @@ class Reconciler:
         if needed_runners and manifest is None:
             raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
                           "its runners are needed to run compensators: create it or fix the Run's spec.manifestRef")
-        runner_names = {r.name for r in manifest.runners} if manifest else set()
+        runners = {r.name: r for r in manifest.runners} if manifest else {}
+        runner_names = set(runners)
         missing = sorted(needed_runners - runner_names)
         if missing:
             raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
@@ -217,7 +218,7 @@ class Reconciler:
         self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan)
         for e in effects:
             if isinstance(e, ex.StartJob):
-                self._start_job(req, run_obj, plan, steps_by_index, verify_plans, spec, e)
+                self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e)
         for e in effects:
             if isinstance(e, ex.Note):
                 self.kube.event(req, e.reason, e.message, e.warning)
@@ -411,26 +412,23 @@ class Reconciler:
                 time.sleep(0.05)
         raise RuntimeError(f"could not journal steps {[e.step for e in entries]} on Run {ns}/{run_name}: it kept changing")
 
-    def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, spec: RollbackRequestSpec,
-                   e: ex.StartJob) -> None:
+    def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
+                   spec: RollbackRequestSpec, e: ex.StartJob) -> None:
+        """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6)."""
         meta = req["metadata"]
         owner = jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"])
         action = plan.actions[e.step]
         step = steps_by_index[e.step]
         run_meta = run_obj["metadata"]
-        manifest = self.kube.get(MANIFESTS, meta["namespace"], run_obj["spec"]["manifestRef"]["name"])
-        runners = {r["name"]: r for r in (manifest or {}).get("spec", {}).get("runners", [])}
-        from ..models.toolmanifest import Runner
-
         common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
                       deadline_seconds=spec.deadline_seconds, settings=self.job_settings)
         if e.role == "reader":
             vp = verify_plans[e.step]
-            runner = Runner.model_validate(runners[vp.runner])
+            runner = runners[vp.runner]
             secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
                                              role="reader", read=e.read, **common)
         else:
-            runner = Runner.model_validate(runners[action.runner])
+            runner = runners[action.runner]
             call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step, action.compensation_tool,
                                              step.tool, action.args, action.idempotency_key)
             secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
