@@ -186,6 +186,18 @@ def test_rollback_wait_of_an_incomplete_undo_exits_2_and_says_what_to_do(rv, clu
     assert f"kubectl reversi resolve r 2 --status succeeded|failed [--result JSON] --note TEXT -n {rv.ns}" in todo
 
 
+def test_rollback_wait_of_an_unusable_request_exits_2_with_the_fix(rv, cluster):
+    rv.apply_manifest()
+    s0, _ = charge_step(rv, 0, "o-nomanifest")
+    rv.run("r", [s0])
+    rv.custom.delete_namespaced_custom_object(GROUP, VERSION, rv.ns, "toolmanifests", "payments")
+    proc = kr(cluster, "rollback", "r", "--wait", "--name", "undo", namespace=rv.ns)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Phase:        Failed" in proc.stdout and "Invalid:      ManifestNotFound:" in proc.stdout
+    todo = proc.stdout.split("What to do next:")[1]
+    assert f"ToolManifest {rv.ns}/payments" in todo and f"kubectl reversi rollback r -n {rv.ns}" in todo
+
+
 def test_rollback_of_a_missing_run_creates_nothing(rv, cluster):
     line = one_line_error(kr(cluster, "rollback", "ghost", "--wait", namespace=rv.ns))
     assert f"Run {rv.ns}/ghost not found" in line
@@ -380,6 +392,28 @@ def test_resolve_refuses_what_cannot_be_settled(rv, cluster):
     assert len(rv.get("runs", "r")["spec"]["resolutions"]) == 1
     assert one_line_error(kr(cluster, "resolve", "ghost", "0", "--status", "failed", "--note", "n",
                              namespace=rv.ns)).endswith(f"check the name with kubectl get runs -n {rv.ns}")
+
+
+def test_a_stale_json_patch_is_recognised_as_a_lost_race(rv, cluster):
+    """resolve and approve guard their JSON patch with a test of metadata.resourceVersion; the
+    server's answer when it fails must read as a race (retried), not as a refusal."""
+    from reversi.cli.api import connect, lost_race
+
+    rv.apply_manifest()
+    s0, _ = charge_step(rv, 0, "o-race")
+    run = rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": "x"}, outcome="uncertain")])
+    rv.patch("runs", "r", {"metadata": {"labels": {"touched": "yes"}}})  # the object moves on
+    c = connect(str(cluster.paths.admin_kubeconfig), None, rv.ns)
+    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
+           {"op": "add", "path": "/spec/resolutions/-", "value": {"step": 1, "status": "failed", "note": "n"}}]
+    with pytest.raises(ApiException) as err:
+        c.patch("runs", "r", ops, json_patch=True)
+    assert lost_race(err.value), err.value.body
+    ops[0]["value"] = rv.get("runs", "r")["metadata"]["resourceVersion"]
+    ops[1]["value"] = {"step": 0, "status": "failed", "note": "n"}  # a settled step: the server refuses
+    with pytest.raises(ApiException) as err:
+        c.patch("runs", "r", ops, json_patch=True)
+    assert not lost_race(err.value), err.value.body
 
 
 # ---------------------------------------------------------------------------------- halts

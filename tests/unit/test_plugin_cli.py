@@ -176,3 +176,53 @@ def test_halt_body_is_a_halt_with_namespace_or_a_cluster_halt():
     body = plugin.halt_body("reversi-kill-switch", None, "stop", None, {})
     assert body == {"apiVersion": "reversi.dev/v1alpha1", "kind": "ClusterHalt",
                     "metadata": {"name": "reversi-kill-switch"}, "spec": {"reason": "stop"}}
+
+
+# ------------------------------------------------------------------------- conflict retries
+
+
+def _api_error(status: int, message: str, details: dict | None = None):
+    import json
+
+    from kubernetes.client.rest import ApiException
+
+    err = ApiException(status=status, reason="x")
+    err.body = json.dumps({"kind": "Status", "message": message, "details": details or {}, "code": status})
+    return err
+
+
+def test_retry_conflicts_retries_a_lost_race_then_succeeds():
+    from reversi.cli.api import PATCH_NOT_APPLICABLE, retry_conflicts
+
+    calls = []
+
+    def action():
+        calls.append(1)
+        if len(calls) < 3:
+            raise _api_error(422 if len(calls) == 1 else 409, PATCH_NOT_APPLICABLE)
+        return "done"
+
+    assert retry_conflicts(action, "resolving") == "done" and len(calls) == 3
+
+
+def test_retry_conflicts_passes_a_refusal_through_at_once_and_gives_up_on_endless_races():
+    from kubernetes.client.rest import ApiException
+
+    from reversi.cli.api import PATCH_NOT_APPLICABLE, retry_conflicts
+
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise _api_error(422, 'admission webhook "validate-run.reversi.dev" denied the request: a note is required')
+
+    with pytest.raises(ApiException):
+        retry_conflicts(refused, "resolving")
+    assert len(calls) == 1
+
+    def racing():
+        raise _api_error(422, PATCH_NOT_APPLICABLE)
+
+    with pytest.raises(CliError) as err:
+        retry_conflicts(racing, "resolving step 1 of Run shop/r", attempts=2)
+    assert str(err.value) == "resolving step 1 of Run shop/r: the object kept changing; try again"

@@ -270,18 +270,27 @@ def connect(kubeconfig: str | None, context: str | None, namespace: str | None) 
     return Connection(api, ns, chosen.get("name"), api.configuration.host)
 
 
+#: What the API server says when a JSON patch cannot be applied, e.g. a failed ``test`` op.
+PATCH_NOT_APPLICABLE = "the server rejected our request due to an error in our request"
+
+
+def lost_race(err: ApiException) -> bool:
+    """The write lost an optimistic-concurrency race: a 409, or a 422 whose message is the
+    generic "cannot apply the patch" (our ``test`` of ``metadata.resourceVersion`` failed).
+    Validation and webhook refusals carry their own message and are not races."""
+    return err.status == 409 or (err.status == 422 and server_message(err) == PATCH_NOT_APPLICABLE)
+
+
 def retry_conflicts(action: Callable[[], Any], what: str, attempts: int = 5) -> Any:
-    """Run ``action`` again when the object changed under it (409, or a failed JSON-patch
-    ``test``: 422/500 mentioning test); other refusals propagate."""
+    """Run ``action`` again (it re-reads the object) when the object changed under it; other
+    refusals propagate as :class:`ApiException`."""
     for attempt in range(attempts):
         try:
             return action()
         except ApiException as err:
-            body = err.body or ""
-            lost_race = err.status == 409 or (err.status in (422, 500) and "test" in body and
-                                              "resourceVersion" in body)
-            if not lost_race or attempt == attempts - 1:
-                if lost_race:
+            race = lost_race(err)
+            if not race or attempt == attempts - 1:
+                if race:
                     raise CliError(f"{what}: the object kept changing; try again") from err
                 raise
             time.sleep(0.1 * (attempt + 1))
