@@ -270,12 +270,12 @@ def test_approve_all_sets_approve_compensations(rv, cluster):
     assert "--step N (repeatable) or --all" in one_line_error(usage)
 
 
-def _user_with(rv, cluster, verbs: list[str]) -> Path:
-    """A kubeconfig for a new user allowed ``verbs`` on runs and rollbackrequests in the namespace."""
+def _user_with(rv, cluster, verbs: list[str], resources: tuple[str, ...] = ("rollbackrequests", "runs")) -> Path:
+    """A kubeconfig for a new user allowed ``verbs`` on ``resources`` (reversi.dev) in the namespace."""
     user = f"user-{uuid.uuid4().hex[:6]}"
     rbac = client.RbacAuthorizationV1Api(rv.api)
     rbac.create_namespaced_role(rv.ns, {"metadata": {"name": user}, "rules": [
-        {"apiGroups": [GROUP], "resources": ["rollbackrequests", "runs"], "verbs": verbs}]})
+        {"apiGroups": [GROUP], "resources": list(resources), "verbs": verbs}]})
     rbac.create_namespaced_role_binding(rv.ns, {"metadata": {"name": user},
                                                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                                             "name": user},
@@ -309,6 +309,14 @@ def test_approve_refused_by_the_server_shows_its_message(rv, cluster):
     assert not spec.get("approvals") and not spec.get("approveCompensations")
     assert [r["metadata"]["name"] for r in
             rv.custom.list_namespaced_custom_object(GROUP, VERSION, rv.ns, "rollbackrequests")["items"]] == ["undo"]
+
+    # describe needs only the request: the Run (tool names) and the Events are extras
+    reader = _user_with(rv, cluster, ["get"], resources=("rollbackrequests",))
+    described = kr(cluster, "describe", "undo", namespace=rv.ns, kubeconfig=reader)
+    assert described.returncode == 0, described.stderr
+    assert "Phase:        AwaitingApproval" in described.stdout and "Awaiting approval: 1" in described.stdout
+    assert "warning: reading Run" in described.stderr and "forbidden" in described.stderr
+    assert "Run:          r  (not readable)" in described.stdout
 
 
 # ------------------------------------------------------------------------------ describe

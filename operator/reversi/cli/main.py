@@ -40,6 +40,7 @@ from .api import API_VERSION, CliError, Connection, connect, refused, retry_conf
 
 KILL_SWITCH = "reversi-kill-switch"
 POLL_SECONDS = 1.0
+PENDING_HINT_SECONDS = 15.0  # rollback --wait: say so when no operator has taken the request by then
 _META = "reversi.cli"
 _server_seen: list[str] = []  # the API server of this invocation, for "cannot reach" errors
 
@@ -198,6 +199,7 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float) -> i
     shown_phase = None
     shown: dict[int, tuple] = {}
     awaiting_since: float | None = None
+    pending_hint_shown = False
     missing = f"it was deleted while waiting (kubectl get rollbackrequests -n {c.namespace})"
     while True:
         req = c.get("rollbackrequests", name, missing=missing)
@@ -226,6 +228,9 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float) -> i
                 return 2
         else:
             awaiting_since = None
+        if phase in (None, "Pending") and not pending_hint_shown and time.monotonic() - started > PENDING_HINT_SECONDS:
+            remark("note: the operator has not picked the request up yet; is reversi-operator running?")
+            pending_hint_shown = True
         if timeout and time.monotonic() - started > timeout:
             raise CliError(f"timed out after {timeout:g}s waiting for RollbackRequest {c.namespace}/{name} "
                            f"({line}); it goes on in the cluster: kubectl reversi describe {name} -n {c.namespace}")
@@ -251,11 +256,22 @@ def newest_request(c: Connection, run: str) -> dict:
 
 
 def describe_view(c: Connection, req: dict) -> str:
+    """The describe report; the Run (tool names) and the Events are extras: a user who may not
+    read them still gets the report."""
     run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name", "")
-    run = c.get("runs", run_name) if run_name else None
     uid = req["metadata"].get("uid")
-    events = c.events_for(c.namespace, "RollbackRequest", {uid}) if uid else []
-    return views.describe_request(req, run, events, now())
+    missing = "not found"
+    try:
+        run = c.get("runs", run_name) if run_name else None
+    except CliError as err:
+        remark(f"warning: {err}")
+        run, missing = None, "not readable"
+    try:
+        events = c.events_for(c.namespace, "RollbackRequest", {uid}) if uid else []
+    except CliError as err:
+        remark(f"warning: {err}")
+        events = []
+    return views.describe_request(req, run, events, now(), run_missing=missing)
 
 
 @cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN), "

@@ -355,8 +355,9 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
 
 
 def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
-                     now: dt.datetime) -> str:
-    """``kubectl reversi describe``: a report a person can read (Velero style)."""
+                     now: dt.datetime, run_missing: str = "not found") -> str:
+    """``kubectl reversi describe``: a report a person can read (Velero style). ``run_missing``
+    says why ``run`` is ``None`` (``not found``, or e.g. ``not readable``)."""
     meta = request.get("metadata") or {}
     spec = request.get("spec") or {}
     status = request.get("status") or {}
@@ -367,7 +368,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     lines = [
         f"Name:         {meta.get('name', '')}",
         f"Namespace:    {ns}",
-        f"Run:          {run_name}" + ("" if run is not None else "  (not found)"),
+        f"Run:          {run_name}" + ("" if run is not None else f"  ({run_missing})"),
         f"Dry run:      {'yes' if spec.get('dryRun') else 'no'}",
         f"Phase:        {status.get('phase') or 'Pending'}",
     ]
