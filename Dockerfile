@@ -1,0 +1,50 @@
+# syntax=docker/dockerfile:1
+#
+# The Reversi operator image (and, with --target demo, the demo's tools image).
+#
+#   docker build -t ghcr.io/reversi-dev/reversi-operator:0.1.0 .
+#   docker build --target demo -t reversi-demo-tools:dev .
+#
+# The operator runs as user 65532 on a read-only root file system (the chart mounts /tmp);
+# its entry point is `reversi-operator` (settings from REVERSI_* variables, see the chart).
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# ---- build: a wheel of the project and of every dependency --------------------------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# README.md is optional here (pyproject names it; the glob keeps the build working without it)
+COPY pyproject.toml README.md* ./
+COPY operator ./operator
+RUN test -f README.md || echo "Reversi" > README.md \
+ && pip wheel --wheel-dir /wheels .
+
+# ---- runtime ------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-index --find-links=/wheels reversi \
+ && python -c "import reversi, kopf, kubernetes" \
+ && command -v reversi-operator
+USER 65532:65532
+EXPOSE 8080 9443
+
+# ---- demo: the operator image plus the demo's downstream server and tool command ----------
+# (stdlib-only scripts; compensator and reader Jobs of the demo run `python /opt/reversi/demo/tool.py`)
+FROM runtime AS demo
+COPY --chown=0:0 --chmod=0755 demo/downstream/server.py demo/downstream/tool.py /opt/reversi/demo/
+ENTRYPOINT []
+CMD ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080"]
+
+# ---- operator (the default target: the last stage) ----------------------------------------
+FROM runtime AS operator
+LABEL org.opencontainers.image.title="reversi-operator" \
+      org.opencontainers.image.description="Undoes the side effects of automated runs and says honestly what it could not undo." \
+      org.opencontainers.image.source="https://github.com/reversi-dev/reversi" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENTRYPOINT ["reversi-operator"]
