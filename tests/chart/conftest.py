@@ -1,0 +1,103 @@
+"""Fixtures for the Helm chart's tests: the helm, promtool and kubectl binaries, rendering, and a
+release of the chart installed on the local control plane with the operator running as a pod.
+
+The binaries are the pinned builds in the cache (``reversi-devcluster build --all``; ``make
+test`` builds them). On the local control plane the node agent ignores images and runs the
+container's ``command`` (``reversi-operator``) with this machine's PATH, so the installed chart
+runs the operator of this checkout, with the chart's ServiceAccount, RBAC, Secret and env.
+
+Two things of the local control plane differ from a real cluster, and :class:`Release` bridges
+them:
+
+- pods get the IP 127.0.0.1, so the operator's ports are host ports: the tests use ports that do
+  not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 58080; ``REVERSI_TEST_CHART_WEBHOOK_PORT``,
+  default 59443);
+- an EndpointSlice may not hold a loopback address, so the endpointslice controller cannot
+  publish the operator pod's endpoint; the API server (which reaches webhook Services through
+  their endpoints, ``--enable-aggregator-routing``) would find none. The release fixture adds an
+  EndpointSlice for the chart's Service that points at this machine's first non-loopback
+  address, where the operator (listening on all interfaces) answers.
+
+The release is installed once per module and uninstalled at its end, so that it never runs next
+to the integration tests' ``operator`` process (tests/chart runs before tests/integration).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reversi.devcluster.build import binary
+from tests.chart.chartkit import Release, Renderer, release_values
+from tests.integration.conftest import crds, downstream  # noqa: F401 - fixtures used by the chart tests
+
+
+def _tool(component: str, name: str) -> Path:
+    path = binary(component, name)
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{name} is not built ({path}); run `reversi-devcluster build --all` (make test does)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return _tool("helm", "helm")
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    return _tool("prometheus", "promtool")
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> Path:
+    return _tool("kubernetes", "kubectl")
+
+
+@pytest.fixture
+def render(helm, tmp_path) -> Renderer:
+    return Renderer(helm, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def installed(cluster, crds, helm, kubectl, tmp_path_factory):  # noqa: F811 - crds is the imported fixture
+    """``with installed(**values) as release:`` installs the chart (test values plus ``values``)
+    as release ``rv`` in a namespace of its own, and uninstalls it afterwards. One at a time: the
+    operator's ports are host ports on the local control plane."""
+    if Path("/tmp") in Path(cluster.paths.root).resolve().parents:
+        pytest.fail(f"the local control plane's folder {cluster.paths.root} is under /tmp: the node agent's "
+                    "launcher mounts a pod's /tmp volume before the volumes whose folders live there, so the "
+                    "operator pod and every Job fail to start; use a REVERSI_CLUSTER_DIR outside /tmp")
+
+    @contextlib.contextmanager
+    def install(**overrides):
+        ns = f"reversi-system-{uuid.uuid4().hex[:5]}"
+        rel = Release(helm, kubectl, cluster.paths.admin_kubeconfig, tmp_path_factory.mktemp("release"), "rv", ns,
+                      release_values(**overrides))
+        try:
+            rel.install()
+        except BaseException:
+            try:
+                print(f"--- operator log ---\n{rel.logs()[-6000:]}")
+            except Exception:  # noqa: BLE001 - best effort for the report
+                pass
+            rel.uninstall(check=False)
+            raise
+        try:
+            yield rel
+        finally:
+            rel.uninstall()
+            rel.kubectl_cmd("delete", "namespace", ns, "--wait=false", check=False)
+
+    return install
+
+
+@pytest.fixture(scope="module")
+def release(installed):
+    """The chart installed with the test values (see :func:`installed`) for one module."""
+    with installed() as rel:
+        yield rel

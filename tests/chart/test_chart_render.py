@@ -1,0 +1,400 @@
+"""The chart without a cluster: lint, the CRDs it ships, what it renders, and the values it refuses."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from tests.chart.chartkit import ALL_FEATURES, CHART, REPO, find, run
+
+CONTRACT_PATHS = {
+    "mutating": {"/mutate-run": (["runs"], ["CREATE", "UPDATE"]),
+                 "/mutate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"])},
+    "validating": {"/validate-run": (["runs"], ["CREATE", "UPDATE"]),
+                   "/validate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"]),
+                   "/validate-toolmanifest": (["toolmanifests"], ["CREATE", "UPDATE"]),
+                   "/validate-halt": (["halts"], ["CREATE", "UPDATE"]),
+                   "/validate-clusterhalt": (["clusterhalts"], ["CREATE", "UPDATE"])},
+}
+
+
+# ------------------------------------------------------------------------------------- lint
+
+def test_lint_with_default_values(helm):
+    run([helm, "lint", "--strict", CHART])
+
+
+def test_lint_with_every_optional_feature_on(helm, tmp_path):
+    values = tmp_path / "all.yaml"
+    values.write_text(yaml.safe_dump(ALL_FEATURES))
+    run([helm, "lint", "--strict", CHART, "--values", values])
+
+
+# ------------------------------------------------------------------------------------- CRDs
+
+def test_chart_crds_are_the_generated_crds():
+    """charts/reversi/crds/ holds exact copies of crds/ (regenerate with reversi-crdgen, then copy:
+    cp crds/*.yaml charts/reversi/crds/)."""
+    ours = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_text() for p in (CHART / "crds").glob("*.reversi.dev.yaml")}
+    assert ours, "no CRDs in crds/"
+    assert sorted(chart) == sorted(ours), "the chart's crds/ and crds/ hold different CRD files"
+    stale = [name for name in ours if chart[name] != ours[name]]
+    assert not stale, f"charts/reversi/crds/ is stale for {stale}: cp crds/*.yaml charts/reversi/crds/"
+
+
+def test_chart_ships_kopf_peering_crds_and_nothing_else():
+    extra = {p.name for p in (CHART / "crds").glob("*.yaml")} - {p.name for p in (REPO / "crds").glob("*.yaml")}
+    assert extra == {"kopf-peering.yaml"}
+    names = {d["metadata"]["name"] for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())}
+    assert names == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+# --------------------------------------------------------------------------- default render
+
+def test_default_render_has_the_expected_objects(render):
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in render())
+    assert kinds == sorted([
+        ("ServiceAccount", "rv-reversi"), ("Secret", "rv-reversi-webhook-tls"),
+        ("ClusterRole", "rv-reversi"), ("ClusterRole", "rv-reversi-cluster"),
+        ("ClusterRoleBinding", "rv-reversi"), ("ClusterRoleBinding", "rv-reversi-cluster"),
+        ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
+        ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
+    ])
+
+
+def test_deployment_runs_one_restricted_operator(render):
+    dep = find(render(), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/reversi-dev/reversi-operator:0.1.0"
+    assert container["command"] == ["reversi-operator"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["REVERSI_METRICS_PORT"] == "8080" and env["REVERSI_WEBHOOK_PORT"] == "9443"
+    assert env["REVERSI_WEBHOOK_CERT"] == "/etc/reversi/webhook/tls.crt"
+    assert env["REVERSI_WEBHOOK_KEY"] == "/etc/reversi/webhook/tls.key"
+    assert env["REVERSI_NAMESPACES"] == ""
+    assert "REVERSI_PEERING" not in env
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/reversi/webhook"]["readOnly"] is True and "/tmp" in mounts
+
+
+def test_every_env_var_is_an_operator_setting(render):
+    """A REVERSI_* variable the operator does not know would be ignored silently."""
+    from reversi.settings import OperatorSettings
+
+    known = {f"REVERSI_{name.upper()}" for name in OperatorSettings.model_fields}
+    for values in (None, ALL_FEATURES):
+        container = find(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        names = {e["name"] for e in container["env"]}
+        assert names <= known, f"unknown settings: {sorted(names - known)}"
+
+
+def test_service_serves_metrics_and_webhooks(render):
+    svc = find(render(), "Service")
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["metrics"]["port"] == 8080 and ports["metrics"]["targetPort"] == "metrics"
+    assert ports["webhook"]["port"] == 443 and ports["webhook"]["targetPort"] == "webhook"
+    dep = find(render(), "Deployment")
+    container_ports = {p["name"]: p["containerPort"]
+                       for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert container_ports == {"metrics": 8080, "webhook": 9443}
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+
+
+# ----------------------------------------------------------------------------------- RBAC
+
+def _rules(objs: list[dict]) -> list[dict]:
+    return [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+
+
+@pytest.mark.parametrize("values", [None, ALL_FEATURES], ids=["default", "all-features"])
+def test_rbac_has_no_wildcards(render, values):
+    for rule in _rules(render(values)):
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(key, []), f"wildcard in {rule}"
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+
+
+def _grants(objs: list[dict]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in _rules(objs) for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def test_rbac_grants_what_the_operator_needs_and_no_more(render):
+    grants = _grants(render())
+    needed = {("reversi.dev", k, v) for k in ("runs", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")
+              for v in ("get", "list", "watch")}
+    needed |= {("reversi.dev", f"{k}/status", "patch")
+               for k in ("runs", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")}
+    needed |= {("reversi.dev", "rollbackrequests/finalizers", "update"),
+               ("batch", "jobs", "create"), ("batch", "jobs", "get"), ("batch", "jobs", "list"),
+               ("batch", "jobs", "watch"), ("", "secrets", "create"), ("", "pods", "get"), ("", "pods", "list"),
+               ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"),
+               ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+               ("authorization.k8s.io", "subjectaccessreviews", "create"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+    assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
+    never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
+             ("reversi.dev", "runs", "update"), ("reversi.dev", "runs", "patch"), ("", "pods", "create")}
+    assert not grants & never
+
+
+def test_watch_namespaces_binds_write_access_per_namespace(render):
+    objs = render({"watchNamespaces": ["shop", "billing"]})
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["billing", "shop"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "rv-reversi"} for b in bindings)
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"] == ["rv-reversi-cluster"]
+    cluster_role = find(objs, "ClusterRole", "rv-reversi-cluster")
+    grants = _grants([cluster_role])
+    assert ("", "namespaces", "list") in grants and ("", "namespaces", "watch") in grants
+    assert ("reversi.dev", "runs", "list") in grants  # the gauges list Runs cluster-wide
+    env = {e["name"]: e.get("value") for e in
+           find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["REVERSI_NAMESPACES"] == "shop,billing"
+
+
+def test_peering_adds_its_object_rbac_and_env(render):
+    objs = render({"peering": {"enabled": True}, "replicaCount": 2})
+    assert find(objs, "ClusterKopfPeering", "reversi")
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in _grants(objs)
+    dep = find(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["REVERSI_PEERING"] == "reversi"
+    namespaced = render({"peering": {"enabled": True}, "watchNamespaces": ["shop"]})
+    assert find(namespaced, "KopfPeering", "reversi")["metadata"]["namespace"] == "shop"
+    assert ("kopf.dev", "kopfpeerings", "patch") in _grants(namespaced)
+
+
+# ------------------------------------------------------------------------------- webhooks
+
+def _hooks(objs: list[dict]) -> dict[str, dict[str, dict]]:
+    out = {}
+    for kind, key in (("MutatingWebhookConfiguration", "mutating"), ("ValidatingWebhookConfiguration", "validating")):
+        out[key] = {h["clientConfig"]["service"]["path"]: h for h in find(objs, kind)["webhooks"]}
+    return out
+
+
+def test_webhooks_follow_the_contract(render):
+    hooks = _hooks(render())
+    for kind, paths in CONTRACT_PATHS.items():
+        assert set(hooks[kind]) == set(paths)
+        for path, (resources, operations) in paths.items():
+            hook = hooks[kind][path]
+            (rule,) = hook["rules"]
+            assert rule["apiGroups"] == ["reversi.dev"] and rule["apiVersions"] == ["v1alpha1"]
+            assert rule["resources"] == resources and rule["operations"] == operations
+            assert hook["admissionReviewVersions"] == ["v1"]
+            assert hook["sideEffects"] in ("None", "NoneOnDryRun")
+            assert hook["timeoutSeconds"] == 10 and hook["failurePolicy"] == "Fail"
+            assert hook["clientConfig"]["service"] == {"name": "rv-reversi", "namespace": "reversi-system",
+                                                       "path": path, "port": 443}
+
+
+def test_webhooks_match_the_operators_admission_handlers(render):
+    """Every kopf admission handler the operator registers has its webhook, with the same path
+    (the handler id), resource, operations and side effects — and no webhook points nowhere."""
+    import kopf
+
+    import reversi.entrypoints.operator  # noqa: F401 - registers the handlers
+
+    handlers = {}
+    for h in kopf.get_default_registry()._webhooks.get_all_handlers():
+        kind = "mutating" if "mutat" in str(h.reason).lower() else "validating"
+        handlers[(kind, f"/{h.id}")] = h
+    hooks = _hooks(render())
+    rendered = {(kind, path) for kind, paths in hooks.items() for path in paths}
+    assert rendered == set(handlers), (f"webhooks without a handler: {sorted(rendered - set(handlers))}; "
+                                       f"handlers without a webhook: {sorted(set(handlers) - rendered)}")
+    for (kind, path), h in handlers.items():
+        hook = hooks[kind][path]
+        assert hook["rules"][0]["resources"] == [h.selector.any_name or h.selector.plural]
+        assert hook["rules"][0]["operations"] == list(h.operations or ["*"])
+        assert hook["sideEffects"] == ("NoneOnDryRun" if h.side_effects else "None")
+
+
+def test_webhook_certificate_is_for_the_service_and_shared(render):
+    from cryptography import x509
+
+    objs = render()
+    secret = find(objs, "Secret", "rv-reversi-webhook-tls")
+    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    crt_pem = base64.b64decode(secret["data"]["tls.crt"])
+    for hooks in _hooks(objs).values():
+        for hook in hooks.values():
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+    cert = x509.load_pem_x509_certificate(crt_pem)
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    assert cert.issuer == ca.subject
+    ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes,
+                           *_verify_args(cert))  # signed by the CA in the bundle
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "rv-reversi.reversi-system.svc" in names
+    annotations = find(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/webhook-tls"] == hashlib.sha256(crt_pem).hexdigest()
+
+
+def _verify_args(cert):
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    return (padding.PKCS1v15(), cert.signature_hash_algorithm)
+
+
+def test_webhook_failure_policy_and_selectors_are_configurable(render):
+    objs = render({"webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 5,
+                               "namespaceSelector": {"matchLabels": {"reversi": "on"}}}})
+    for hooks in _hooks(objs).values():
+        for hook in hooks.values():
+            assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+            assert hook["namespaceSelector"] == {"matchLabels": {"reversi": "on"}}
+
+
+def test_webhooks_off_renders_no_webhook_objects(render):
+    objs = render({"webhook": {"enabled": False}})
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
+    container = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(e["name"].startswith("REVERSI_WEBHOOK") for e in container["env"])
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert [p["name"] for p in find(objs, "Service")["spec"]["ports"]] == ["metrics"]
+
+
+def test_cert_manager_issues_the_certificate_and_injects_the_ca(render):
+    objs = render({"webhook": {"certManager": {"enabled": True}}})
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    cert = find(objs, "Certificate")
+    issuer = find(objs, "Issuer")
+    assert cert["spec"]["secretName"] == "rv-reversi-webhook-tls"
+    assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer",
+                                         "group": "cert-manager.io"}
+    assert "rv-reversi.reversi-system.svc" in cert["spec"]["dnsNames"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        conf = find(objs, kind)
+        assert conf["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "reversi-system/rv-reversi-webhook"
+        assert all("caBundle" not in h["clientConfig"] for h in conf["webhooks"])
+    own = render({"webhook": {"certManager": {"enabled": True,
+                                              "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+    assert not [o for o in own if o["kind"] == "Issuer"]
+    assert find(own, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+# ------------------------------------------------------------------ monitoring objects
+
+def test_service_monitor_sets_the_job_label_and_keeps_the_metrics_namespace(render):
+    objs = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+                               "jobName": "reversi-prod"}})
+    sm = find(objs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["jobLabel"] == "reversi.dev/prometheus-job"
+    assert find(objs, "Service")["metadata"]["labels"]["reversi.dev/prometheus-job"] == "reversi-prod"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert {"regex": "namespace", "action": "labeldrop"} in endpoint["relabelings"]
+
+
+def test_prometheus_rule_carries_the_tested_rules(render):
+    rules_file = yaml.safe_load((CHART / "files" / "alerts" / "reversi.rules.yaml").read_text())
+    objs = render({"metrics": {"prometheusRule": {"enabled": True}}})
+    assert find(objs, "PrometheusRule")["spec"]["groups"] == rules_file["groups"]
+
+
+def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
+    objs = render({"metrics": {"jobName": "reversi-prod", "prometheusRule": {
+        "enabled": True, "alertLabels": {"team": "payments", "severity": "page"},
+        "disabled": ["ReversiUnverifiedUndo"]}}})
+    rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown"}
+    assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
+    assert "reversi-operator" not in json.dumps(rules)
+    for rule in rules.values():
+        assert rule["labels"]["team"] == "payments"
+    # a rule's own severity stays: alertLabels only add
+    assert rules["ReversiOperatorDown"]["labels"]["severity"] == "critical"
+
+
+def test_dashboard_config_map_holds_the_dashboard(render):
+    objs = render({"dashboard": {"enabled": True, "namespace": "monitoring"}})
+    cm = find(objs, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["reversi.json"]) == json.loads(
+        (CHART / "files" / "dashboards" / "reversi.json").read_text())
+
+
+def test_every_optional_feature_renders(render):
+    kinds = {o["kind"] for o in render(ALL_FEATURES)}
+    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate", "Issuer", "KopfPeering",
+            "RoleBinding"} <= kinds
+
+
+def test_image_digest_wins_over_the_tag(render):
+    digest = "sha256:" + "a" * 64
+    dep = find(render({"image": {"digest": digest, "tag": "9.9"}}), "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/reversi-dev/reversi-operator@{digest}"
+
+
+# ------------------------------------------------------------------------- values schema
+
+@pytest.mark.parametrize("values, error", [
+    ({"unknownKey": 1}, "additional properties 'unknownKey' not allowed"),
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+    ({"webhook": {"unknown": True}}, "additional properties 'unknown' not allowed"),
+    ({"replicaCount": 2}, "/replicaCount"),  # more than one replica needs peering
+    ({"metrics": {"port": 70000}}, "/metrics/port"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+    ({"image": {"digest": "latest"}}, "/image/digest"),
+    ({"securityContext": {"privileged": True}}, "/securityContext/privileged"),
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "/podSecurityContext/runAsNonRoot"),
+    ({"metrics": {"prometheusRule": {"disabled": ["NoSuchAlert"]}}}, "/metrics/prometheusRule/disabled/0"),
+    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+    ({"webhook": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "/webhook/certManager/issuerRef"),
+    ({"operator": {"tickSeconds": 0}}, "/operator/tickSeconds"),
+], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
+def test_schema_refuses_bad_values(render, values, error):
+    assert error in render.errors(values)
+
+
+def test_schema_is_strict_at_every_level():
+    """Every object of the schema with known properties refuses unknown ones, except those that
+    are Kubernetes types passed through (selectors, affinity, security contexts, ...)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    passthrough = {"namespaceSelector", "objectSelector", "affinity", "podSecurityContext", "securityContext"}
+    loose = []
+
+    def walk(node: dict, path: str) -> None:
+        if node.get("type") == "object" and "properties" in node and path.rsplit(".", 1)[-1] not in passthrough:
+            if node.get("additionalProperties") is not False:
+                loose.append(path or "<root>")
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}" if path else key)
+
+    walk(schema, "")
+    assert not loose, f"schema objects that accept unknown keys: {loose}"
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def covered(values: dict, node: dict, path: str) -> None:
+        for key, value in values.items():
+            assert key in node.get("properties", {}), f"values.yaml key {path}{key} is not in the schema"
+            if isinstance(value, dict) and value and "properties" in node["properties"][key] \
+                    and node["properties"][key].get("additionalProperties") is False:
+                covered(value, node["properties"][key], f"{path}{key}.")
+
+    covered(defaults, schema, "")
