@@ -123,7 +123,13 @@ class Release:
         return run([self.kubectl, "--kubeconfig", self.kubeconfig, *args], check=check, input=input)
 
     def install(self, *, upgrade: bool = False) -> None:
-        verb = ["upgrade", "--install"] if upgrade else ["install", "--create-namespace"]
+        if not upgrade:
+            # the operator's namespace enforces the restricted Pod Security Standard: its pod is
+            # admitted only if the chart's security contexts meet it
+            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}}}
+            self.kubectl_cmd("apply", "-f", "-", input=json.dumps(ns))
+        verb = ["upgrade", "--install"] if upgrade else ["install"]
         self.helm_cmd(*verb, self.name, CHART, "--namespace", self.namespace,
                       "--values", write_values(self.tmp_path, self.values), "--wait", "--timeout", "180s",
                       timeout=240)

@@ -77,6 +77,9 @@ def test_server_side_validation_catches_a_bad_object(schemas, namespace, render,
 # ----------------------------------------------------------------- the installed operator
 
 def test_operator_runs_as_a_pod_with_the_charts_service_account(release):
+    """...in a namespace that enforces the restricted Pod Security Standard."""
+    ns = json.loads(release.kubectl_cmd("get", "namespace", release.namespace, "-o", "json").stdout)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     pod = release.pod()
     assert pod["status"]["phase"] == "Running"
     assert pod["spec"]["serviceAccountName"] == release.fullname

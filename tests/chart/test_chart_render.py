@@ -62,6 +62,7 @@ def test_default_render_has_the_expected_objects(render):
         ("ServiceAccount", "rv-reversi"), ("Secret", "rv-reversi-webhook-tls"),
         ("ClusterRole", "rv-reversi"), ("ClusterRole", "rv-reversi-cluster"),
         ("ClusterRoleBinding", "rv-reversi"), ("ClusterRoleBinding", "rv-reversi-cluster"),
+        ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
         ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
     ])
@@ -122,6 +123,13 @@ def _rules(objs: list[dict]) -> list[dict]:
     return [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
 
 
+def _operator_rules(objs: list[dict], sa: str = "rv-reversi") -> list[dict]:
+    """The rules of the roles bound to the operator's ServiceAccount."""
+    bound = {o["roleRef"]["name"] for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+             and any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in o["subjects"])}
+    return _rules([o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] in bound])
+
+
 @pytest.mark.parametrize("values", [None, ALL_FEATURES], ids=["default", "all-features"])
 def test_rbac_has_no_wildcards(render, values):
     for rule in _rules(render(values)):
@@ -131,7 +139,8 @@ def test_rbac_has_no_wildcards(render, values):
 
 
 def _grants(objs: list[dict]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in _rules(objs) for g in rule["apiGroups"] for r in rule["resources"]
+    """What the operator's ServiceAccount may do."""
+    return {(g, r, v) for rule in _operator_rules(objs) for g in rule["apiGroups"] for r in rule["resources"]
             for v in rule["verbs"]}
 
 
@@ -163,7 +172,8 @@ def test_watch_namespaces_binds_write_access_per_namespace(render):
                                 "name": "rv-reversi"} for b in bindings)
     assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"] == ["rv-reversi-cluster"]
     cluster_role = find(objs, "ClusterRole", "rv-reversi-cluster")
-    grants = _grants([cluster_role])
+    grants = {(g, r, v) for rule in cluster_role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
     assert ("", "namespaces", "list") in grants and ("", "namespaces", "watch") in grants
     assert ("reversi.dev", "runs", "list") in grants  # the gauges list Runs cluster-wide
     env = {e["name"]: e.get("value") for e in
@@ -182,6 +192,21 @@ def test_peering_adds_its_object_rbac_and_env(render):
     namespaced = render({"peering": {"enabled": True}, "watchNamespaces": ["shop"]})
     assert find(namespaced, "KopfPeering", "reversi")["metadata"]["namespace"] == "shop"
     assert ("kopf.dev", "kopfpeerings", "patch") in _grants(namespaced)
+
+
+def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):
+    objs = render()
+    view, edit, approve = (find(objs, "ClusterRole", f"rv-reversi-{n}") for n in ("view", "edit", "approve"))
+    agg = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k in view["metadata"]["labels"] if k.startswith(agg)} == {agg + "view", agg + "edit", agg + "admin"}
+    assert {k for k in edit["metadata"]["labels"] if k.startswith(agg)} == {agg + "edit", agg + "admin"}
+    assert not any(k.startswith(agg) for k in approve["metadata"]["labels"]), "approve must be granted explicitly"
+    assert approve["rules"] == [{"apiGroups": ["reversi.dev"], "resources": ["rollbackrequests"], "verbs": ["approve"]}]
+    for role in (view, edit):
+        resources = {r for rule in role["rules"] for r in rule["resources"]}
+        assert "clusterhalts" not in resources and not any("/" in r for r in resources)
+        assert all("approve" not in rule["verbs"] for rule in role["rules"])
+    assert not [o for o in render({"rbac": {"userRoles": False}}) if o["metadata"]["name"].endswith("-approve")]
 
 
 # ------------------------------------------------------------------------------- webhooks
