@@ -6,8 +6,8 @@ test`` builds them). On the local control plane the node agent ignores images an
 container's ``command`` (``reversi-operator``) with this machine's PATH, so the installed chart
 runs the operator of this checkout, with the chart's ServiceAccount, RBAC, Secret and env.
 
-Two things of the local control plane differ from a real cluster, and :class:`Release` bridges
-them:
+Three things of the local control plane differ from a real cluster, and :class:`Release` and
+:func:`release_values` bridge them:
 
 - pods get the IP 127.0.0.1, so the operator's ports are host ports: the tests use ports that do
   not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 58080; ``REVERSI_TEST_CHART_WEBHOOK_PORT``,
@@ -16,7 +16,9 @@ them:
   publish the operator pod's endpoint; the API server (which reaches webhook Services through
   their endpoints, ``--enable-aggregator-routing``) would find none. The release fixture adds an
   EndpointSlice for the chart's Service that points at this machine's first non-loopback
-  address, where the operator (listening on all interfaces) answers.
+  address, where the operator (listening on all interfaces) answers;
+- the node agent reports every pod's status.qosClass as BestEffort, which the API server refuses
+  for a pod with resource requests, so the test release has none.
 
 The release is installed once per module and uninstalled at its end, so that it never runs next
 to the integration tests' ``operator`` process (tests/chart runs before tests/integration).
@@ -68,10 +70,6 @@ def installed(cluster, crds, helm, kubectl, tmp_path_factory):  # noqa: F811 - c
     """``with installed(**values) as release:`` installs the chart (test values plus ``values``)
     as release ``rv`` in a namespace of its own, and uninstalls it afterwards. One at a time: the
     operator's ports are host ports on the local control plane."""
-    if Path("/tmp") in Path(cluster.paths.root).resolve().parents:
-        pytest.fail(f"the local control plane's folder {cluster.paths.root} is under /tmp: the node agent's "
-                    "launcher mounts a pod's /tmp volume before the volumes whose folders live there, so the "
-                    "operator pod and every Job fail to start; use a REVERSI_CLUSTER_DIR outside /tmp")
 
     @contextlib.contextmanager
     def install(**overrides):
