@@ -41,7 +41,7 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.devcluster import build  # noqa: E402
 from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
-from reversi.devcluster.localop import OperatorProcess, apply_crds  # noqa: E402
+from reversi.devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo"
@@ -285,6 +285,8 @@ class Demo:
             return
         if self.operator:
             self.operator.stop()
+            if not self.started_cluster:  # a cluster we leave running must accept writes again
+                remove_webhook_configurations(self.admin)
         if self.downstream:
             self.downstream.terminate()
         if self.started_cluster:

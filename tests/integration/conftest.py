@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from reversi.devcluster.localop import OperatorProcess, apply_crds
+from reversi.devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def downstream(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def operator(cluster, crds):
+def operator(cluster, crds, admin_api):
     """The operator, running as a real process against the local control plane."""
     metrics_port = int(os.environ.get("REVERSI_TEST_METRICS_PORT", "18089"))
     webhook_port = int(os.environ.get("REVERSI_TEST_WEBHOOK_PORT", str(metrics_port + 1000)))
@@ -90,6 +90,7 @@ def operator(cluster, crds):
     op.start()
     yield op
     op.stop()
+    remove_webhook_configurations(admin_api)
 
 
 def manifest_body(downstream_url: str, *, reader: bool = True, expect: dict | None = None,

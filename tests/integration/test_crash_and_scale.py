@@ -81,3 +81,23 @@ def test_a_run_of_1000_steps_with_a_large_journal_plans_and_rolls_back(rv):
     assert len(json.dumps(req)) < 1_000_000, "the request's status stays bounded"
     refunded = [rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in charges.values()]
     assert all(refunded)
+
+
+def test_a_run_of_5000_steps_passes_admission_and_takes_a_resolution(rv, admin_api):
+    """The webhooks see whole objects (old and new on update): megabytes for a long run."""
+    rv.apply_manifest()
+    steps = [rv.step(i, "payments.get_customer", {"id": "cus_9", "page": i, "pad": "p" * 80}, {"id": "cus_9"})
+             for i in range(4999)]
+    steps.append(rv.step(4999, "payments.create_charge", {"order_id": "o-5k", "amount": 1, "customer": "cus_9"},
+                         outcome="uncertain"))
+    run = rv.run("huge", steps)
+    assert len(json.dumps(run)) > 1_048_576  # above aiohttp's default body limit
+    resolved = rv.custom.patch_namespaced_custom_object(
+        "reversi.dev", "v1alpha1", rv.ns, "runs", "huge",
+        [{"op": "add", "path": "/spec/resolutions", "value": [
+            {"step": 4999, "status": "failed", "note": "the payments API shows no such charge"}]}],
+        _content_type="application/json-patch+json")
+    assert resolved["spec"]["resolutions"][0]["actor"] == "reversi-admin"
+    rv.request("plan", "huge", dryRun=True)
+    planned = rv.wait_phase("plan", "Planned", timeout=120)
+    assert planned["status"]["plan"]["fullyReversible"] is True

@@ -80,3 +80,46 @@ def test_a_build_that_fails_names_the_component_and_its_log(tmp_path, monkeypatc
     assert out.returncode != 0
     assert "building etcd (resolve modules) failed" in out.stderr
     assert str(tmp_path / "cache" / "etcd-v3.6.999" / "build.log") in out.stderr
+
+
+def test_volumes_work_when_the_cluster_folder_is_under_tmp(tmp_path, cluster):
+    """A pod's emptyDir at /tmp must not hide its other volumes when they live under /tmp."""
+    from kubernetes import client, config
+
+    from tests.helpers import wait_for
+
+    assert str(tmp_path).startswith("/tmp/")
+    c = _second_cluster(tmp_path)
+    c.up(log=lambda *_: None)
+    try:
+        api = config.new_client_from_config(config_file=str(c.paths.admin_kubeconfig))
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        wait_for(lambda: _exists(core.read_namespaced_service_account, "default", "default"), what="default SA")
+        core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "stringData": {"k": "v"}})
+        batch.create_namespaced_job("default", {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "x", "command": ["sh", "-c", "cat /secret/k > /dev/termination-log; touch /tmp/ok"],
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "s", "mountPath": "/secret"}]}],
+                "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "s", "secret": {"secretName": "s"}}]}}}})
+
+        def done():
+            job = batch.read_namespaced_job_status("tmpjob", "default")
+            return next((x.type for x in job.status.conditions or []
+                         if x.status == "True" and x.type in ("Complete", "Failed")), None)
+
+        verdict = wait_for(done, what="the job to finish")
+        pod = core.list_namespaced_pod("default", label_selector="job-name=tmpjob").items[0]
+        assert verdict == "Complete", pod.status.container_statuses
+        assert pod.status.container_statuses[0].state.terminated.message == "v"
+    finally:
+        c.down(quiet=True)
+
+
+def _exists(read, *args):
+    from kubernetes.client.rest import ApiException
+
+    try:
+        read(*args)
+        return True
+    except ApiException:
+        return False

@@ -34,9 +34,9 @@ def _mount(source: str, target: str, flags: int) -> None:
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
-def bind(source: str, target: str, read_only: bool) -> None:
+def bind(source: str, target: str, read_only: bool, is_dir: bool | None = None) -> None:
     """Bind-mount ``source`` at ``target`` (creating the target), read-only if asked."""
-    if os.path.isdir(source):
+    if is_dir if is_dir is not None else os.path.isdir(source):
         os.makedirs(target, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(target) or "/", exist_ok=True)
@@ -51,8 +51,15 @@ def main(argv: list[str]) -> int:
     with open(argv[1]) as fh:
         spec = json.load(fh)
     try:
-        for m in spec.get("mounts", []):
-            bind(m["source"], m["target"], bool(m.get("readOnly")))
+        # Open every source before mounting anything: a volume mounted at /tmp must not hide a
+        # later source that lives under /tmp. Mounting from /proc/self/fd/N uses the open file.
+        mounts = spec.get("mounts", [])
+        fds = [os.open(m["source"], os.O_PATH) for m in mounts]
+        dirs = [os.path.isdir(m["source"]) for m in mounts]
+        for m, fd, is_dir in zip(mounts, fds, dirs):
+            bind(f"/proc/self/fd/{fd}", m["target"], bool(m.get("readOnly")), is_dir=is_dir)
+        for fd in fds:
+            os.close(fd)
         if spec.get("workingDir"):
             os.makedirs(spec["workingDir"], exist_ok=True)
             os.chdir(spec["workingDir"])

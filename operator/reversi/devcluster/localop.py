@@ -54,6 +54,18 @@ def apply_crds(api: client.ApiClient, folder: Path = CRD_DIR, timeout: float = 6
     return names
 
 
+def remove_webhook_configurations(api: client.ApiClient, name: str = "reversi.dev") -> None:
+    """Delete the webhook configurations a local operator registered (``failurePolicy: Fail``):
+    once the operator is gone for good, they would refuse every write of Reversi's kinds."""
+    adm = client.AdmissionregistrationV1Api(api)
+    for delete in (adm.delete_validating_webhook_configuration, adm.delete_mutating_webhook_configuration):
+        try:
+            delete(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
 class OperatorProcess:
     """``reversi-operator`` as a child process: :meth:`start`, :meth:`kill` (SIGKILL, like a
     crash), :meth:`stop` (SIGTERM). Its output goes to ``log``."""

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import click
 import kopf
 from kubernetes import client, config
@@ -32,6 +33,7 @@ from ..settings import OperatorSettings
 log = logging.getLogger("reversi.operator")
 _settings: OperatorSettings | None = None
 _stop = threading.Event()
+WEBHOOK_MAX_BODY = 32 * 1024 * 1024  # bytes; the API server itself refuses requests over 3 MiB
 
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -89,6 +91,10 @@ def _configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings)
         log.warning("admission webhooks are not served: set REVERSI_WEBHOOK_CERT/KEY (the chart does) "
                     "or REVERSI_WEBHOOK_CONFIGURE=true")
         return
+    # The API server sends a whole object (twice, on update) in each review: a Run of thousands of
+    # steps is megabytes. aiohttp's default body limit (1 MiB) would refuse it with 413, and kopf
+    # builds its aiohttp application itself, so the operator raises the default for its process.
+    aiohttp.web.Application.__init__.__kwdefaults__["client_max_size"] = WEBHOOK_MAX_BODY
     settings.admission.server = kopf.WebhookServer(
         addr=ours.webhook_host, port=ours.webhook_port, host=ours.webhook_url_host if ours.webhook_configure else None,
         certfile=certfile, pkeyfile=keyfile, cafile=cafile)
