@@ -55,6 +55,7 @@ ROLES = {
         {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [G], "resources": ["rollbackrequests"],
          "verbs": ["get", "list", "watch", "create", "patch", "approve"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
     ],
 }
 
@@ -159,10 +160,8 @@ class Demo:
         reservations = self.shop("GET", "/_state")["reservations"].values()
         poster = next(r for r in reservations if r["sku"] == "sku-poster")
         print(f"  the inventory system shows the poster reservation happened: {poster['id']} ({poster['status']})")
-        self.oncall.patch_namespaced_custom_object(G, V, NS, "runs", RUN, [{"op": "add", "path": "/spec/resolutions",
-            "value": [{"step": 4, "status": "succeeded", "result": {"id": poster["id"]},
-                       "note": "found in the inventory admin: the reservation went through"}]}],
-            _content_type="application/json-patch+json")
+        self.plugin("resolve", RUN, "4", "--status", "succeeded", "--result", json.dumps({"id": poster["id"]}),
+                    "--note", "found in the inventory admin: the reservation went through")
         res = self.get("runs", RUN)["spec"]["resolutions"][0]
         print(f"  step 4 resolved as succeeded by {res['actor']} (stamped by the API server)")
 
@@ -218,13 +217,27 @@ class Demo:
         if req["status"]["phase"] == "AwaitingApproval":
             waiting = req["status"]["report"]["awaitingApproval"]
             print(f"  waiting for approval of steps {waiting}: on call approves (RBAC verb approve)")
-            self.oncall.patch_namespaced_custom_object(G, V, NS, "rollbackrequests", "order-4711-undo",
-                                                       {"spec": {"approvals": [{"step": s} for s in waiting]}})
+            self.plugin("approve", "order-4711-undo", *[a for s in waiting for a in ("--step", str(s))])
             req = self.wait("order-4711-undo", {"Succeeded", "Incomplete", "Failed"}, on_change=show, seen=seen)
         return req
 
+    def plugin(self, *args: str) -> str:
+        """Run ``kubectl reversi`` as the on-call engineer; print and return its output."""
+        out = subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig",
+                              str(self.users["oncall"]), "-n", NS, *args], text=True, capture_output=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "operator")}, timeout=60)
+        shown = "$ kubectl reversi " + " ".join(a if " " not in a else repr(a) for a in args)
+        print(f"  {shown}")
+        for line in (out.stdout + out.stderr).splitlines():
+            print(f"    {line}")
+        if out.returncode not in (0, 2):
+            raise RuntimeError(f"kubectl reversi {args[0]} failed: {out.stderr.strip()}")
+        return out.stdout
+
     def report(self, req: dict) -> None:
         title(f"The report: {req['status']['phase']}")
+        self.plugin("describe", "order-4711-undo")
+        return
         report = req["status"]["report"]
         for bucket in ("compensated", "unverified", "skipped", "unresolved", "unmanifested", "awaitingApproval"):
             if report.get(bucket):
