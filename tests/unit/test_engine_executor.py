@@ -1,0 +1,164 @@
+"""The life of one compensation (rules 3–5), as pure transitions: engine/executor.py."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reversi.engine import executor as ex
+from reversi.models.run import StepUndo
+from reversi.models.toolmanifest import ToolSpec
+
+KEY = "a" * 64
+POLICY = ex.Policy(retries=3, base_ms=100, max_ms=1000)
+READER = ex.VerifyPlan("reader", tool="payments.get_charge", args={"charge_id": "ch_1"},
+                       expect={"refunded": True}, runner="cli", retries=2, backoff_ms=200)
+
+
+def jobs(**views):
+    """observe() answering from ``{"compensator-1": JobView, "reader-1-1": ...}``."""
+    def observe(role, attempt, read):
+        key = f"{role}-{attempt}" + (f"-{read}" if role != "compensator" else "")
+        return views.get(key.replace("-", "_"))
+    return observe
+
+
+def effects_of(kind, effects):
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def test_rule3_start_journals_before_the_job():
+    run, effects = ex.start(ex.StepRun(4), None)
+    assert run.stage == "compensating" and run.attempts == 1
+    assert isinstance(effects[0], ex.Journal) and effects[0].state == "compensating"
+    assert isinstance(effects[1], ex.StartJob) and effects[1].attempt == 1
+
+
+def test_rule3_a_journaled_compensation_is_resumed_at_its_attempt_not_restarted():
+    journaled = StepUndo(step=4, state="compensating", attempts=2, idempotency_key=KEY)
+    run, effects = ex.start(ex.StepRun(4), journaled)
+    assert run.attempts == 2
+    assert effects_of(ex.StartJob, effects)[0].attempt == 2  # same name: the existing Job is adopted
+
+
+def test_rule6_a_rerun_continues_the_attempt_count():
+    failed = StepUndo(step=4, state="compensationFailed", attempts=3, idempotency_key=KEY)
+    run, _ = ex.start(ex.StepRun(4), failed)
+    assert run.attempts == 4
+
+
+def test_rule3_missing_job_after_a_crash_is_created_again():
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    new, effects = ex.advance(run, jobs(), READER, POLICY, now=0)
+    assert new == run and effects == [ex.StartJob(1, "compensator", 1)]
+
+
+def test_rule4_failure_waits_with_backoff_then_retries_with_a_new_attempt():
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    failing = jobs(compensator_1=ex.JobView("failed", "HTTP 500"))
+    new, effects = ex.advance(run, failing, READER, POLICY, now=100.0, rng=random.Random(1))
+    assert new.stage == "retrying" and new.error == "HTTP 500"
+    assert 100.0 <= new.next_at <= 100.1  # full jitter below the 100 ms ceiling of attempt 1
+    same, nothing = ex.advance(new, failing, READER, POLICY, now=new.next_at - 0.01)
+    assert same == new and nothing == []
+    later, effects = ex.advance(new, failing, READER, POLICY, now=new.next_at)
+    assert later.stage == "compensating" and later.attempts == 2
+    assert effects == [ex.Journal(1, "compensating", 2), ex.StartJob(1, "compensator", 2)]
+
+
+def test_rule4_out_of_attempts_is_compensation_failed_with_error_and_count():
+    run = ex.StepRun(1, stage="compensating", attempts=3)
+    new, effects = ex.advance(run, jobs(compensator_3=ex.JobView("failed", "card is disputed")), READER, POLICY, now=0)
+    assert new.stage == "failed"
+    journal = effects_of(ex.Journal, effects)[0]
+    assert journal.state == "compensationFailed" and journal.attempts == 3
+    assert journal.error == "compensation failed after 3 attempts: card is disputed"
+
+
+def test_rule5_a_matching_answer_is_verified():
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    new, effects = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), READER, POLICY, now=0)
+    assert new.stage == "verifying" and effects == [ex.StartJob(1, "reader", 1, 1)]
+    done, effects = ex.advance(new, jobs(reader_1_1=ex.JobView("succeeded", output='{"refunded": true, "id": "ch_1"}')),
+                               READER, POLICY, now=1)
+    assert done.stage == "compensated" and done.verification == "verified"
+    assert effects_of(ex.Journal, effects)[0] == ex.Journal(1, "compensated", 1, "verified")
+
+
+def test_rule5_a_mismatch_rereads_with_doubling_backoff_then_fails_naming_the_field():
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=1)
+    wrong = ex.JobView("succeeded", output='{"refunded": false}')
+    new, _ = ex.advance(run, jobs(reader_1_1=wrong), READER, POLICY, now=10.0)
+    assert new.stage == "rereading" and new.next_at == 10.2
+    new, effects = ex.advance(new, jobs(), READER, POLICY, now=10.2)
+    assert new.stage == "verifying" and new.reads == 2 and effects == [ex.StartJob(1, "reader", 1, 2)]
+    final, effects = ex.advance(new, jobs(reader_1_2=wrong), READER, POLICY, now=11)
+    assert final.stage == "failed" and final.verification == "verificationFailed"
+    assert final.error == "verification failed: refunded is false, expected true"
+
+
+def test_rule5_a_reader_printing_no_json_is_a_failed_read():
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=2)
+    final, _ = ex.advance(run, jobs(reader_1_2=ex.JobView("succeeded", output="oops")), READER, POLICY, now=0)
+    assert final.stage == "failed" and "read failed: the reader printed no JSON" in final.error
+
+
+def test_rule5_a_reader_exiting_non_zero_is_a_failed_read():
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=2)
+    final, _ = ex.advance(run, jobs(reader_1_2=ex.JobView("failed", "exit code 1")), READER, POLICY, now=0)
+    assert final.error == "verification failed: read failed: exit code 1"
+
+
+def test_rule5_no_reader_runner_means_compensated_but_unverified():
+    snapshot = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
+        "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"},
+        "verification": {"tool": "r", "args": {}, "expect": {"ok": True}}})
+    plan = ex.verify_plan(snapshot, {}, {}, {"cli"})
+    assert plan.mode == "noReader"
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    done, effects = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), plan, POLICY, now=0)
+    assert done.stage == "compensated" and done.verification == "unverified"
+    assert effects_of(ex.Journal, effects)[0].verification == "unverified"
+
+
+def test_rule5_unresolvable_verification_arguments_fail_the_step():
+    snapshot = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
+        "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"},
+        "verification": {"tool": "r", "args": {"id": "$result.id"}, "expect": {"ok": True}, "runner": "cli"}})
+    plan = ex.verify_plan(snapshot, {}, {"no_id": 1}, {"cli"})
+    assert plan.mode == "unavailable"
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    done, _ = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), plan, POLICY, now=0)
+    assert done.stage == "failed" and done.error.startswith("cannot verify: arguments unavailable")
+
+
+def test_verify_command_runs_after_the_undo_and_its_failure_fails_the_step():
+    policy = ex.Policy(3, 100, 1000, check=True)
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    checking, effects = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), READER, policy, now=0)
+    assert checking.stage == "checking" and effects == [ex.StartJob(1, "check", 1, 0)]
+    failed, _ = ex.advance(checking, jobs(check_1_0=ex.JobView("failed", "ledger mismatch")), READER, policy, now=1)
+    assert failed.stage == "failed" and "verifyCommand failed" in failed.error
+
+
+@given(st.lists(st.sampled_from(["ok", "fail", "running"]), min_size=1, max_size=30), st.integers(1, 10))
+def test_property_attempts_never_exceed_retries_and_every_final_state_is_journaled(outcomes, retries):
+    """Whatever the compensator does, a step makes at most ``retries`` attempts and its final
+    state is journaled exactly once, after a journaled start (rule 3, rule 4)."""
+    policy = ex.Policy(retries, 0, 0)
+    run, effects = ex.start(ex.StepRun(0), None)
+    journal = effects_of(ex.Journal, effects)
+    now = 0.0
+    for outcome in outcomes:
+        if run.stage in ex.FINAL_STAGES:
+            break
+        view = {"ok": ex.JobView("succeeded"), "fail": ex.JobView("failed", "x"), "running": ex.JobView("running")}[outcome]
+        run, effects = ex.advance(run, lambda role, attempt, read: view, ex.VerifyPlan("none"), policy, now)
+        journal += effects_of(ex.Journal, effects)
+        now += 1.0
+        assert run.attempts <= retries
+    finals = [j for j in journal if j.state != "compensating"]
+    assert len(finals) == (1 if run.stage in ex.FINAL_STAGES else 0)
+    assert journal[0].state == "compensating"

@@ -1,0 +1,105 @@
+"""Pure builders: Jobs and Secrets (DESIGN §6) and bounded request status."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reversi.adapters import jobs
+from reversi.adapters import status as st_mod
+from reversi.engine.executor import StepRun
+from reversi.models.rollbackrequest import Plan, PlanAction
+from reversi.models.toolmanifest import Runner
+
+OWNER = jobs.Owner("shop", "undo-1", "11111111-2222-3333-4444-555555555555")
+RUNNER = Runner.model_validate({"name": "cli", "image": "registry.example/tools:1", "command": ["tool"],
+                                "envFrom": [{"secretRef": {"name": "payments-api"}}], "deadlineSeconds": 120})
+CALL = jobs.compensator_call("shop/order-1", 3, "payments.refund", "payments.create_charge",
+                             {"charge_id": "ch_1", "card": "4242 4242 4242 4242"}, "k" * 64)
+
+
+def build(**kw):
+    args = dict(owner=OWNER, run_name="order-1", run_uid="run-uid-1", step=3, attempt=2, runner=RUNNER, call=CALL,
+                idempotency_key="k" * 64)
+    args.update(kw)
+    return jobs.build_job(**args)
+
+
+def test_the_call_travels_in_a_secret_never_in_the_job_spec():
+    secret, job = build()
+    assert json.loads(secret["stringData"]["call.json"]) == CALL
+    assert secret["stringData"]["idempotency-key"] == "k" * 64
+    spec_text = json.dumps(job)
+    assert "4242" not in spec_text and "ch_1" not in spec_text and "k" * 64 not in spec_text
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["REVERSI_CALL"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "call.json"}
+    assert env["REVERSI_IDEMPOTENCY_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "idempotency-key"
+    assert env["REVERSI_CALL_FILE"]["value"] == "/var/run/reversi/call.json"
+
+
+def test_job_contract_fields():
+    secret, job = build(deadline_seconds=30)
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 30  # the request's deadline is smaller than the runner's
+    assert spec["ttlSecondsAfterFinished"] == 3600
+    assert job["metadata"]["ownerReferences"] == [OWNER.reference()]
+    assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
+    labels = job["metadata"]["labels"]
+    assert labels[jobs.LABEL_STEP] == "3" and labels[jobs.LABEL_ATTEMPT] == "2" and labels[jobs.LABEL_ROLE] == "compensator"
+    assert labels[jobs.LABEL_RUN_UID] == "run-uid-1"
+
+
+def test_pod_meets_the_restricted_pod_security_standard():
+    _, job = build()
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["allowPrivilegeEscalation"] is False and c["capabilities"] == {"drop": ["ALL"]}
+    assert c["readOnlyRootFilesystem"] is True and c["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"
+
+
+def test_reader_and_check_jobs_have_their_own_names_and_no_key():
+    secret, job = build(role="reader", read=2, call=jobs.reader_call("payments.get_charge", {"charge_id": "ch_1"}),
+                        idempotency_key=None)
+    assert job["metadata"]["name"].endswith("-c2-r2")
+    assert "idempotency-key" not in secret["stringData"]
+    _, check = build(role="check", read=0, command=["verify", "--strict"])
+    assert check["metadata"]["name"].endswith("-c2-x0")
+    assert check["spec"]["template"]["spec"]["containers"][0]["command"] == ["verify", "--strict"]
+
+
+@given(st.text(min_size=1, max_size=80), st.integers(0, 19999), st.integers(1, 10**6), st.integers(0, 10**6))
+def test_property_job_names_are_deterministic_dns_labels(uid, step, attempt, read):
+    name = jobs.job_name(uid, step, attempt, "reader", read)
+    assert name == jobs.job_name(uid, step, attempt, "reader", read)
+    assert len(name) <= 63 and name.replace("-", "").isalnum() and name == name.lower()
+
+
+def _plan(n):
+    actions = [PlanAction(step=i, tool="payments.create_charge", kind="compensate", compensation_tool="payments.refund",
+                          idempotency_key="k" * 64, args={"charge_id": f"ch_{i}"}) for i in range(n)]
+    return Plan(fully_reversible=True, actions=actions)
+
+
+def test_status_steps_are_bounded_and_keep_active_steps_first():
+    plan = _plan(1000)
+    runs = {i: StepRun(i, stage="compensated", attempts=1, verification="verified") for i in range(1000)}
+    runs[3] = StepRun(3, stage="compensating", attempts=1)
+    runs[500] = StepRun(500, stage="failed", attempts=3, error="x" * 5000)
+    entries = st_mod.step_entries(plan, runs, {}, {}, {}, None, 1, {}, {}, limit=50, message_limit=100)
+    assert len(entries) == 50
+    steps = {e["step"] for e in entries}
+    assert {3, 500} <= steps
+    failed = next(e for e in entries if e["step"] == 500)
+    assert len(failed["lastError"]) == 100
+
+
+def test_status_plan_is_bounded_and_counts_what_it_left_out():
+    wire = st_mod.plan_status(_plan(1000), 200)
+    assert len(wire["actions"]) == 200 and wire["omitted"] == 800 and wire["fullyReversible"] is True
