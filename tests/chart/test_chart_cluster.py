@@ -10,11 +10,13 @@ import json
 import re
 import subprocess
 import time
+import uuid
 
 import pytest
 import yaml
 
 from tests.chart.chartkit import ALL_FEATURES, CHART, HERE, permission_errors, run, undo_an_order
+from tests.helpers import wait_for
 from tests.integration.conftest import RV
 
 pytestmark = pytest.mark.cluster
@@ -90,12 +92,27 @@ def test_operator_runs_as_a_pod_with_the_charts_service_account(release):
     assert env["REVERSI_WEBHOOK_PORT"] == str(release.webhook_port)
 
 
-def test_rollback_end_to_end_through_the_installed_operator(release, admin_api, namespace, downstream):
+@pytest.fixture(scope="module")
+def undone(release, admin_api, downstream):
+    """One rollback through the installed operator, in a namespace of its own: (rv, request,
+    charge, reservation). The metrics test reads what it counted."""
+    from kubernetes import client
+
+    ns = f"chart-e2e-{uuid.uuid4().hex[:5]}"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": ns, "labels": {"reversi.dev/test": "true"}}})
+    downstream.post("/_reset", {})
+    rv = RV(admin_api, ns, downstream)
+    try:
+        yield (rv, *undo_an_order(rv, "o-chart-1"))
+    finally:
+        core.delete_namespace(ns, propagation_policy="Background")
+
+
+def test_rollback_end_to_end_through_the_installed_operator(undone, downstream):
     """A charge and a reservation are undone by compensator Jobs the installed operator creates
     with its own ServiceAccount; both are verified by reader Jobs; the request Succeeds."""
-    downstream.post("/_reset", {})
-    rv = RV(admin_api, namespace, downstream)
-    done, charge, reservation = undo_an_order(rv, "o-chart-1")
+    rv, done, charge, reservation = undone
     assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)[:3000]
     report = done["status"]["report"]
     assert sorted(report["compensated"]) == [1, 2] and report["complete"] is True
@@ -105,7 +122,7 @@ def test_rollback_end_to_end_through_the_installed_operator(release, admin_api, 
     assert rv.get("runs", "run-o-chart-1")["spec"]["principal"] == "reversi-admin"
     # compensator and reader Jobs, owned by the request (the owner reference with
     # blockOwnerDeletion needs rollbackrequests/finalizers update)
-    jobs = rv.batch.list_namespaced_job(namespace).items
+    jobs = rv.batch.list_namespaced_job(rv.ns).items
     roles = sorted(j.metadata.labels["reversi.dev/role"] for j in jobs)
     assert roles.count("compensator") == 2 and "reader" in roles, roles
     assert all(j.metadata.owner_references[0].name == "undo-o-chart-1" for j in jobs)
@@ -125,9 +142,10 @@ def test_validating_webhook_refuses_a_halted_call(release, admin_api, namespace,
     assert "kill switch: chart test" in err.value.body
 
 
-def test_operator_log_shows_no_permission_error(release):
-    """The chart's RBAC is enough: kopf and the operator logged no 403 / Forbidden / missing
-    permission (kopf logs 'Not enough permissions' when it must fall back)."""
+def test_operator_log_shows_no_permission_error(release, undone):
+    """The chart's RBAC is enough: after a rollback (Jobs, Secrets, pods, logs, events, status)
+    kopf and the operator logged no 403 / Forbidden / missing permission (kopf logs 'Not enough
+    permissions' when it must fall back)."""
     log = release.logs()
     assert "Activity 'configure' succeeded" in log, log[-3000:]
     bad = permission_errors(log)
@@ -161,16 +179,22 @@ def test_service_account_has_least_privilege(release, verb, resource, allowed):
     assert out.stdout.strip() == ("yes" if allowed else "no"), f"{sa} {verb} {resource}: {out.stdout}{out.stderr}"
 
 
-def test_metrics_of_the_installed_operator_pass_promtool(release, promtool):
+def test_metrics_of_the_installed_operator_pass_promtool(release, undone, promtool):
     """The operator's real /metrics (after a rollback: counters and histograms have samples)
     passes `promtool check metrics`, and has every metric the alerts and dashboard read."""
-    text = release.metrics_text()
+    # the operator counts a request just after writing its final phase: wait for the count
+    complete = re.compile(r'reversi_rollbacks_total\{namespace="[^"]+",verdict="complete"\} [1-9]')
+
+    def counted() -> str | None:
+        text = release.metrics_text()
+        return text if complete.search(text) else None
+
+    text = wait_for(counted, timeout=20, what="reversi_rollbacks_total to count the complete rollback")
     run([promtool, "check", "metrics"], input=text)
     for family in ("reversi_rollbacks_total", "reversi_rollback_steps_total", "reversi_incomplete_rollbacks",
                    "reversi_compensation_duration_seconds", "reversi_verification_duration_seconds",
                    "reversi_active_halts", "reversi_refused_calls_total"):
         assert f"# TYPE {family} " in text, family
-    assert re.search(r'reversi_rollbacks_total\{namespace="[^"]+",verdict="complete"\} [1-9]', text), text[:3000]
 
 
 def test_upgrade_keeps_the_webhook_certificate_and_the_pod(release):
