@@ -11,7 +11,8 @@ reversi_rollbacks_total                     counter finished requests by ``verdi
 reversi_rollback_steps_total                counter steps of finished rollbacks by report
                                                     ``bucket`` and ``tool``
 reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
-                                                    (Run condition RolledBack=False), now
+                                                    (Run condition RolledBack=False), now,
+                                                    unless annotated reversi.dev/acknowledged
 reversi_compensation_duration_seconds       hist.   compensator start to its verdict, by tool
 reversi_verification_duration_seconds       hist.   first read-back to the verification verdict
 reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
@@ -33,6 +34,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 log = logging.getLogger("reversi.metrics")
 
+#: A Run with this annotation (value: who and why) is left out of reversi_incomplete_rollbacks:
+#: what could not be undone (an email read, say) has been handled by hand.
+ACKNOWLEDGED = "reversi.dev/acknowledged"
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
            "deferred", "awaiting_approval", "pending", "skipped")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -41,8 +45,9 @@ DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 class Metrics:
     """The operator's metrics in a registry of their own (tests make as many as they like)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, namespaces: list[str] | None = None):
         self.registry = registry or CollectorRegistry()
+        self.namespaces = list(namespaces or [])  # empty: the whole cluster
         r = self.registry
         self.rollbacks = Counter("reversi_rollbacks", "Finished RollbackRequests by verdict.",
                                  ["namespace", "verdict"], registry=r)
@@ -95,7 +100,9 @@ class Metrics:
     def refresh_runs(self, kube: Any) -> None:
         """Recompute ``reversi_incomplete_rollbacks`` from the Runs' RolledBack condition."""
         counts: dict[str, int] = {}
-        for run in kube.list("runs"):
+        for run in self._list(kube, "runs"):
+            if ACKNOWLEDGED in (run["metadata"].get("annotations") or {}):
+                continue
             for cond in (run.get("status") or {}).get("conditions") or []:
                 if cond.get("type") == "RolledBack" and cond.get("status") == "False":
                     ns = run["metadata"]["namespace"]
@@ -110,7 +117,7 @@ class Metrics:
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""
         halts: dict[str, int] = {"": len(kube.list("clusterhalts"))}
-        for halt in kube.list("halts"):
+        for halt in self._list(kube, "halts"):
             ns = halt["metadata"]["namespace"]
             halts[ns] = halts.get(ns, 0) + 1
         with self._lock:
@@ -119,6 +126,11 @@ class Metrics:
             for ns, n in halts.items():
                 self.halts.labels(ns).set(n)
             self._known_halts |= set(halts)
+
+    def _list(self, kube: Any, plural: str) -> list[dict]:
+        if not self.namespaces:
+            return kube.list(plural)
+        return [obj for ns in self.namespaces for obj in kube.list(plural, ns)]
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``port`` (a daemon thread)."""

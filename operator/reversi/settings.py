@@ -21,6 +21,7 @@ class OperatorSettings(BaseSettings):
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch; empty: the whole cluster.")
     tick_seconds: float = Field(1.0, gt=0, le=60, description="How often a running request looks at its Jobs.")
+    gauge_refresh_seconds: float = Field(30.0, gt=0, description="How often gauges are recomputed from the API.")
     job_ttl_seconds: int = Field(3600, ge=60, description="ttlSecondsAfterFinished of compensator and reader Jobs.")
     job_run_as_user: int = Field(65532, ge=1, description="Non-root user id of compensator and reader pods.")
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port (0: off).")

@@ -239,7 +239,7 @@ def test_webhooks_match_the_operators_admission_handlers(render):
     (the handler id), resource, operations and side effects — and no webhook points nowhere."""
     import kopf
 
-    import reversi.entrypoints.operator  # noqa: F401 - registers the handlers
+    import reversi.handlers.admission  # noqa: F401 - registers the admission handlers
 
     handlers = {}
     for h in kopf.get_default_registry()._webhooks.get_all_handlers():

@@ -44,10 +44,6 @@ def test_namespaced_release_with_peering_undoes_a_run_in_its_namespace(installed
         assert not bad, "\n".join(bad[:20])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the operator exits when webhooks are off: its kopf admission handlers are registered, and kopf "
-    "refuses to run them without a webhook server (entrypoints/operator.py). Remove this marker when "
-    "webhook.enabled=false runs the operator."))
 def test_operator_runs_with_the_environment_of_a_release_without_webhooks(render, cluster, crds):
     """webhook.enabled=false: the operator, started with exactly the chart's environment, keeps
     running and serves /metrics."""

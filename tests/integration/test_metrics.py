@@ -88,3 +88,16 @@ def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):
     rv.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", ns, "halts", "stop")
     wait_for(lambda: value(scrape(operator.metrics_port), "reversi_active_halts", namespace=ns) == 0,
              what="the lifted halt no longer counted")
+
+
+def test_an_acknowledged_run_no_longer_counts_as_incomplete(rv, operator):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "email.send", {"to": "c"}, {"id": "m"})])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "Incomplete")
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_incomplete_rollbacks", namespace=rv.ns) == 1,
+             what="the incomplete run counted")
+    rv.patch("runs", "r", {"metadata": {"annotations": {
+        "reversi.dev/acknowledged": "oncall: apologised to the customer for the email"}}})
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_incomplete_rollbacks", namespace=rv.ns) == 0,
+             timeout=60, what="the acknowledged run left out (the gauges refresh every 30s)")

@@ -319,7 +319,8 @@ class Cluster:
             "serviceaccount-controller,serviceaccount-token-controller,"
             "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
             # for the operator installed by its Helm chart: Deployments and Services
-            "deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller",
+            "deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller,"
+            "clusterrole-aggregation-controller",
             f"--service-account-private-key-file={c['sa'].key}",
             f"--root-ca-file={c['ca'].cert}",
             "--use-service-account-credentials=true",

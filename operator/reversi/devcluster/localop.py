@@ -85,7 +85,8 @@ class OperatorProcess:
         Raises ``RuntimeError`` naming the log when it exits or does not come up."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = self.log.open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVERSI_TICK_SECONDS": str(self.tick_seconds)}
+        env = {"REVERSI_GAUGE_REFRESH_SECONDS": "2", **os.environ, "PYTHONUNBUFFERED": "1",
+               "REVERSI_TICK_SECONDS": str(self.tick_seconds)}
         if self.webhook_port:
             env.update(REVERSI_WEBHOOK_CONFIGURE="true", REVERSI_WEBHOOK_PORT=str(self.webhook_port),
                        REVERSI_WEBHOOK_HOST="127.0.0.1", REVERSI_WEBHOOK_URL_HOST="127.0.0.1",

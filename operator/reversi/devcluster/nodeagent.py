@@ -17,6 +17,8 @@ subresource: no scheduler runs), and runs each container of those pods **as a lo
   last 80 lines / 2048 bytes of the log), and ``workingDir``.
 - Pod status (phase, conditions, per-container state with exit code, reason, times,
   restart count) is reported so the real Job controller drives Jobs to Complete or Failed.
+  Pods share the host's network: their IP is the host's non-loopback address (EndpointSlices
+  refuse loopback ones), so Services such as a webhook Service reach them.
   ``restartPolicy`` Always/OnFailure restart with exponential backoff; a pod's
   ``activeDeadlineSeconds`` is enforced.
 - Deleting a pod kills its processes (SIGTERM, then SIGKILL after the grace period) and then
@@ -74,6 +76,21 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return _VAR_REF.sub(repl, text)
+
+
+def host_ip() -> str:
+    """This machine's primary non-loopback IPv4 address (pods run on the host's network), or
+    127.0.0.1 when it has none. EndpointSlices refuse loopback addresses, so Services (e.g. a
+    webhook Service) need a routable pod IP. No packet is sent: a UDP connect picks the route."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("10.255.255.255", 1))
+            address = sock.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+    return address if not address.startswith("127.") else "127.0.0.1"
 
 
 class ConfigError(Exception):
@@ -155,12 +172,11 @@ class PodWorker(threading.Thread):
             self._set_condition("Ready", all_running, None if all_running else "ContainersNotReady")
             status = {
                 "phase": self.phase,
-                "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}],
-                "podIP": "127.0.0.1",
-                "podIPs": [{"ip": "127.0.0.1"}],
+                "hostIP": self.agent.pod_ip,
+                "hostIPs": [{"ip": self.agent.pod_ip}],
+                "podIP": self.agent.pod_ip,
+                "podIPs": [{"ip": self.agent.pod_ip}],
                 "startTime": self.start_time,
-                "qosClass": "BestEffort",
                 "conditions": list(self.conditions.values()),
                 "containerStatuses": [r.status(self.uid) for r in self.runs],
             }
@@ -367,8 +383,8 @@ class PodWorker(threading.Thread):
             "metadata.uid": self.uid,
             "spec.nodeName": self.agent.node_name,
             "spec.serviceAccountName": self.pod["spec"].get("serviceAccountName", ""),
-            "status.hostIP": "127.0.0.1",
-            "status.podIP": "127.0.0.1",
+            "status.hostIP": self.agent.pod_ip,
+            "status.podIP": self.agent.pod_ip,
         }
         if path not in values:
             raise ConfigError(f"unsupported fieldRef {path!r}")
@@ -582,6 +598,7 @@ class NodeAgent:
         self.apiserver_host = apiserver_host
         self.apiserver_port = apiserver_port
         self.package_root = str(Path(__file__).resolve().parents[2])
+        self.pod_ip = host_ip()
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()
         self.finished_workers: dict[tuple[str, str], PodWorker] = {}

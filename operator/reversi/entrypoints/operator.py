@@ -23,8 +23,7 @@ from kubernetes import client, config
 
 from ..adapters.kube import Kube
 from .. import certs
-from ..handlers import admission as _admission_handlers  # noqa: F401 - registers the handlers
-from ..handlers import halts as _halt_handlers  # noqa: F401
+from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runtime
 from ..metrics import Metrics
@@ -61,10 +60,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.mandatory = False
     _configure_webhooks(settings, ours)
     kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
-    metrics = Metrics()
+    metrics = Metrics(namespaces=ours.namespaces)
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
-    threading.Thread(target=metrics.refresh_forever, args=(kube, 30.0, _stop), daemon=True,
+    threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
                      name="metrics-refresh").start()
     runtime.init(ours, kube, metrics)
 
@@ -147,6 +146,9 @@ def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if _settings.webhook_cert or _settings.webhook_configure:
+        # kopf refuses admission handlers without a webhook server: register them only when served
+        from ..handlers import admission  # noqa: F401
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces,
              standalone=_settings.peering is None, liveness_endpoint=None)
 
