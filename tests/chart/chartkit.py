@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.helpers import wait_for
@@ -93,17 +92,6 @@ ALL_FEATURES: dict[str, Any] = {
 
 # --------------------------------------------------------------------------- the live release
 
-def host_address() -> str | None:
-    """This machine's first non-loopback IPv4 address (the route to a public address), if any."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing address
-            addr = s.getsockname()[0]
-    except OSError:
-        return None
-    return None if addr.startswith("127.") else addr
-
-
 class Release:
     """A release of the chart on the local control plane."""
 
@@ -133,7 +121,6 @@ class Release:
         self.helm_cmd(*verb, self.name, CHART, "--namespace", self.namespace,
                       "--values", write_values(self.tmp_path, self.values), "--wait", "--timeout", "180s",
                       timeout=240)
-        self.route_webhooks()
         self.wait_ready()
 
     def uninstall(self, check: bool = True) -> None:
@@ -149,26 +136,6 @@ class Release:
 
     def logs(self) -> str:
         return self.kubectl_cmd("logs", "-n", self.namespace, self.pod()["metadata"]["name"], check=False).stdout
-
-    def route_webhooks(self) -> None:
-        """Publish the operator's endpoint on a non-loopback address (see the module docstring)."""
-        if not self.values["webhook"]["enabled"]:
-            return
-        addr = host_address()
-        if addr is None:
-            pytest.skip("this machine has no non-loopback address: the API server cannot reach a webhook "
-                        "Service on the local control plane (EndpointSlices refuse 127.0.0.1)")
-        slice_ = {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": f"{self.fullname}-test-route", "namespace": self.namespace,
-                         "labels": {"kubernetes.io/service-name": self.fullname,
-                                    "endpointslice.kubernetes.io/managed-by": "reversi-chart-tests"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "webhook", "port": self.webhook_port, "protocol": "TCP"},
-                      {"name": "metrics", "port": self.metrics_port, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [addr], "conditions": {"ready": True}}],
-        }
-        self.kubectl_cmd("apply", "-f", "-", input=json.dumps(slice_))
 
     def metrics_text(self) -> str:
         import urllib.request
@@ -208,15 +175,11 @@ class Release:
 
 
 def release_values(**overrides: Any) -> dict:
-    """Values of the live release: test ports, fast ticks, everything else as shipped — except
-    resources: the node agent reports every pod as qosClass BestEffort, and the API server
-    refuses that status for a pod with requests (status.qosClass is immutable), so the release
-    runs without requests and limits (null deletes the chart's defaults)."""
+    """Values of the live release: test ports and fast ticks; everything else as shipped."""
     values: dict[str, Any] = {
         "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "58080"))},
         "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "59443"))},
         "operator": {"tickSeconds": 0.5},
-        "resources": {"requests": {"cpu": None, "memory": None}, "limits": {"memory": None}},
     }
     for key, value in overrides.items():
         if isinstance(value, dict):

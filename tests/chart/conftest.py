@@ -6,19 +6,11 @@ test`` builds them). On the local control plane the node agent ignores images an
 container's ``command`` (``reversi-operator``) with this machine's PATH, so the installed chart
 runs the operator of this checkout, with the chart's ServiceAccount, RBAC, Secret and env.
 
-Three things of the local control plane differ from a real cluster, and :class:`Release` and
-:func:`release_values` bridge them:
-
-- pods get the IP 127.0.0.1, so the operator's ports are host ports: the tests use ports that do
-  not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 58080; ``REVERSI_TEST_CHART_WEBHOOK_PORT``,
-  default 59443);
-- an EndpointSlice may not hold a loopback address, so the endpointslice controller cannot
-  publish the operator pod's endpoint; the API server (which reaches webhook Services through
-  their endpoints, ``--enable-aggregator-routing``) would find none. The release fixture adds an
-  EndpointSlice for the chart's Service that points at this machine's first non-loopback
-  address, where the operator (listening on all interfaces) answers;
-- the node agent reports every pod's status.qosClass as BestEffort, which the API server refuses
-  for a pod with resource requests, so the test release has none.
+On the local control plane pods share the host's network: the operator's ports are host ports,
+so the tests use ports that do not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 58080;
+``REVERSI_TEST_CHART_WEBHOOK_PORT``, default 59443); the pod's IP is the host's non-loopback
+address, so the Service's EndpointSlice reaches it and the API server calls the webhooks through
+the Service, as on a real cluster.
 
 The release is installed once per module and uninstalled at its end, so that it never runs next
 to the integration tests' ``operator`` process (tests/chart runs before tests/integration).
