@@ -30,3 +30,4 @@ down:
 
 crds: install
 	reversi-crdgen
+	cp crds/*.yaml charts/reversi/crds/

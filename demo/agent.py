@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from demo.downstream.client import Client  # noqa: E402
+from demo.downstream.client import Client, DownstreamError  # noqa: E402
 from reversi.sdk import Recorder  # noqa: E402
 
 
@@ -31,8 +31,11 @@ def main() -> int:
     args = p.parse_args()
 
     shop = Client(args.downstream, timeout=5)
+    # an HTTP error answer means the shop refused the call: nothing happened (failed); anything
+    # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain)
     rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
-                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"})
+                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
+                        failed_errors=(DownstreamError,))
     order = "o-4711"
 
     def say(step: int, text: str) -> None:

@@ -83,6 +83,7 @@ IN_PROGRESS = "InProgress"  # Running=True
 FINISHED = "Finished"  # Running=False after the last compensation settled
 DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.deadlineSeconds passed; the rest is reported
 NOTHING_TO_UNDO = "NothingToUndo"  # Complete=True: no standing step needs an undo
+RECONCILE_ERROR = "ReconcileError"  # Running=Unknown: the operator keeps failing on this request; it retries
 # Per-step compensation (Compensated condition)
 PENDING = "Pending"  # Compensated=False: not started yet (order or parallelism)
 COMPENSATING = "Compensating"  # Compensated=Unknown: the compensator Job is running (rule 3)
@@ -128,6 +129,7 @@ REASONS = frozenset(
         FINISHED,
         DEADLINE_EXCEEDED,
         NOTHING_TO_UNDO,
+        RECONCILE_ERROR,
         PENDING,
         COMPENSATING,
         COMPENSATION_SUCCEEDED,

@@ -2,13 +2,16 @@
 
 An agent opens (or continues) a Run and wraps each call. The step is recorded ``intended``
 *before* the call is made, so a call that crashes the agent still leaves a trace; after the
-call it becomes ``succeeded`` (with the result), ``failed`` (with the error) or ``uncertain``
-(a timeout or transport error: the effect is unknown). DESIGN §2 and §4 rules 7, 9, 10.
+call it becomes ``succeeded`` (with the result), ``failed`` (with the error: only for the
+exceptions you name in ``failed_errors``, which mean "refused, nothing happened") or
+``uncertain`` (any other exception — a timeout of any HTTP library, a dropped connection, an
+interrupt: the effect is unknown). DESIGN §2 and §4 rules 7, 9, 10.
 
     from reversi.sdk import Recorder
 
     rec = Recorder.open("shop", "order-4711", manifest="payments",
-                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"})
+                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
+                        failed_errors=(PaymentDeclined,))
     charge = rec.call("payments.create_charge", {"order_id": "o-4711", "amount": 700},
                       lambda a: payments.create_charge(**a))
     with rec.step("inventory.reserve", {"sku": "sku-mug", "qty": 1}, depends_on=[1]) as step:
@@ -16,7 +19,10 @@ call it becomes ``succeeded`` (with the result), ``failed`` (with the error) or 
 
 When the API server refuses to record a step — a halt (``kill switch: …``), a run that belongs
 to another principal, a tool with no manifest entry in enforce mode, a forward duplicate —
-:class:`RecordingRefused` is raised **before the call is made**, with the server's reason.
+:class:`RecordingRefused` (or a subclass: :class:`Halted`, :class:`NotYourRun`,
+:class:`UnknownTool`, :class:`DuplicateCall`) is raised **before the call is made**, with the
+server's reason. When the outcome of a call that *was* made cannot be recorded,
+:class:`OutcomeNotRecorded` is raised and the step stays ``intended``.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ GROUP, VERSION = "reversi.dev", "v1alpha1"
 JSON_PATCH = "application/json-patch+json"
 T = TypeVar("T")
 
-#: Exceptions that mean "the effect is unknown": the step is recorded ``uncertain``.
-UNCERTAIN_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, ConnectionError)
+#: By default no exception is taken to mean "the call had no effect": a timeout of any HTTP
+#: library, a dropped connection, an interrupt — all leave the effect unknown, so the step is
+#: recorded ``uncertain`` (Reversi will not guess). Pass the exceptions that do mean "refused,
+#: nothing happened" (e.g. your client's HTTP 4xx error) as ``failed_errors``.
+FAILED_ERRORS: tuple[type[BaseException], ...] = ()
 
 
 class RecordingRefused(Exception):
@@ -58,6 +67,16 @@ class RecordingRefused(Exception):
 
 class UnknownTool(RecordingRefused):
     """The tool has no entry in the run's ToolManifest and the run is in enforce mode."""
+
+
+class OutcomeNotRecorded(Exception):
+    """The call was made, but its outcome could not be recorded: the step stays ``intended``."""
+
+    def __init__(self, message: str, reason: str = "", status: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.status = status
 
 
 class Halted(RecordingRefused):
@@ -112,12 +131,12 @@ class Recorder:
     :meth:`attach` (continue only)."""
 
     def __init__(self, api: client.ApiClient, namespace: str, run: str,
-                 uncertain_errors: tuple[type[BaseException], ...] = UNCERTAIN_ERRORS):
+                 failed_errors: tuple[type[BaseException], ...] = FAILED_ERRORS):
         self.api = api
         self.custom = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.run = run
-        self.uncertain_errors = uncertain_errors
+        self.failed_errors = failed_errors
         self._manifest: ToolManifestSpec | None = None
         self._mode = "enforce"
         self._manifest_name = ""
@@ -223,7 +242,11 @@ class Recorder:
         raise RecordingRefused(f"recording {tool}: the run kept changing; try again", reason="Conflict")
 
     def finish(self, step: Step, outcome: str, result: Any = None, error: str | None = None) -> None:
-        """Move ``step`` from ``intended`` to ``outcome`` (succeeded, failed, uncertain)."""
+        """Move ``step`` from ``intended`` to ``outcome`` (succeeded, failed, uncertain).
+
+        Raises :class:`OutcomeNotRecorded` when the server refuses the write: the call *was*
+        made, and the step stays ``intended`` (a rollback reports it unresolved).
+        """
         base = f"/spec/steps/{step.index}"
         patch: list[dict[str, Any]] = [
             {"op": "test", "path": f"{base}/outcome", "value": "intended"},
@@ -236,26 +259,29 @@ class Recorder:
             patch.append({"op": "add", "path": f"{base}/error", "value": error[:500]})
         try:
             self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run, patch,
-                                                           _content_type=JSON_PATCH)
+                                                       _content_type=JSON_PATCH)
         except ApiException as err:
-            raise _refusal(err, f"finishing step {step.index} of Run {self.namespace}/{self.run}") from err
+            refused = _refusal(err, f"recording the outcome of step {step.index} of Run {self.namespace}/{self.run}")
+            raise OutcomeNotRecorded(f"{refused.message}; the call was made, and step {step.index} stays intended "
+                                     "(settle it with a resolution)", reason=refused.reason, status=err.status) from err
         step.outcome, step.result, step.error = outcome, result, error
 
     @contextlib.contextmanager
     def step(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Iterator[Step]:
         """Context manager: records ``intended``, yields the step, then records the outcome.
 
-        Set ``step.result`` in the block. An exception from :data:`uncertain_errors` records
-        ``uncertain``; any other records ``failed``; both are re-raised.
+        Set ``step.result`` in the block. An exception from ``failed_errors`` records ``failed``
+        (the call had no effect); any other exception — a timeout, a dropped connection, an
+        interrupt — records ``uncertain``. Either is re-raised.
         """
         s = self.begin(tool, args, depends_on)
         try:
             yield s
-        except self.uncertain_errors as err:
-            self.finish(s, "uncertain", error=f"{type(err).__name__}: {err}")
+        except self.failed_errors as err:
+            self.finish(s, "failed", error=f"{type(err).__name__}: {err}")
             raise
         except BaseException as err:
-            self.finish(s, "failed", error=f"{type(err).__name__}: {err}")
+            self.finish(s, "uncertain", error=f"{type(err).__name__}: {err}")
             raise
         self.finish(s, "succeeded", result=s.result)
 

@@ -151,3 +151,35 @@ def test_rule8_new_approvals_are_what_the_write_adds():
     assert rules.new_approvals(None, {"approveCompensations": True}) == ([], True)
     assert rules.new_approvals({"approvals": [{"step": 1}]}, {"approvals": [{"step": 1}, {"step": 2}]}) == ([2], False)
     assert rules.new_approvals({"approveCompensations": True}, {"approveCompensations": True}) == ([], False)
+
+
+def _reference_regex(pattern: str):
+    import re
+
+    out, escaped = [], False
+    for ch in pattern:
+        if escaped:
+            out.append(re.escape(ch))
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        else:
+            out.append(re.escape(ch))
+    if escaped:
+        out.append(re.escape("\\"))
+    return re.compile("".join(out), re.DOTALL)
+
+
+@given(st.text(alphabet="ab.*?\\", max_size=8), st.text(alphabet="ab.*?\\", max_size=10))
+def test_property_glob_agrees_with_the_regular_expression_it_describes(pattern, value):
+    assert glob_match(pattern, value) == bool(_reference_regex(pattern).fullmatch(value))
+
+
+def test_glob_with_many_stars_against_a_long_value_is_answered():
+    # a regular expression would backtrack exponentially here; the matcher is quadratic at worst
+    assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 253) is False
+    assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 252 + "b") is True

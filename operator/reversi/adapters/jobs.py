@@ -176,7 +176,9 @@ def build_job(
             {"name": "call", "mountPath": CALL_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # only what the container writes to /dev/termination-log on purpose becomes the error in
+        # status: logs may hold anything (a secret from the environment), so they are never copied
+        "terminationMessagePolicy": "File",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "privileged": False,

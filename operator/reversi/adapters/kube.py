@@ -136,7 +136,9 @@ class Kube:
                         message = f"exit code {term.exit_code}"
             if reader and state == "succeeded":
                 try:
-                    output = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader")
+                    resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader",
+                                                             _preload_content=False)
+                    output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:
                     output = None
                     message = f"cannot read the reader's output: {err.reason}"

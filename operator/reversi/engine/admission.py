@@ -9,6 +9,7 @@ CEL rule; what needs them lives here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -17,6 +18,8 @@ from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
 from ..models.toolmanifest import ToolManifestSpec, ToolSpec
 from .keys import forward_key
 from .templates import MissingValue
+
+_LOOKS_LIKE_REFERENCE = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*(\..*)?$")
 
 #: refusal reasons (the ``reason`` label of ``reversi_refused_calls_total``)
 HALTED = "halted"
@@ -91,9 +94,29 @@ def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: lis
     return None
 
 
+def check_append_only(old: RunSpec, new: RunSpec) -> Refusal | None:
+    """What is recorded never changes or disappears: steps keep their places, shared snapshots and
+    resolutions stay as they were (DESIGN §3; CEL checks each entry by key, this checks that no
+    entry was swapped out and back in)."""
+    for position, step in enumerate(old.steps):
+        if position >= len(new.steps) or new.steps[position].index != step.index:
+            return Refusal(INVALID, f"steps are append-only: step {step.index} must stay at position {position}")
+    snapshots = {s.id: s for s in new.snapshots}
+    for snap in old.snapshots:
+        if snapshots.get(snap.id) != snap:
+            return Refusal(INVALID, f"spec.snapshots: snapshot {snap.id} was changed or removed; recorded "
+                           "snapshots never change (add a new one for a new manifest entry)")
+    resolutions = {r.step: r for r in new.resolutions}
+    for res in old.resolutions:
+        if resolutions.get(res.step) != res:
+            return Refusal(INVALID, f"the resolution of step {res.step} was changed or removed; a resolution is "
+                           "part of the record and never changes")
+    return None
+
+
 def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal | None:
     """Only the principal that created a run may change its journal (rule 10)."""
-    if old.principal and user != old.principal and steps_changed(old, new):
+    if old.principal and user != old.principal and (steps_changed(old, new) or old.snapshots != new.snapshots):
         tool = new.steps[-1].tool if new.steps else ""
         return Refusal(FOREIGN_PRINCIPAL, f"Run {run} belongs to another principal ({old.principal}); "
                        f"{user} may not add or change its steps: open a Run of your own", tool)
@@ -165,6 +188,58 @@ def new_approvals(old: dict | None, new: dict) -> tuple[list[int], bool]:
     steps = [a.get("step") for a in new.get("approvals") or [] if isinstance(a, dict) and a.get("step") not in before]
     all_now = bool(new.get("approveCompensations")) and not bool((old or {}).get("approveCompensations"))
     return [s for s in steps if isinstance(s, int)], all_now
+
+
+def check_templates(manifest: ToolManifestSpec) -> Refusal | None:
+    """Every ``$``-string in a manifest's templates is a valid reference: a typo such as
+    ``$reslt.id`` would otherwise reach a compensator as a literal string."""
+    for tool in manifest.tools:
+        places: list[tuple[str, Any]] = [("idempotencyKey", tool.idempotency_key)]
+        if tool.compensation is not None:
+            places.append(("compensation.args", tool.compensation.args))
+        if tool.verification is not None:
+            places.append(("verification.args", tool.verification.args))
+        for where, template in places:
+            for text in _strings(template):
+                problem = template_problem(text)
+                if problem:
+                    return Refusal(INVALID, f"tool {tool.name}: {where}: {problem}")
+    return None
+
+
+def template_problem(text: str) -> str | None:
+    """Why ``text`` (a string starting with ``$``) is not a valid reference, or None."""
+    if not _LOOKS_LIKE_REFERENCE.match(text):
+        return None  # e.g. "$5 fee": literal
+    root, dot, rest = text[1:].partition(".")
+    if root not in ("args", "result"):
+        return f"{text!r} looks like a reference but names no root: use $args.<path> or $result.<path>"
+    if dot and (not rest or "" in rest.split(".")):
+        return f"{text!r} has an empty path segment"
+    return None
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def check_approvals(spec: RunSpec, steps: list[int]) -> Refusal | None:
+    """Approvals must name steps of the run whose compensation asks for approval (rule 8)."""
+    by_index = {s.index: s for s in spec.steps}
+    for index in steps:
+        step = by_index.get(index)
+        if step is None:
+            return Refusal(INVALID, f"approval of step {index}: the run has no such step")
+        entry = spec.snapshot_of(step)
+        if entry is None or entry.compensation is None or not entry.compensation.requires_approval:
+            return Refusal(INVALID, f"approval of step {index}: its compensation does not require approval")
+    return None
 
 
 def snapshot_for(manifest: ToolManifestSpec | None, tool: str) -> dict[str, Any] | None:

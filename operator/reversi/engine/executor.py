@@ -252,6 +252,18 @@ def advance(
     return run, []
 
 
+def give_up(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
+    """End a step that waits for another attempt or read-back (e.g. the request's deadline
+    passed): it fails with ``why`` and its last error; other stages are returned unchanged."""
+    if run.stage == "retrying":
+        return _fail(run, f"compensation failed after {run.attempts} attempts: {why}; last error: {run.error}",
+                     None, "CompensationFailed")
+    if run.stage == "rereading":
+        return _fail(run, f"verification failed: {why}; last read: {run.error}", "verificationFailed",
+                     "VerificationFailed")
+    return run, []
+
+
 def _begin_verification(run: StepRun, verify: VerifyPlan) -> tuple[StepRun, list[Effect]]:
     s = run.step
     if verify.mode == "reader":

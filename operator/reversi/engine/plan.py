@@ -135,6 +135,11 @@ def _base_action(
     if resolution is not None:
         who = f" by {resolution.actor}" if resolution.actor else ""
         settled = f" (resolved as {resolution.status}{who}: {resolution.note})"
+        if step.outcome in ("succeeded", "failed") and step.outcome != resolution.status:
+            # the agent's late answer contradicts the person's resolution: Reversi will not choose
+            return _action(step, UNRESOLVED, f"conflict: the call was recorded {step.outcome} after it was "
+                           f"resolved as {resolution.status}{who}; find out what really happened and undo it by hand "
+                           "if it stands")
     if outcome == "failed":
         return _action(step, SKIP, f"outcome failed: the call had no effect{settled}")
     if snapshot is None:
@@ -152,7 +157,8 @@ def _base_action(
     if undo is not None and undo.state == "compensated":
         check = undo.verification or "unverified"
         by = f" by {undo.request}" if undo.request else ""
-        return _action(step, SKIP, f"already compensated{by} ({check})")
+        residue = list(snapshot.compensation.residue) if snapshot.compensation else []
+        return _action(step, SKIP, f"already compensated{by} ({check})", residue=residue)
     if outcome in ("intended", "uncertain"):
         return _action(
             step,

@@ -25,13 +25,25 @@ def first_mismatch(answer: Any, expect: Any) -> str | None:
 
 
 def parse_answer(text: str) -> Any:
-    """Parse a reader's stdout as JSON. Raises ``ValueError`` ("the reader printed no JSON: ...")
-    for anything that is not one JSON document (a failed read, rule 5)."""
+    """Parse a reader's answer (rule 5): its whole output as one JSON document, or else the last
+    non-empty line of it (so log lines a reader writes before its answer do no harm).
+
+    Raises ``ValueError`` ("the reader printed no JSON ...") otherwise: a failed read. The
+    message gives the output's size, never its content (it may hold anything the reader logs).
+    """
+    text = text or ""
     try:
         return json.loads(text)
-    except (TypeError, ValueError) as exc:
-        snippet = (text or "").strip()[:MAX_VALUE_TEXT]
-        raise ValueError(f"the reader printed no JSON: {exc}; output starts {snippet!r}") from None
+    except ValueError:
+        pass
+    lines = [line for line in text.splitlines() if line.strip()]
+    if lines:
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            pass
+    raise ValueError(f"the reader printed no JSON ({len(text)} characters of output, no JSON document as a whole "
+                     "or on its last line); read the reader Job's log")
 
 
 def _mismatch(answer: Any, expect: Any, path: str) -> str | None:

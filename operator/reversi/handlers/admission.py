@@ -26,6 +26,7 @@ of these kinds are refused rather than let through unchecked — a Halt must hol
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from typing import Any
 
@@ -34,7 +35,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
+from ..adapters.jobs import Owner, build_job
 from ..engine import admission as rules
+from ..engine.graph import InvalidRun, build_graph
 from ..engine.keys import snapshot_id
 from ..models.halt import ClusterHaltSpec, HaltSpec
 from ..models.rollbackrequest import RollbackRequestSpec
@@ -100,10 +103,13 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     old_spec = (old or {}).get("spec") or {}
     if operation == "CREATE":
         patch.spec["principal"] = user
+    elif old_spec.get("principal") and not spec.get("principal"):
+        patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
     manifest_ref = spec.get("manifestRef") if isinstance(spec.get("manifestRef"), dict) else {}
     manifest = _manifest(namespace, manifest_ref.get("name"))
-    known_steps = {s.get("index") for s in old_spec.get("steps") or [] if isinstance(s, dict)}
-    known_res = {r.get("step") for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
+    old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
+    old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
+    known_steps, known_res = set(old_steps), set(old_res)
     now = _now()
 
     def stamp(raw: dict) -> None:
@@ -112,7 +118,10 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
             return
         shared = {x.get("id"): x for x in s.get("snapshots") or [] if isinstance(x, dict)}
         for step in s.get("steps") or []:
-            if not isinstance(step, dict) or step.get("index") in known_steps:
+            if not isinstance(step, dict):
+                continue
+            if step.get("index") in known_steps:
+                _carry(old_steps[step["index"]], step, ("snapshot", "snapshotId", "recordedAt"))
                 continue
             entry = manifest.tool(step["tool"]) if manifest and isinstance(step.get("tool"), str) else None
             wire = entry.to_wire() if entry is not None else None
@@ -126,13 +135,27 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                     step.pop("snapshot", None)  # no manifest entry: unmanifested, whatever the client said
                 else:
                     step["snapshot"] = wire
-            step.setdefault("recordedAt", now)
+            step["recordedAt"] = now  # the server's clock, not the client's
         for res in s.get("resolutions") or []:
-            if isinstance(res, dict) and res.get("step") not in known_res:
+            if not isinstance(res, dict):
+                continue
+            if res.get("step") in known_res:
+                _carry(old_res[res["step"]], res, ("actor", "resolvedAt"))
+            else:
                 res["actor"] = user
                 res["resolvedAt"] = now
 
     patch.fns.append(stamp)
+
+
+def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
+    """Keep server-stamped fields of an entry the client sent back without them (client-side
+    ``kubectl apply`` sends only what is in the file)."""
+    if any(f in new for f in fields):
+        return
+    for f in fields:
+        if f in old:
+            new[f] = old[f]
 
 
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
@@ -144,7 +167,13 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
     old_spec = _parse(RunSpec, old.get("spec"), what) if old else None
     user = _user(userinfo)
     state = runtime.state()
-    refusal = rules.check_resolutions(old_spec, spec)
+    try:
+        build_graph(spec)
+    except InvalidRun as err:
+        raise kopf.AdmissionError(f"{what}: {err}", code=422) from err
+    refusal = rules.check_append_only(old_spec, spec) if old_spec is not None else None
+    if refusal is None:
+        refusal = rules.check_resolutions(old_spec, spec)
     if refusal is None and old_spec is not None:
         refusal = rules.check_principal(old_spec, spec, user, what)
     added = rules.new_steps(old_spec, spec)
@@ -222,29 +251,43 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     spec = body.get("spec") or {}
     old_spec = (old or {}).get("spec") or {}
     steps, all_now = rules.new_approvals(old_spec, spec)
-    if all_now:
+    if old_spec.get("approvedBy"):
+        patch.spec["approvedBy"] = old_spec["approvedBy"]
+    elif all_now:
         patch.spec["approvedBy"] = user
-    if steps:
-        now = _now()
-        known = {a.get("step") for a in old_spec.get("approvals") or [] if isinstance(a, dict)}
+    elif "approvedBy" in spec:
+        patch.spec["approvedBy"] = None  # only the server says who approved
+    now = _now()
+    old = {a.get("step"): a for a in old_spec.get("approvals") or [] if isinstance(a, dict)}
 
-        def stamp(raw: dict) -> None:
-            for approval in (raw.get("spec") or {}).get("approvals") or []:
-                if isinstance(approval, dict) and approval.get("step") not in known:
-                    approval["approver"] = user
-                    approval["approvedAt"] = now
+    def stamp(raw: dict) -> None:
+        for approval in (raw.get("spec") or {}).get("approvals") or []:
+            if not isinstance(approval, dict):
+                continue
+            if approval.get("step") in old:
+                _carry(old[approval["step"]], approval, ("approver", "approvedAt"))
+            else:
+                approval["approver"] = user
+                approval["approvedAt"] = now
 
-        patch.fns.append(stamp)
+    patch.fns.append(stamp)
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
 def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **_: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8)."""
     what = f"RollbackRequest {namespace}/{name}"
-    _parse(RollbackRequestSpec, body.get("spec"), what)
+    spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})
     if not steps and not all_now:
         return
+    if steps:
+        run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
+        if run is not None:
+            refusal = rules.check_approvals(_parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}"),
+                                            steps)
+            if refusal is not None:
+                raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     if not _may_approve(userinfo, namespace, name):
         which = "all compensations (approveCompensations)" if all_now else f"step(s) {steps}"
         raise kopf.AdmissionError(
@@ -254,21 +297,74 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
 
 def _may_approve(userinfo: dict, namespace: str, name: str) -> bool:
     """A SubjectAccessReview for the caller: verb approve on rollbackrequests."""
+    return _allowed(userinfo, namespace, G, "rollbackrequests", "approve", name)
+
+
+def _allowed(userinfo: dict, namespace: str, group: str, resource: str, verb: str, name: str | None) -> bool:
+    """Whether the caller may ``verb`` ``resource`` (a SubjectAccessReview with their identity)."""
     info = userinfo or {}
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=info.get("username"), groups=info.get("groups"), uid=info.get("uid"), extra=info.get("extra"),
         resource_attributes=client.V1ResourceAttributes(
-            group=G, resource="rollbackrequests", verb="approve", namespace=namespace, name=name)))
-    api = client.AuthorizationV1Api(runtime.state().kube.api)
-    result = api.create_subject_access_review(review)
+            group=group, resource=resource, verb=verb, namespace=namespace, name=name)))
+    result = client.AuthorizationV1Api(runtime.state().kube.api).create_subject_access_review(review)
     return bool(result.status and result.status.allowed)
+
+
+def _secrets_named(runner: Any) -> list[str]:
+    """Secrets a runner's container reads: env secretKeyRef and envFrom secretRef."""
+    names = []
+    for env in runner.env:
+        ref = ((env.get("valueFrom") or {}) if isinstance(env, dict) else {}).get("secretKeyRef") or {}
+        if isinstance(ref, dict) and ref.get("name"):
+            names.append(ref["name"])
+    for src in runner.env_from:
+        ref = (src.get("secretRef") or {}) if isinstance(src, dict) else {}
+        if isinstance(ref, dict) and ref.get("name"):
+            names.append(ref["name"])
+    return sorted(set(names))
+
+
+def _api_message(err: ApiException) -> str:
+    try:
+        return json.loads(err.body or "{}").get("message", str(err.reason))
+    except ValueError:
+        return str(err.reason)
 
 
 # ------------------------------------------------------------------ manifests and halts: shape
 
 @kopf.on.validate(G, V, "toolmanifests", id="validate-toolmanifest", operations=OPS, persistent=True)
-def validate_tool_manifest(body: Any, namespace: str, name: str, **_: Any) -> None:
-    _parse(ToolManifestSpec, body.get("spec"), f"ToolManifest {namespace}/{name}")
+def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict, **_: Any) -> None:
+    """Shape, templates, runners the API server would accept as Job containers, and permission:
+    a runner runs with the namespace's Secrets and service accounts, so its author must be allowed
+    to create Jobs there and to read every Secret it names."""
+    what = f"ToolManifest {namespace}/{name}"
+    spec = _parse(ToolManifestSpec, body.get("spec"), what)
+    refusal = rules.check_templates(spec)
+    if refusal is not None:
+        raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
+    state = runtime.state()
+    for runner in spec.runners:
+        needs = [("batch", "jobs", "create", None)]
+        needs += [("", "secrets", "get", secret) for secret in _secrets_named(runner)]
+        for group, resource, verb, obj in needs:
+            if not _allowed(userinfo, namespace, group, resource, verb, obj):
+                target = f"secret {obj!r}" if obj else "jobs"
+                raise kopf.AdmissionError(
+                    f"{what}: runner {runner.name!r} would run with {target}, but {_user(userinfo)} may not "
+                    f"{verb} {target} in namespace {namespace}; a runner cannot grant more than its author has",
+                    code=403)
+        _, job = build_job(owner=Owner(namespace, "dry-run", "00000000-0000-0000-0000-000000000000"),
+                           run_name="dry-run", run_uid="dry-run", step=0, attempt=1, runner=runner,
+                           call={}, idempotency_key="0" * 64)
+        job["metadata"]["ownerReferences"] = []
+        try:
+            client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All")
+        except ApiException as err:
+            message = _api_message(err).split(": ", 1)[-1] if err.status == 422 else _api_message(err)
+            raise kopf.AdmissionError(f"{what}: runner {runner.name!r} would not make a valid Job: {message}",
+                                      code=422) from err
 
 
 @kopf.on.validate(G, V, "halts", id="validate-halt", operations=OPS, persistent=True)

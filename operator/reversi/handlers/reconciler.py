@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from .. import conditions as c
@@ -43,6 +44,9 @@ from ..settings import OperatorSettings
 log = logging.getLogger("reversi.rollback")
 
 RUNS, REQUESTS, MANIFESTS = "runs", "rollbackrequests", "toolmanifests"
+#: seconds between passes of a request that waits for the Run's lock or for an approval (a change
+#: to the request or the end of the other request wakes it at once)
+WAIT_SECONDS = 5.0
 
 
 @dataclass
@@ -76,19 +80,37 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------ entry
 
-    def reconcile(self, namespace: str, name: str, memory: Memory) -> bool:
-        """Run one pass. Returns True while the request needs more passes."""
+    def reconcile(self, namespace: str, name: str, memory: Memory) -> float | None:
+        """Run one pass. Returns the seconds until the next pass, or None when the request is
+        final (or gone)."""
         req = self.kube.get(REQUESTS, namespace, name)
         if req is None or req["metadata"].get("deletionTimestamp"):
-            return False
+            return None
         status = req.get("status") or {}
         if status.get("phase") in TERMINAL_PHASES:
-            return False
+            return None
         try:
             return self._reconcile(req, memory)
         except Invalid as bad:
             self._fail(req, bad.reason, bad.message)
-            return False
+            return None
+
+    def report_error(self, namespace: str, name: str, error: str) -> None:
+        """Say on the request that passes keep failing (condition ``Running``, reason
+        ``ReconcileError``, and a Warning Event) — a request is never stuck without saying why."""
+        req = self.kube.get(REQUESTS, namespace, name)
+        if req is None:
+            return
+        status = req.get("status") or {}
+        gen = req["metadata"].get("generation", 1)
+        message = f"the operator keeps failing on this request and retries: {st.cut(error, self.settings.message_limit)}"
+        current = c.get_condition(status.get("conditions"), c.RUNNING) or {}
+        if current.get("reason") == c.RECONCILE_ERROR and current.get("message") == message:
+            return
+        conds = st.summary_conditions(status.get("conditions") or [], gen,
+                                      [(c.RUNNING, c.UNKNOWN, c.RECONCILE_ERROR, message)])
+        self.kube.merge_status(REQUESTS, namespace, name, {"conditions": conds})
+        self.kube.event(req, c.RECONCILE_ERROR, message, warning=True)
 
     # --------------------------------------------------------------------------- the pass
 
@@ -145,11 +167,12 @@ class Reconciler:
             self._write(req, status)
             if self.metrics:
                 self.metrics.request_finished(ns, "dryRun")
-            return False
+            return None
         needed_runners = {a.runner for a in plan.of_kind(COMPENSATE) if a.runner}
         if needed_runners and manifest is None:
             raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
-                          "its runners are needed to run compensators: create it or fix the Run's spec.manifestRef")
+                          "its runners are needed to run compensators: create it again (a Run's manifestRef "
+                          "cannot change), then create a new RollbackRequest")
         runners = {r.name: r for r in manifest.runners} if manifest else {}
         runner_names = set(runners)
         missing = sorted(needed_runners - runner_names)
@@ -164,7 +187,7 @@ class Reconciler:
                 (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN,
                  f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends")]))
             self._write(req, status)
-            return True
+            return WAIT_SECONDS
 
         # ---- per-step state ----
         old_entries = {e["step"]: e for e in status.get("steps") or []}
@@ -200,6 +223,11 @@ class Reconciler:
             return view
 
         for s, run in list(runs.items()):
+            if deadline_passed and run.stage in ("retrying", "rereading"):
+                new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
+                runs[s] = new
+                effects += eff
+                continue
             if run.stage in ex.ACTIVE_STAGES:
                 new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now, memory.rng)
                 runs[s] = new
@@ -218,7 +246,14 @@ class Reconciler:
         self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan)
         for e in effects:
             if isinstance(e, ex.StartJob):
-                self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e)
+                try:
+                    self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e)
+                except ApiException as err:
+                    if err.status >= 500 or err.status == 429:
+                        raise  # transient: the next pass tries again
+                    # refused for good (an invalid Job or Secret, a forbidden field): the attempt fails
+                    jname = jobs_mod.job_name(run_uid, e.step, e.attempt, e.role, e.read)
+                    memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {_api_message(err)}")
         for e in effects:
             if isinstance(e, ex.Note):
                 self.kube.event(req, e.reason, e.message, e.warning)
@@ -254,7 +289,7 @@ class Reconciler:
             if self.metrics:
                 self.metrics.request_finished(ns, "complete" if report.complete else "incomplete", report, plan)
                 self.metrics.refresh_runs(self.kube)
-            return False
+            return None
         if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
             phase = "AwaitingApproval"
         else:
@@ -267,7 +302,7 @@ class Reconciler:
              if awaiting else "no step waits for approval"),
             (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict)]))
         self._write(req, status)
-        return True
+        return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
 
     # --------------------------------------------------------------------------- helpers
 
@@ -445,6 +480,8 @@ class Reconciler:
         self.kube.merge_status(REQUESTS, meta["namespace"], meta["name"], status)
 
     def _fail(self, req: dict, reason: str, message: str) -> None:
+        """End the request ``Failed`` with an ``Invalid`` condition that says what to fix; a Run
+        it held is released and marked not rolled back."""
         meta = req["metadata"]
         gen = meta.get("generation", 1)
         status = dict(req.get("status") or {})
@@ -456,6 +493,9 @@ class Reconciler:
                       completionTime=st.iso(time.time()))
         self._write(req, status)
         self.kube.event(req, reason, message, warning=True)
+        run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name")
+        if run_name:
+            self._release(meta["namespace"], run_name, meta["name"], complete=False)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
 
@@ -470,6 +510,15 @@ def _epoch(ts: str | None) -> float | None:
     import datetime as dt
 
     return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def _api_message(err: ApiException) -> str:
+    import json
+
+    try:
+        return json.loads(err.body or "{}").get("message", str(err.reason))
+    except ValueError:
+        return str(err.reason)
 
 
 def _first_error(err: ValidationError) -> str:

@@ -61,15 +61,20 @@ class Workers:
         failures = 0
         while not stop.is_set():
             try:
-                again = self.reconciler.reconcile(namespace, name, memory)
+                delay = self.reconciler.reconcile(namespace, name, memory)
                 failures = 0
-            except Exception:  # noqa: BLE001 - log, back off, try again: never crash the operator
+            except Exception as err:  # noqa: BLE001 - log, back off, try again: never crash the operator
                 failures += 1
                 log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name, failures)
-                again = True
-            if not again:
+                if failures >= 3:
+                    try:
+                        self.reconciler.report_error(namespace, name, f"{type(err).__name__}: {err}")
+                    except Exception:  # noqa: BLE001 - the API may be what fails
+                        log.warning("RollbackRequest %s/%s: could not report the error on it", namespace, name)
+                delay = min(self.tick * (2 ** min(failures, 5)), 30.0)
+            if delay is None:
                 break
-            wake.wait(min(self.tick * (2 ** min(failures, 5)), 30.0))
+            wake.wait(delay)
             wake.clear()
         with self._lock:
             key = f"{namespace}/{name}"

@@ -13,7 +13,6 @@ everything); ``?`` matches exactly one character; ``\`` makes the next character
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Literal
@@ -35,29 +34,52 @@ Glob = str
 
 
 @lru_cache(maxsize=1024)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    parts: list[str] = []
+def _glob_tokens(pattern: str) -> tuple[str | None, ...]:
+    """The pattern as tokens: ``None`` for ``*``, ``""`` for ``?``, else one literal character."""
+    tokens: list[str | None] = []
     escaped = False
     for ch in pattern:
         if escaped:
-            parts.append(re.escape(ch))
+            tokens.append(ch)
             escaped = False
         elif ch == "\\":
             escaped = True
         elif ch == "*":
-            parts.append(".*")
+            if not tokens or tokens[-1] is not None:  # "**" is "*"
+                tokens.append(None)
         elif ch == "?":
-            parts.append(".")
+            tokens.append("")
         else:
-            parts.append(re.escape(ch))
+            tokens.append(ch)
     if escaped:  # a trailing backslash stands for itself
-        parts.append(re.escape("\\"))
-    return re.compile("".join(parts), re.DOTALL)
+        tokens.append("\\")
+    return tuple(tokens)
 
 
 def glob_match(pattern: str, value: str) -> bool:
-    """Whether ``value`` matches the halt glob ``pattern`` (semantics in the module docstring)."""
-    return _glob_regex(pattern).fullmatch(value) is not None
+    """Whether ``value`` matches the halt glob ``pattern`` (semantics in the module docstring).
+
+    Iterative matching with one remembered ``*``: at most len(pattern) x len(value) steps, never
+    the exponential backtracking of a regular expression (a halt pattern is user input).
+    """
+    tokens = _glob_tokens(pattern)
+    t = v = 0
+    star_t, star_v = -1, 0
+    while v < len(value):
+        if t < len(tokens) and tokens[t] is not None and (tokens[t] == "" or tokens[t] == value[v]):
+            t += 1
+            v += 1
+        elif t < len(tokens) and tokens[t] is None:
+            star_t, star_v = t, v
+            t += 1
+        elif star_t >= 0:
+            star_v += 1
+            t, v = star_t + 1, star_v
+        else:
+            return False
+    while t < len(tokens) and tokens[t] is None:
+        t += 1
+    return t == len(tokens)
 
 
 class HaltScope(ReversiModel):

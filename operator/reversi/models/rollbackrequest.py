@@ -107,6 +107,7 @@ class RollbackRequestSpec(ReversiModel):
     parallelism: int = Field(default=1, ge=1, le=32, description="Compensations running at once (order still holds).")
     verify_command: list[Text] | None = Field(
         default=None,
+        min_length=1,
         max_length=64,
         description="Optional extra check run after each successful undo (in the compensation's runner).",
     )
