@@ -381,3 +381,157 @@ def test_snapshot_is_stamped_from_the_manifest_not_the_client(rv, users, namespa
     snap = run["spec"]["steps"][0]["snapshot"]
     assert snap["effect"] == "write" and snap["compensation"]["tool"] == "payments.refund"
     assert run["spec"]["steps"][0]["recordedAt"]
+
+
+# ------------------------------------------------------- the record never changes (hardening)
+
+def _jpatch(api, namespace, plural, name, ops):
+    return _custom(api).patch_namespaced_custom_object(G, V, namespace, plural, name, ops,
+                                                       _content_type="application/json-patch+json")
+
+
+def test_a_resolution_cannot_be_swapped_out_and_back_in(rv, users, namespace):
+    rv.apply_manifest()
+    _uncertain_run(rv, users, namespace)
+    _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": "ch_x"}, "note": "seen"})
+    with pytest.raises(ApiException) as err:
+        _jpatch(users["oncall"], namespace, "runs", "r",
+                [{"op": "replace", "path": "/spec/resolutions/0", "value": {"step": 0, "status": "failed", "note": "no"}}])
+    assert "never changes" in _message(err.value) or "cannot be changed" in _message(err.value)
+
+
+def test_shared_snapshots_cannot_be_replaced(rv, users, namespace):
+    rv.apply_manifest()
+    from reversi.engine.keys import snapshot_id
+    from reversi.models.toolmanifest import ToolSpec
+
+    entry = ToolSpec.model_validate(rv.snapshot("payments.create_charge"))
+    sid = snapshot_id(entry)
+    charge = rv.charge("o-snap")
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+            "spec": {"manifestRef": {"name": "payments"}, "snapshots": [{"id": sid, **entry.to_wire()}],
+                     "steps": [{"index": 0, "tool": "payments.create_charge", "snapshotId": sid, "outcome": "succeeded",
+                                "args": {"order_id": "o-snap", "amount": 700, "customer": "cus_9"}, "result": charge}]}}
+    _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
+    forged = {"id": sid, "name": "payments.create_charge", "effect": "idempotent"}
+    for user in ("agent-b", "agent-a"):  # not even the principal may rewrite the record
+        with pytest.raises(ApiException) as err:
+            _jpatch(users[user], namespace, "runs", "r", [{"op": "replace", "path": "/spec/snapshots/0", "value": forged}])
+        assert err.value.status in (403, 422)
+
+
+def test_steps_out_of_order_are_refused_at_admission(rv, users, namespace):
+    rv.apply_manifest()
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+            "spec": {"manifestRef": {"name": "payments"}, "steps": [
+                {"index": 1, "tool": "payments.get_customer", "args": {}, "outcome": "succeeded"},
+                {"index": 0, "tool": "payments.get_customer", "args": {}, "outcome": "succeeded"}]}}
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
+    assert "out of order" in _message(err.value)
+
+
+def test_a_forged_approved_by_is_dropped(rv, users, namespace):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
+    created = _custom(users["oncall"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
+        "spec": {"runRef": {"name": "r"}, "approvedBy": "the-cfo", "dryRun": True}})
+    assert "approvedBy" not in created["spec"]
+
+
+def test_an_approval_must_name_a_step_that_needs_one(rv, users, namespace):
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-appr2")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-appr2", "amount": 700, "customer": "cus_9"}, charge)])
+    for step, expected in ((0, "does not require approval"), (7, "no such step")):
+        with pytest.raises(ApiException) as err:
+            _custom(users["approver"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+                "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": f"undo-{step}"},
+                "spec": {"runRef": {"name": "r"}, "approvals": [{"step": step}]}})
+        assert expected in _message(err.value)
+
+
+def test_client_side_apply_that_adds_an_approval_keeps_the_first_approver(rv, cluster, namespace, tmp_path):
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-apply")
+    capture = rv.capture(charge["id"])
+    second = rv.charge("o-apply-2")
+    cap2 = rv.capture(second["id"])
+    rv.run("r", [rv.step(0, "payments.capture", {"charge_id": charge["id"]}, capture),
+                 rv.step(1, "payments.capture", {"charge_id": second["id"]}, cap2)])
+    kubectl = [str(build.binary("kubernetes", "kubectl")), "--kubeconfig", str(cluster.paths.admin_kubeconfig),
+               "-n", namespace]
+    doc = ("apiVersion: reversi.dev/v1alpha1\nkind: RollbackRequest\nmetadata:\n  name: undo\n"
+           "spec:\n  runRef: {name: r}\n  dryRun: true\n  approvals:\n")
+    path = tmp_path / "rbr.yaml"
+    path.write_text(doc + "  - {step: 1}\n")
+    subprocess.run(kubectl + ["apply", "-f", str(path)], check=True, capture_output=True)
+    first = rv.get("rollbackrequests", "undo")["spec"]["approvals"][0]
+    path.write_text(doc + "  - {step: 1}\n  - {step: 0}\n")
+    out = subprocess.run(kubectl + ["apply", "-f", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    approvals = {a["step"]: a for a in rv.get("rollbackrequests", "undo")["spec"]["approvals"]}
+    assert approvals[1]["approver"] == first["approver"] and approvals[1]["approvedAt"] == first["approvedAt"]
+    assert approvals[0]["approver"] == "reversi-admin"
+
+
+# ------------------------------------------------------------ manifests: what a runner may do
+
+def test_a_manifest_template_typo_is_refused(rv, namespace):
+    body = manifest_with(rv, compensation_args={"charge_id": "$reslt.id"})
+    with pytest.raises(ApiException) as err:
+        rv.custom.create_namespaced_custom_object(G, V, namespace, "toolmanifests", body)
+    assert "'$reslt.id' looks like a reference" in _message(err.value)
+
+
+def test_a_runner_cannot_use_a_secret_its_author_may_not_read(rv, users, admin_api, namespace):
+    client.CoreV1Api(admin_api).create_namespaced_secret(namespace, {"metadata": {"name": "db-password"},
+                                                                     "stringData": {"password": "hunter2"}})
+    rbac = client.RbacAuthorizationV1Api(admin_api)
+    rules = [{"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["create"]},
+             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "author"}, "rules": rules})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "author"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "author"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "agent-a"}]})
+    body = manifest_with(rv, env=[{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}])
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "toolmanifests", body)
+    assert err.value.status == 403 and "may not get secret 'db-password'" in _message(err.value)
+
+
+def test_a_runner_that_would_not_make_a_valid_job_is_refused(rv, namespace):
+    body = manifest_with(rv, env=[{"value": "no-name-here"}])
+    with pytest.raises(ApiException) as err:
+        rv.custom.create_namespaced_custom_object(G, V, namespace, "toolmanifests", body)
+    assert "would not make a valid Job" in _message(err.value) and "name" in _message(err.value)
+
+
+def manifest_with(rv, compensation_args=None, env=None):
+    from tests.integration.conftest import manifest_body
+
+    body = manifest_body(rv.downstream.url)
+    body["metadata"]["name"] = "odd"
+    if env is not None:
+        body["spec"]["runners"][0]["env"] = body["spec"]["runners"][0]["env"] + env
+    if compensation_args is not None:
+        body["spec"]["tools"][1]["compensation"]["args"] = compensation_args
+    return body
+
+
+# ---------------------------------------------------------------------------- the SDK
+
+def test_sdk_records_any_unexpected_error_as_uncertain_and_declared_ones_as_failed(rv, users, namespace):
+    rv.apply_manifest()
+
+    class Declined(Exception):
+        pass
+
+    rec = Recorder.open(namespace, "r", manifest="payments", api=users["agent-a"], failed_errors=(Declined,))
+    with pytest.raises(OSError):
+        rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: (_ for _ in ()).throw(OSError("read timed out")))
+    with pytest.raises(Declined):
+        rec.call("payments.get_customer", {"id": "cus_1"}, lambda a: (_ for _ in ()).throw(Declined("card declined")))
+    outcomes = [s["outcome"] for s in rv.get("runs", "r")["spec"]["steps"]]
+    assert outcomes == ["uncertain", "failed"]

@@ -325,6 +325,12 @@ def _secrets_named(runner: Any) -> list[str]:
     return sorted(set(names))
 
 
+def _validation_message(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg')}"
+
+
 def _api_message(err: ApiException) -> str:
     try:
         return json.loads(err.body or "{}").get("message", str(err.reason))
@@ -361,8 +367,9 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
         job["metadata"]["ownerReferences"] = []
         try:
             client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All")
-        except ApiException as err:
-            message = _api_message(err).split(": ", 1)[-1] if err.status == 422 else _api_message(err)
+        except (ApiException, ValidationError) as err:
+            # the API server's validation, or the client's own (it checks shapes before sending)
+            message = _validation_message(err) if isinstance(err, ValidationError) else _api_message(err)
             raise kopf.AdmissionError(f"{what}: runner {runner.name!r} would not make a valid Job: {message}",
                                       code=422) from err
 

@@ -248,12 +248,13 @@ class Reconciler:
             if isinstance(e, ex.StartJob):
                 try:
                     self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e)
-                except ApiException as err:
-                    if err.status >= 500 or err.status == 429:
+                except (ApiException, ValidationError) as err:
+                    if isinstance(err, ApiException) and (err.status >= 500 or err.status == 429):
                         raise  # transient: the next pass tries again
                     # refused for good (an invalid Job or Secret, a forbidden field): the attempt fails
+                    why = _api_message(err) if isinstance(err, ApiException) else _first_error(err)
                     jname = jobs_mod.job_name(run_uid, e.step, e.attempt, e.role, e.read)
-                    memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {_api_message(err)}")
+                    memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {why}")
         for e in effects:
             if isinstance(e, ex.Note):
                 self.kube.event(req, e.reason, e.message, e.warning)

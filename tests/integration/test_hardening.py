@@ -1,0 +1,136 @@
+"""Hostile or broken input during a rollback: the request always ends, says why, and leaks nothing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+PY = sys.executable
+
+
+def _charge_run(rv, order="o-h"):
+    charge = rv.charge(order)
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": order, "amount": 700, "customer": "cus_9"}, charge)])
+    return charge
+
+
+def test_reader_log_lines_before_the_answer_do_not_fail_the_check(rv):
+    reader = [PY, "-c", "import sys; print('debug: reading the charge', file=sys.stderr); print('note: ok');"
+              "print('{\"refunded\": true}')"]
+    rv.apply_manifest(reader_command=reader)
+    _charge_run(rv)
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
+
+
+def test_reader_printing_invalid_utf8_is_a_failed_read_not_a_stuck_request(rv):
+    reader = [PY, "-c", "import sys; sys.stdout.buffer.write(b'\\xff\\xfe garbage')"]
+    rv.apply_manifest(reader_command=reader)
+    _charge_run(rv)
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Incomplete", timeout=90)
+    assert "read failed: the reader printed no JSON" in req["status"]["report"]["failed"][0]["error"]
+    assert rv.get("runs", "r")["status"].get("activeRequest") is None
+
+
+def test_a_compensators_logs_never_reach_status(rv, admin_api):
+    from kubernetes import client
+
+    client.CoreV1Api(admin_api).create_namespaced_secret(rv.ns, {"metadata": {"name": "db-password"},
+                                                               "stringData": {"password": "hunter2-TOP-SECRET"}})
+    from tests.integration.conftest import manifest_body
+
+    body = manifest_body(rv.downstream.url)
+    body["spec"]["runners"].append({
+        **body["spec"]["runners"][0], "name": "leaky",
+        "command": ["sh", "-c", "echo leaked: $P; echo leaked: $P >&2; exit 1"],
+        "env": [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}]})
+    body["spec"]["tools"].append({"name": "payments.leaky", "effect": "write", "compensation": {
+        "tool": "payments.refund", "kind": "compensation", "args": {}, "runner": "leaky"}})
+    rv.manifest = rv.create("toolmanifests", body)
+    rv.run("r", [rv.step(0, "payments.leaky", {}, {"ok": True})])
+    rv.request("undo", "r", retries=1)
+    req = rv.wait_phase("undo", "Incomplete")
+    text = str(req["status"])
+    assert "hunter2" not in text
+    assert req["status"]["report"]["failed"][0]["error"].endswith("exit code 1")
+    events = rv.core.list_namespaced_event(rv.ns).items
+    assert not any("hunter2" in (e.message or "") for e in events)
+
+
+def test_a_job_the_api_server_refuses_fails_the_step_instead_of_hanging(rv):
+    extra = [{"name": "blob.write", "effect": "write",
+              "compensation": {"tool": "blob.delete", "kind": "inverse",
+                               "args": {"a": "$args.blob", "b": "$args.blob"}, "runner": "tools"}}]
+    rv.apply_manifest(extra_tools=extra)
+    rv.run("r", [rv.step(0, "blob.write", {"blob": "x" * 600_000}, {"ok": True})])
+    rv.request("undo", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
+    req = rv.wait_phase("undo", "Incomplete", timeout=90)
+    error = req["status"]["report"]["failed"][0]["error"]
+    assert "cannot create the compensator Job" in error
+    assert rv.get("runs", "r")["status"].get("activeRequest") is None
+
+
+def test_the_deadline_stops_further_attempts(rv):
+    rv.apply_manifest()
+    _charge_run(rv)
+    rv.downstream.fault("/payments/refunds", "error", times=50)
+    rv.request("undo", "r", retries=6, backoff={"baseMs": 4000, "maxMs": 4000}, deadlineSeconds=3)
+    req = rv.wait_phase("undo", "Incomplete", timeout=60)
+    jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    assert len(jobs) <= 2, [j.metadata.name for j in jobs]
+    assert "deadline" in req["status"]["report"]["failed"][0]["error"]
+
+
+def test_manifest_deleted_mid_rollback_fails_the_request_and_releases_the_run(rv):
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-del")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-del", "amount": 700, "customer": "cus_9"}, charge),
+                 rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    assert rv.get("runs", "r")["status"]["activeRequest"] == "undo"
+    rv.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", rv.ns, "toolmanifests", "payments")
+    rv.patch("rollbackrequests", "undo", {"spec": {"approvals": [{"step": 1}]}})  # wakes it
+    req = rv.wait_phase("undo", "Failed")
+    invalid = next(c for c in req["status"]["conditions"] if c["type"] == "Invalid")
+    assert invalid["reason"] == "ManifestNotFound" and "create it again" in invalid["message"]
+    run = rv.get("runs", "r")
+    assert run["status"].get("activeRequest") is None
+    rolled = next(c for c in run["status"]["conditions"] if c["type"] == "RolledBack")
+    assert rolled["status"] == "False"
+
+
+def test_a_rerun_still_reports_the_residue_of_earlier_undos(rv):
+    rv.apply_manifest()
+    _charge_run(rv)
+    rv.request("first", "r")
+    assert rv.wait_phase("first", "Succeeded", "Incomplete")["status"]["report"]["residue"]
+    rv.request("second", "r")
+    second = rv.wait_phase("second", "Succeeded", "Incomplete")
+    assert second["status"]["report"]["compensated"] == [0]
+    assert second["status"]["report"]["residue"] == [
+        {"step": 0, "residue": ["the charge stays visible on the customer's statement"]}]
+
+
+def test_many_waiting_requests_back_off(rv, operator):
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-wait")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("holder", "r")
+    rv.wait_phase("holder", "AwaitingApproval")
+    for i in range(5):
+        rv.request(f"waiter-{i}", "r")
+    for i in range(5):
+        rv.wait_phase(f"waiter-{i}", "Waiting")
+    waiter = rv.get("rollbackrequests", "waiter-0")
+    running = next(c for c in waiter["status"]["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "WaitingForRun" and "holder" in running["message"]
+    wait_for(lambda: operator.alive(), what="the operator alive")
