@@ -7,6 +7,7 @@ Every expected failure becomes a :class:`CliError` whose message names the objec
 from __future__ import annotations
 
 import json
+import re
 import os
 import time
 from dataclasses import dataclass
@@ -27,6 +28,23 @@ KINDS = {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", 
 
 class CliError(Exception):
     """An expected failure: the message is one line that names the object and the fix."""
+
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def check_name(name: str, kind: str) -> str:
+    """``name`` if it is a valid object name, else :class:`CliError`. An empty name must never
+    reach the API: there it means the whole collection (a delete would remove every object)."""
+    if not name or len(name) > 253 or not _NAME.match(name):
+        raise CliError(f"{name!r} is not a valid {kind} name (lowercase letters, digits, '-' and '.'); "
+                       f"list them with kubectl get {kind.lower()}s")
+    return name
+
+
+def _kind(plural: str) -> str:
+    return {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", "clusterhalts": "ClusterHalt",
+            "toolmanifests": "ToolManifest"}.get(plural, plural)
 
 
 def server_message(err: ApiException) -> str:
@@ -84,6 +102,7 @@ class Connection:
             missing: str | None = None) -> dict | None:
         """The object, or ``None`` when it does not exist (or :class:`CliError` with ``missing``
         as the fix when given). ``cluster``: a cluster-scoped kind."""
+        check_name(name, _kind(plural))
         ns = None if cluster else (namespace or self.namespace)
         try:
             if cluster:
@@ -153,7 +172,7 @@ class Connection:
     # ---------------------------------------------------------------------- writes
 
     def create(self, plural: str, body: dict, *, cluster: bool = False) -> dict:
-        name = body["metadata"]["name"]
+        name = check_name(body["metadata"].get("name", ""), _kind(plural))
         ns = None if cluster else body["metadata"].get("namespace") or self.namespace
         try:
             if cluster:
@@ -167,6 +186,7 @@ class Connection:
     def patch(self, plural: str, name: str, body: Any, *, json_patch: bool = False, cluster: bool = False,
               namespace: str | None = None) -> dict:
         """Patch an object (merge patch, or a JSON patch); a refusal raises :class:`ApiException`."""
+        check_name(name, _kind(plural))
         kwargs: dict[str, Any] = {"_content_type": JSON_PATCH} if json_patch else {}
         if cluster:
             return self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body, **kwargs)
@@ -175,6 +195,7 @@ class Connection:
 
     def delete(self, plural: str, name: str, *, cluster: bool = False, namespace: str | None = None) -> bool:
         """Delete an object; False when it did not exist."""
+        check_name(name, _kind(plural))
         ns = None if cluster else namespace or self.namespace
         try:
             if cluster:
