@@ -144,9 +144,27 @@ def model_schema(model: Any) -> dict[str, Any]:
     return _order(structural(raw, defs, model.__name__))
 
 
+def keep_unknown_fields(node: Any) -> Any:
+    """Mark every object of a spec schema ``x-kubernetes-preserve-unknown-fields``: the API server
+    then keeps a misspelt field (``dryrun``) instead of silently pruning it, whatever the
+    client's field validation, and the admission webhook refuses it by name (the spec models
+    forbid unknown fields). Without the webhook, the operator's own parse refuses it."""
+    if isinstance(node, dict):
+        if node.get("type") == "object" and "properties" in node:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+        for key in ("properties", "items", "additionalProperties"):
+            child = node.get(key)
+            if key == "properties" and isinstance(child, dict):
+                for value in child.values():
+                    keep_unknown_fields(value)
+            elif isinstance(child, dict):
+                keep_unknown_fields(child)
+    return node
+
+
 def crd_for(info: CrdInfo) -> dict[str, Any]:
     """The CustomResourceDefinition (as a dict) of one kind."""
-    spec_schema = model_schema(info.spec_model)
+    spec_schema = _order(keep_unknown_fields(model_schema(info.spec_model)))
     status_schema = model_schema(info.status_model)
     root: dict[str, Any] = {
         "description": info.description,

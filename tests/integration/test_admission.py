@@ -535,3 +535,15 @@ def test_sdk_records_any_unexpected_error_as_uncertain_and_declared_ones_as_fail
         rec.call("payments.get_customer", {"id": "cus_1"}, lambda a: (_ for _ in ()).throw(Declined("card declined")))
     outcomes = [s["outcome"] for s in rv.get("runs", "r")["spec"]["steps"]]
     assert outcomes == ["uncertain", "failed"]
+
+
+def test_a_misspelt_field_is_refused_whatever_the_client_field_validation(rv, namespace):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
+    body = {"apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
+            "spec": {"runRef": {"name": "r"}, "dryrun": True}}
+    for validation in (None, "Ignore"):  # the server would otherwise prune the typo silently
+        with pytest.raises(ApiException) as err:
+            kwargs = {"field_validation": validation} if validation else {}
+            rv.custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", body, **kwargs)
+        assert "spec.dryrun: unknown field: check its spelling" in _message(err.value)

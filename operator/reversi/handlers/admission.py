@@ -76,7 +76,8 @@ def _parse(model: type[BaseModel], spec: Any, what: str) -> Any:
         problems = []
         for e in err.errors()[:3]:
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "__root__")
-            problems.append(f"spec.{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+            msg = "unknown field: check its spelling" if e.get("type") == "extra_forbidden" else e.get("msg")
+            problems.append(f"spec.{loc}: {msg}" if loc else str(msg))
         raise kopf.AdmissionError(f"{what} is invalid: " + "; ".join(problems), code=422) from err
 
 
