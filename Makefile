@@ -1,5 +1,6 @@
 # The two commands a newcomer needs:
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
+#                 (make demo KEEP=1 leaves it all running to try it yourself)
 #   make test   - builds what is missing, starts the local control plane, runs every test, stops it
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
@@ -20,7 +21,7 @@ unit: install
 
 demo: install
 	reversi-devcluster build
-	$(PYTHON) demo/run_demo.py
+	$(PYTHON) demo/run_demo.py $(if $(KEEP),--keep,)
 
 up: install
 	reversi-devcluster up

@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--manifest", default="shop-tools")
     p.add_argument("--downstream", required=True)
     p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--order", default="o-4711", help="order id (use a new one for each run: the shop remembers keys)")
     args = p.parse_args()
 
     shop = Client(args.downstream, timeout=5)
@@ -36,27 +37,29 @@ def main() -> int:
     rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
                         scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
                         failed_errors=(DownstreamError,))
-    order = "o-4711"
+    order = args.order
 
     def say(step: int, text: str) -> None:
         print(f"  agent  step {step}: {text}", flush=True)
 
     customer = rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: shop.get_customer(a["id"]))
     say(0, f"read customer {customer['id']}")
-    charge = rec.call("payments.create_charge", {"order_id": order, "amount": 4200, "customer": "cus_9"},
-                      lambda a: shop.create_charge(a["order_id"], a["amount"], a["customer"],
-                                                   idempotency_key=a["order_id"]))
+    with rec.step("payments.create_charge", {"order_id": order, "amount": 4200, "customer": "cus_9"}) as step:
+        step.result = charge = shop.create_charge(order, 4200, "cus_9", idempotency_key=order)
+    charge_step = step.index  # the reservation below depends on this step
     say(1, f"charged {charge['amount']} ({charge['id']})")
-    mug = rec.call("inventory.reserve", {"sku": "sku-mug", "qty": 2, "order_id": order},
-                   lambda a: shop.reserve(a["sku"], a["qty"], a["order_id"], idempotency_key=a["order_id"] + "-mug"),
-                   depends_on=[1])
+    with rec.step("inventory.reserve", {"sku": "sku-mug", "qty": 2, "order_id": order},
+                  depends_on=[charge_step]) as step:
+        step.result = mug = shop.reserve("sku-mug", 2, order, idempotency_key=order + "-mug")
     say(2, f"reserved 2 mugs ({mug['id']}), depends on the charge")
     capture = rec.call("payments.capture", {"charge_id": charge["id"]},
                        lambda a: shop.capture(a["charge_id"], idempotency_key=order + "-capture"))
     say(3, f"captured the charge ({capture['id']})")
     try:
-        rec.call("inventory.reserve", {"sku": "sku-poster", "qty": 1, "order_id": order + "-poster"},
-                 lambda a: shop.reserve(a["sku"], a["qty"], a["order_id"], idempotency_key=a["order_id"], timeout=1.0))
+        poster = rec.call("inventory.reserve", {"sku": "sku-poster", "qty": 1, "order_id": order + "-poster"},
+                          lambda a: shop.reserve(a["sku"], a["qty"], a["order_id"], idempotency_key=a["order_id"],
+                                                 timeout=1.0))
+        say(4, f"reserved a poster ({poster['id']})")
     except TimeoutError as err:
         say(4, f"reserving a poster timed out ({err}): recorded as uncertain")
     rec.call("email.send", {"to": "ada@example.com", "subject": f"Your order {order}"},

@@ -15,7 +15,9 @@
 Exit status: 0 when the report and the downstream truth agree, 1 when they do not, 2 when the demo
 could not run (the message names the component and its log).
 
-    python demo/run_demo.py [--keep]    # --keep leaves the cluster, operator and downstream running
+    python demo/run_demo.py           # the whole story; stops what it started
+    python demo/run_demo.py --keep    # leaves the cluster, operator and downstream running to try it yourself
+    python demo/run_demo.py --stop    # stops what --keep left running (and its webhook configurations)
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.devcluster import build  # noqa: E402
 from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
-from reversi.devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations  # noqa: E402
+from reversi.devcluster.localop import (  # noqa: E402
+    OperatorProcess,
+    apply_crds,
+    free_port,
+    remove_webhook_configurations,
+)
 
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo"
@@ -87,10 +94,11 @@ class Demo:
         apply_crds(self.admin)
         print("  CRDs installed")
         log = self.cluster.paths.logs / "demo-operator.log"
-        self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, log, metrics_port=18189,
-                                        webhook_port=19189)
+        metrics_port, webhook_port = free_port(), free_port()
+        self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, log, metrics_port=metrics_port,
+                                        webhook_port=webhook_port)
         self.operator.start()
-        print(f"  operator running (webhooks on :19189, metrics on :18189; log: {log})")
+        print(f"  operator running (webhooks on :{webhook_port}, metrics on :{metrics_port}; log: {log})")
         self.downstream = subprocess.Popen(
             [sys.executable, str(REPO / "demo/downstream/server.py"), "--port", "0", "--state",
              str(self.work / "downstream.json"), "--quiet"], stdout=subprocess.PIPE, text=True)
@@ -120,6 +128,8 @@ class Demo:
         print(f"  namespace {NS}: users checkout-agent (records runs) and oncall (rolls back, approves)")
         manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(
             PYTHON=sys.executable, TOOL=str(REPO / "demo/downstream/tool.py"), DOWNSTREAM_URL=self.downstream_url)
+        self.manifest_file = self.work / "manifest.yaml"
+        self.manifest_file.write_text(manifest)
         body = yaml.safe_load(manifest)
         client.CustomObjectsApi(self.admin).create_namespaced_custom_object(G, V, NS, "toolmanifests", body)
         print("  ToolManifest shop-tools: how each tool is undone and checked")
@@ -294,7 +304,20 @@ class Demo:
 
     def teardown(self) -> None:
         if self.keep:
-            print(f"\n--keep: leaving everything running. export KUBECONFIG={self.cluster.paths.admin_kubeconfig}")
+            state = {"operator": self.operator.proc.pid if self.operator and self.operator.proc else None,
+                     "downstream": self.downstream.pid if self.downstream else None}
+            STATE_FILE(self.cluster).write_text(json.dumps(state))
+            print(f"""
+== Try it yourself (everything is still running)
+  export KUBECONFIG={self.cluster.paths.admin_kubeconfig}
+  kubectl get reversi -n {NS}                                  # the demo's manifest, run and requests
+  kubectl reversi describe run/{RUN} -n {NS}
+  python demo/agent.py --namespace {NS} --run my-run --order o-4712 --downstream {self.downstream_url}
+  kubectl reversi plan my-run -n {NS}                           # exit 2: not fully reversible (the email)
+  kubectl reversi rollback my-run -n {NS} --wait                # stops with exit 2 while step 3 waits for approval
+  kubectl reversi approve <request printed above> -n {NS} --all
+  The demo's ToolManifest, filled in for this machine: {self.manifest_file}
+  When you are done: python demo/run_demo.py --stop && reversi-devcluster down""")
             return
         if self.operator:
             self.operator.stop()
@@ -306,10 +329,41 @@ class Demo:
             self.cluster.down(quiet=True)
 
 
+def STATE_FILE(cluster: Cluster) -> Path:
+    return cluster.paths.root / "demo-processes.json"
+
+
+def stop() -> int:
+    """Stop the operator and downstream a ``--keep`` run left, and remove its webhook configurations."""
+    cluster = Cluster()
+    path = STATE_FILE(cluster)
+    if not path.exists():
+        print("nothing to stop: no demo left running (python demo/run_demo.py --keep starts one)")
+        return 0
+    import signal
+
+    for name, pid in json.loads(path.read_text()).items():
+        if not pid:
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM) if name == "operator" else os.kill(pid, signal.SIGTERM)
+            print(f"stopped the demo's {name} (pid {pid})")
+        except ProcessLookupError:
+            pass
+    path.unlink()
+    if cluster.is_running():
+        remove_webhook_configurations(config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig)))
+        print("removed the demo operator's webhook configurations")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", action="store_true", help="leave the cluster, operator and downstream running")
+    p.add_argument("--stop", action="store_true", help="stop what --keep left running")
     args = p.parse_args()
+    if args.stop:
+        return stop()
     demo = Demo(args.keep)
     try:
         demo.setup()

@@ -220,4 +220,6 @@ def rv(admin_api, namespace, downstream, operator):
     """Helpers for one test's namespace, with the operator and downstream running (downstream
     reset to its seed state: no faults left over from another test)."""
     downstream.post("/_reset", {})
+    if not operator.alive():  # say so once, rather than let every test fail on its webhooks
+        pytest.fail(f"the test operator is not running (exit code {operator.proc.returncode}); read {operator.log}")
     return RV(admin_api, namespace, downstream)

@@ -12,15 +12,16 @@ import pytest
 
 from reversi.devcluster import build
 from reversi.devcluster.cluster import COMPONENTS, Cluster, ClusterError, ClusterSettings
+from reversi.devcluster.localop import free_port
 
 pytestmark = pytest.mark.cluster
 
 
 def _second_cluster(tmp_path: Path, **extra) -> Cluster:
-    """A cluster in its own folder on its own ports, beside the session's cluster."""
+    """A cluster in its own folder on free ports, beside the session's cluster."""
     return Cluster(ClusterSettings(
-        cluster_dir=tmp_path / "cluster", apiserver_port=26443, etcd_port=22379,
-        etcd_peer_port=22380, kubelet_port=30250, start_timeout=60, **extra))
+        cluster_dir=tmp_path / "cluster", apiserver_port=free_port(), etcd_port=free_port(),
+        etcd_peer_port=free_port(), kubelet_port=free_port(), start_timeout=60, **extra))
 
 
 def _no_process_left(c: Cluster) -> None:
@@ -37,7 +38,7 @@ def test_a_port_in_use_names_the_component_and_the_port(tmp_path, cluster):
         sock.listen()
         with pytest.raises(ClusterError) as err:
             c.up(log=lambda *_: None)
-    assert "kube-apiserver: port 26443 on 127.0.0.1 is in use" in str(err.value)
+    assert f"kube-apiserver: port {c.settings.apiserver_port} on 127.0.0.1 is in use" in str(err.value)
     _no_process_left(c)
 
 
@@ -58,7 +59,8 @@ def test_a_component_that_dies_later_shows_in_status_and_down_cleans_up(tmp_path
     try:
         kcm = c.status()["kube-controller-manager"]["pid"]
         os.kill(kcm, 9)
-        env = {**os.environ, "REVERSI_CLUSTER_DIR": str(c.paths.root), "REVERSI_APISERVER_PORT": "26443"}
+        env = {**os.environ, "REVERSI_CLUSTER_DIR": str(c.paths.root),
+               "REVERSI_APISERVER_PORT": str(c.settings.apiserver_port)}
         out = subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "status"],
                              capture_output=True, text=True, env=env, timeout=30)
         assert out.returncode == 1

@@ -24,7 +24,8 @@ from . import build as build_mod
 from .cluster import Cluster, ClusterError
 
 
-@click.group(help=__doc__.split("\n\n")[0])
+@click.group(help="Build, start, stop and inspect the local control plane (etcd, kube-apiserver, "
+                  "kube-controller-manager and a node agent on loopback).")
 def cli() -> None:
     pass
 

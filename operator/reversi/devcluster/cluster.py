@@ -243,12 +243,21 @@ class Cluster:
             if not pidfile.exists():
                 continue
             pid = int(pidfile.read_text().strip() or 0)
-            if pid and _alive(pid):
+            if pid and _alive(pid) and self._ours(pid):
                 _terminate_group(pid, grace=10.0 if comp == "node-agent" else 5.0)
                 if not quiet:
                     log(f"stopped {comp} (pid {pid})")
             pidfile.unlink(missing_ok=True)
         shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
+
+    def _ours(self, pid: int) -> bool:
+        """Whether ``pid`` is still a process of this cluster (its command line names the cluster
+        folder): a stale pid file must never make ``down`` kill an unrelated process."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return False
+        return str(self.paths.root) in cmdline
 
     def status(self) -> dict[str, dict]:
         """Each component's pid, whether it is alive, and its log path."""
@@ -258,7 +267,7 @@ class Cluster:
             pid = int(pidfile.read_text().strip() or 0) if pidfile.exists() else None
             out[comp] = {
                 "pid": pid,
-                "running": bool(pid and _alive(pid)),
+                "running": bool(pid and _alive(pid) and self._ours(pid)),
                 "log": str(self.paths.log(comp)),
             }
         return out

@@ -54,6 +54,13 @@ def apply_crds(api: client.ApiClient, folder: Path = CRD_DIR, timeout: float = 6
     return names
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def remove_webhook_configurations(api: client.ApiClient, name: str = "reversi.dev") -> None:
     """Delete the webhook configurations a local operator registered (``failurePolicy: Fail``):
     once the operator is gone for good, they would refuse every write of Reversi's kinds."""
@@ -98,7 +105,8 @@ class OperatorProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); see {self.log}")
+                tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
+                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); see {self.log}:\n{tail}")
             if self._ready():
                 time.sleep(1.0)  # kopf registers the webhook configuration right after serving
                 return

@@ -78,6 +78,15 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(repl, text)
 
 
+def started_at(pid: int) -> float:
+    """When process ``pid`` started (epoch seconds), from /proc; raises ``OSError`` if it is gone."""
+    with open(f"/proc/{pid}/stat") as fh:
+        ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as fh:
+        boot = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def host_ip() -> str:
     """This machine's primary non-loopback IPv4 address (pods run on the host's network), or
     127.0.0.1 when it has none. EndpointSlices refuse loopback addresses, so Services (e.g. a
@@ -780,11 +789,15 @@ class NodeAgent:
                     time.sleep(1)
 
     def kill_stale(self) -> None:
-        """Kill processes left by an earlier agent process (pid files in the state folder)."""
+        """Kill processes left by an earlier agent process (pid files in the state folder) —
+        only when the process started before its pid file was written, so a pid the system has
+        since given to another process is left alone."""
         for pidfile in (self.state_dir / "pods").glob("*/*.pid"):
             try:
-                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError):
+                pid = int(pidfile.read_text())
+                if started_at(pid) <= pidfile.stat().st_mtime + 1.0:
+                    os.killpg(pid, signal.SIGKILL)
+            except (ValueError, OSError):
                 pass
             pidfile.unlink(missing_ok=True)
 

@@ -115,10 +115,11 @@ def check_append_only(old: RunSpec, new: RunSpec) -> Refusal | None:
 
 
 def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal | None:
-    """Only the principal that created a run may change its journal (rule 10)."""
+    """Only the principal that created a run may change its journal (rule 10). ``run`` names the
+    run in the message, e.g. ``Run shop/order-4711``."""
     if old.principal and user != old.principal and (steps_changed(old, new) or old.snapshots != new.snapshots):
         tool = new.steps[-1].tool if new.steps else ""
-        return Refusal(FOREIGN_PRINCIPAL, f"Run {run} belongs to another principal ({old.principal}); "
+        return Refusal(FOREIGN_PRINCIPAL, f"{run} belongs to another principal ({old.principal}); "
                        f"{user} may not add or change its steps: open a Run of your own", tool)
     return None
 

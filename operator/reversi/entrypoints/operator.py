@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from ..settings import OperatorSettings
 log = logging.getLogger("reversi.operator")
 _settings: OperatorSettings | None = None
 _stop = threading.Event()
+PEERING_PRIORITY_BASE = 10**11
 WEBHOOK_MAX_BODY = 32 * 1024 * 1024  # bytes; the API server itself refuses requests over 3 MiB
 
 
@@ -57,8 +59,12 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if ours.peering is None:
         settings.peering.standalone = True
     else:
+        # kopf freezes every operator of the same priority, so replicas must differ: the oldest
+        # replica gets the highest priority and works; younger ones stand by (a restarted pod
+        # never preempts the one at work) and take over when it is gone
         settings.peering.name = ours.peering
-        settings.peering.mandatory = False
+        settings.peering.mandatory = True
+        settings.peering.priority = PEERING_PRIORITY_BASE - int(time.time() * 10) % PEERING_PRIORITY_BASE
     _configure_webhooks(settings, ours)
     kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
     metrics = Metrics(namespaces=ours.namespaces)

@@ -342,7 +342,8 @@ def _api_message(err: ApiException) -> str:
 # ------------------------------------------------------------------ manifests and halts: shape
 
 @kopf.on.validate(G, V, "toolmanifests", id="validate-toolmanifest", operations=OPS, persistent=True)
-def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict, **_: Any) -> None:
+def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict, warnings: list[str],
+                           **_: Any) -> None:
     """Shape, templates, runners the API server would accept as Job containers, and permission:
     a runner runs with the namespace's Secrets and service accounts, so its author must be allowed
     to create Jobs there and to read every Secret it names."""
@@ -353,6 +354,11 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
         raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     state = runtime.state()
     for runner in spec.runners:
+        texts = [runner.image, *runner.command, *runner.args,
+                 *[str(e.get("value", "")) for e in runner.env if isinstance(e, dict)]]
+        if any("${" in t for t in texts):
+            warnings.append(f"runner {runner.name!r} has a ${{...}} placeholder in its image, command, args or "
+                            "env: Kubernetes does not fill those in (only $(VAR) from the container's env)")
         needs = [("batch", "jobs", "create", None)]
         needs += [("", "secrets", "get", secret) for secret in _secrets_named(runner)]
         for group, resource, verb, obj in needs:
@@ -376,11 +382,21 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
 
 
 @kopf.on.validate(G, V, "halts", id="validate-halt", operations=OPS, persistent=True)
-def validate_halt(body: Any, namespace: str, name: str, **_: Any) -> None:
-    _parse(HaltSpec, body.get("spec"), f"Halt {namespace}/{name}")
+def validate_halt(body: Any, namespace: str, name: str, warnings: list[str], **_: Any) -> None:
+    spec = _parse(HaltSpec, body.get("spec"), f"Halt {namespace}/{name}")
+    _glob_warnings(spec, warnings)
 
 
 @kopf.on.validate(G, V, "clusterhalts", id="validate-clusterhalt", operations=OPS, persistent=True)
-def validate_cluster_halt(body: Any, name: str, **_: Any) -> None:
-    _parse(ClusterHaltSpec, body.get("spec"), f"ClusterHalt {name}")
+def validate_cluster_halt(body: Any, name: str, warnings: list[str], **_: Any) -> None:
+    spec = _parse(ClusterHaltSpec, body.get("spec"), f"ClusterHalt {name}")
+    _glob_warnings(spec, warnings)
+
+
+def _glob_warnings(spec: Any, warnings: list[str]) -> None:
+    """Halt globs have ``*``, ``?`` and ``\\`` only: say so when a pattern looks like it expects more."""
+    for field, pattern in (spec.scope.model_dump(exclude_none=True) if spec.scope else {}).items():
+        if any(ch in pattern for ch in "[]{}"):
+            warnings.append(f"scope.{field} {pattern!r}: halt globs have no [...] or {{...}}; those characters "
+                            "match only themselves (only * and ? are special)")
 
