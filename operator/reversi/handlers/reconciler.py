@@ -283,8 +283,10 @@ class Reconciler:
                 (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
                  f"steps {awaiting} were not approved before the deadline" if awaiting else "no step waits for approval"),
                 (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict)]))
-            self._write(req, status)
+            # the Run is released first: whoever sees the final phase finds the Run free (a crash in
+            # between only means the next pass finishes the request again, from the journal)
             self._release(ns, spec.run_ref.name, name, report.complete)
+            self._write(req, status)
             self.kube.event(req, "RollbackComplete" if report.complete else "RollbackIncomplete", verdict,
                             warning=not report.complete)
             if self.metrics:
@@ -492,11 +494,11 @@ class Reconciler:
             (c.COMPLETE, c.FALSE, reason, message)])
         status.update(phase="Failed", conditions=conds, observedGeneration=gen,
                       completionTime=st.iso(time.time()))
-        self._write(req, status)
-        self.kube.event(req, reason, message, warning=True)
         run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name")
         if run_name:
             self._release(meta["namespace"], run_name, meta["name"], complete=False)
+        self._write(req, status)
+        self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
 
