@@ -98,9 +98,13 @@ def test_volumes_work_when_the_cluster_folder_is_under_tmp(tmp_path, cluster):
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
         wait_for(lambda: _exists(core.read_namespaced_service_account, "default", "default"), what="default SA")
         core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "stringData": {"k": "v"}})
+        # the program itself lives under /tmp too (a checkout or virtualenv there): the emptyDir
+        # at /tmp must not hide it
+        script = tmp_path / "job.sh"
+        script.write_text("cat /secret/k > /dev/termination-log; touch /tmp/ok\n")
         batch.create_namespaced_job("default", {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
             "spec": {"restartPolicy": "Never", "containers": [{
-                "name": "main", "image": "x", "command": ["sh", "-c", "cat /secret/k > /dev/termination-log; touch /tmp/ok"],
+                "name": "main", "image": "x", "command": ["sh", str(script)],
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "s", "mountPath": "/secret"}]}],
                 "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "s", "secret": {"secretName": "s"}}]}}}})
 

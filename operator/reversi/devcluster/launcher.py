@@ -8,7 +8,12 @@ exit code is the container's exit code. The mounts vanish with the namespace whe
 process ends.
 
 SPEC.json: ``{"argv": [...], "env": {...}, "workingDir": str|null,
-"mounts": [{"source": path, "target": path, "readOnly": bool}]}``.
+"mounts": [{"source": path, "target": path, "readOnly": bool}], "expose": [path, ...]}``.
+
+``expose`` lists host paths the process needs (its program, script, working folder, the agent's
+PYTHONPATH) that a volume could hide — say an emptyDir at ``/tmp`` when the checkout lives under
+``/tmp``: the image is ignored, so the host file system is the container's. Each one that a mount
+hid is bound back at its own path inside the mounted volume.
 
 Mount targets that do not exist are created on the host file system (as empty folders or
 files) before mounting; only what is mounted over them is private to the pod.
@@ -56,9 +61,13 @@ def main(argv: list[str]) -> int:
         mounts = spec.get("mounts", [])
         fds = [os.open(m["source"], os.O_PATH) for m in mounts]
         dirs = [os.path.isdir(m["source"]) for m in mounts]
+        exposed = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in spec.get("expose", []) if os.path.exists(p)]
         for m, fd, is_dir in zip(mounts, fds, dirs):
             bind(f"/proc/self/fd/{fd}", m["target"], bool(m.get("readOnly")), is_dir=is_dir)
-        for fd in fds:
+        for path, fd, is_dir in exposed:
+            if not os.path.exists(path):  # hidden by a volume: bind the host's copy back
+                bind(f"/proc/self/fd/{fd}", path, False, is_dir=is_dir)
+        for fd in fds + [fd for _, fd, _ in exposed]:
             os.close(fd)
         if spec.get("workingDir"):
             os.makedirs(spec["workingDir"], exist_ok=True)

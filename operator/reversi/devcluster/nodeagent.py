@@ -297,7 +297,8 @@ class PodWorker(threading.Thread):
         tmsg.write_text("")
         tpath = r.spec.get("terminationMessagePath") or "/dev/termination-log"
         spec = {"argv": argv, "env": env, "workingDir": r.spec.get("workingDir"),
-                "mounts": mounts + [{"source": str(tmsg), "target": tpath, "readOnly": False}]}
+                "mounts": mounts + [{"source": str(tmsg), "target": tpath, "readOnly": False}],
+                "expose": self._needed_host_paths(argv, env, mounts)}
         spec_file = self.dir / f"{r.name}.spec.json"
         spec_file.write_text(json.dumps(spec))
         logf = self._log_path(r).open("ab")
@@ -340,6 +341,21 @@ class PodWorker(threading.Thread):
         r.state = {"terminated": terminated}
         self.report()
         return code
+
+    def _needed_host_paths(self, argv: list[str], env: dict, mounts: list[dict]) -> list[str]:
+        """Host folders the process needs that a volume mount would hide: for each needed path
+        (program, absolute-path arguments, PYTHONPATH) under a mount target, the folder right
+        below that target (so a virtualenv or checkout stays whole)."""
+        needed = [shutil.which(argv[0], path=env.get("PATH")) or argv[0] if argv else ""]
+        needed += [a for a in argv[1:] if a.startswith("/")]
+        needed += [p for p in env.get("PYTHONPATH", "").split(":") if p]
+        out = []
+        for target in (m["target"].rstrip("/") for m in mounts):
+            for path in needed:
+                if target and path.startswith(target + "/"):
+                    first = path[len(target) + 1:].split("/", 1)[0]
+                    out.append(f"{target}/{first}")
+        return sorted(set(out))
 
     def kill(self, grace: float) -> None:
         """Stop every process of the pod: SIGTERM, then SIGKILL after ``grace`` seconds."""
