@@ -80,7 +80,7 @@ class Kube:
                 GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH)
         except ApiException as err:
             if err.status == 409 or failed_test(err):
-                raise Conflict(_message(err)) from err
+                raise Conflict(api_message(err)) from err
             raise
 
     # ----- jobs -------------------------------------------------------------------------------
@@ -179,11 +179,14 @@ FAILED_TEST = "the server rejected our request due to an error in our request"
 def failed_test(err: ApiException) -> bool:
     """Whether ``err`` is a failed JSON-patch ``test`` (optimistic concurrency lost), not a
     validation error (those have their own message)."""
-    return err.status == 422 and _message(err) == FAILED_TEST
+    return err.status == 422 and api_message(err) == FAILED_TEST
 
 
-def _message(err: ApiException) -> str:
+def api_message(err: ApiException) -> str:
+    """The API server's own message (``Status.message``) of an error, else its HTTP reason."""
     try:
-        return json.loads(err.body or "{}").get("message", str(err.reason))
-    except ValueError:
-        return str(err.reason)
+        body = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or err.reason or f"HTTP {err.status}")

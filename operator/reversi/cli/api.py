@@ -16,6 +16,8 @@ from typing import Any, Callable
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..adapters.kube import api_message as server_message  # re-exported: the commands quote the server
+
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 JSON_PATCH = "application/json-patch+json"
@@ -43,18 +45,7 @@ def check_name(name: str, kind: str) -> str:
 
 
 def _kind(plural: str) -> str:
-    return {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", "clusterhalts": "ClusterHalt",
-            "toolmanifests": "ToolManifest"}.get(plural, plural)
-
-
-def server_message(err: ApiException) -> str:
-    """The API server's own message (``Status.message``), else its HTTP reason."""
-    try:
-        body = json.loads(err.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or err.reason or f"HTTP {err.status}")
+    return KINDS.get(plural, plural)
 
 
 def _not_found_is_object(err: ApiException, name: str) -> bool:

@@ -26,7 +26,6 @@ of these kinds are refused rather than let through unchecked — a Halt must hol
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from typing import Any
 
@@ -36,6 +35,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
 from ..adapters.jobs import Owner, build_job
+from ..adapters.kube import api_message
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.keys import snapshot_id
@@ -332,13 +332,6 @@ def _validation_message(err: ValidationError) -> str:
     return f"{where}: {first.get('msg')}"
 
 
-def _api_message(err: ApiException) -> str:
-    try:
-        return json.loads(err.body or "{}").get("message", str(err.reason))
-    except ValueError:
-        return str(err.reason)
-
-
 # ------------------------------------------------------------------ manifests and halts: shape
 
 @kopf.on.validate(G, V, "toolmanifests", id="validate-toolmanifest", operations=OPS, persistent=True)
@@ -376,7 +369,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
             client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All")
         except (ApiException, ValidationError) as err:
             # the API server's validation, or the client's own (it checks shapes before sending)
-            message = _validation_message(err) if isinstance(err, ValidationError) else _api_message(err)
+            message = _validation_message(err) if isinstance(err, ValidationError) else api_message(err)
             raise kopf.AdmissionError(f"{what}: runner {runner.name!r} would not make a valid Job: {message}",
                                       code=422) from err
 

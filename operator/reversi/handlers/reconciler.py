@@ -18,6 +18,7 @@ where it was (rule 3). The pass:
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import random
 import time
@@ -30,7 +31,7 @@ from pydantic import ValidationError
 from .. import conditions as c
 from ..adapters import jobs as jobs_mod
 from ..adapters import status as st
-from ..adapters.kube import Conflict, Kube
+from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import executor as ex
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.plan import COMPENSATE, build_plan
@@ -252,7 +253,7 @@ class Reconciler:
                     if isinstance(err, ApiException) and (err.status >= 500 or err.status == 429):
                         raise  # transient: the next pass tries again
                     # refused for good (an invalid Job or Secret, a forbidden field): the attempt fails
-                    why = _api_message(err) if isinstance(err, ApiException) else _first_error(err)
+                    why = api_message(err) if isinstance(err, ApiException) else _first_error(err)
                     jname = jobs_mod.job_name(run_uid, e.step, e.attempt, e.role, e.read)
                     memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {why}")
         for e in effects:
@@ -510,18 +511,7 @@ def undo_by_step(entries: list[StepUndo]) -> dict[int, StepUndo]:
 def _epoch(ts: str | None) -> float | None:
     if not ts:
         return None
-    import datetime as dt
-
     return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-def _api_message(err: ApiException) -> str:
-    import json
-
-    try:
-        return json.loads(err.body or "{}").get("message", str(err.reason))
-    except ValueError:
-        return str(err.reason)
 
 
 def _first_error(err: ValidationError) -> str:
