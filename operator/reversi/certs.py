@@ -41,6 +41,15 @@ def write_key(key, path: Path) -> None:
     path.chmod(0o600)
 
 
+def _key_usage(ca: bool) -> x509.KeyUsage:
+    """Digital signatures for every certificate; certificate and CRL signing for a CA only."""
+    return x509.KeyUsage(
+        digital_signature=True, key_cert_sign=ca, crl_sign=ca, content_commitment=False,
+        key_encipherment=False, data_encipherment=False, key_agreement=False,
+        encipher_only=False, decipher_only=False,
+    )
+
+
 def _load(pair: KeyPair):
     cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
     key = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
@@ -65,14 +74,7 @@ def make_ca(directory: Path, name: str = "reversi-local-ca") -> KeyPair:
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY * 5)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -122,14 +124,7 @@ def issue(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_encipherment=False, key_cert_sign=False,
-                crl_sign=False, content_commitment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),

@@ -203,12 +203,16 @@ class Recorder:
     def begin(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Step:
         """Record ``tool(args)`` as ``intended`` and return the step (call not yet made).
 
-        The step carries a snapshot of the tool's manifest entry. Raises :class:`UnknownTool`
+        The step carries a snapshot of the tool's manifest entry (read once per recorder; the
+        admission webhook replaces it with the current entry). Raises :class:`UnknownTool`
         in enforce mode when the manifest has no entry, :class:`RecordingRefused` when the
         server refuses (halt, another principal, duplicate).
         """
-        manifest = self.manifest(refresh=True)
+        manifest = self.manifest()
         spec = manifest.tool(tool) if manifest else None
+        if spec is None:  # maybe added since it was read: look once more before refusing
+            manifest = self.manifest(refresh=True)
+            spec = manifest.tool(tool) if manifest else None
         if spec is None and self._mode == "enforce":
             raise UnknownTool(
                 f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}; "

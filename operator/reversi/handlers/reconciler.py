@@ -34,7 +34,7 @@ from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import executor as ex
 from ..engine.graph import InvalidRun, build_graph
-from ..engine.plan import COMPENSATE, build_plan
+from ..engine.plan import COMPENSATE, build_plan, undo_by_step
 from ..engine.report import StepOutcome, build_report, report_message
 from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
@@ -145,7 +145,7 @@ class Reconciler:
             try:
                 manifest = ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
             except ValidationError as err:
-                raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid: "
+                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid: "
                               f"{_first_error(err)}") from err
         status = dict(req.get("status") or {})
         now = time.time()
@@ -178,7 +178,7 @@ class Reconciler:
         runner_names = set(runners)
         missing = sorted(needed_runners - runner_names)
         if missing:
-            raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
+            raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
                           f"{', '.join(missing)}; add it to spec.runners")
 
         # ---- the lock (rule 6) ----
@@ -236,8 +236,9 @@ class Reconciler:
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
         if not deadline_passed:
+            journaled = undo_by_step(undo_all)
             for s in ready_steps(plan, graph, progress, spec.parallelism):
-                new, eff = ex.start(runs[s], undo_by_step(undo_all).get(s))
+                new, eff = ex.start(runs[s], journaled.get(s))
                 self._durations(ns, plan.actions[s].tool, runs[s], new, memory, now)
                 runs[s] = new
                 progress[s] = ex.schedule_state(new.stage)
@@ -502,10 +503,6 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
-
-
-def undo_by_step(entries: list[StepUndo]) -> dict[int, StepUndo]:
-    return {u.step: u for u in entries}
 
 
 def _epoch(ts: str | None) -> float | None:
