@@ -30,18 +30,19 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from .adapters.kube import failed_test
+from .adapters.journal import step_body
+from .models.runstep import MAX_RUN_STEPS, step_name
 from .models.toolmanifest import ToolManifestSpec
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 JSON_PATCH = "application/json-patch+json"
+TIMEOUT = 30  # seconds per API request
 T = TypeVar("T")
 
 #: By default no exception is taken to mean "the call had no effect": a timeout of any HTTP
@@ -109,6 +110,13 @@ def _refusal(err: ApiException, what: str) -> RecordingRefused:
     return kind(f"{what} refused: {message}", reason=reason, status=err.status)
 
 
+def _reason(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "{}").get("reason") or "")
+    except (ValueError, AttributeError):
+        return ""
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -140,6 +148,7 @@ class Recorder:
         self._manifest: ToolManifestSpec | None = None
         self._mode = "enforce"
         self._manifest_name = ""
+        self._next: int | None = None  # the next free step index, once known
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -158,14 +167,15 @@ class Recorder:
         rec = cls(api, namespace, run, **kwargs)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run",
                 "metadata": {"name": run, "namespace": namespace},
-                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
-                         "steps": []}}
+                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest}}}
         try:
-            rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body)
+            rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body,
+                                                       _request_timeout=TIMEOUT)
+            rec._mode, rec._manifest_name, rec._next = mode, manifest, 0  # a new run: step 0 is next
         except ApiException as err:
             if err.status != 409:
                 raise _refusal(err, f"Run {namespace}/{run}") from err
-        rec._load()
+            rec._load()
         return rec
 
     @classmethod
@@ -178,7 +188,8 @@ class Recorder:
 
     def _load(self) -> dict:
         try:
-            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run)
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run,
+                                                           _request_timeout=TIMEOUT)
         except ApiException as err:
             raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
         self._mode = obj["spec"].get("mode", "enforce")
@@ -190,7 +201,7 @@ class Recorder:
         if self._manifest is None or refresh:
             try:
                 obj = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, "toolmanifests", self._manifest_name)
+                    GROUP, VERSION, self.namespace, "toolmanifests", self._manifest_name, _request_timeout=TIMEOUT)
             except ApiException as err:
                 if err.status == 404:
                     return None
@@ -198,15 +209,52 @@ class Recorder:
             self._manifest = ToolManifestSpec.model_validate(obj["spec"])
         return self._manifest
 
+    # ----- the journal's next index ---------------------------------------------------------
+
+    def _recorded(self, index: int) -> bool:
+        """Whether step ``index`` of the run exists (one GET of its RunStep)."""
+        try:
+            self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
+                                                     step_name(self.run, index), _request_timeout=TIMEOUT)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise _refusal(err, f"reading Run {self.namespace}/{self.run}") from err
+
+    def _first_free(self, start: int = 0) -> int:
+        """The lowest index from ``start`` on that no step has: steps are 0..n-1 with no gap, so a
+        galloping then binary search finds it in O(log n) GETs, whatever the run's length."""
+        if not self._recorded(start):
+            return start
+        low, step = start, 1  # low is recorded
+        high = start + step
+        while high < MAX_RUN_STEPS and self._recorded(high):
+            low, step = high, step * 2
+            high = start + step
+        high = min(high, MAX_RUN_STEPS)
+        while high - low > 1:  # low recorded, high not (or the limit)
+            mid = (low + high) // 2
+            if self._recorded(mid):
+                low = mid
+            else:
+                high = mid
+        return high
+
     # ----- recording ----------------------------------------------------------------------
 
     def begin(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Step:
         """Record ``tool(args)`` as ``intended`` and return the step (call not yet made).
 
-        The step carries a snapshot of the tool's manifest entry (read once per recorder; the
-        admission webhook replaces it with the current entry). Raises :class:`UnknownTool`
-        in enforce mode when the manifest has no entry, :class:`RecordingRefused` when the
-        server refuses (halt, another principal, duplicate).
+        Creates the RunStep ``<run>-<index>`` for the next index: one write of a small object,
+        whatever the run's length (the run itself is never read). When another writer took that
+        index first, the name exists and the create fails, so the next free index is taken: two
+        writers never share an index. The step carries a snapshot of the tool's manifest entry
+        (read once per recorder; the admission webhook replaces it with the current entry).
+
+        Raises :class:`UnknownTool` in enforce mode when the manifest has no entry,
+        :class:`RecordingRefused` (or :class:`Halted`, :class:`NotYourRun`,
+        :class:`DuplicateCall`) when the server refuses, e.g. past the run's size limit.
         """
         manifest = self.manifest()
         spec = manifest.tool(tool) if manifest else None
@@ -217,53 +265,51 @@ class Recorder:
             raise UnknownTool(
                 f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}; "
                 "add it to the manifest or open the run in observe mode", reason="UnknownTool")
-        value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended",
-                                 "recordedAt": _now()}
+        value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended", "recordedAt": _now()}
         if depends_on:
             value["dependsOn"] = list(depends_on)
         if spec is not None:
-            value["snapshot"] = spec.to_wire() if hasattr(spec, "to_wire") else spec.model_dump(by_alias=True, exclude_none=True)
-        for attempt in range(20):
-            obj = self._load()
-            index = len(obj["spec"].get("steps") or [])
-            value["index"] = index
-            patch = [
-                # Optimistic concurrency: two writers never get the same index.
-                {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
-                {"op": "add", "path": "/spec/steps/-", "value": value},
-            ]
-            if not obj["spec"].get("steps"):
-                patch[1] = {"op": "add", "path": "/spec/steps", "value": [value]}
+            value["snapshot"] = spec.to_wire()
+        if self._next is None:
+            self._next = self._first_free()
+        for _ in range(50):
+            index = self._next
+            if index >= MAX_RUN_STEPS:
+                raise RecordingRefused(f"recording {tool}: Run {self.namespace}/{self.run} has reached the limit of "
+                                       f"{MAX_RUN_STEPS:,} steps; open a new Run for further calls", reason="Invalid")
+            body = step_body(self.namespace, self.run, {**value, "index": index})
             try:
-                self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run, patch,
-                                                           _content_type=JSON_PATCH)
-                return Step(index, tool, dict(args))
+                self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps", body,
+                                                            _request_timeout=TIMEOUT)
             except ApiException as err:
-                if err.status == 409 or failed_test(err):  # another writer appended first: retry
-                    time.sleep(0.05 * (attempt + 1))
+                if err.status == 409 and _reason(err) == "AlreadyExists":  # another writer took it
+                    self._next = self._first_free(index + 1)
                     continue
                 raise _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}") from err
+            self._next = index + 1
+            return Step(index, tool, dict(args))
         raise RecordingRefused(f"recording {tool}: the run kept changing; try again", reason="Conflict")
 
     def finish(self, step: Step, outcome: str, result: Any = None, error: str | None = None) -> None:
-        """Move ``step`` from ``intended`` to ``outcome`` (succeeded, failed, uncertain).
+        """Move ``step`` from ``intended`` to ``outcome`` (succeeded, failed, uncertain): one
+        patch of its RunStep, guarded by a test that the outcome is still intended.
 
         Raises :class:`OutcomeNotRecorded` when the server refuses the write: the call *was*
         made, and the step stays ``intended`` (a rollback reports it unresolved).
         """
-        base = f"/spec/steps/{step.index}"
         patch: list[dict[str, Any]] = [
-            {"op": "test", "path": f"{base}/outcome", "value": "intended"},
-            {"op": "replace", "path": f"{base}/outcome", "value": outcome},
+            {"op": "test", "path": "/spec/outcome", "value": "intended"},
+            {"op": "replace", "path": "/spec/outcome", "value": outcome},
         ]
         if result is not None:
-            patch.append({"op": "add", "path": f"{base}/result",
+            patch.append({"op": "add", "path": "/spec/result",
                           "value": result if isinstance(result, dict) else {"value": result}})
         if error:
-            patch.append({"op": "add", "path": f"{base}/error", "value": error[:500]})
+            patch.append({"op": "add", "path": "/spec/error", "value": error[:500]})
         try:
-            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run, patch,
-                                                       _content_type=JSON_PATCH)
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
+                                                       step_name(self.run, step.index), patch,
+                                                       _content_type=JSON_PATCH, _request_timeout=TIMEOUT)
         except ApiException as err:
             refused = _refusal(err, f"recording the outcome of step {step.index} of Run {self.namespace}/{self.run}")
             raise OutcomeNotRecorded(f"{refused.message}; the call was made, and step {step.index} stays intended "

@@ -13,8 +13,10 @@ from tests.chart.chartkit import ALL_FEATURES, CHART, REPO, find, run
 
 CONTRACT_PATHS = {
     "mutating": {"/mutate-run": (["runs"], ["CREATE", "UPDATE"]),
+                 "/mutate-runstep": (["runsteps"], ["CREATE", "UPDATE"]),
                  "/mutate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"])},
     "validating": {"/validate-run": (["runs"], ["CREATE", "UPDATE"]),
+                   "/validate-runstep": (["runsteps"], ["CREATE", "UPDATE", "DELETE"]),
                    "/validate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"]),
                    "/validate-toolmanifest": (["toolmanifests"], ["CREATE", "UPDATE"]),
                    "/validate-halt": (["halts"], ["CREATE", "UPDATE"]),

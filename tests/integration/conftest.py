@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from reversi.adapters.journal import list_objects, step_body
 from reversi.devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
+from reversi.models.runstep import step_name
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,10 +179,36 @@ class RV:
         return step
 
     def run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None, mode: str = "enforce") -> dict:
+        """Open the Run ``name`` and record ``steps`` as its RunSteps (in order), then settle
+        ``resolutions`` (``{step, status, result?, note}``) on their steps. Returns the Run."""
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": name},
+                "spec": {"mode": mode, "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"}}}
+        run = self.create("runs", body)
+        for step in steps:
+            self.create("runsteps", step_body(self.ns, name, step))
+        for res in resolutions or []:
+            self.resolve(name, res["step"], **{k: v for k, v in res.items() if k != "step"})
+        return run
+
+    def inline_run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None,
+                   mode: str = "enforce") -> dict:
+        """A Run with an inline journal, as Reversi 0.1 recorded it (the operator moves it into RunSteps)."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": name},
                 "spec": {"mode": mode, "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"},
                          "steps": steps, "resolutions": resolutions or []}}
         return self.create("runs", body)
+
+    def resolve(self, run: str, step: int, **resolution: Any) -> dict:
+        """Settle step ``step`` of ``run``: its RunStep's ``spec.resolution``."""
+        return self.patch("runsteps", step_name(run, step), {"spec": {"resolution": resolution}})
+
+    def steps(self, run: str) -> list[dict]:
+        """The RunSteps of ``run``, by index."""
+        return list_objects(self.custom, self.ns, run)
+
+    def undo(self, run: str) -> list[dict]:
+        """The undo state of every step of ``run`` a rollback touched (each RunStep's ``status.undo``)."""
+        return [s["status"]["undo"] for s in self.steps(run) if (s.get("status") or {}).get("undo")]
 
     def request(self, name: str, run: str, **spec: Any) -> dict:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RollbackRequest", "metadata": {"name": name},

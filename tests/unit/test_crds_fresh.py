@@ -79,7 +79,8 @@ def test_printer_columns():
     crds = _crds()
     columns = {kind: [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]] for kind, crd in crds.items()}
     assert columns["RollbackRequest"][:4] == ["Run", "Phase", "Progress", "Complete"]
-    assert columns["Run"][:3] == ["Principal", "Mode", "Last Step"]
+    assert columns["Run"][:3] == ["Principal", "Mode", "Scope"]
+    assert columns["RunStep"][:4] == ["Run", "Index", "Tool", "Outcome"]
     assert columns["Halt"][:3] == ["Reason", "Active", "Refused"]
     assert all(cols[-1] == "Age" for cols in columns.values())
 

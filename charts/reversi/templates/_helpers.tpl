@@ -67,7 +67,7 @@ The admission webhooks the operator serves: the one place to change a path, a re
 operation. Paths are the operator's contract (operator/reversi/handlers/admission.py: kopf
 admission handlers whose ids are the paths); every webhook is for group reversi.dev, version
 v1alpha1, AdmissionReview v1, sideEffects None unless the entry says otherwise (validate-run
-counts refused calls in a metric, but not for dry-run requests: NoneOnDryRun, as kopf itself
+and validate-runstep count refused calls in a metric, but not for dry-run requests: NoneOnDryRun, as kopf itself
 declares it). Status subresources are never matched: the operator writes status and must never
 wait for itself.
 */}}
@@ -76,6 +76,10 @@ mutating:
   - name: run
     path: /mutate-run
     resources: [runs]
+    operations: [CREATE, UPDATE]
+  - name: runstep
+    path: /mutate-runstep
+    resources: [runsteps]
     operations: [CREATE, UPDATE]
   - name: rollbackrequest
     path: /mutate-rollbackrequest
@@ -86,6 +90,11 @@ validating:
     path: /validate-run
     resources: [runs]
     operations: [CREATE, UPDATE]
+    sideEffects: NoneOnDryRun
+  - name: runstep
+    path: /validate-runstep
+    resources: [runsteps]
+    operations: [CREATE, UPDATE, DELETE]
     sideEffects: NoneOnDryRun
   - name: rollbackrequest
     path: /validate-rollbackrequest

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from ..models.halt import ClusterHaltScope, HaltScope
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
 from ..models.toolmanifest import ToolManifestSpec, ToolSpec
-from .keys import forward_key
+from .keys import canonical_json, forward_key
 from .templates import MissingValue
 
 _LOOKS_LIKE_REFERENCE = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*(\..*)?$")
@@ -254,3 +254,51 @@ def _entry(spec: RunSpec, step: Step, manifest: ToolManifestSpec | None) -> Tool
     if entry is None and manifest is not None:
         entry = manifest.tool(step.tool)
     return entry
+
+
+# ------------------------------------------------------------------------- the sliced journal
+
+def check_call_size(step: Any, limit: int) -> Refusal | None:
+    """A step's ``args`` and ``result`` are at most ``limit`` bytes of JSON each (the documented
+    limit, ``MAX_CALL_BYTES``), refused by name before the API server or etcd would."""
+    for field in ("args", "result"):
+        value = getattr(step, field, None)
+        if value is None:
+            continue
+        size = len(canonical_json(value).encode("utf-8"))
+        if size > limit:
+            return Refusal(INVALID, f"step {step.index} ({step.tool}): {field} is {size} bytes of JSON, more than "
+                           f"the limit of {limit} bytes per step; record a reference (an id, a URL) instead of "
+                           "the whole payload", step.tool)
+    return None
+
+
+def check_step_principal(principal: str | None, user: str, run: str, tool: str = "") -> Refusal | None:
+    """Only the principal that created a run may record or change its calls (rule 10). ``run``
+    names the run in the message, e.g. ``Run shop/order-4711``."""
+    if principal and user != principal:
+        return Refusal(FOREIGN_PRINCIPAL, f"{run} belongs to another principal ({principal}); {user} may not add "
+                       "or change its steps: open a Run of your own", tool)
+    return None
+
+
+def standing_after(outcome: str, resolution: Any | None, undo_state: str | None) -> bool:
+    """Whether a recorded call still stands for the forward-duplicate rule: its effective outcome
+    (the resolution's, when settled) is not ``failed`` and it has not been compensated."""
+    effective = resolution.status if resolution is not None else outcome
+    return effective != "failed" and undo_state != "compensated"
+
+
+def check_forward_duplicate(step: Step, key: str, earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
+    """Refuse ``step`` when an earlier call of the same tool with the same forward idempotency
+    ``key`` still stands (DESIGN §2). ``earlier``: ``(index, tool, outcome, resolution,
+    undo state)`` of the run's steps that carry the same key label (the label is a hash: the
+    tool is compared again here)."""
+    for index, tool, outcome, resolution, undo_state in sorted(earlier, key=lambda e: e[0]):
+        if index >= step.index or tool != step.tool:
+            continue
+        if standing_after(outcome, resolution, undo_state):
+            return Refusal(DUPLICATE, f"duplicate call: step {step.index} ({step.tool}) has idempotency key {key!r}, "
+                           f"like step {index}, which still stands; the first call must be undone (or fail) before "
+                           "it is repeated", step.tool)
+    return None

@@ -25,6 +25,7 @@ from kubernetes import client, config
 from ..adapters.kube import Kube
 from .. import certs
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
+from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runtime

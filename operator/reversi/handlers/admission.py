@@ -34,15 +34,20 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
+from ..adapters import journal as jr
 from ..adapters.jobs import Owner, build_job
 from ..adapters.kube import api_message
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
-from ..engine.keys import snapshot_id
+from ..engine.keys import forward_key, snapshot_id
+from ..engine.templates import MissingValue
 from ..models.halt import ClusterHaltSpec, HaltSpec
 from ..models.rollbackrequest import RollbackRequestSpec
 from ..models.run import RunSpec
-from ..models.toolmanifest import ToolManifestSpec
+from ..models.runstep import (LABEL_FORWARD_KEY, LABEL_RUN, MAX_CALL_BYTES, MAX_RUN_NAME, MAX_RUN_STEPS,
+                              RunStepSpec, forward_key_label, step_name)
+from ..models.toolmanifest import ToolManifestSpec, ToolSpec
+from . import indices as ix
 from . import runtime
 
 log = logging.getLogger("reversi.admission")
@@ -53,6 +58,8 @@ WEBHOOKS = {
     "mutate-run": ("runs", "mutating"),
     "mutate-rollbackrequest": ("rollbackrequests", "mutating"),
     "validate-run": ("runs", "validating"),
+    "mutate-runstep": ("runsteps", "mutating"),
+    "validate-runstep": ("runsteps", "validating"),
     "validate-rollbackrequest": ("rollbackrequests", "validating"),
     "validate-toolmanifest": ("toolmanifests", "validating"),
     "validate-halt": ("halts", "validating"),
@@ -82,15 +89,7 @@ def _parse(model: type[BaseModel], spec: Any, what: str) -> Any:
 
 
 def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
-    if not name:
-        return None
-    obj = runtime.state().kube.get("toolmanifests", namespace, name)
-    if obj is None:
-        return None
-    try:
-        return ToolManifestSpec.model_validate(obj.get("spec") or {})
-    except ValidationError:
-        return None
+    return ix.manifest(runtime.state().indices, namespace, name)
 
 
 # ------------------------------------------------------------------------------------- runs
@@ -160,24 +159,35 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
 
 
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
-def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
-                 **_: Any) -> None:
-    """Refuse what rules 7, 9 and 10 forbid, and forward duplicates."""
+def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
+                 **kwargs: Any) -> None:
+    """Refuse what rules 7, 9 and 10 forbid, and forward duplicates, in an inline journal given on
+    create (an import, moved into RunSteps by the operator); on update the inline journal may only
+    stay as it is or be emptied once every step is a RunStep."""
+    ix.capture(kwargs)
     what = f"Run {namespace}/{name}"
+    if operation == "CREATE" and len(name) > MAX_RUN_NAME:
+        raise kopf.AdmissionError(f"{what}: a Run name is at most {MAX_RUN_NAME} characters (it labels the run's "
+                                  f"RunSteps); this one has {len(name)}: choose a shorter name", code=422)
     spec = _parse(RunSpec, body.get("spec"), what)
     old_spec = _parse(RunSpec, old.get("spec"), what) if old else None
     user = _user(userinfo)
-    state = runtime.state()
+    if old_spec is not None:
+        refusal = rules.check_principal(old_spec, spec, user, what)
+        if refusal is None:
+            _check_inline_frozen(old_spec, spec, namespace, name, what)
+        else:
+            _refuse(refusal, namespace, user, what, dryrun)
+        return
     try:
         build_graph(spec)
     except InvalidRun as err:
         raise kopf.AdmissionError(f"{what}: {err}", code=422) from err
-    refusal = rules.check_append_only(old_spec, spec) if old_spec is not None else None
-    if refusal is None:
-        refusal = rules.check_resolutions(old_spec, spec)
-    if refusal is None and old_spec is not None:
-        refusal = rules.check_principal(old_spec, spec, user, what)
-    added = rules.new_steps(old_spec, spec)
+    refusal = rules.check_resolutions(None, spec)
+    added = spec.steps
+    if refusal is None and added:
+        for step in added:
+            refusal = refusal or rules.check_call_size(step, MAX_CALL_BYTES)
     if refusal is None and added:
         halts = _halts(namespace)
         refusal = rules.check_halts(halts, namespace, spec, added)
@@ -185,18 +195,253 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
             manifest = _manifest(namespace, spec.manifest_ref.name)
             refusal = rules.check_tools(spec, added, manifest, f"{namespace}/{spec.manifest_ref.name}")
             if refusal is None:
-                undo = (body.get("status") or {}).get("undo") or []
-                compensated = {u.get("step") for u in undo if u.get("state") == "compensated"}
-                refusal = rules.check_duplicates(spec, added, compensated, manifest)
-    if refusal is None:
+                refusal = rules.check_duplicates(spec, added, set(), manifest)
+    if refusal is not None:
+        _refuse(refusal, namespace, user, what, dryrun)
+
+
+def _check_inline_frozen(old: RunSpec, new: RunSpec, namespace: str, name: str, what: str) -> None:
+    """The inline journal of Reversi 0.1 takes no new steps or resolutions; the operator empties it
+    once every step is a RunStep (checked here: nothing recorded is ever lost)."""
+    emptied = bool(old.steps) and not new.steps and not new.resolutions and not new.snapshots
+    if emptied:
+        have = {(o.get("spec") or {}).get("index")
+                for o in jr.list_objects(runtime.state().kube.custom, namespace, name)}
+        lost = [s.index for s in old.steps if s.index not in have]
+        if lost:
+            raise kopf.AdmissionError(f"{what}: the inline steps cannot be removed: step(s) {lost[:5]} are not "
+                                      "RunSteps yet (the operator moves them first)", code=422)
         return
+    if new.steps != old.steps or new.resolutions != old.resolutions or new.snapshots != old.snapshots:
+        raise kopf.AdmissionError(
+            f"{what}: spec.steps, spec.snapshots and spec.resolutions are the inline journal of Reversi 0.1 and take "
+            "no changes: record steps as RunSteps (the SDK does; see docs/concepts.md#the-journal) and settle a step "
+            "with its RunStep's spec.resolution (kubectl reversi resolve)", code=422)
+
+
+def _refuse(refusal: rules.Refusal, namespace: str, user: str, what: str, dryrun: bool) -> None:
+    """Count and log a refused call, then raise it as the admission answer."""
+    state = runtime.state()
     if not dryrun:
         if state.metrics:
             state.metrics.refused_call(namespace, refusal.tool, refusal.reason)
         if refusal.halt is not None:
             _count_refusal(*refusal.halt)
     log.info("%s: refused (%s) for %s: %s", what, refusal.reason, user, refusal.message)
-    raise kopf.AdmissionError(refusal.message, code=403 if refusal.reason in (rules.HALTED, rules.FOREIGN_PRINCIPAL) else 422)
+    codes = {rules.HALTED: 403, rules.FOREIGN_PRINCIPAL: 403}
+    raise kopf.AdmissionError(refusal.message, code=codes.get(refusal.reason, 422))
+
+
+# --------------------------------------------------------------------------------- runsteps
+
+def _inline_step(run_obj: dict, index: int) -> dict | None:
+    """The Run's inline step ``index`` (Reversi 0.1), as the RunStep spec it moves to, or None."""
+    inline = (run_obj.get("spec") or {}).get("steps") or []
+    if not inline:
+        return None
+    try:
+        run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
+    except ValidationError:
+        return None
+    step = next((s for s in run_spec.steps if s.index == index), None)
+    return jr.inline_step_spec(run_spec, step) if step is not None else None
+
+
+def _same_call(inline: dict, spec: dict) -> bool:
+    """Whether a RunStep spec is the moved copy of an inline step (the same record)."""
+    return {k: v for k, v in spec.items() if k != "runRef"} == inline
+
+
+@kopf.on.mutate(G, V, "runsteps", id="mutate-runstep", operations=OPS, persistent=True)
+def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
+                    **kwargs: Any) -> None:
+    """Stamp what must come from the server: on create the Run as owner, the run and forward-key
+    labels, the tool's manifest entry (``snapshot``) and ``recordedAt``; on update what a client
+    dropped, and a new resolution's ``actor`` and ``resolvedAt``. Refuses a step past the run's
+    limit (before the schema would, so the message says why)."""
+    ix.capture(kwargs)
+    user = _user(userinfo)
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return
+    run = (spec.get("runRef") or {}).get("name") if isinstance(spec.get("runRef"), dict) else None
+    index = spec.get("index")
+    if not isinstance(run, str) or not isinstance(index, int) or isinstance(index, bool):
+        return  # the schema refuses it with the field's name
+    if index >= MAX_RUN_STEPS:
+        raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
+                                  f"(step {index} refused): open a new Run for further calls", code=422)
+    now = _now()
+    if operation != "CREATE":
+        old_spec = (old or {}).get("spec") or {}
+        old_meta = (old or {}).get("metadata") or {}
+
+        def carry(raw: dict) -> None:
+            s = raw.get("spec")
+            if isinstance(s, dict):
+                for f in ("snapshot", "recordedAt"):
+                    if f not in s and f in old_spec:
+                        s[f] = old_spec[f]
+                res = s.get("resolution")
+                if isinstance(res, dict):
+                    if isinstance(old_spec.get("resolution"), dict):
+                        _carry(old_spec["resolution"], res, ("actor", "resolvedAt"))
+                    else:
+                        res["actor"], res["resolvedAt"] = user, now
+            labels = raw.setdefault("metadata", {}).setdefault("labels", {}) or {}
+            for key in (LABEL_RUN, LABEL_FORWARD_KEY):
+                if key in (old_meta.get("labels") or {}):
+                    labels[key] = old_meta["labels"][key]
+            raw["metadata"]["labels"] = labels
+            if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
+                raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
+
+        patch.fns.append(carry)
+        return
+    run_obj = runtime.state().kube.get("runs", namespace, run)
+    if run_obj is None:
+        return  # refused by the validating webhook, with the fix
+    run_spec = run_obj.get("spec") or {}
+    ref = run_spec.get("manifestRef") if isinstance(run_spec.get("manifestRef"), dict) else {}
+    manifest = _manifest(namespace, ref.get("name"))
+    tool = spec.get("tool")
+    entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
+    inline = _inline_step(run_obj, index)
+    moved = inline is not None and _same_call(inline, spec)
+    label = None
+    snapshot = entry
+    if moved:
+        snapshot = None
+        raw_snapshot = spec.get("snapshot")
+        try:
+            snapshot = ToolSpec.model_validate(raw_snapshot) if isinstance(raw_snapshot, dict) else None
+        except ValidationError:
+            snapshot = None
+    if snapshot is not None and snapshot.idempotency_key and isinstance(spec.get("args"), dict):
+        try:
+            label = forward_key_label(tool, forward_key(snapshot.idempotency_key, spec["args"], None))
+        except (MissingValue, TypeError, ValueError):
+            label = None
+    owner = jr.owner_reference(run, run_obj["metadata"]["uid"])
+
+    def stamp(raw: dict) -> None:
+        meta = raw.setdefault("metadata", {})
+        labels = dict(meta.get("labels") or {})
+        labels[LABEL_RUN] = run
+        labels.pop(LABEL_FORWARD_KEY, None)
+        if label:
+            labels[LABEL_FORWARD_KEY] = label
+        meta["labels"] = labels
+        refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("kind") != "Run"]
+        meta["ownerReferences"] = [*refs, owner]
+        s = raw.get("spec")
+        if not isinstance(s, dict) or moved:
+            return  # a moved step keeps its own snapshot and time
+        if entry is None:
+            s.pop("snapshot", None)  # no manifest entry: unmanifested, whatever the client said
+        else:
+            s["snapshot"] = entry.to_wire()
+        s["recordedAt"] = now  # the server's clock, not the client's
+
+    patch.fns.append(stamp)
+
+
+@kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=[*OPS, "DELETE"], persistent=True,
+                  side_effects=True)
+def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
+                      operation: str, **kwargs: Any) -> None:
+    """The journal's rules for one step, at a cost that does not depend on the run's length:
+    the name ``<run>-<index>``, the Run and its principal (rule 10), steps in order with no gap,
+    size limits, halts (rule 9), tools with no manifest entry in enforce mode, forward duplicates
+    (found by their key label), resolutions with a note (rule 7). A RunStep is deleted only with
+    its Run."""
+    indices = ix.capture(kwargs) or runtime.state().indices
+    what = f"RunStep {namespace}/{name}"
+    kube = runtime.state().kube
+    if operation == "DELETE":
+        run = (((old or body).get("spec") or {}).get("runRef") or {}).get("name")
+        run_obj = kube.get("runs", namespace, run) if isinstance(run, str) else None
+        if run_obj is None or run_obj["metadata"].get("deletionTimestamp"):
+            return
+        raise kopf.AdmissionError(f"{what} is part of the record of Run {namespace}/{run}: a run's steps are "
+                                  "deleted with the Run (delete the Run)", code=403)
+    spec = _parse(RunStepSpec, body.get("spec"), what)
+    run = spec.run_ref.name
+    run_ref = f"Run {namespace}/{run}"
+    user = _user(userinfo)
+    run_obj = kube.get("runs", namespace, run)
+    if run_obj is None:
+        raise kopf.AdmissionError(f"{what}: {run_ref} not found: open the run before recording its steps "
+                                  "(Recorder.open creates it)", code=404)
+    principal = (run_obj.get("spec") or {}).get("principal")
+    if operation != "CREATE":
+        old_spec = _parse(RunStepSpec, old.get("spec"), what)
+        call_changed = (spec.outcome, spec.result, spec.error) != (old_spec.outcome, old_spec.result, old_spec.error)
+        refusal = rules.check_step_principal(principal, user, run_ref, spec.tool) if call_changed else None
+        refusal = refusal or rules.check_call_size(spec, MAX_CALL_BYTES)
+        if refusal is not None:
+            _refuse(refusal, namespace, user, run_ref, dryrun)
+        if spec.resolution is not None and old_spec.resolution is None and not spec.resolution.note.strip():
+            raise kopf.AdmissionError(f"{what}: spec.resolution.note: a note is required (say how you know)", code=422)
+        return
+    expected = step_name(run, spec.index)
+    if name != expected:
+        raise kopf.AdmissionError(f"{what}: step {spec.index} of {run_ref} must be named {expected} "
+                                  "(<run>-<index in five digits>)", code=422)
+    if len(run) > MAX_RUN_NAME:
+        raise kopf.AdmissionError(f"{what}: {run_ref} has a name longer than {MAX_RUN_NAME} characters, which "
+                                  "cannot label its steps: record into a Run with a shorter name", code=422)
+    inline = _inline_step(run_obj, spec.index)
+    if inline is not None and _same_call(inline, body.get("spec") or {}):
+        return  # the operator moving an inline step of Reversi 0.1: nothing new is recorded
+    if spec.resolution is not None:
+        raise kopf.AdmissionError(f"{what}: a step is recorded without spec.resolution; settle it afterwards "
+                                  "(kubectl reversi resolve)", code=422)
+    refusal = rules.check_step_principal(principal, user, run_ref, spec.tool)
+    if refusal is not None:
+        _refuse(refusal, namespace, user, run_ref, dryrun)
+    if spec.index > 0 and indices is not None and ix.step_entry(indices, namespace, run, spec.index - 1) is None \
+            and _inline_step(run_obj, spec.index - 1) is None:
+        raise kopf.AdmissionError(f"{what}: step {spec.index - 1} of {run_ref} is not recorded: a run's steps are "
+                                  "recorded in order 0, 1, 2, ... (record the previous step first)", code=422)
+    step = spec.as_step()
+    try:
+        run_spec = RunSpec.model_validate({k: v for k, v in (run_obj.get("spec") or {}).items()
+                                           if k not in ("steps", "snapshots", "resolutions")})
+    except ValidationError as err:
+        raise kopf.AdmissionError(f"{what}: {run_ref} is invalid: {_validation_message(err)}", code=422) from err
+    refusal = rules.check_call_size(step, MAX_CALL_BYTES)
+    refusal = refusal or rules.check_halts(_halts(namespace), namespace, run_spec, [step])
+    manifest = None
+    if refusal is None:
+        manifest = _manifest(namespace, run_spec.manifest_ref.name)
+        refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
+    if refusal is None and spec.snapshot is not None and spec.snapshot.idempotency_key:
+        refusal = _forward_duplicate(namespace, run, step, spec.snapshot.idempotency_key)
+    if refusal is not None:
+        _refuse(refusal, namespace, user, run_ref, dryrun)
+
+
+def _forward_duplicate(namespace: str, run: str, step: Any, template: Any) -> rules.Refusal | None:
+    """The earlier calls with the same forward key, found by their label (one LIST of the few
+    steps that carry it, never a scan of the run)."""
+    try:
+        key = forward_key(template, step.args, None)
+    except MissingValue:
+        return None
+    label = forward_key_label(step.tool, key)
+    resp = runtime.state().kube.custom.list_namespaced_custom_object(
+        G, V, namespace, "runsteps", label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}",
+        _request_timeout=jr.TIMEOUT)
+    earlier = []
+    for obj in resp.get("items") or []:
+        try:
+            entry = jr.entry_of(obj)
+        except jr.JournalError:
+            continue
+        earlier.append((entry.spec.index, entry.spec.tool, entry.spec.outcome, entry.spec.resolution,
+                        entry.undo.state if entry.undo else None))
+    return rules.check_forward_duplicate(step, key, earlier)
 
 
 def _halts(namespace: str) -> list[rules.HaltView]:

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from .. import conditions as c
 from ..adapters import jobs as jobs_mod
+from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import executor as ex
@@ -41,6 +42,8 @@ from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
+from . import indices as ix
+from . import runtime
 
 log = logging.getLogger("reversi.rollback")
 
@@ -48,6 +51,8 @@ RUNS, REQUESTS, MANIFESTS = "runs", "rollbackrequests", "toolmanifests"
 #: seconds between passes of a request that waits for the Run's lock or for an approval (a change
 #: to the request or the end of the other request wakes it at once)
 WAIT_SECONDS = 5.0
+#: passes a request waits for a gap in the run's steps to close (the watch catching up) before it fails
+GAP_PASSES = 10
 
 
 @dataclass
@@ -58,6 +63,8 @@ class Memory:
     views: dict[str, ex.JobView] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     since: dict[tuple[int, str], float] = field(default_factory=dict)
+    written: dict[int, StepUndo] = field(default_factory=dict)
+    gap_passes: int = 0
 
 
 class Invalid(Exception):
@@ -127,10 +134,20 @@ class Reconciler:
         if run_obj is None:
             raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} not found; create the Run or fix spec.runRef.name")
         try:
-            run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
-            undo_all = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
-        except ValidationError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: Run {ns}/{spec.run_ref.name} is invalid: {_first_error(err)}") from err
+            if (run_obj.get("spec") or {}).get("steps"):
+                jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
+                run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
+            journal = self._load_journal(run_obj, memory)
+        except jr.JournalError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+        if journal.missing:
+            memory.gap_passes += 1
+            if memory.gap_passes <= GAP_PASSES:
+                return self.settings.tick_seconds  # the watch of RunSteps has not caught up yet
+            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
+        memory.gap_passes = 0
+        run_spec = journal.spec
+        undo_all = list(journal.undo.values())
         run_uid = run_obj["metadata"]["uid"]
         mine = {u.step: u for u in undo_all if u.request == name}
         prior = [u for u in undo_all if u.request != name]
@@ -139,14 +156,14 @@ class Reconciler:
             plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph)
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
-        manifest_obj = self.kube.get(MANIFESTS, ns, run_spec.manifest_ref.name)
-        manifest: ToolManifestSpec | None = None
-        if manifest_obj is not None:
-            try:
-                manifest = ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
-            except ValidationError as err:
-                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid: "
-                              f"{_first_error(err)}") from err
+        indices = runtime.state().indices if runtime.initialised() else None
+        if indices is not None and (ns, run_spec.manifest_ref.name) in indices.manifests:
+            manifest = ix.manifest(indices, ns, run_spec.manifest_ref.name)
+            if manifest is None:
+                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid; "
+                              "fix it (kubectl apply shows what is wrong)")
+        else:
+            manifest = self._manifest(ref, ns, run_spec.manifest_ref.name)
         status = dict(req.get("status") or {})
         now = time.time()
         status.setdefault("startTime", st.iso(now))
@@ -245,7 +262,7 @@ class Reconciler:
                 effects += eff
 
         # ---- act: journal first, then Jobs, then Events (rule 3) ----
-        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan)
+        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory)
         for e in effects:
             if isinstance(e, ex.StartJob):
                 try:
@@ -412,45 +429,45 @@ class Reconciler:
         except Conflict:
             self._release(ns, run_name, name, complete)
 
-    def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan) -> None:
-        """Write the steps' undo state on the Run with a JSON patch guarded by ``test`` ops, so
-        a concurrent writer is never overwritten (retried on conflict)."""
-        if not entries:
-            return
-        for _ in range(10):
-            run_obj = self.kube.get(RUNS, ns, run_name)
-            if run_obj is None:
-                raise Invalid(c.RUN_NOT_FOUND, f"Run {ns}/{run_name} was deleted during the rollback")
-            undo = (run_obj.get("status") or {}).get("undo")
-            ops: list[dict] = []
-            if undo is None:
-                ops.append({"op": "add", "path": "/status/undo", "value": []})
-                undo = []
-            if not run_obj.get("status"):
-                ops.insert(0, {"op": "add", "path": "/status", "value": {}})
-            position = {u["step"]: i for i, u in enumerate(undo)}
-            appended = 0
-            for j in entries:
-                action = plan.actions[j.step]
-                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
-                                 idempotency_key=action.idempotency_key, last_error=st.cut(j.error, self.settings.message_limit),
-                                 verification=j.verification, request=request,
-                                 updated_at=st.iso(time.time())).to_wire()
-                if j.step in position:
-                    i = position[j.step]
-                    ops += [{"op": "test", "path": f"/status/undo/{i}/step", "value": j.step},
-                            {"op": "replace", "path": f"/status/undo/{i}", "value": value}]
-                else:
-                    ops.append({"op": "add", "path": "/status/undo/-", "value": value})
-                    position[j.step] = len(undo) + appended
-                    appended += 1
-            ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": run_obj["metadata"]["resourceVersion"]})
+    def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
+                 memory: "Memory | None" = None) -> None:
+        """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
+        Only the request holding the Run's lock writes undo state, so no write can race another;
+        ``memory.written`` keeps what was written until the watch brings it back."""
+        for j in entries:
+            action = plan.actions[j.step]
+            value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
+                             idempotency_key=action.idempotency_key, last_error=st.cut(j.error, self.settings.message_limit),
+                             verification=j.verification, request=request, updated_at=st.iso(time.time()))
             try:
-                self.kube.json_patch_status(RUNS, ns, run_name, ops)
-                return
-            except Conflict:
-                time.sleep(0.05)
-        raise RuntimeError(f"could not journal steps {[e.step for e in entries]} on Run {ns}/{run_name}: it kept changing")
+                jr.write_undo(self.kube.custom, ns, run_name, value)
+            except ApiException as err:
+                if err.status == 404:
+                    raise Invalid(c.RUN_NOT_FOUND, f"step {j.step} of Run {ns}/{run_name} was deleted during the "
+                                  "rollback") from err
+                raise
+            if memory is not None:
+                memory.written[j.step] = value
+
+    def _load_journal(self, run_obj: dict, memory: "Memory"):
+        """The run's journal: from the RunStep index when the operator runs (no API call), else one
+        paged LIST (a reconciler used on its own, e.g. in a test)."""
+        meta = run_obj["metadata"]
+        indices = runtime.state().indices if runtime.initialised() else None
+        if indices is None:
+            return jr.load(self.kube.custom, run_obj)
+        legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
+        return ix.journal(indices, meta["namespace"], meta["name"], jr.run_spec_of(run_obj), legacy,
+                          overlay=memory.written)
+
+    def _manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
+        manifest_obj = self.kube.get(MANIFESTS, ns, name)
+        if manifest_obj is None:
+            return None
+        try:
+            return ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
+        except ValidationError as err:
+            raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
                    spec: RollbackRequestSpec, e: ex.StartJob) -> None:

@@ -9,14 +9,17 @@ from typing import Any
 
 import kopf
 
+from ..adapters import journal as jr
 from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY
 from ..models.rollbackrequest import TERMINAL_PHASES
+from . import indices as ix
 from . import runtime
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "rollbackrequests")
-def rollback_request_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kwargs: Any) -> None:
     """Start a worker for an unfinished request (also on operator start: kopf lists them all)."""
+    ix.capture(kwargs)
     workers = runtime.state().workers
     if type == "DELETED":
         workers.stop(namespace, name)
@@ -28,8 +31,23 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **_:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
-def rollback_job_event(body: Any, namespace: str, **_: Any) -> None:
+def rollback_job_event(body: Any, namespace: str, **kwargs: Any) -> None:
     """A compensator or reader Job changed: wake its request's worker at once."""
+    ix.capture(kwargs)
     request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
     if request:
         runtime.state().workers.ensure(namespace, request)
+
+
+@kopf.on.event("reversi.dev", "v1alpha1", "runs")
+def run_event(type: str, body: Any, **kwargs: Any) -> None:
+    """A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
+    every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
+    ix.capture(kwargs)
+    if type == "DELETED" or not (body.get("spec") or {}).get("steps") or body["metadata"].get("deletionTimestamp"):
+        return
+    state = runtime.state()
+    try:
+        jr.migrate_inline(state.kube.custom, dict(body))
+    except jr.JournalError as err:
+        raise kopf.PermanentError(str(err)) from err

@@ -18,6 +18,7 @@ class State:
     reconciler: Reconciler
     workers: Workers
     metrics: Any = None
+    indices: Any = None  # the live kopf indices (reversi.handlers.indices.Indices), once a handler saw them
 
 
 _state: State | None = None
@@ -35,3 +36,8 @@ def state() -> State:
     if _state is None:
         raise RuntimeError("the operator's start-up handler has not run yet")
     return _state
+
+
+def initialised() -> bool:
+    """Whether :func:`init` has run (the operator is up; a reconciler used on its own is not)."""
+    return _state is not None

@@ -2,6 +2,7 @@
 from them by ``reversi.crdgen``. Wire names are camelCase, Python names snake_case."""
 
 from .common import (
+    MAX_RUN_STEPS,
     MAX_STEPS,
     Backoff,
     Condition,
@@ -39,6 +40,8 @@ from .rollbackrequest import (
 )
 from .run import CRD as RUN_CRD
 from .run import Resolution, Run, RunScope, RunSpec, RunStatus, Step, StepUndo, ToolSnapshot
+from .runstep import CRD as RUN_STEP_CRD
+from .runstep import RunStep, RunStepSpec, RunStepStatus, StepResolution
 from .toolmanifest import CRD as TOOL_MANIFEST_CRD
 from .toolmanifest import (
     Compensation,
@@ -50,7 +53,7 @@ from .toolmanifest import (
     Verification,
 )
 
-ALL_CRDS = (TOOL_MANIFEST_CRD, RUN_CRD, ROLLBACK_REQUEST_CRD, HALT_CRD, CLUSTER_HALT_CRD)
+ALL_CRDS = (TOOL_MANIFEST_CRD, RUN_CRD, RUN_STEP_CRD, ROLLBACK_REQUEST_CRD, HALT_CRD, CLUSTER_HALT_CRD)
 
 __all__ = [
     "ALL_CRDS",
@@ -68,6 +71,7 @@ __all__ = [
     "HaltScope",
     "HaltSpec",
     "HaltStatus",
+    "MAX_RUN_STEPS",
     "MAX_STEPS",
     "ObjectRef",
     "Phase",
@@ -75,6 +79,11 @@ __all__ = [
     "PlanAction",
     "ROLLBACK_REQUEST_CRD",
     "RUN_CRD",
+    "RUN_STEP_CRD",
+    "RunStep",
+    "RunStepSpec",
+    "RunStepStatus",
+    "StepResolution",
     "Report",
     "Resolution",
     "ReversiModel",

@@ -1,24 +1,19 @@
-"""Run (namespaced): the journal of one automation's calls (DESIGN §3).
+"""Run (namespaced): the identity of one automation's run, and its lock (DESIGN §3).
 
-``spec.steps`` is append-only. The CRD enforces with CEL (transition rules):
+The run's steps are not in the Run: each is a :class:`~reversi.models.runstep.RunStep` of its own
+(named ``<run>-<index>``, owned by the Run), so recording a step costs the same at step 10 and
+step 10,000. The Run holds what the whole run shares: ``spec.principal`` (stamped at admission,
+immutable), ``spec.mode``, ``spec.scope`` and ``spec.manifestRef`` (immutable), and in
+``status`` the lock (``activeRequest``) and conditions.
 
-- ``spec.principal`` is immutable once set; ``spec.mode``, ``spec.scope`` and
-  ``spec.manifestRef`` never change;
-- the steps list never shrinks; per step (a list-type map keyed by ``index``, so each step is
-  compared with the old step of the same index): ``tool``, ``args``, ``dependsOn``,
-  ``snapshot`` and ``recordedAt`` never change; ``outcome`` moves only from ``intended`` to a
-  final value; ``result`` and ``error`` may be set only while the old outcome is ``intended``;
-- indices are below the number of steps (with unique keys: exactly 0..n-1) and every
-  ``dependsOn`` entry is below its step's index (so no cycle or dangling reference is admitted);
-- resolutions never shrink and a resolution never changes.
+The inline journal of Reversi 0.1 (``spec.steps``, ``spec.snapshots``, ``spec.resolutions``, and
+per-step undo state in ``status.undo``) is still read on create: the operator moves such steps
+into RunSteps and then empties those lists (the only change they admit). The CRD enforces with
+CEL that an inline step never changes (tool, args, dependsOn, snapshot, recordedAt; outcome only
+from intended), that indices are 0..n-1 and dependencies name earlier steps; the admission
+webhook refuses any new inline step.
 
-Index-equals-position (the order) is checked in Python by ``reversi.engine.graph``.
-A step with no entry in ``status.undo`` is ``standing`` (when its outcome is not ``failed``).
-
-Size: a snapshot inline in every step makes a run of 10,000 steps several megabytes, beyond the
-apiserver's 3 MiB request limit and etcd's 1.5 MiB default. Long runs should record each distinct
-manifest entry once in ``spec.snapshots`` (id = ``reversi.engine.keys.snapshot_id(entry)``) and
-name it in ``step.snapshotId``; the engine treats both forms alike.
+A step with no undo state is ``standing`` (when its outcome is not ``failed``).
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from .common import (
     MAX_NAME,
     MAX_SNAPSHOT_ID,
     MAX_SNAPSHOTS,
+    MAX_RUN_STEPS,
     MAX_STEPS,
     Condition,
     CrdInfo,
@@ -64,49 +60,29 @@ def _same_optional(field: str) -> str:
     return f"has(self.{field}) == has(oldSelf.{field}) && (!has(self.{field}) || self.{field} == oldSelf.{field})"
 
 
-class Step(ReversiModel):
-    """One recorded call of the automation."""
+_STEP_TRANSITIONS = (
+    ("self.tool == oldSelf.tool", "steps are append-only: a recorded step's tool cannot change"),
+    ("self.index == oldSelf.index", "steps are append-only: a recorded step's index cannot change"),
+    ("oldSelf.outcome == 'intended' || self.outcome == oldSelf.outcome",
+     "an outcome moves only from intended to a final value"),
+    (_same_optional("args"), "steps are append-only: a recorded step's args cannot change"),
+    (_same_optional("dependsOn"), "steps are append-only: a recorded step's dependsOn cannot change"),
+    (_same_optional("snapshot"), "steps are append-only: a recorded step's snapshot cannot change"),
+    ("!has(oldSelf.recordedAt) || (has(self.recordedAt) && self.recordedAt == oldSelf.recordedAt)",
+     "steps are append-only: a recorded step's recordedAt cannot change"),
+    (f"oldSelf.outcome == 'intended' || ({_same_optional('result')})",
+     "a step's result may only be set while its outcome is intended"),
+    (f"oldSelf.outcome == 'intended' || ({_same_optional('error')})",
+     "a step's error may only be set while its outcome is intended"),
+)
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                rule(
-                    "!has(self.dependsOn) || self.dependsOn.all(d, d < self.index)",
-                    "dependsOn may only name earlier steps (indices below this step's index)",
-                    fieldPath=".dependsOn",
-                ),
-                rule("self.tool == oldSelf.tool", "steps are append-only: a recorded step's tool cannot change"),
-                rule(
-                    "oldSelf.outcome == 'intended' || self.outcome == oldSelf.outcome",
-                    "an outcome moves only from intended to a final value",
-                ),
-                rule(_same_optional("args"), "steps are append-only: a recorded step's args cannot change"),
-                rule(_same_optional("dependsOn"), "steps are append-only: a recorded step's dependsOn cannot change"),
-                rule(_same_optional("snapshot"), "steps are append-only: a recorded step's snapshot cannot change"),
-                rule(
-                    _same_optional("snapshotId"), "steps are append-only: a recorded step's snapshotId cannot change"
-                ),
-                rule(
-                    "!has(self.snapshot) || !has(self.snapshotId)",
-                    "a step carries its snapshot inline or names one in spec.snapshots (snapshotId), not both",
-                ),
-                rule(
-                    "!has(oldSelf.recordedAt) || (has(self.recordedAt) && self.recordedAt == oldSelf.recordedAt)",
-                    "steps are append-only: a recorded step's recordedAt cannot change",
-                ),
-                rule(
-                    f"oldSelf.outcome == 'intended' || ({_same_optional('result')})",
-                    "a step's result may only be set while its outcome is intended",
-                ),
-                rule(
-                    f"oldSelf.outcome == 'intended' || ({_same_optional('error')})",
-                    "a step's error may only be set while its outcome is intended",
-                ),
-            ]
-        }
+
+class StepBase(ReversiModel):
+    """The fields of one recorded call, shared by a RunStep's spec and the engine's :class:`Step`."""
+
+    index: int = Field(
+        ge=0, le=MAX_RUN_STEPS - 1, description="Position of the step in the run: 0, 1, 2, ... in order."
     )
-
-    index: int = Field(ge=0, le=MAX_STEPS - 1, description="Position of the step in the run: 0, 1, 2, ... in order.")
     tool: ToolName = Field(description="Tool that was called.")
     args: JSONObject = Field(default_factory=dict, description="Arguments of the call (any JSON object).")
     result: JSONObject | None = Field(default=None, description="Result of the call (any JSON object), when known.")
@@ -123,14 +99,54 @@ class Step(ReversiModel):
         default=None,
         description="The tool's manifest entry, copied when the step was recorded; absent: unmanifested (observe mode).",
     )
+    error: str | None = Field(default=None, max_length=MAX_ERROR, description="Error of the call, when it failed.")
+    recorded_at: datetime | None = Field(default=None, description="When the step was recorded.")
+
+    @staticmethod
+    def transition_rules() -> list[dict[str, Any]]:
+        """The CEL rules that keep a recorded call append-only (the call never changes; the
+        outcome moves only from intended; result and error only while intended) and its
+        dependencies on earlier steps only."""
+        return [
+            rule(
+                "!has(self.dependsOn) || self.dependsOn.all(d, d < self.index)",
+                "dependsOn may only name earlier steps (indices below this step's index)",
+                fieldPath=".dependsOn",
+            ),
+            *(rule(expr, message) for expr, message in _STEP_TRANSITIONS),
+        ]
+
+    @property
+    def standing(self) -> bool:
+        """Whether the step's effect may exist (outcome succeeded, intended or uncertain)."""
+        return self.outcome in STANDING_OUTCOMES
+
+
+class Step(StepBase):
+    """One recorded call of the automation, as the engine sees it (and as the inline journal of
+    Reversi 0.1 stored it in ``Run.spec.steps``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                *StepBase.transition_rules(),
+                rule(
+                    _same_optional("snapshotId"), "steps are append-only: a recorded step's snapshotId cannot change"
+                ),
+                rule(
+                    "!has(self.snapshot) || !has(self.snapshotId)",
+                    "a step carries its snapshot inline or names one in spec.snapshots (snapshotId), not both",
+                ),
+            ]
+        }
+    )
+
     snapshot_id: str | None = Field(
         default=None,
         max_length=MAX_SNAPSHOT_ID,
         pattern=r"^[a-z0-9]+$",
-        description="Instead of an inline snapshot: the id of an entry of spec.snapshots (one copy per distinct manifest entry keeps long runs small).",
+        description="Instead of an inline snapshot: the id of an entry of spec.snapshots (inline journal only).",
     )
-    error: str | None = Field(default=None, max_length=MAX_ERROR, description="Error of the call, when it failed.")
-    recorded_at: datetime | None = Field(default=None, description="When the step was recorded.")
 
     @model_validator(mode="after")
     def _one_snapshot(self) -> "Step":
@@ -139,11 +155,6 @@ class Step(ReversiModel):
                 f"step {self.index}: set snapshot or snapshotId, not both (snapshotId names an entry of spec.snapshots)"
             )
         return self
-
-    @property
-    def standing(self) -> bool:
-        """Whether the step's effect may exist (outcome succeeded, intended or uncertain)."""
-        return self.outcome in STANDING_OUTCOMES
 
 
 class ToolSnapshot(ToolSpec):
@@ -203,8 +214,10 @@ class RunSpec(ReversiModel):
                 ),
                 rule(_same_optional("scope"), "spec.scope is immutable", fieldPath=".scope"),
                 rule(
-                    "!has(oldSelf.steps) || (has(self.steps) && size(self.steps) >= size(oldSelf.steps))",
-                    "steps are append-only: recorded steps cannot be removed",
+                    "!has(oldSelf.steps) || !has(self.steps) || size(self.steps) == 0 "
+                    "|| size(self.steps) >= size(oldSelf.steps)",
+                    "steps are append-only: recorded steps cannot be removed (the operator empties the inline "
+                    "journal once its steps are RunSteps)",
                     fieldPath=".steps",
                 ),
                 rule(
@@ -213,12 +226,14 @@ class RunSpec(ReversiModel):
                     fieldPath=".steps",
                 ),
                 rule(
-                    "!has(oldSelf.snapshots) || (has(self.snapshots) && size(self.snapshots) >= size(oldSelf.snapshots))",
+                    "!has(oldSelf.snapshots) || !has(self.snapshots) || size(self.snapshots) == 0 "
+                    "|| size(self.snapshots) >= size(oldSelf.snapshots)",
                     "snapshots cannot be removed",
                     fieldPath=".snapshots",
                 ),
                 rule(
-                    "!has(oldSelf.resolutions) || (has(self.resolutions) && size(self.resolutions) >= size(oldSelf.resolutions))",
+                    "!has(oldSelf.resolutions) || !has(self.resolutions) || size(self.resolutions) == 0 "
+                    "|| size(self.resolutions) >= size(oldSelf.resolutions)",
                     "resolutions cannot be removed",
                     fieldPath=".resolutions",
                 ),
@@ -244,19 +259,19 @@ class RunSpec(ReversiModel):
     steps: list[Step] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
-        description="The recorded calls, append-only, keyed by index.",
+        description="Inline journal of Reversi 0.1 (read on create, moved into RunSteps by the operator); new steps are RunSteps.",
         json_schema_extra=list_map("index"),
     )
     snapshots: list[ToolSnapshot] = Field(
         default_factory=list,
         max_length=MAX_SNAPSHOTS,
-        description="Manifest entries copied into the run, keyed by id, for steps that name them with snapshotId; never change.",
+        description="Inline journal of Reversi 0.1: manifest entries named by inline steps (snapshotId); moved with the steps.",
         json_schema_extra=list_map("id"),
     )
     resolutions: list[Resolution] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
-        description="Settlements of intended or uncertain steps, keyed by step; a resolution never changes.",
+        description="Inline journal of Reversi 0.1: settlements of inline steps; a RunStep carries its own spec.resolution.",
         json_schema_extra=list_map("step"),
     )
 
@@ -314,7 +329,7 @@ class RunStatus(StatusModel):
     undo: list[StepUndo] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
-        description="Undo state of the steps a rollback touched; a step with no entry is standing.",
+        description="Inline journal of Reversi 0.1: undo state of inline steps (moved to each RunStep's status.undo).",
         json_schema_extra=list_map("step"),
     )
 
@@ -340,19 +355,14 @@ CRD = CrdInfo(
     plural="runs",
     singular="run",
     short_names=["rvrun"],
-    description="The journal of one automation's calls (steps), append-only, with the undo state of each step.",
+    description="One automation's run: its principal, mode, scope and manifest, and the lock of its rollback; its steps are RunSteps.",
     spec_model=RunSpec,
     status_model=RunStatus,
     printer_columns=[
         {"name": "Principal", "type": "string", "jsonPath": ".spec.principal"},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
-        {
-            "name": "Last Step",
-            "type": "integer",
-            "jsonPath": ".spec.steps[-1:].index",
-            "description": "Index of the newest step (steps = last step + 1).",
-        },
-        {"name": "Rollback", "type": "string", "jsonPath": ".status.activeRequest", "priority": 1},
+        {"name": "Scope", "type": "string", "jsonPath": ".spec.scope.actor", "description": "The acting automation."},
+        {"name": "Rollback", "type": "string", "jsonPath": ".status.activeRequest"},
         age_column(),
     ],
 )

@@ -1,0 +1,191 @@
+"""The run's journal on the API: RunStep objects (DESIGN §3), read, written and migrated.
+
+Pure builders (:func:`step_body`, :func:`undo_patch`) and the few API calls every reader and
+writer shares — the operator, the webhooks, ``kubectl reversi`` and the SDK — so the layout is
+known in one place:
+
+- :func:`list_entries`: a run's RunSteps, paged (``limit`` :data:`PAGE`), as engine entries;
+- :func:`load`: the Run's journal (inline steps of Reversi 0.1 merged with its RunSteps);
+- :func:`write_undo`: a step's undo state, on its RunStep's status;
+- :func:`migrate_inline`: move an inline journal of Reversi 0.1 into RunSteps, then empty it.
+
+Every call takes a ``CustomObjectsApi`` and uses :data:`TIMEOUT` seconds per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from ..engine.journal import Entry, Journal, assemble
+from .kube import api_message
+from ..models.run import RunSpec, Step, StepUndo
+from ..models.runstep import LABEL_RUN, RunStepSpec, step_name
+
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+RUNS, STEPS = "runs", "runsteps"
+PAGE = 500  # RunSteps per LIST page
+TIMEOUT = 30  # seconds per API request
+JSON_PATCH = "application/json-patch+json"
+log = logging.getLogger("reversi.journal")
+
+
+class JournalError(Exception):
+    """The journal cannot be read or moved; the message names the object and the fix."""
+
+
+def step_body(namespace: str, run: str, spec: dict[str, Any], *, owner_uid: str | None = None) -> dict[str, Any]:
+    """The RunStep object of step ``spec["index"]`` of ``run`` (wire dict).
+
+    ``spec`` is the RunStep spec without ``runRef`` (it is added). With ``owner_uid`` the Run is
+    set as owner (the mutating webhook sets it when the client does not).
+    """
+    meta: dict[str, Any] = {"name": step_name(run, spec["index"]), "namespace": namespace,
+                            "labels": {LABEL_RUN: run}}
+    if owner_uid:
+        meta["ownerReferences"] = [owner_reference(run, owner_uid)]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RunStep", "metadata": meta,
+            "spec": {"runRef": {"name": run}, **spec}}
+
+
+def owner_reference(run: str, uid: str) -> dict[str, Any]:
+    """The owner reference of a RunStep to its Run (garbage collection deletes steps with the Run)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "name": run, "uid": uid,
+            "blockOwnerDeletion": False, "controller": True}
+
+
+def entry_of(obj: dict[str, Any]) -> Entry:
+    """The engine :class:`~reversi.engine.journal.Entry` of a RunStep object (dict).
+
+    Raises :class:`JournalError` naming the object when its spec or status is not valid.
+    """
+    try:
+        spec = RunStepSpec.model_validate(obj.get("spec") or {})
+        raw = (obj.get("status") or {}).get("undo")
+        undo = StepUndo.model_validate(raw) if raw else None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        name = (obj.get("metadata") or {}).get("name")
+        raise JournalError(f"RunStep {name} is invalid: {where}: {first.get('msg')}") from err
+    return Entry(spec, undo)
+
+
+def list_objects(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[dict[str, Any]]:
+    """Every RunStep of ``run`` (dicts), paged; ordered by index."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"label_selector": f"{LABEL_RUN}={run}", "limit": PAGE,
+                                  "_request_timeout": TIMEOUT, "_preload_content": False}
+        if token:
+            kwargs["_continue"] = token
+        resp = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, STEPS, **kwargs)
+        page = json.loads(resp.data)
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            break
+    items.sort(key=lambda o: (o.get("spec") or {}).get("index", -1))
+    return items
+
+
+def list_entries(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[Entry]:
+    """Every RunStep of ``run`` as engine entries (see :func:`list_objects`, :func:`entry_of`)."""
+    return [entry_of(obj) for obj in list_objects(custom, namespace, run)]
+
+
+def load(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> Journal:
+    """The journal of the Run ``run_obj`` (a dict read from the API): its RunSteps merged with
+    any inline journal. Raises :class:`JournalError` when the Run or a step is invalid."""
+    meta = run_obj["metadata"]
+    spec = run_spec_of(run_obj)
+    legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
+    return assemble(spec, list_entries(custom, meta["namespace"], meta["name"]), legacy)
+
+
+def run_spec_of(run_obj: dict[str, Any]) -> RunSpec:
+    """The Run's spec, validated; raises :class:`JournalError` naming the first problem."""
+    try:
+        return RunSpec.model_validate(run_obj.get("spec") or {})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        meta = run_obj.get("metadata") or {}
+        raise JournalError(f"Run {meta.get('namespace')}/{meta.get('name')} is invalid: spec.{where}: "
+                           f"{first.get('msg')}") from err
+
+
+def undo_patch(undo: StepUndo) -> dict[str, Any]:
+    """The merge patch of a RunStep's status that records ``undo`` (rule 3: journal first)."""
+    return {"status": {"undo": undo.to_wire()}}
+
+
+def write_undo(custom: client.CustomObjectsApi, namespace: str, run: str, undo: StepUndo) -> dict[str, Any]:
+    """Record a step's undo state on its RunStep (status subresource). Raises ``ApiException``."""
+    return custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, STEPS, step_name(run, undo.step), undo_patch(undo), _request_timeout=TIMEOUT)
+
+
+def inline_step_spec(run_spec: RunSpec, step: Step) -> dict[str, Any]:
+    """The RunStep spec (wire dict, without ``runRef``) of an inline step of Reversi 0.1: the call
+    with its snapshot inline and its resolution, if any."""
+    snapshot = run_spec.snapshot_of(step)
+    moved = step.model_copy(update={"snapshot": snapshot, "snapshot_id": None}).to_wire()
+    res = next((r for r in run_spec.resolutions if r.step == step.index), None)
+    if res is not None:
+        moved["resolution"] = {k: v for k, v in res.to_wire().items() if k != "step"}
+    return moved
+
+
+def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> int:
+    """Move the inline journal of a Run recorded by Reversi 0.1 into RunSteps, then empty it.
+
+    Each inline step becomes the RunStep ``<run>-<index>`` with the same call, snapshot,
+    ``recordedAt`` and resolution, and its ``status.undo`` entry; a RunStep that exists is kept
+    (the move is idempotent: run it again after a crash). Then ``spec.steps``, ``spec.snapshots``
+    and ``spec.resolutions`` and ``status.undo`` of the Run are emptied (the admission webhook
+    admits that only when every inline step exists as a RunStep). Returns the number of steps
+    moved; raises :class:`JournalError` or ``ApiException``.
+    """
+    meta = run_obj["metadata"]
+    ns, run = meta["namespace"], meta["name"]
+    spec = run_spec_of(run_obj)
+    if not spec.steps:
+        return 0
+    undo = {u.get("step"): u for u in (run_obj.get("status") or {}).get("undo") or []}
+    for step in spec.steps:
+        body = step_body(ns, run, inline_step_spec(spec, step), owner_uid=meta["uid"])
+        try:
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, STEPS, body, _request_timeout=TIMEOUT)
+        except ApiException as err:
+            if err.status != 409:
+                raise JournalError(f"Run {ns}/{run}: moving step {step.index} into a RunStep was refused: "
+                                   f"{api_message(err)}") from err
+        if step.index in undo:
+            custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, STEPS, step_name(run, step.index), {"status": {"undo": undo[step.index]}},
+                _request_timeout=TIMEOUT)
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                  "value": meta["resourceVersion"]}]
+    for field in ("steps", "snapshots", "resolutions"):
+        if (run_obj.get("spec") or {}).get(field):
+            ops.append({"op": "remove", "path": f"/spec/{field}"})
+    custom.patch_namespaced_custom_object(GROUP, VERSION, ns, RUNS, run, ops, _content_type=JSON_PATCH,
+                                          _request_timeout=TIMEOUT)
+    if undo:
+        try:
+            custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, RUNS, run, [{"op": "remove", "path": "/status/undo"}],
+                _content_type=JSON_PATCH, _request_timeout=TIMEOUT)
+        except ApiException as err:  # already gone: fine
+            if err.status not in (404, 422):
+                raise
+    log.info("Run %s/%s: moved %d inline steps into RunSteps", ns, run, len(spec.steps))
+    return len(spec.steps)
+
