@@ -149,6 +149,9 @@ class Recorder:
         self._mode = "enforce"
         self._manifest_name = ""
         self._next: int | None = None  # the next free step index, once known
+        #: how often another writer took the index this recorder was about to use (it then took
+        #: the next free one): two writers never share an index
+        self.index_conflicts = 0
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -283,6 +286,7 @@ class Recorder:
                                                             _request_timeout=TIMEOUT)
             except ApiException as err:
                 if err.status == 409 and _reason(err) == "AlreadyExists":  # another writer took it
+                    self.index_conflicts += 1
                     self._next = self._first_free(index + 1)
                     continue
                 raise _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}") from err

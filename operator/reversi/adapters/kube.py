@@ -50,12 +50,18 @@ class Kube:
                 return None
             raise
 
-    def list(self, plural: str, namespace: str | None = None) -> list[dict]:
-        """All objects of a kind (in one namespace, or cluster-wide)."""
+    def list(self, plural: str, namespace: str | None = None, *, cached: bool = False) -> list[dict]:
+        """All objects of a kind (in one namespace, or cluster-wide).
+
+        ``cached``: served from the API server's watch cache as it is (``resourceVersion=0``),
+        possibly milliseconds behind etcd, instead of a consistent read that may wait for the
+        cache to catch up (up to ~100 ms when the kind was not written lately).
+        """
+        kwargs: dict[str, Any] = {"resource_version": "0"} if cached else {}
         if namespace:
-            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
         else:
-            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
         return resp.get("items", [])
 
     def merge_status(self, plural: str, namespace: str, name: str, status: dict,

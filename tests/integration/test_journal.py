@@ -1,0 +1,237 @@
+"""The sliced journal (DESIGN §3): one RunStep per step, at a cost that does not depend on the
+run's length, with every rule of the journal still enforced — on the real control plane."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from reversi.adapters.journal import step_body
+from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, MAX_CALL_BYTES, MAX_RUN_STEPS, step_name
+from reversi.sdk import DuplicateCall, RecordingRefused, Recorder
+
+G, V = "reversi.dev", "v1alpha1"
+pytestmark = pytest.mark.cluster
+
+
+def _message(err: ApiException) -> str:
+    import json
+
+    try:
+        return json.loads(err.body).get("message", "")
+    except (TypeError, ValueError):
+        return str(err.body)
+
+
+def _record_many(rv, run: str, steps: list[dict], workers: int = 8) -> None:
+    """Create RunSteps in order of index, ``workers`` at a time (each waits for its predecessor:
+    admission refuses a gap, so a step is created only after the one before it exists)."""
+    done = [threading.Event() for _ in steps]
+
+    def create(i: int) -> None:
+        if i:
+            done[i - 1].wait(60)
+        for _ in range(20):
+            try:
+                rv.create("runsteps", step_body(rv.ns, run, steps[i]))
+                break
+            except ApiException as err:
+                if "is not recorded" not in _message(err):
+                    raise
+                done[i - 1].wait(0.05)
+        done[i].set()
+
+    with ThreadPoolExecutor(workers) as pool:
+        for future in [pool.submit(create, i) for i in range(len(steps))]:
+            future.result()
+
+
+def _open_run(rv, name: str) -> None:
+    rv.create("runs", {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": name},
+                       "spec": {"scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"}}})
+
+
+def test_a_step_is_a_small_object_named_by_run_and_index_owned_by_the_run(rv):
+    rv.apply_manifest()
+    charge = rv.charge("o-shape")
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"}),
+                 rv.step(1, "payments.create_charge", {"order_id": "o-shape", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    run = rv.get("runs", "r")
+    assert "steps" not in run["spec"], "the Run carries no steps"
+    step = rv.get("runsteps", "r-00001")
+    assert step["metadata"]["labels"][LABEL_RUN] == "r"
+    assert LABEL_FORWARD_KEY in step["metadata"]["labels"], "a tool with a forward key is labelled by it"
+    assert LABEL_FORWARD_KEY not in rv.get("runsteps", "r-00000")["metadata"]["labels"]
+    owner = step["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Run", "r", run["metadata"]["uid"])
+    assert step["spec"]["snapshot"]["name"] == "payments.create_charge", "the server stamps the snapshot"
+    listed = rv.custom.list_namespaced_custom_object(G, V, rv.ns, "runsteps", label_selector=f"{LABEL_RUN}=r")
+    assert [s["metadata"]["name"] for s in listed["items"]] == ["r-00000", "r-00001"]
+
+
+def test_two_writers_racing_on_one_run_never_get_the_same_index(rv, admin_api):
+    """Two recorders append to one run at the same time; creating a name that exists fails, so
+    the loser takes the next index. Proof the race happened: the recorders retried on taken names."""
+    rv.apply_manifest()
+    recorders = [Recorder.open(rv.ns, "race", manifest="payments", api=admin_api, scope={"actor": "test-agent"})
+                 for _ in range(2)]
+    start = threading.Barrier(2)
+    indices: dict[tuple[int, int], int] = {}
+
+    def write(w: int) -> None:
+        start.wait()
+        for i in range(40):
+            step = recorders[w].begin("payments.get_customer", {"id": "cus_9", "writer": w, "call": i})
+            indices[(w, i)] = step.index
+            recorders[w].finish(step, "succeeded", {"id": "cus_9"})
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(indices.values()) == list(range(80)), "80 calls, 80 distinct indices 0..79"
+    recorded = {(s["spec"]["args"]["writer"], s["spec"]["args"]["call"]): s["spec"]["index"] for s in rv.steps("race")}
+    assert recorded == indices, "every call is recorded once, at the index its writer was given"
+    assert sum(r.index_conflicts for r in recorders) > 0, "the writers did race for the same index"
+
+
+def test_steps_are_recorded_in_order_with_no_gap(rv):
+    rv.apply_manifest()
+    _open_run(rv, "gap")
+    rv.create("runsteps", step_body(rv.ns, "gap", rv.step(0, "payments.get_customer", {"id": "cus_9"})))
+    with pytest.raises(ApiException) as err:
+        rv.create("runsteps", step_body(rv.ns, "gap", rv.step(2, "payments.get_customer", {"id": "cus_9"})))
+    assert "step 1 of Run" in _message(err.value) and "recorded in order 0, 1, 2" in _message(err.value)
+    body = step_body(rv.ns, "gap", rv.step(1, "payments.get_customer", {"id": "cus_9"}))
+    body["metadata"]["name"] = "gap-1"
+    with pytest.raises(ApiException) as err:
+        rv.create("runsteps", body)
+    assert "must be named gap-00001" in _message(err.value)
+
+
+def test_a_step_past_the_documented_limit_is_refused_with_the_message(rv, admin_api):
+    rv.apply_manifest()
+    _open_run(rv, "full")
+    body = step_body(rv.ns, "full", rv.step(0, "payments.get_customer", {"id": "cus_9"}))
+    body["spec"]["index"] = MAX_RUN_STEPS
+    body["metadata"]["name"] = f"full-{MAX_RUN_STEPS}"
+    with pytest.raises(ApiException) as err:
+        rv.create("runsteps", body)
+    assert err.value.status == 422
+    assert f"has reached the limit of {MAX_RUN_STEPS:,} steps" in _message(err.value)
+    assert "open a new Run" in _message(err.value)
+    rec = Recorder.attach(rv.ns, "full", api=admin_api)
+    rec._next = MAX_RUN_STEPS  # as if 100,000 steps were recorded
+    called = []
+    with pytest.raises(RecordingRefused, match="limit of 100,000 steps"):
+        rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: called.append(a))
+    assert not called, "the call is never made"
+
+
+def test_args_or_result_over_the_size_limit_are_refused_by_name(rv, admin_api):
+    rv.apply_manifest()
+    rec = Recorder.open(rv.ns, "big-args", manifest="payments", api=admin_api)
+    called = []
+    with pytest.raises(RecordingRefused) as err:
+        rec.call("payments.get_customer", {"id": "cus_9", "blob": "x" * (MAX_CALL_BYTES + 1)},
+                 lambda a: called.append(a))
+    assert f"more than the limit of {MAX_CALL_BYTES} bytes" in err.value.message and "args" in err.value.message
+    assert not called and rv.steps("big-args") == []
+    step = rec.begin("payments.get_customer", {"id": "cus_9"})
+    with pytest.raises(Exception) as err2:
+        rec.finish(step, "succeeded", {"blob": "y" * (MAX_CALL_BYTES + 1)})
+    assert "result is" in str(err2.value) and "stays intended" in str(err2.value)
+    assert rv.get("runsteps", step_name("big-args", step.index))["spec"]["outcome"] == "intended"
+
+
+def test_a_forward_duplicate_is_found_in_a_5000_step_run(rv, admin_api):
+    """The earlier standing call with the same forward key is found by its label, not by
+    reading the run: step 17 of 5,000 still blocks a repeat at step 5,000; a call settled
+    failed does not."""
+    rv.apply_manifest()
+    _open_run(rv, "long")
+    steps = []
+    for i in range(5000):
+        if i in (17, 4000):
+            steps.append(rv.step(i, "payments.create_charge", {"order_id": f"o-dup-{i}", "amount": 1,
+                                                                  "customer": "cus_9"},
+                                 {"id": f"ch_{i}"}, outcome="succeeded" if i == 17 else "uncertain"))
+        else:
+            steps.append(rv.step(i, "payments.get_customer", {"id": "cus_9", "page": i}, {"id": "cus_9"}))
+    _record_many(rv, "long", steps)
+    rec = Recorder.attach(rv.ns, "long", api=admin_api)
+    called = []
+    with pytest.raises(DuplicateCall, match="like step 17, which still stands"):
+        rec.call("payments.create_charge", {"order_id": "o-dup-17", "amount": 1, "customer": "cus_9"},
+                 lambda a: called.append(a))
+    assert not called, "the repeat is refused before the call is made"
+    with pytest.raises(DuplicateCall, match="like step 4000"):  # uncertain: it may stand
+        rec.begin("payments.create_charge", {"order_id": "o-dup-4000", "amount": 1, "customer": "cus_9"})
+    rv.resolve("long", 4000, status="failed", note="the payments API has no such charge")
+    step = rec.begin("payments.create_charge", {"order_id": "o-dup-4000", "amount": 1, "customer": "cus_9"})
+    assert step.index == 5000, "a call settled failed no longer stands: its repeat is admitted"
+
+
+def test_a_runstep_is_deleted_only_with_its_run(rv):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
+    with pytest.raises(ApiException) as err:
+        rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runsteps", "r-00000")
+    assert err.value.status == 403 and "deleted with the Run" in _message(err.value)
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runs", "r", propagation_policy="Foreground")
+    from tests.helpers import wait_for
+
+    def gone():
+        items = rv.custom.list_namespaced_custom_object(G, V, rv.ns, "runsteps")["items"]
+        return not items or None
+
+    wait_for(gone, timeout=60, what="the Run's steps to be garbage-collected with it")
+
+
+def test_a_call_is_recorded_append_only_on_its_runstep(rv):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, outcome="intended")])
+    for change, fragment in (({"spec": {"tool": "payments.capture"}}, "tool cannot change"),
+                             ({"spec": {"args": {"id": "other"}}}, "args cannot change"),
+                             ({"spec": {"index": 3}}, "index cannot change")):
+        with pytest.raises(ApiException) as err:
+            rv.patch("runsteps", "r-00000", change)
+        assert fragment in _message(err.value), _message(err.value)
+    rv.patch("runsteps", "r-00000", {"spec": {"outcome": "uncertain"}})
+    with pytest.raises(ApiException) as err:
+        rv.patch("runsteps", "r-00000", {"spec": {"outcome": "succeeded"}})
+    assert "moves only from intended" in _message(err.value)
+    settled = rv.resolve("r", 0, status="succeeded", result={"id": "cus_9"}, note="seen in the CRM")
+    assert settled["spec"]["resolution"]["actor"] == "reversi-admin"
+    with pytest.raises(ApiException) as err:
+        rv.resolve("r", 0, status="failed", note="changed my mind")
+    assert "never changes" in _message(err.value)
+
+
+def test_another_principal_cannot_record_or_change_steps(rv, cluster):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, outcome="intended")])
+    from kubernetes import config
+
+    rbac = client.RbacAuthorizationV1Api(rv.api)
+    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": "rec"}, "rules": [
+        {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get", "list", "create", "patch"]}]})
+    rbac.create_namespaced_role_binding(rv.ns, {"metadata": {"name": "rec"},
+                                                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                            "name": "rec"},
+                                                "subjects": [{"kind": "User", "name": "mallory"}]})
+    mallory = client.CustomObjectsApi(config.new_client_from_config(
+        config_file=str(cluster.kubeconfig_for("mallory", ("agents",)))))
+    with pytest.raises(ApiException) as err:
+        mallory.create_namespaced_custom_object(G, V, rv.ns, "runsteps",
+                                                step_body(rv.ns, "r", rv.step(1, "payments.get_customer", {"id": "x"})))
+    assert err.value.status == 403 and "belongs to another principal" in _message(err.value)
+    with pytest.raises(ApiException) as err:
+        mallory.patch_namespaced_custom_object(G, V, rv.ns, "runsteps", "r-00000", {"spec": {"outcome": "failed"}})
+    assert "belongs to another principal" in _message(err.value)
