@@ -5,7 +5,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install build test unit demo up down crds
+.PHONY: install build test test-long unit demo up down crds bench-record
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -15,6 +15,14 @@ build: install
 
 test: build
 	$(PYTHON) -m pytest -q
+
+# the long variants: runs of 5,000 steps (recording is sequential per run: several minutes)
+test-long: build
+	REVERSI_LONG_RUN_STEPS=5000 $(PYTHON) -m pytest -q tests/integration/test_journal.py
+
+# recording cost at step 100 and step 5,000 of one run (the journal's O(1) claim)
+bench-record: build
+	$(PYTHON) benchmarks/record_bench.py --steps 5000
 
 unit: install
 	$(PYTHON) -m pytest -q tests/unit

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
@@ -31,6 +32,7 @@ GROUP, VERSION = "reversi.dev", "v1alpha1"
 RUNS, STEPS = "runs", "runsteps"
 PAGE = 500  # RunSteps per LIST page
 TIMEOUT = 30  # seconds per API request
+MOVE_WORKERS = 8  # RunSteps created at once when an inline journal is moved
 JSON_PATCH = "application/json-patch+json"
 log = logging.getLogger("reversi.journal")
 
@@ -159,7 +161,8 @@ def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> 
     if not spec.steps:
         return 0
     undo = {u.get("step"): u for u in (run_obj.get("status") or {}).get("undo") or []}
-    for step in spec.steps:
+
+    def move(step: Step) -> None:
         body = step_body(ns, run, inline_step_spec(spec, step), owner_uid=meta["uid"])
         try:
             custom.create_namespaced_custom_object(GROUP, VERSION, ns, STEPS, body, _request_timeout=TIMEOUT)
@@ -171,6 +174,10 @@ def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> 
             custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, ns, STEPS, step_name(run, step.index), {"status": {"undo": undo[step.index]}},
                 _request_timeout=TIMEOUT)
+
+    with ThreadPoolExecutor(MOVE_WORKERS) as pool:  # moved copies are admitted in any order
+        for future in [pool.submit(move, step) for step in spec.steps]:
+            future.result()
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
                                   "value": meta["resourceVersion"]}]
     for field in ("steps", "snapshots", "resolutions"):

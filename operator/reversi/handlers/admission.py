@@ -234,16 +234,30 @@ def _refuse(refusal: rules.Refusal, namespace: str, user: str, what: str, dryrun
 
 # --------------------------------------------------------------------------------- runsteps
 
+_INLINE_CACHE: dict[tuple[str, str, str], tuple[RunSpec, dict[int, Any]]] = {}
+
+
 def _inline_step(run_obj: dict, index: int) -> dict | None:
-    """The Run's inline step ``index`` (Reversi 0.1), as the RunStep spec it moves to, or None."""
+    """The Run's inline step ``index`` (Reversi 0.1), as the RunStep spec it moves to, or None.
+    The parsed inline journal is kept per Run version while it is being moved (each moved step
+    is one review: parsing the whole run each time would make the move quadratic)."""
     inline = (run_obj.get("spec") or {}).get("steps") or []
     if not inline:
         return None
-    try:
-        run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
-    except ValidationError:
-        return None
-    step = next((s for s in run_spec.steps if s.index == index), None)
+    meta = run_obj["metadata"]
+    key = (meta["namespace"], meta["name"], meta["resourceVersion"])
+    cached = _INLINE_CACHE.get(key)
+    if cached is None:
+        try:
+            run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
+        except ValidationError:
+            return None
+        cached = (run_spec, {s.index: s for s in run_spec.steps})
+        if len(_INLINE_CACHE) >= 8:
+            _INLINE_CACHE.pop(next(iter(_INLINE_CACHE)))
+        _INLINE_CACHE[key] = cached
+    run_spec, by_index = cached
+    step = by_index.get(index)
     return jr.inline_step_spec(run_spec, step) if step is not None else None
 
 
