@@ -39,6 +39,7 @@ from ..adapters.jobs import Owner, build_job
 from ..adapters.kube import api_message
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
+from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
 from ..engine.templates import MissingValue
 from ..models.halt import ClusterHaltSpec, HaltSpec
@@ -541,7 +542,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
-def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **_: Any) -> None:
+def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8)."""
     what = f"RollbackRequest {namespace}/{name}"
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
@@ -551,8 +552,10 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
     if steps:
         run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
         if run is not None:
-            refusal = rules.check_approvals(_parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}"),
-                                            steps)
+            run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
+            indices = ix.capture(kwargs) or runtime.state().indices
+            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, steps)
+            refusal = rules.check_approvals(recorded, steps)
             if refusal is not None:
                 raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     if not _may_approve(userinfo, namespace, name):
@@ -560,6 +563,13 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
         raise kopf.AdmissionError(
             f"{_user(userinfo)} may not approve {which} of {what}: approving needs the RBAC verb \"approve\" "
             f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
+
+
+def _approved_steps(indices: Any, namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
+    """The run's journal with just the approved ``steps`` (their RunSteps, or inline steps of 0.1)."""
+    entries = [ix.step_entry(indices, namespace, run, i) for i in steps
+               if isinstance(i, int) and 0 <= i < MAX_RUN_STEPS]
+    return assemble(run_spec, [e for e in entries if e is not None]).spec
 
 
 def _may_approve(userinfo: dict, namespace: str, name: str) -> bool:

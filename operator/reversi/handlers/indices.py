@@ -93,9 +93,9 @@ def _first(store: Any) -> Any:
     return next(iter(store), None)
 
 
-def step_entry(indices: Indices, namespace: str, run: str, index: int) -> Entry | None:
+def step_entry(indices: Indices | None, namespace: str, run: str, index: int) -> Entry | None:
     """The RunStep of step ``index`` from the index, else from the API (one GET), else None."""
-    entry = _first(indices.steps.get((namespace, run, index)))
+    entry = _first(indices.steps.get((namespace, run, index))) if indices is not None else None
     if entry is not None:
         return entry
     obj = runtime.state().kube.get(jr.STEPS, namespace, step_name(run, index))
