@@ -7,7 +7,7 @@ known in one place:
 - :func:`list_entries`: a run's RunSteps, paged (``limit`` :data:`PAGE`), as engine entries;
 - :func:`load`: the Run's journal (inline steps of Reversi 0.1 merged with its RunSteps);
 - :func:`write_undo`: a step's undo state, on its RunStep's status;
-- :func:`migrate_inline`: move an inline journal of Reversi 0.1 into RunSteps, then empty it.
+- :func:`migrate_inline`: move an inline journal of Reversi 0.1 into RunSteps.
 
 Every call takes a ``CustomObjectsApi`` and uses :data:`TIMEOUT` seconds per request.
 """
@@ -106,9 +106,22 @@ def load(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> Journal:
     """The journal of the Run ``run_obj`` (a dict read from the API): its RunSteps merged with
     any inline journal. Raises :class:`JournalError` when the Run or a step is invalid."""
     meta = run_obj["metadata"]
-    spec = run_spec_of(run_obj)
-    legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
+    spec, legacy = inline_journal(run_obj)
     return assemble(spec, list_entries(custom, meta["namespace"], meta["name"]), legacy)
+
+
+def inline_journal(run_obj: dict[str, Any]) -> tuple[RunSpec, list[StepUndo]]:
+    """The Run's spec and the undo state of its inline journal, for :func:`assemble`; once the
+    inline journal has been moved (:func:`inline_moved`) both leave it out: the RunSteps are the
+    record. Raises :class:`JournalError` when the Run is invalid."""
+    spec = run_spec_of(run_obj)
+    if spec.steps and inline_moved(run_obj):
+        return spec.model_copy(update={"steps": [], "snapshots": [], "resolutions": []}), []
+    try:
+        legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
+    except ValidationError as err:
+        raise JournalError(f"Run {run_obj['metadata'].get('name')}: status.undo is invalid: {err.errors()[0]['msg']}") from err
+    return spec, legacy
 
 
 def run_spec_of(run_obj: dict[str, Any]) -> RunSpec:
@@ -145,20 +158,27 @@ def inline_step_spec(run_spec: RunSpec, step: Step) -> dict[str, Any]:
     return moved
 
 
+def inline_moved(run_obj: dict[str, Any]) -> bool:
+    """Whether the Run's inline journal (Reversi 0.1), if any, has been moved into RunSteps
+    (``status.movedSteps`` counts the steps moved; the inline list itself never changes)."""
+    inline = (run_obj.get("spec") or {}).get("steps") or []
+    return not inline or (run_obj.get("status") or {}).get("movedSteps") == len(inline)
+
+
 def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> int:
-    """Move the inline journal of a Run recorded by Reversi 0.1 into RunSteps, then empty it.
+    """Move the inline journal of a Run recorded by Reversi 0.1 into RunSteps.
 
     Each inline step becomes the RunStep ``<run>-<index>`` with the same call, snapshot,
     ``recordedAt`` and resolution, and its ``status.undo`` entry; a RunStep that exists is kept
-    (the move is idempotent: run it again after a crash). Then ``spec.steps``, ``spec.snapshots``
-    and ``spec.resolutions`` and ``status.undo`` of the Run are emptied (the admission webhook
-    admits that only when every inline step exists as a RunStep). Returns the number of steps
-    moved; raises :class:`JournalError` or ``ApiException``.
+    (the move is idempotent: run it again after a crash). Then the Run's ``status.movedSteps`` is
+    set to the number of steps moved, and readers take the steps from the RunSteps alone (the
+    inline list, append-only, stays as it was recorded). Returns the number of steps moved;
+    raises :class:`JournalError` or ``ApiException``.
     """
     meta = run_obj["metadata"]
     ns, run = meta["namespace"], meta["name"]
     spec = run_spec_of(run_obj)
-    if not spec.steps:
+    if inline_moved(run_obj):
         return 0
     undo = {u.get("step"): u for u in (run_obj.get("status") or {}).get("undo") or []}
 
@@ -178,21 +198,7 @@ def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> 
     with ThreadPoolExecutor(MOVE_WORKERS) as pool:  # moved copies are admitted in any order
         for future in [pool.submit(move, step) for step in spec.steps]:
             future.result()
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                  "value": meta["resourceVersion"]}]
-    for field in ("steps", "snapshots", "resolutions"):
-        if (run_obj.get("spec") or {}).get(field):
-            ops.append({"op": "remove", "path": f"/spec/{field}"})
-    custom.patch_namespaced_custom_object(GROUP, VERSION, ns, RUNS, run, ops, _content_type=JSON_PATCH,
-                                          _request_timeout=TIMEOUT)
-    if undo:
-        try:
-            custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ns, RUNS, run, [{"op": "remove", "path": "/status/undo"}],
-                _content_type=JSON_PATCH, _request_timeout=TIMEOUT)
-        except ApiException as err:  # already gone: fine
-            if err.status not in (404, 422):
-                raise
+    custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, RUNS, run,
+                                                 {"status": {"movedSteps": len(spec.steps)}}, _request_timeout=TIMEOUT)
     log.info("Run %s/%s: moved %d inline steps into RunSteps", ns, run, len(spec.steps))
     return len(spec.steps)
-

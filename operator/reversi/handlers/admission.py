@@ -163,8 +163,8 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
 def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
                  **kwargs: Any) -> None:
     """Refuse what rules 7, 9 and 10 forbid, and forward duplicates, in an inline journal given on
-    create (an import, moved into RunSteps by the operator); on update the inline journal may only
-    stay as it is or be emptied once every step is a RunStep."""
+    create (an import, moved into RunSteps by the operator); on update the inline journal never
+    changes."""
     ix.capture(kwargs)
     what = f"Run {namespace}/{name}"
     if operation == "CREATE" and len(name) > MAX_RUN_NAME:
@@ -202,17 +202,8 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
 
 
 def _check_inline_frozen(old: RunSpec, new: RunSpec, namespace: str, name: str, what: str) -> None:
-    """The inline journal of Reversi 0.1 takes no new steps or resolutions; the operator empties it
-    once every step is a RunStep (checked here: nothing recorded is ever lost)."""
-    emptied = bool(old.steps) and not new.steps and not new.resolutions and not new.snapshots
-    if emptied:
-        have = {(o.get("spec") or {}).get("index")
-                for o in jr.list_objects(runtime.state().kube.custom, namespace, name)}
-        lost = [s.index for s in old.steps if s.index not in have]
-        if lost:
-            raise kopf.AdmissionError(f"{what}: the inline steps cannot be removed: step(s) {lost[:5]} are not "
-                                      "RunSteps yet (the operator moves them first)", code=422)
-        return
+    """The inline journal of Reversi 0.1 takes no new steps or resolutions: it is moved into
+    RunSteps by the operator and stays as it was recorded."""
     if new.steps != old.steps or new.resolutions != old.resolutions or new.snapshots != old.snapshots:
         raise kopf.AdmissionError(
             f"{what}: spec.steps, spec.snapshots and spec.resolutions are the inline journal of Reversi 0.1 and take "

@@ -134,7 +134,7 @@ class Reconciler:
         if run_obj is None:
             raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} not found; create the Run or fix spec.runRef.name")
         try:
-            if (run_obj.get("spec") or {}).get("steps"):
+            if not jr.inline_moved(run_obj):
                 jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
                 run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
             journal = self._load_journal(run_obj, memory)
@@ -456,9 +456,8 @@ class Reconciler:
         indices = runtime.state().indices if runtime.initialised() else None
         if indices is None:
             return jr.load(self.kube.custom, run_obj)
-        legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
-        return ix.journal(indices, meta["namespace"], meta["name"], jr.run_spec_of(run_obj), legacy,
-                          overlay=memory.written)
+        spec, legacy = jr.inline_journal(run_obj)
+        return ix.journal(indices, meta["namespace"], meta["name"], spec, legacy, overlay=memory.written)
 
     def _manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         manifest_obj = self.kube.get(MANIFESTS, ns, name)

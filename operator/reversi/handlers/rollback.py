@@ -44,7 +44,7 @@ def run_event(type: str, body: Any, **kwargs: Any) -> None:
     """A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)
-    if type == "DELETED" or not (body.get("spec") or {}).get("steps") or body["metadata"].get("deletionTimestamp"):
+    if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
         return
     state = runtime.state()
     try:

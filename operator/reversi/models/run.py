@@ -7,8 +7,9 @@ immutable), ``spec.mode``, ``spec.scope`` and ``spec.manifestRef`` (immutable), 
 ``status`` the lock (``activeRequest``) and conditions.
 
 The inline journal of Reversi 0.1 (``spec.steps``, ``spec.snapshots``, ``spec.resolutions``, and
-per-step undo state in ``status.undo``) is still read on create: the operator moves such steps
-into RunSteps and then empties those lists (the only change they admit). The CRD enforces with
+per-step undo state in ``status.undo``) is still read: the operator moves such steps into
+RunSteps and records how many in ``status.movedSteps``; from then on the RunSteps are the record
+and the inline lists, which admit no change, are ignored. The CRD enforces with
 CEL that an inline step never changes (tool, args, dependsOn, snapshot, recordedAt; outcome only
 from intended), that indices are 0..n-1 and dependencies name earlier steps; the admission
 webhook refuses any new inline step.
@@ -214,10 +215,8 @@ class RunSpec(ReversiModel):
                 ),
                 rule(_same_optional("scope"), "spec.scope is immutable", fieldPath=".scope"),
                 rule(
-                    "!has(oldSelf.steps) || !has(self.steps) || size(self.steps) == 0 "
-                    "|| size(self.steps) >= size(oldSelf.steps)",
-                    "steps are append-only: recorded steps cannot be removed (the operator empties the inline "
-                    "journal once its steps are RunSteps)",
+                    "!has(oldSelf.steps) || (has(self.steps) && size(self.steps) >= size(oldSelf.steps))",
+                    "steps are append-only: recorded steps cannot be removed",
                     fieldPath=".steps",
                 ),
                 rule(
@@ -226,14 +225,12 @@ class RunSpec(ReversiModel):
                     fieldPath=".steps",
                 ),
                 rule(
-                    "!has(oldSelf.snapshots) || !has(self.snapshots) || size(self.snapshots) == 0 "
-                    "|| size(self.snapshots) >= size(oldSelf.snapshots)",
+                    "!has(oldSelf.snapshots) || (has(self.snapshots) && size(self.snapshots) >= size(oldSelf.snapshots))",
                     "snapshots cannot be removed",
                     fieldPath=".snapshots",
                 ),
                 rule(
-                    "!has(oldSelf.resolutions) || !has(self.resolutions) || size(self.resolutions) == 0 "
-                    "|| size(self.resolutions) >= size(oldSelf.resolutions)",
+                    "!has(oldSelf.resolutions) || (has(self.resolutions) && size(self.resolutions) >= size(oldSelf.resolutions))",
                     "resolutions cannot be removed",
                     fieldPath=".resolutions",
                 ),
@@ -325,6 +322,10 @@ class RunStatus(StatusModel):
     active_request: str | None = Field(
         default=None,
         description="RollbackRequest currently working on the run (a lock: one request works at a time).",
+    )
+    moved_steps: int | None = Field(
+        default=None, ge=0,
+        description="Steps of the inline journal of Reversi 0.1 moved into RunSteps; when it equals their number, the RunSteps are the record.",
     )
     undo: list[StepUndo] = Field(
         default_factory=list,
