@@ -5,7 +5,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install build test test-long unit demo up down crds bench-record
+.PHONY: install build test test-long fuzz unit demo up down crds bench-record
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -19,6 +19,10 @@ test: build
 # the long variants: runs of 5,000 steps (recording is sequential per run: several minutes)
 test-long: build
 	REVERSI_LONG_RUN_STEPS=5000 $(PYTHON) -m pytest -q tests/integration/test_journal.py
+
+# malformed objects of every kind against the webhooks: 2,000 of them (make test sends 240)
+fuzz: build
+	REVERSI_FUZZ_EXAMPLES=2000 $(PYTHON) -m pytest -q -s tests/integration/test_fuzz.py
 
 # recording cost at step 100 and step 5,000 of one run (the journal's O(1) claim)
 bench-record: build

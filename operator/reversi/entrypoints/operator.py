@@ -48,6 +48,15 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return config.new_client_from_config(config_file=kubeconfig)
 
 
+class _RefusalsAreNotErrors(logging.Filter):
+    """kopf logs every admission refusal as a failed handler at ERROR; a refusal is the webhook
+    doing its job (the webhook logs it at INFO itself), so those records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Webhook '") and "failed permanently" in message)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """kopf settings (progress in annotations, never in status) and the shared objects."""
@@ -154,6 +163,7 @@ def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(_RefusalsAreNotErrors())
     if _settings.webhook_cert or _settings.webhook_configure:
         # kopf refuses admission handlers without a webhook server: register them only when served
         from ..handlers import admission  # noqa: F401

@@ -26,8 +26,9 @@ of these kinds are refused rather than let through unchecked — a Halt must hol
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import kopf
 from kubernetes import client
@@ -78,15 +79,45 @@ def _user(userinfo: dict | None) -> str:
 
 
 def _parse(model: type[BaseModel], spec: Any, what: str) -> Any:
+    """``spec`` validated by ``model``; a malformed spec is refused (422) with the first problems,
+    each naming its field as the schema would (``spec.approvals.0.step: Input should be a valid
+    integer``). Every webhook parses before it reads a field: the object is untrusted."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise kopf.AdmissionError(f"{what} is invalid: spec: must be an object (field: value), not "
+                                  f"{type(spec).__name__}", code=422)
     try:
-        return model.model_validate(spec or {})
+        return model.model_validate(spec)
     except ValidationError as err:
         problems = []
         for e in err.errors()[:3]:
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "__root__")
             msg = "unknown field: check its spelling" if e.get("type") == "extra_forbidden" else e.get("msg")
-            problems.append(f"spec.{loc}: {msg}" if loc else str(msg))
+            problems.append(f"spec.{loc}: {msg}" if loc else f"spec: {msg}")
         raise kopf.AdmissionError(f"{what} is invalid: " + "; ".join(problems), code=422) from err
+
+
+def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
+    """Run a webhook handler so that no input reaches the client as a stack trace: refusals pass
+    through; an API error becomes a 503 that says what could not be read; anything else is logged
+    with its traceback and answered with a message that says it is the operator's fault."""
+
+    @functools.wraps(fn)
+    def guarded(**kwargs: Any) -> None:
+        try:
+            fn(**kwargs)
+        except kopf.AdmissionError:
+            raise
+        except ApiException as err:
+            raise kopf.AdmissionError(f"the operator could not check this object: the API server answered "
+                                      f"{err.status} ({api_message(err)}); try again", code=503) from err
+        except Exception as err:  # noqa: BLE001 - a bug must not show the client a Python error
+            log.exception("webhook %s failed", fn.__name__)
+            raise kopf.AdmissionError("the operator could not check this object because of an error of its own "
+                                      "(logged with its traceback by the operator); please report it", code=500) from err
+
+    return guarded
 
 
 def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
@@ -96,12 +127,15 @@ def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
 # ------------------------------------------------------------------------------------- runs
 
 @kopf.on.mutate(G, V, "runs", id="mutate-run", operations=OPS, persistent=True)
+@untrusted
 def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
-               **_: Any) -> None:
-    """Stamp the principal, new steps' snapshots and times, and new resolutions' actors."""
+               name: str | None = None, **_: Any) -> None:
+    """Stamp the principal, new steps' snapshots and times, and new resolutions' actors (of a
+    valid spec only: a malformed one is refused here, with the field)."""
+    _parse(RunSpec, body.get("spec"), f"Run {namespace}/{name or body.get('metadata', {}).get('generateName', '')}")
     user = _user(userinfo)
     spec = body.get("spec") or {}
-    old_spec = (old or {}).get("spec") or {}
+    old_spec = _valid_or_empty((old or {}).get("spec"))
     if operation == "CREATE":
         patch.spec["principal"] = user
     elif old_spec.get("principal") and not spec.get("principal"):
@@ -149,6 +183,11 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     patch.fns.append(stamp)
 
 
+def _valid_or_empty(spec: Any) -> dict:
+    """An old object's spec as a dict (it was admitted; anything else is treated as empty)."""
+    return spec if isinstance(spec, dict) else {}
+
+
 def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
     """Keep server-stamped fields of an entry the client sent back without them (client-side
     ``kubectl apply`` sends only what is in the file)."""
@@ -160,6 +199,7 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
 
 
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
+@untrusted
 def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
                  **kwargs: Any) -> None:
     """Refuse what rules 7, 9 and 10 forbid, and forward duplicates, in an inline journal given on
@@ -259,6 +299,7 @@ def _same_call(inline: dict, spec: dict) -> bool:
 
 
 @kopf.on.mutate(G, V, "runsteps", id="mutate-runstep", operations=OPS, persistent=True)
+@untrusted
 def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
                     **kwargs: Any) -> None:
     """Stamp what must come from the server: on create the Run as owner, the run and forward-key
@@ -268,12 +309,13 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     ix.capture(kwargs)
     user = _user(userinfo)
     spec = body.get("spec")
-    if not isinstance(spec, dict):
-        return
-    run = (spec.get("runRef") or {}).get("name") if isinstance(spec.get("runRef"), dict) else None
-    index = spec.get("index")
-    if not isinstance(run, str) or not isinstance(index, int) or isinstance(index, bool):
-        return  # the schema refuses it with the field's name
+    index = spec.get("index") if isinstance(spec, dict) else None
+    run = ((spec.get("runRef") or {}) if isinstance(spec, dict) and isinstance(spec.get("runRef"), dict) else {}).get("name")
+    if isinstance(index, int) and not isinstance(index, bool) and index >= MAX_RUN_STEPS:
+        raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
+                                  f"(step {index} refused): open a new Run for further calls", code=422)
+    _parse(RunStepSpec, spec, f"RunStep {namespace}/{kwargs.get('name') or ''}")
+    assert isinstance(spec, dict) and isinstance(run, str) and isinstance(index, int)
     if index >= MAX_RUN_STEPS:
         raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
                                   f"(step {index} refused): open a new Run for further calls", code=422)
@@ -354,6 +396,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
 
 @kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=[*OPS, "DELETE"], persistent=True,
                   side_effects=True)
+@untrusted
 def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
                       operation: str, **kwargs: Any) -> None:
     """The journal's rules for one step, at a cost that does not depend on the run's length:
@@ -504,11 +547,16 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
 # ---------------------------------------------------------------------------- rollbackrequests
 
 @kopf.on.mutate(G, V, "rollbackrequests", id="mutate-rollbackrequest", operations=OPS, persistent=True)
-def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, **_: Any) -> None:
-    """Stamp who approved: new approvals' approver and time, approvedBy for approveCompensations."""
+@untrusted
+def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, namespace: str,
+                            name: str | None = None, **_: Any) -> None:
+    """Stamp who approved: new approvals' approver and time, approvedBy for approveCompensations
+    (of a valid spec only: a malformed one is refused here, with the field)."""
+    _parse(RollbackRequestSpec, body.get("spec"),
+           f"RollbackRequest {namespace}/{name or body.get('metadata', {}).get('generateName', '')}")
     user = _user(userinfo)
     spec = body.get("spec") or {}
-    old_spec = (old or {}).get("spec") or {}
+    old_spec = _valid_or_empty((old or {}).get("spec"))
     steps, all_now = rules.new_approvals(old_spec, spec)
     if old_spec.get("approvedBy"):
         patch.spec["approvedBy"] = old_spec["approvedBy"]
@@ -533,6 +581,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
+@untrusted
 def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8)."""
     what = f"RollbackRequest {namespace}/{name}"
@@ -602,6 +651,7 @@ def _validation_message(err: ValidationError) -> str:
 # ------------------------------------------------------------------ manifests and halts: shape
 
 @kopf.on.validate(G, V, "toolmanifests", id="validate-toolmanifest", operations=OPS, persistent=True)
+@untrusted
 def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict, warnings: list[str],
                            **_: Any) -> None:
     """Shape, templates, runners the API server would accept as Job containers, and permission:
@@ -642,12 +692,14 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
 
 
 @kopf.on.validate(G, V, "halts", id="validate-halt", operations=OPS, persistent=True)
+@untrusted
 def validate_halt(body: Any, namespace: str, name: str, warnings: list[str], **_: Any) -> None:
     spec = _parse(HaltSpec, body.get("spec"), f"Halt {namespace}/{name}")
     _glob_warnings(spec, warnings)
 
 
 @kopf.on.validate(G, V, "clusterhalts", id="validate-clusterhalt", operations=OPS, persistent=True)
+@untrusted
 def validate_cluster_halt(body: Any, name: str, warnings: list[str], **_: Any) -> None:
     spec = _parse(ClusterHaltSpec, body.get("spec"), f"ClusterHalt {name}")
     _glob_warnings(spec, warnings)

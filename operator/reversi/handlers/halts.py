@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from .. import conditions as c
 from . import runtime
@@ -32,10 +33,14 @@ def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
             c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT, f"refusing matching calls: kill switch: {reason}", gen)),
     }}
     custom = runtime.state().kube.custom
-    if namespace:
-        custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, patch)
-    else:
-        custom.patch_cluster_custom_object_status(G, V, plural, name, patch)
+    try:
+        if namespace:
+            custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, patch)
+        else:
+            custom.patch_cluster_custom_object_status(G, V, plural, name, patch)
+    except ApiException as err:
+        if err.status != 404:  # lifted (deleted) meanwhile: nothing to report
+            raise
 
 
 @kopf.on.event(G, V, "halts")

@@ -11,9 +11,20 @@ from __future__ import annotations
 import logging
 import threading
 
+from kubernetes.client.rest import ApiException
+
+from ..adapters.kube import api_message
 from .reconciler import Memory, Reconciler
 
 log = logging.getLogger("reversi.workers")
+
+
+def _describe(err: Exception) -> str:
+    """A stable, short account of a failed pass for the request's status (an API error by its
+    status and message, never its headers)."""
+    if isinstance(err, ApiException):
+        return f"the API server answered {err.status}: {api_message(err)}"
+    return f"{type(err).__name__}: {err}"
 
 
 class Workers:
@@ -68,13 +79,16 @@ class Workers:
                 log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name, failures)
                 if failures >= 3:
                     try:
-                        self.reconciler.report_error(namespace, name, f"{type(err).__name__}: {err}")
+                        self.reconciler.report_error(namespace, name, _describe(err))
                     except Exception:  # noqa: BLE001 - the API may be what fails
                         log.warning("RollbackRequest %s/%s: could not report the error on it", namespace, name)
                 delay = min(self.tick * (2 ** min(failures, 5)), 30.0)
             if delay is None:
                 break
-            wake.wait(delay)
+            if failures:
+                stop.wait(delay)  # back off in full: the request's own status write must not wake it early
+            else:
+                wake.wait(delay)
             wake.clear()
         with self._lock:
             key = f"{namespace}/{name}"

@@ -36,7 +36,12 @@ MAX_CONDITIONS = 16
 MAX_SNAPSHOTS = 256  # distinct manifest entries copied into one run (spec.snapshots)
 MAX_SNAPSHOT_ID = 16  # length of a snapshot id
 
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+#: a Kubernetes object name (DNS subdomain: lowercase letters, digits, '-' and '.')
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME,
+          pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"),
+]
 ToolName = Annotated[
     str,
     Field(min_length=1, max_length=MAX_NAME, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"),
