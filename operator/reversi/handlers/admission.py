@@ -39,6 +39,7 @@ from ..adapters.jobs import Owner, build_job
 from ..adapters.kube import api_message
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
+from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
 from ..engine.templates import MissingValue
 from ..models.halt import ClusterHaltSpec, HaltSpec
@@ -520,18 +521,20 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
-def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **_: Any) -> None:
+def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8)."""
+    indices = ix.capture(kwargs) or runtime.state().indices
     what = f"RollbackRequest {namespace}/{name}"
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})
     if not steps and not all_now:
         return
     if steps:
-        run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
+        run_name = spec.run_ref.name
+        run = runtime.state().kube.get("runs", namespace, run_name)
         if run is not None:
-            refusal = rules.check_approvals(_parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}"),
-                                            steps)
+            run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{run_name}")
+            refusal = rules.check_approvals(_with_steps(indices, namespace, run_name, run_spec, steps), steps)
             if refusal is not None:
                 raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     if not _may_approve(userinfo, namespace, name):
@@ -539,6 +542,24 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
         raise kopf.AdmissionError(
             f"{_user(userinfo)} may not approve {which} of {what}: approving needs the RBAC verb \"approve\" "
             f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
+
+
+def _with_steps(indices: ix.Indices | None, namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
+    """The Run's spec with the steps ``steps`` filled in from their RunSteps (the index, else one
+    GET each), merged with any inline journal: what an approval is checked against."""
+    entries = []
+    for index in steps:
+        try:
+            if indices is not None:
+                entry = ix.step_entry(indices, namespace, run, index)
+            else:
+                obj = runtime.state().kube.get(jr.STEPS, namespace, step_name(run, index))
+                entry = jr.entry_of(obj) if obj is not None else None
+        except (ValueError, jr.JournalError):  # an index past the limit, or an invalid step: no such step
+            entry = None
+        if entry is not None:
+            entries.append(entry)
+    return assemble(run_spec, entries).spec
 
 
 def _may_approve(userinfo: dict, namespace: str, name: str) -> bool:
