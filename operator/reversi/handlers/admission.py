@@ -174,7 +174,10 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
     old_spec = _parse(RunSpec, old.get("spec"), what) if old else None
     user = _user(userinfo)
     if old_spec is not None:
-        refusal = rules.check_principal(old_spec, spec, user, what)
+        # emptying the inline journal once its steps are RunSteps (the operator's move) loses nothing
+        # and is checked below whoever does it: it is not the principal adding or changing steps
+        emptied = bool(old_spec.steps) and not spec.steps and not spec.resolutions and not spec.snapshots
+        refusal = None if emptied else rules.check_principal(old_spec, spec, user, what)
         if refusal is None:
             _check_inline_frozen(old_spec, spec, namespace, name, what)
         else:
