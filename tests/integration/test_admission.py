@@ -13,19 +13,23 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from reversi.adapters.journal import step_body
 from reversi.devcluster import build
+from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, step_name
 from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
 
+# as the chart's edit role: RunSteps are recorded and settled, never deleted (they go with their Run)
 AGENT_RULES = [
     {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+    {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
     {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
 ]
 ONCALL_RULES = [
-    {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "update", "patch"]},
+    {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get", "list", "watch", "update", "patch"]},
     {"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
 ]
 APPROVER_RULES = ONCALL_RULES + [{"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["approve"]}]
@@ -122,8 +126,7 @@ def test_rule9_halted_sdk_call_raises_before_the_call_is_made(rv, users, admin_a
                  lambda a: made.append(a) or rv.charge("o-h"))
     assert made == [], "the call must not be made"
     assert "kill switch: charges look duplicated" in str(err.value)
-    run = rv.get("runs", "r")
-    assert len(run["spec"]["steps"]) == 1, "nothing is recorded for the refused call"
+    assert [s["spec"]["index"] for s in rv.steps("r")] == [0], "nothing is recorded for the refused call"
     halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls") and h, what="refused count")
     assert halt["status"]["active"] is True and halt["status"]["refusedCalls"] == 1 and halt["status"]["since"]
     # lifting the halt is deleting it
@@ -141,6 +144,19 @@ def test_rule9_creating_a_run_whose_first_steps_match_a_halt_is_refused(rv, user
     with pytest.raises(ApiException) as err:
         _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
     assert err.value.status == 403 and "kill switch: maintenance window" in err.value.body
+
+
+def test_rule9_recording_a_runstep_that_matches_a_halt_is_refused(rv, users, admin_api, namespace):
+    rv.apply_manifest()
+    _recorder(users["agent-a"], namespace, "r")
+    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"})
+    step = {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
+            "outcome": "intended"}
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runsteps",
+                                                                  step_body(namespace, "r", step))
+    assert err.value.status == 403 and "kill switch: maintenance window" in _message(err.value)
+    assert rv.steps("r") == [], "nothing is recorded for the refused call"
 
 
 def test_rule9_cluster_halt_across_namespaces(rv, users, admin_api, namespace):
@@ -210,7 +226,16 @@ def test_rule10_another_principal_may_not_add_steps(rv, users, namespace):
     with pytest.raises(NotYourRun) as err:
         _call(rec_b)
     assert "belongs to another principal (agent-a)" in str(err.value)
+    assert len(rv.steps("r")) == 1, "nothing is recorded for the refused call"
+    # nor may another principal record the outcome of a step the principal began
+    began = rec_a.begin("payments.get_customer", {"id": "cus_9"})
+    with pytest.raises(ApiException) as err:
+        _jpatch(users["agent-b"], namespace, "runsteps", step_name("r", began.index),
+                [{"op": "replace", "path": "/spec/outcome", "value": "failed"}])
+    assert err.value.status == 403 and "belongs to another principal (agent-a)" in _message(err.value)
+    rec_a.finish(began, "succeeded", {"id": "cus_9"})
     assert _call(rec_a) is True
+    assert [s["spec"]["outcome"] for s in rv.steps("r")] == ["succeeded"] * 3
 
 
 def test_rule10_mode_and_scope_never_change(rv, users, namespace):
@@ -237,12 +262,10 @@ def _uncertain_run(rv, users, namespace):
 
 
 def _resolve(api, namespace, resolution):
-    c = _custom(api)
-    has_list = "resolutions" in c.get_namespaced_custom_object(G, V, namespace, "runs", "r")["spec"]
-    op = ({"op": "add", "path": "/spec/resolutions/-", "value": resolution} if has_list else
-          {"op": "add", "path": "/spec/resolutions", "value": [resolution]})
-    return c.patch_namespaced_custom_object(G, V, namespace, "runs", "r", [op],
-                                            _content_type="application/json-patch+json")
+    """Settle a step of run r: merge-patch its RunStep's spec.resolution (as the plugin does)."""
+    res = {k: v for k, v in resolution.items() if k != "step"}
+    return _custom(api).patch_namespaced_custom_object(G, V, namespace, "runsteps", step_name("r", resolution["step"]),
+                                                       {"spec": {"resolution": res}})
 
 
 def _message(err: ApiException) -> str:
@@ -255,6 +278,10 @@ def test_rule7_resolution_without_a_note_is_refused(rv, users, namespace):
     with pytest.raises(ApiException) as err:
         _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded"})
     assert err.value.status == 422 and "note" in err.value.body
+    with pytest.raises(ApiException) as err:
+        _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "note": "   "})
+    assert err.value.status == 422 and "a note is required" in _message(err.value)
+    assert "resolution" not in rv.steps("r")[0]["spec"]
 
 
 def test_rule7_only_intended_or_uncertain_steps_can_be_resolved(rv, users, namespace):
@@ -263,17 +290,17 @@ def test_rule7_only_intended_or_uncertain_steps_can_be_resolved(rv, users, names
     _call(rec)
     with pytest.raises(ApiException) as err:
         _resolve(users["oncall"], namespace, {"step": 0, "status": "failed", "note": "n"})
-    assert "only intended or uncertain steps can be resolved" in err.value.body
+    assert "only a step whose outcome is intended or uncertain can be resolved" in _message(err.value)
+    assert "resolution" not in rv.steps("r")[0]["spec"]
 
 
 def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv, users, namespace):
     rv.apply_manifest()
     charge = _uncertain_run(rv, users, namespace)
-    run = rv.get("runs", "r")
-    assert run["spec"]["steps"][0]["outcome"] == "uncertain"
+    assert rv.steps("r")[0]["spec"]["outcome"] == "uncertain"
     resolved = _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": charge["id"]},
                                                      "note": "found in the payments dashboard", "actor": "someone-else"})
-    assert resolved["spec"]["resolutions"][0]["actor"] == "oncall"
+    assert resolved["spec"]["resolution"]["actor"] == "oncall" and resolved["spec"]["resolution"]["resolvedAt"]
     _custom(users["oncall"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
         "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"}, "spec": {"runRef": {"name": "r"}}})
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
@@ -345,10 +372,16 @@ def test_forward_duplicate_is_refused_naming_the_earlier_step(rv, users, namespa
         "tool": "u", "kind": "inverse", "args": {}, "runner": "nowhere"}}]}}, "must name a runner in spec.runners"),
     ("halts", {"spec": {"scope": {"tool": "x"}}}, "reason"),
     ("halts", {"spec": {"reason": "r", "scope": {"color": "red"}}}, "color"),
+    ("runsteps", {"spec": {"runRef": {"name": "r"}, "index": 0, "tool": "t", "args": {}, "outcome": "maybe"}},
+     "outcome"),
+    ("runsteps", {"spec": {"index": 0, "tool": "t", "args": {}, "outcome": "intended"}}, "runRef"),
+    ("runsteps", {"spec": {"runRef": {"name": "r"}, "index": 0, "tool": "t", "args": {}, "outcome": "intended",
+                           "colour": "red"}}, "colour"),
 ])
 def test_bad_input_is_refused_with_a_message_and_the_operator_keeps_serving(rv, users, namespace, plural, body, expected):
     rv.apply_manifest()
-    kind = {"runs": "Run", "rollbackrequests": "RollbackRequest", "toolmanifests": "ToolManifest", "halts": "Halt"}[plural]
+    kind = {"runs": "Run", "rollbackrequests": "RollbackRequest", "toolmanifests": "ToolManifest", "halts": "Halt",
+            "runsteps": "RunStep"}[plural]
     obj = {"apiVersion": f"{G}/{V}", "kind": kind, "metadata": {"name": "bad"}, **body}
     with pytest.raises(ApiException) as err:
         # kubectl's default: unknown fields are an error, not silently pruned
@@ -367,20 +400,31 @@ def test_unknown_tool_in_enforce_mode_is_refused(rv, users, namespace):
     with pytest.raises(RecordingRefused) as err:
         rec.call("crm.delete_contact", {"id": 1}, lambda a: None)
     assert "has no entry in ToolManifest" in str(err.value)
+    # the server refuses it too, whatever the client checked
+    step = {"index": 0, "tool": "crm.delete_contact", "args": {"id": 1}, "outcome": "intended"}
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runsteps",
+                                                                  step_body(namespace, "r", step))
+    assert err.value.status == 422 and "has no entry in ToolManifest" in _message(err.value)
+    assert rv.steps("r") == []
 
 
 def test_snapshot_is_stamped_from_the_manifest_not_the_client(rv, users, namespace):
     rv.apply_manifest()
-    _recorder(users["agent-a"], namespace, "r")
+    run = _recorder(users["agent-a"], namespace, "r")._load()
     lie = {"name": "payments.create_charge", "effect": "read"}  # a client claiming nothing needs undoing
     step = {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
-            "outcome": "intended", "snapshot": lie}
-    run = _custom(users["agent-a"]).patch_namespaced_custom_object(
-        G, V, namespace, "runs", "r", [{"op": "add", "path": "/spec/steps/-", "value": step}],
-        _content_type="application/json-patch+json")
-    snap = run["spec"]["steps"][0]["snapshot"]
+            "outcome": "intended", "snapshot": lie, "recordedAt": "2001-01-01T00:00:00Z"}
+    body = step_body(namespace, "r", step)
+    body["metadata"]["labels"][LABEL_FORWARD_KEY] = "forged"
+    created = _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runsteps", body)
+    snap = created["spec"]["snapshot"]
     assert snap["effect"] == "write" and snap["compensation"]["tool"] == "payments.refund"
-    assert run["spec"]["steps"][0]["recordedAt"]
+    assert created["spec"]["recordedAt"] and not created["spec"]["recordedAt"].startswith("2001")
+    # the server also stamps the owner (the Run: steps go with it) and the labels that find the step
+    meta = created["metadata"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in meta["ownerReferences"]] == [("Run", "r", run["metadata"]["uid"])]
+    assert meta["labels"][LABEL_RUN] == "r" and len(meta["labels"][LABEL_FORWARD_KEY]) == 40
 
 
 # ------------------------------------------------------- the record never changes (hardening)
@@ -395,9 +439,15 @@ def test_a_resolution_cannot_be_swapped_out_and_back_in(rv, users, namespace):
     _uncertain_run(rv, users, namespace)
     _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": "ch_x"}, "note": "seen"})
     with pytest.raises(ApiException) as err:
-        _jpatch(users["oncall"], namespace, "runs", "r",
-                [{"op": "replace", "path": "/spec/resolutions/0", "value": {"step": 0, "status": "failed", "note": "no"}}])
+        _jpatch(users["oncall"], namespace, "runsteps", step_name("r", 0),
+                [{"op": "replace", "path": "/spec/resolution", "value": {"status": "failed", "note": "no"}}])
     assert "never changes" in _message(err.value) or "cannot be changed" in _message(err.value)
+    with pytest.raises(ApiException) as err:
+        _jpatch(users["oncall"], namespace, "runsteps", step_name("r", 0),
+                [{"op": "remove", "path": "/spec/resolution"}])
+    assert "never changes" in _message(err.value) or "cannot be changed" in _message(err.value)
+    resolution = rv.steps("r")[0]["spec"]["resolution"]
+    assert resolution["status"] == "succeeded" and resolution["note"] == "seen" and resolution["actor"] == "oncall"
 
 
 def test_shared_snapshots_cannot_be_replaced(rv, users, namespace):
@@ -413,11 +463,21 @@ def test_shared_snapshots_cannot_be_replaced(rv, users, namespace):
                      "steps": [{"index": 0, "tool": "payments.create_charge", "snapshotId": sid, "outcome": "succeeded",
                                 "args": {"order_id": "o-snap", "amount": 700, "customer": "cus_9"}, "result": charge}]}}
     _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
+    # the operator moves the inline step (and the shared snapshot it names) into a RunStep
+    step = wait_for(lambda: not rv.get("runs", "r")["spec"].get("steps") and rv.steps("r"),
+                    what="the inline step moved into a RunStep")[0]
+    assert step["spec"]["snapshot"] == entry.to_wire()
     forged = {"id": sid, "name": "payments.create_charge", "effect": "idempotent"}
     for user in ("agent-b", "agent-a"):  # not even the principal may rewrite the record
         with pytest.raises(ApiException) as err:
-            _jpatch(users[user], namespace, "runs", "r", [{"op": "replace", "path": "/spec/snapshots/0", "value": forged}])
+            _jpatch(users[user], namespace, "runsteps", step_name("r", 0),
+                    [{"op": "replace", "path": "/spec/snapshot", "value": {k: v for k, v in forged.items() if k != "id"}}])
         assert err.value.status in (403, 422)
+        with pytest.raises(ApiException) as err:  # nor bring a forged shared snapshot back into the Run
+            _jpatch(users[user], namespace, "runs", "r", [{"op": "add", "path": "/spec/snapshots", "value": [forged]}])
+        assert err.value.status in (403, 422)
+    assert rv.steps("r")[0]["spec"]["snapshot"] == entry.to_wire()
+    assert not rv.get("runs", "r")["spec"].get("snapshots")
 
 
 def test_steps_out_of_order_are_refused_at_admission(rv, users, namespace):
@@ -429,6 +489,19 @@ def test_steps_out_of_order_are_refused_at_admission(rv, users, namespace):
     with pytest.raises(ApiException) as err:
         _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runs", body)
     assert "out of order" in _message(err.value)
+    # as RunSteps: a step is recorded only after the one before it
+    _recorder(users["agent-a"], namespace, "r")
+    step = {"index": 1, "tool": "payments.get_customer", "args": {}, "outcome": "succeeded"}
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runsteps",
+                                                                  step_body(namespace, "r", step))
+    assert "step 0 of Run" in _message(err.value) and "record the previous step first" in _message(err.value)
+    misnamed = step_body(namespace, "r", {**step, "index": 0})
+    misnamed["metadata"]["name"] = "r-0"
+    with pytest.raises(ApiException) as err:
+        _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "runsteps", misnamed)
+    assert "must be named r-00000" in _message(err.value)
+    assert rv.steps("r") == []
 
 
 def test_a_forged_approved_by_is_dropped(rv, users, namespace):
@@ -533,7 +606,7 @@ def test_sdk_records_any_unexpected_error_as_uncertain_and_declared_ones_as_fail
         rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: (_ for _ in ()).throw(OSError("read timed out")))
     with pytest.raises(Declined):
         rec.call("payments.get_customer", {"id": "cus_1"}, lambda a: (_ for _ in ()).throw(Declined("card declined")))
-    outcomes = [s["outcome"] for s in rv.get("runs", "r")["spec"]["steps"]]
+    outcomes = [s["spec"]["outcome"] for s in rv.steps("r")]
     assert outcomes == ["uncertain", "failed"]
 
 
@@ -547,3 +620,61 @@ def test_a_misspelt_field_is_refused_whatever_the_client_field_validation(rv, na
             kwargs = {"field_validation": validation} if validation else {}
             rv.custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", body, **kwargs)
         assert "spec.dryrun: unknown field: check its spelling" in _message(err.value)
+
+
+# ------------------------------------------------------------- the sliced journal (issue 8)
+
+def test_a_recorded_runstep_is_append_only(rv, users, namespace):
+    """CEL on the RunStep: the call never changes, the outcome moves only from intended, even for
+    the principal; only the outcome (with its result) of an intended step may be recorded."""
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    rec.call("payments.create_charge", {"order_id": "o-ao", "amount": 700, "customer": "cus_9"},
+             lambda a: {"id": "ch_ao"})
+    name = step_name("r", 0)
+    original = rv.steps("r")[0]["spec"]
+    changes = [
+        ({"op": "replace", "path": "/spec/tool", "value": "payments.get_customer"}, "tool cannot change"),
+        ({"op": "replace", "path": "/spec/args/amount", "value": 1}, "args cannot change"),
+        ({"op": "replace", "path": "/spec/snapshot/effect", "value": "read"}, "snapshot cannot change"),
+        ({"op": "replace", "path": "/spec/recordedAt", "value": "2001-01-01T00:00:00Z"}, "recordedAt cannot change"),
+        ({"op": "replace", "path": "/spec/outcome", "value": "failed"}, "an outcome moves only from intended"),
+        ({"op": "replace", "path": "/spec/result", "value": {"id": "ch_other"}}, "result may only be set while"),
+        ({"op": "add", "path": "/spec/dependsOn", "value": [0]}, "dependsOn"),
+    ]
+    for op, expected in changes:
+        with pytest.raises(ApiException) as err:
+            _jpatch(users["agent-a"], namespace, "runsteps", name, [op])
+        assert err.value.status == 422 and expected in _message(err.value), (op, _message(err.value))
+    assert rv.steps("r")[0]["spec"] == original
+
+
+def test_adding_an_inline_step_to_a_run_is_refused(rv, users, namespace):
+    """Run.spec.steps is the inline journal of Reversi 0.1: read on create, never written again."""
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    _call(rec)
+    step = {"index": 0, "tool": "payments.get_customer", "args": {"id": "cus_9"}, "outcome": "succeeded"}
+    message = "spec.steps, spec.snapshots and spec.resolutions are the inline journal of Reversi 0.1 and take no changes"
+    for ops in ([{"op": "add", "path": "/spec/steps", "value": [step]}],
+                [{"op": "add", "path": "/spec/resolutions",
+                  "value": [{"step": 0, "status": "failed", "note": "inline"}]}]):
+        with pytest.raises(ApiException) as err:
+            _jpatch(users["agent-a"], namespace, "runs", "r", ops)
+        assert err.value.status == 422 and message in _message(err.value)
+        assert "record steps as RunSteps" in _message(err.value)
+    run = rv.get("runs", "r")
+    assert not run["spec"].get("steps") and not run["spec"].get("resolutions")
+    assert [s["spec"]["index"] for s in rv.steps("r")] == [0]
+    assert _call(rec) is True  # recording as RunSteps goes on
+
+
+def test_a_runstep_is_deleted_only_with_its_run(rv, namespace):
+    rv.apply_manifest()
+    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
+    with pytest.raises(ApiException) as err:  # not even the cluster admin
+        rv.custom.delete_namespaced_custom_object(G, V, namespace, "runsteps", step_name("r", 0))
+    assert err.value.status == 403 and "deleted with the Run" in _message(err.value)
+    assert len(rv.steps("r")) == 1
+    rv.custom.delete_namespaced_custom_object(G, V, namespace, "runs", "r", propagation_policy="Foreground")
+    wait_for(lambda: rv.steps("r") == [], timeout=60, what="the RunSteps deleted with their Run")

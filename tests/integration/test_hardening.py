@@ -64,11 +64,13 @@ def test_a_compensators_logs_never_reach_status(rv, admin_api):
 
 
 def test_a_job_the_api_server_refuses_fails_the_step_instead_of_hanging(rv):
+    # a step's args are at most 64 KiB (MAX_CALL_BYTES), but a compensation may name them many
+    # times: 20 copies of a 60 KB blob make a call of 1.2 MB, more than a Secret may carry
     extra = [{"name": "blob.write", "effect": "write",
               "compensation": {"tool": "blob.delete", "kind": "inverse",
-                               "args": {"a": "$args.blob", "b": "$args.blob"}, "runner": "tools"}}]
+                               "args": {f"copy{i}": "$args.blob" for i in range(20)}, "runner": "tools"}}]
     rv.apply_manifest(extra_tools=extra)
-    rv.run("r", [rv.step(0, "blob.write", {"blob": "x" * 600_000}, {"ok": True})])
+    rv.run("r", [rv.step(0, "blob.write", {"blob": "x" * 60_000}, {"ok": True})])
     rv.request("undo", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
     req = rv.wait_phase("undo", "Incomplete", timeout=90)
     error = req["status"]["report"]["failed"][0]["error"]

@@ -11,6 +11,10 @@ import time
 import pytest
 from kubernetes.client.rest import ApiException
 
+from reversi.engine.keys import snapshot_id
+from reversi.models.runstep import LABEL_RUN
+from reversi.models.toolmanifest import ToolSpec
+
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -57,10 +61,11 @@ def test_rule5_compensated_step_is_verified_by_a_reader_job(rv):
     assert rv.condition(entry, "Compensated")["status"] == "True"
     assert rv.condition(entry, "Verified")["reason"] == "Verified"
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
-    run = rv.get("runs", "r")
-    undo = run["status"]["undo"][0]
+    [undo] = rv.undo("r")  # the undo state is on the step's RunStep (status.undo)
+    assert undo["step"] == 0
     assert undo["state"] == "compensated" and undo["verification"] == "verified" and undo["attempts"] == 1
     assert len(undo["idempotencyKey"]) == 64
+    assert "undo" not in (rv.get("runs", "r").get("status") or {}), "the Run keeps no per-step undo state"
 
 
 def test_rule1_dependents_are_undone_first_newest_first(rv):
@@ -130,7 +135,7 @@ def test_rule4_compensation_fails_after_retries_with_error_and_attempts(rv):
     assert report["failed"][0]["step"] == 0
     assert "after 2 attempts" in report["failed"][0]["error"]
     assert "injected fault" in report["failed"][0]["error"]
-    undo = rv.get("runs", "r")["status"]["undo"][0]
+    [undo] = rv.undo("r")
     assert undo["state"] == "compensationFailed" and undo["attempts"] == 2
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
 
@@ -147,7 +152,7 @@ def test_rule5_verification_mismatch_names_the_field_and_fails_the_step(rv):
     entry = rv.step_status(req, 0)
     assert rv.condition(entry, "Verified")["reason"] == "VerificationFailed"
     assert entry["reads"] == 2  # retries: 2 read-backs, then the verdict
-    assert rv.get("runs", "r")["status"]["undo"][0]["state"] == "compensationFailed"
+    assert rv.undo("r")[0]["state"] == "compensationFailed"
 
 
 def test_rule5_reader_printing_no_json_is_a_failed_read(rv):
@@ -200,13 +205,12 @@ def test_rule6_rerun_skips_compensated_and_retries_failed_with_the_same_key(rv):
     first = rv.wait_phase("first", "Incomplete")
     assert [f["step"] for f in first["status"]["report"]["failed"]] == [1]
     assert first["status"]["report"]["compensated"] == [0]
-    key1 = rv.get("runs", "r")["status"]["undo"]
-    key1 = {u["step"]: u["idempotencyKey"] for u in key1}
+    key1 = {u["step"]: u["idempotencyKey"] for u in rv.undo("r")}
     rv.request("second", "r")
     second = rv.wait_phase("second", "Succeeded", "Incomplete")
     assert second["status"]["phase"] == "Succeeded", second["status"]
     assert second["status"]["report"]["compensated"] == [0, 1]
-    undo = {u["step"]: u for u in rv.get("runs", "r")["status"]["undo"]}
+    undo = {u["step"]: u for u in rv.undo("r")}
     assert undo[1]["attempts"] == 3 and undo[1]["idempotencyKey"] == key1[1]
     assert undo[0]["request"] == "first", "a compensated step is never redone"
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 2  # one real refund per charge
@@ -241,6 +245,9 @@ def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv):
     rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")],
            resolutions=[{"step": 1, "status": "succeeded", "result": {"id": capture["id"]},
                          "note": "seen in the payments dashboard", "actor": "oncall"}])
+    resolution = rv.steps("r")[1]["spec"]["resolution"]
+    assert resolution["actor"] == "reversi-admin", "the actor is stamped from the authenticated user"
+    assert resolution["resolvedAt"] and resolution["result"] == {"id": capture["id"]}
     rv.request("undo", "r")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
     assert req["status"]["report"]["compensated"] == [0, 1], req["status"]["report"]
@@ -302,6 +309,7 @@ def test_a_dangling_depends_on_is_refused_at_admission(rv):
         rv.run("r", [s0])
     assert err.value.status == 422
     assert "dependsOn may only name earlier steps" in err.value.body
+    assert rv.steps("r") == [], "nothing is recorded for the refused step"
 
 
 def test_a_template_that_points_nowhere_makes_the_step_unrecoverable(rv):
@@ -311,3 +319,73 @@ def test_a_template_that_points_nowhere_makes_the_step_unrecoverable(rv):
     req = rv.wait_phase("undo", "Incomplete")
     unrecoverable = req["status"]["report"]["unrecoverable"]
     assert unrecoverable[0]["step"] == 0 and "$result.id" in unrecoverable[0]["reason"]
+
+
+# ------------------------------------------------- the inline journal of Reversi 0.1 (issue 8)
+
+def test_an_inline_run_of_reversi_0_1_is_moved_into_runsteps_and_rolls_back(rv):
+    """A Run recorded by Reversi 0.1 keeps its steps in spec.steps (one of them naming a shared
+    snapshot) and its resolutions in spec.resolutions: the operator moves each step into a RunStep
+    with the same record, counts them in status.movedSteps (the inline lists stay as recorded),
+    and a rollback then undoes it all, from the RunSteps."""
+    rv.apply_manifest(capture_needs_approval=False)
+    s1, charge = _charge_step(rv, 1, "o-inline")
+    capture = rv.capture(charge["id"])  # the call happened, but the agent saw a timeout
+    reservation = rv.reserve("o-inline")
+    entry = ToolSpec.model_validate(rv.snapshot("inventory.reserve"))
+    sid = snapshot_id(entry)
+    reserve = rv.step(3, "inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-inline"}, reservation,
+                      depends_on=[1])
+    del reserve["snapshot"]
+    reserve["snapshotId"] = sid  # 0.1 shared one copy of a manifest entry between steps
+    steps = [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"}), s1,
+             rv.step(2, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain"), reserve]
+    resolutions = [{"step": 2, "status": "succeeded", "result": {"id": capture["id"]},
+                    "note": "seen in the payments dashboard"}]
+    body = {"apiVersion": "reversi.dev/v1alpha1", "kind": "Run", "metadata": {"name": "legacy"},
+            "spec": {"mode": "enforce", "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"},
+                     "snapshots": [{"id": sid, **entry.to_wire()}], "steps": steps, "resolutions": resolutions}}
+    created = rv.create("runs", body)  # what rv.inline_run makes, with a shared snapshot
+    created_spec = created["spec"]
+    inline = created["spec"]["steps"]
+    assert inline[3].get("snapshotId") == sid and "snapshot" not in inline[3]
+    assert len(inline) == 4 and created["spec"]["resolutions"][0]["actor"] == "reversi-admin"
+
+    def moved():
+        run = rv.get("runs", "legacy")
+        steps = rv.steps("legacy")
+        counted = (run.get("status") or {}).get("movedSteps") == 4
+        return steps if counted and len(steps) == 4 else None
+
+    steps = wait_for(moved, timeout=30, what="the inline journal moved into RunSteps")
+    for old, obj in zip(inline, steps):
+        spec = obj["spec"]
+        assert obj["metadata"]["name"] == f"legacy-{old['index']:05d}"
+        assert obj["metadata"]["labels"][LABEL_RUN] == "legacy"
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+        assert spec["runRef"] == {"name": "legacy"}
+        for field in ("index", "tool", "args", "outcome", "recordedAt"):
+            assert spec[field] == old[field], (old["index"], field)
+        assert spec.get("result") == old.get("result") and spec.get("dependsOn", []) == old.get("dependsOn", [])
+        # the snapshot taken when the step was recorded, inline or shared, moves with it
+        expected = old.get("snapshot") or next({k: v for k, v in s.items() if k != "id"}
+                                               for s in created_spec["snapshots"] if s["id"] == old["snapshotId"])
+        assert spec["snapshot"] == expected, old["index"]
+        assert "snapshotId" not in spec
+    old_res = created["spec"]["resolutions"][0]
+    assert steps[2]["spec"]["resolution"] == {k: v for k, v in old_res.items() if k != "step"}
+    assert "resolution" not in steps[1]["spec"]
+
+    rv.request("undo", "legacy")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
+    report = req["status"]["report"]
+    assert req["status"]["phase"] == "Succeeded", report
+    assert report["compensated"] == [1, 2, 3] and report["skipped"] == [0], report
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "voided"
+    assert rv.downstream.get(f"/inventory/reservations/{reservation['id']}")["status"] == "released"
+    undo = {u["step"]: u for u in rv.undo("legacy")}
+    assert sorted(undo) == [1, 2, 3] and all(u["state"] == "compensated" for u in undo.values())
+    run = rv.get("runs", "legacy")
+    assert run["spec"]["steps"] == inline, "the inline journal stays as it was recorded"
+    assert not (run.get("status") or {}).get("undo"), "undo state is written on the RunSteps"
