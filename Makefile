@@ -16,9 +16,10 @@ build: install
 test: build
 	$(PYTHON) -m pytest -q
 
-# the long variants: runs of 5,000 steps (recording is sequential per run: several minutes)
+# the long variants: runs of 5,000 steps and a rollback of 2,000 (recording is sequential per run: many minutes)
 test-long: build
-	REVERSI_LONG_RUN_STEPS=5000 $(PYTHON) -m pytest -q tests/integration/test_journal.py
+	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 $(PYTHON) -m pytest -q tests/integration/test_journal.py \
+	  tests/integration/test_crash_and_scale.py
 
 # malformed objects of every kind against the webhooks: 2,000 of them (make test sends 240)
 fuzz: build
