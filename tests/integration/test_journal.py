@@ -18,7 +18,7 @@ G, V = "reversi.dev", "v1alpha1"
 pytestmark = pytest.mark.cluster
 #: steps of the long run: 5,000 in ``make test-long``, fewer in ``make test`` (recording is
 #: sequential per run, about 20-40 ms a step here)
-LONG_RUN = int(os.environ.get("REVERSI_LONG_RUN_STEPS", "600"))
+LONG_RUN = int(os.environ.get("REVERSI_LONG_RUN_STEPS", "400"))
 
 
 def _message(err: ApiException) -> str:
