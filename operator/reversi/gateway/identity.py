@@ -1,0 +1,95 @@
+"""Who the agent is, and API clients that act as the agent.
+
+Over HTTP the agent sends its Kubernetes service-account token as ``Authorization: Bearer``.
+:class:`TokenReviewer` asks the API server (TokenReview) who it is; :func:`impersonating` gives an
+``ApiClient`` that writes as that user (``Impersonate-User``), so the Run's principal, halts and
+RBAC are the agent's own, never the gateway's. The gateway's own identity needs only
+``create tokenreviews`` and ``impersonate serviceaccounts`` (see the chart).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+
+from kubernetes import client, config
+
+
+class Unauthenticated(Exception):
+    """The agent's token is missing or the API server does not accept it (HTTP 401)."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An authenticated caller: its user name (the Run's principal), uid and groups."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+
+
+def gateway_configuration(kubeconfig: str | None) -> client.Configuration:
+    """The gateway's own connection: ``kubeconfig``, else in-cluster, else ``$KUBECONFIG``."""
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        return cfg
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=cfg)
+    return cfg
+
+
+def impersonating(cfg: client.Configuration, agent: Agent | None) -> client.ApiClient:
+    """An ``ApiClient`` on ``cfg`` that acts as ``agent`` (``None``: as the gateway itself).
+
+    Only the user is impersonated: for a service account the API server adds its groups
+    (``system:serviceaccounts``, ``system:serviceaccounts:<ns>``) itself.
+    """
+    api = client.ApiClient(copy.copy(cfg))
+    if agent is not None:
+        api.set_default_header("Impersonate-User", agent.username)
+    return api
+
+
+class TokenReviewer:
+    """Checks bearer tokens with TokenReview; answers are kept ``ttl`` seconds (by token hash)."""
+
+    def __init__(self, api: client.ApiClient, audiences: list[str] | None = None, ttl: float = 60.0):
+        self.auth = client.AuthenticationV1Api(api)
+        self.audiences = list(audiences or [])
+        self.ttl = ttl
+        self._cache: dict[str, tuple[float, Agent]] = {}
+        self._lock = threading.Lock()
+
+    def review(self, authorization: str | None) -> Agent:
+        """The agent behind an ``Authorization`` header value; raises :class:`Unauthenticated`."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("send your service-account token as 'Authorization: Bearer <token>'")
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit and hit[0] > now:
+                return hit[1]
+        spec: dict = {"token": token}
+        if self.audiences:
+            spec["audiences"] = self.audiences
+        review = self.auth.create_token_review({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                                                "spec": spec})
+        status = review.status
+        if not status or not status.authenticated or not status.user or not status.user.username:
+            why = (status.error if status and status.error else "the API server did not authenticate it")
+            raise Unauthenticated(f"token refused: {why}")
+        agent = Agent(status.user.username, status.user.uid or "", tuple(status.user.groups or ()))
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (now + self.ttl, agent)
+        return agent
