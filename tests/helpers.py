@@ -22,3 +22,12 @@ def wait_for(check: Callable[[], T], timeout: float = 60.0, interval: float = 0.
             return last  # type: ignore[return-value]
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+def recorded_steps(api, namespace: str, run: str) -> list[dict]:
+    """The steps recorded in Run ``namespace/run``, in index order (the tests' one reader of
+    where steps are stored: port this function when the storage changes)."""
+    from kubernetes import client
+
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object("reversi.dev", "v1alpha1", namespace, "runs", run)
+    return sorted(obj["spec"].get("steps") or [], key=lambda s: s["index"])
