@@ -88,14 +88,14 @@ def gateway(cluster, admin_api, shop, operator):
     name = f"reversi-gateway-test-{uuid.uuid4().hex[:5]}"
     rbac.create_cluster_role({"metadata": {"name": name}, "rules": [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}]})
+        {"apiGroups": [""], "resources": ["serviceaccounts", "groups"], "verbs": ["impersonate"]}]})
     rbac.create_cluster_role_binding({
         "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "reversi-gateway"}]})
     kubeconfig = cluster.kubeconfig_for("reversi-gateway")
     gw = Proc([sys.executable, "-m", "reversi.gateway.main", "--host", "127.0.0.1", "--port", "0",
                "--kubeconfig", str(kubeconfig), "--upstream-url", shop.url, "--manifest", MANIFEST,
-               "--call-timeout-seconds", str(CALL_TIMEOUT), "--log-level", "INFO"],
+               "--call-timeout-seconds", str(CALL_TIMEOUT), "--operator-tools", "--log-level", "INFO"],
               cluster.paths.logs / "gateway.log")
     yield gw
     gw.stop()
@@ -132,21 +132,28 @@ AGENT_RULES = [
     {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
 ]
 
+ONCALL_RULES = [
+    {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "watch", "create"]},
+]
+
 
 @pytest.fixture
 def agents(admin_api, namespace, shop, gateway):
-    """Service accounts agent-a and agent-b (may record runs) and their tokens; the shop's
+    """Service accounts agent-a and agent-b (may record runs), oncall (may request rollbacks)
+    and their tokens; the shop's
     manifest; the shop reset. Returns ``{name: token}``."""
     shop.reset()
     core, rbac = client.CoreV1Api(admin_api), client.RbacAuthorizationV1Api(admin_api)
     client.CustomObjectsApi(admin_api).create_namespaced_custom_object(G, V, namespace, "toolmanifests",
                                                                        shop_manifest(shop.url))
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "agent"}, "rules": AGENT_RULES})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "oncall"}, "rules": ONCALL_RULES})
     tokens = {}
-    for sa in ("agent-a", "agent-b"):
+    for sa, role in (("agent-a", "agent"), ("agent-b", "agent"), ("oncall", "oncall")):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": sa}})
         rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+            "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]})
         req = core.create_namespaced_service_account_token(sa, namespace, {"spec": {"expirationSeconds": 3600}})
         tokens[sa] = req.status.token
@@ -263,12 +270,20 @@ def test_rollback_through_reversi_mcp_runner_undoes_the_servers_state(gateway, s
     before = shop.state()
     assert before["stock"]["sku-tee"] == 0
     custom = client.CustomObjectsApi(admin_api)
-    custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
-        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
-        "spec": {"runRef": {"name": "order-9"}, "retries": 2, "backoff": {"baseMs": 200, "maxMs": 1000}}})
+    operator_url = gateway.base + "/operator/mcp"
+    plan, unconfirmed, forbidden = calls_through(operator_url, agents["oncall"], None, [
+        ("reversi.plan_rollback", {"run": "order-9"}), ("reversi.request_rollback", {"run": "order-9"})]) + \
+        calls_through(operator_url, agents["agent-a"], None, [("reversi.request_rollback", {"run": "order-9", "confirm": True})])
+    assert plan.structured_content["fullyReversible"] is False, plan  # the email stands
+    assert [a["kind"] for a in plan.structured_content["plan"]["actions"]] == ["compensate", "compensate", "unrecoverable"]
+    assert unconfirmed.is_error and "needs confirm: true" in text(unconfirmed)
+    assert forbidden.is_error and "forbidden" in text(forbidden).lower(), "RBAC is the caller's own"
+    [requested] = calls_through(operator_url, agents["oncall"], None,
+                                [("reversi.request_rollback", {"run": "order-9", "confirm": True})])
+    name = requested.structured_content["request"]
 
     def done() -> dict | None:
-        obj = custom.get_namespaced_custom_object(G, V, namespace, "rollbackrequests", "undo")
+        obj = custom.get_namespaced_custom_object(G, V, namespace, "rollbackrequests", name)
         return obj if (obj.get("status") or {}).get("phase") in ("Succeeded", "Incomplete", "Failed") else None
 
     req = wait_for(done, timeout=120, what="the rollback to finish")

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from kubernetes import client, config
+from kubernetes.client import rest
+from urllib3 import HTTPHeaderDict
 
 
 class Unauthenticated(Exception):
@@ -93,3 +95,28 @@ class TokenReviewer:
                 self._cache.clear()
             self._cache[key] = (now + self.ttl, agent)
         return agent
+
+
+class _GroupImpersonation(rest.RESTClientObject):
+    """The client's REST layer, sending one ``Impersonate-Group`` header per group (the
+    generated client keeps headers in a dict, which holds one value per name)."""
+
+    def __init__(self, cfg: client.Configuration, groups: tuple[str, ...]):
+        super().__init__(cfg)
+        self.groups = groups
+
+    def request(self, method, url, *args, headers=None, **kwargs):  # type: ignore[override]
+        merged = HTTPHeaderDict(headers or {})
+        for group in self.groups:
+            merged.add("Impersonate-Group", group)
+        return super().request(method, url, *args, headers=merged, **kwargs)
+
+
+def impersonating_with_groups(cfg: client.Configuration, agent: Agent) -> client.ApiClient:
+    """Like :func:`impersonating`, and also every group of ``agent`` (for users that are not
+    service accounts, whose RBAC often comes from groups). Needs ``impersonate groups``."""
+    api = impersonating(cfg, agent)
+    groups = tuple(g for g in agent.groups if g != "system:authenticated")
+    if groups:
+        api.rest_client = _GroupImpersonation(api.configuration, groups)
+    return api

@@ -52,6 +52,7 @@ def parse(argv: list[str] | None) -> GatewaySettings:
     p.add_argument("--run")
     p.add_argument("--tool-map", type=json.loads, help='JSON object: MCP tool name -> manifest tool name')
     p.add_argument("--filter-tools", action="store_true", default=None)
+    p.add_argument("--operator-tools", action="store_true", default=None)
     p.add_argument("--call-timeout-seconds", type=float)
     p.add_argument("--connect-timeout-seconds", type=float)
     p.add_argument("--log-level", default="INFO")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, AsyncIterator
 
 import anyio
@@ -48,6 +48,7 @@ from .upstream import Upstream, UpstreamUnavailable
 log = logging.getLogger("reversi.gateway")
 
 AGENT_SCOPE_KEY = "reversi.agent"
+OPERATOR_PATH = "/operator/mcp"
 _RESERVED_META = ("io.modelcontextprotocol/", "reversi.dev/")
 
 
@@ -87,19 +88,40 @@ class Gateway:
                       instructions="Every tool call is recorded in a Reversi Run before it is forwarded.",
                       on_list_tools=self.list_tools, on_call_tool=self.call_tool)
 
-    def http_app(self) -> Starlette:
-        """The streamable HTTP app (at ``settings.path``, plus ``/healthz``), behind token review
+    def http_app(self) -> Any:
+        """The ASGI app: the agents' endpoint at ``settings.path``, ``/healthz``, and with
+        ``operator_tools`` the operator endpoint at ``/operator/mcp``; behind token review
         when ``settings.identity`` is ``token``."""
         async def healthz(_request: Request) -> JSONResponse:
             ok = self.upstream.connected
             return JSONResponse({"upstream": "connected" if ok else "unreachable"}, status_code=200 if ok else 503)
 
-        app = self.server().streamable_http_app(
-            streamable_http_path=self.settings.path, host=self.settings.host,
-            custom_starlette_routes=[Route("/healthz", healthz)])
-        if self.settings.identity == "token":
+        s = self.settings
+        agents = self.server().streamable_http_app(streamable_http_path=s.path, host=s.host)
+        apps = [agents]
+        routes: list[Any] = [Route("/healthz", healthz)]
+        protected = [s.path]
+        if s.operator_tools:
+            from .operator_tools import OperatorTools
+
+            tools = OperatorTools(self.cfg, self._agent_required, self._namespace)
+            ops = tools.server().streamable_http_app(streamable_http_path=OPERATOR_PATH, host=s.host)
+            apps.append(ops)
+            routes.append(_mcp_route(ops, OPERATOR_PATH))
+            protected.append(OPERATOR_PATH)
+        routes.append(_mcp_route(agents, s.path))
+
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            async with AsyncExitStack() as stack:
+                for app in apps:
+                    await stack.enter_async_context(app.router.lifespan_context(app))
+                yield
+
+        app = Starlette(routes=routes, lifespan=lifespan)
+        if s.identity == "token":
             assert self.reviewer is not None, "identity 'token' needs a TokenReviewer"
-            return TokenAuth(app, self.reviewer, self.settings.path)  # type: ignore[return-value]
+            return TokenAuth(app, self.reviewer, tuple(protected))
         return app
 
     # ----- handlers -----------------------------------------------------------------------
@@ -200,6 +222,12 @@ class Gateway:
             raise calls.CallRefused("no authenticated agent: connect over HTTP with a service-account token")
         return agent
 
+    def _agent_required(self, ctx: Any) -> Agent:
+        agent = self._agent(ctx)
+        if agent is None:
+            raise calls.CallRefused("the operator tools need an authenticated caller (identity 'token')")
+        return agent
+
     def _namespace(self, agent: Agent | None) -> str:
         namespace = self.settings.namespace or (calls.principal_namespace(agent.username) if agent else None)
         if not namespace:
@@ -242,14 +270,14 @@ class Gateway:
 
 
 class TokenAuth:
-    """ASGI middleware: requests under ``path`` need a bearer token the API server accepts
+    """ASGI middleware: requests under ``paths`` need a bearer token the API server accepts
     (TokenReview); the agent is put in the ASGI scope for the handlers. Others get HTTP 401."""
 
-    def __init__(self, app: Any, reviewer: TokenReviewer, path: str):
-        self.app, self.reviewer, self.path = app, reviewer, path
+    def __init__(self, app: Any, reviewer: TokenReviewer, paths: tuple[str, ...]):
+        self.app, self.reviewer, self.paths = app, reviewer, paths
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(self.path):
+        if scope["type"] == "http" and scope["path"].startswith(self.paths):
             authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"),
                                  None)
             try:
@@ -271,6 +299,11 @@ async def _reply(send: Any, status: int, body: dict, headers: list | None = None
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                             *(headers or [])]})
     await send({"type": "http.response.body", "body": data})
+
+
+def _mcp_route(app: Starlette, path: str) -> Route:
+    """The MCP endpoint route of an SDK-built app, to serve it in the gateway's own app."""
+    return next(r for r in app.router.routes if isinstance(r, Route) and r.path == path)
 
 
 def _headers(ctx: Any) -> dict[str, str]:

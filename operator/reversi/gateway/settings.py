@@ -43,6 +43,9 @@ class GatewaySettings(BaseSettings):
         default_factory=dict, description="MCP tool name -> manifest tool name, where they differ.")
     filter_tools: bool = Field(
         False, description="tools/list shows only tools with a manifest entry (enforce mode only).")
+    operator_tools: bool = Field(
+        False, description="Also serve reversi.plan_rollback and reversi.request_rollback at /operator/mcp "
+        "(identity token only; each call impersonates the caller, user and groups).")
     call_timeout_seconds: float = Field(
         30.0, gt=0, le=3600, description="How long a proxied call may take; then it is recorded uncertain.")
     connect_timeout_seconds: float = Field(10.0, gt=0, le=600, description="How long to wait for the upstream.")
@@ -54,6 +57,8 @@ class GatewaySettings(BaseSettings):
         if self.listen == "http" and self.identity == "self" and self.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("identity 'self' over HTTP is for loopback only: set host 127.0.0.1, "
                              "or use identity 'token'")
+        if self.operator_tools and self.identity != "token":
+            raise ValueError("operator_tools needs identity 'token': every operator call acts as its caller")
         return self
 
     def scope(self, agent: str) -> dict[str, str]:
