@@ -6,7 +6,7 @@ and check them. State lives in memory; every ``tools/call`` that reaches the ser
 so a test can prove what the server saw (and what it never saw).
 
     python demo/mcp_shop/server.py --port 0            # streamable HTTP; prints "listening on URL"
-    python demo/mcp_shop/server.py --stdio             # over stdio
+    python demo/mcp_shop/server.py --stdio --state-file s.json   # over stdio; state written after each call
 
 Tools
   payments.get_customer(customer_id)                 read
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import socket
 import sys
 import time
@@ -145,8 +146,8 @@ class Shop:
         return dict(table[key]) if copy_ else table[key]
 
 
-def build_server(shop: Shop) -> Server:
-    """The MCP server over ``shop``."""
+def build_server(shop: Shop, state_file: str | None = None) -> Server:
+    """The MCP server over ``shop``; with ``state_file``, the state is written there after each call."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[types.Tool(name=n, description=d, input_schema=s)
@@ -169,6 +170,10 @@ def build_server(shop: Shop) -> Server:
             if key and error is None:
                 shop.done[(params.name, key)] = (answer, error)
         entry["error"] = error
+        if state_file:
+            with open(state_file + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(shop.state(), f)
+            os.replace(state_file + ".tmp", state_file)
         fault = shop.faults.get(params.name)
         if fault and fault["times"] > 0:
             fault["times"] -= 1
@@ -207,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--stdio", action="store_true", help="serve over stdio instead of HTTP")
+    p.add_argument("--state-file", help="write the state (with the call log) here after each call")
     ns = p.parse_args(argv)
     shop = Shop()
     if ns.stdio:
         from mcp.server.stdio import stdio_server
 
         async def run() -> None:
-            server = build_server(shop)
+            server = build_server(shop, ns.state_file)
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
 

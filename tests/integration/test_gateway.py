@@ -21,7 +21,7 @@ import anyio
 import httpx2
 import pytest
 from kubernetes import client
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.helpers import recorded_steps, wait_for
@@ -250,6 +250,9 @@ def test_gateway_refuses_a_second_principal(gateway, shop, agents, admin_api, na
     assert result.is_error and "belongs to another principal" in text(result), text(result)
     assert shop.calls("payments.create_charge") == [], "the shop never saw agent-b's call"
     assert [s["tool"] for s in recorded_steps(admin_api, namespace, "mine")] == ["payments.get_customer"]
+    [unknown] = calls_through(gateway.url, agents["agent-a"], "mine", [("inventory.get_stock", {"sku": "sku-mug"})])
+    assert unknown.is_error and "has no entry in ToolManifest" in text(unknown), text(unknown)
+    assert shop.calls("inventory.get_stock") == [], "a tool with no manifest entry is refused in enforce mode"
 
 
 def test_gateway_refuses_requests_without_a_valid_token(gateway):
@@ -300,3 +303,36 @@ def test_rollback_through_reversi_mcp_runner_undoes_the_servers_state(gateway, s
     assert {c["tool"] for c in undo_calls} == {"payments.refund", "inventory.release"}
     assert all(c["idempotency_key"] for c in undo_calls), "each undo carries its idempotency key in _meta"
     assert any(c["tool"] == "payments.get_charge" for c in truth["calls"]), "the reader Jobs read the shop back"
+
+
+def test_gateway_over_stdio_records_as_its_own_identity(cluster, admin_api, namespace, operator, shop, tmp_path):
+    """Local use: the agent starts the gateway over stdio, the gateway starts the shop over stdio,
+    and runs are written with the gateway's kubeconfig (here the user local-dev)."""
+    rbac = client.RbacAuthorizationV1Api(admin_api)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "agent"}, "rules": AGENT_RULES})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "local-dev"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "local-dev"}]})
+    client.CustomObjectsApi(admin_api).create_namespaced_custom_object(G, V, namespace, "toolmanifests",
+                                                                       shop_manifest(shop.url))
+    state = tmp_path / "shop.json"
+    gateway_cmd = StdioServerParameters(command=sys.executable, args=[
+        "-m", "reversi.gateway.main", "--listen", "stdio", "--identity", "self",
+        "--kubeconfig", str(cluster.kubeconfig_for("local-dev")), "--namespace", namespace, "--run", "local-1",
+        "--manifest", MANIFEST, "--upstream-command", sys.executable, str(REPO / "demo" / "mcp_shop" / "server.py"),
+        "--stdio", "--state-file", str(state)])
+
+    async def go() -> list[Any]:
+        async with Client(gateway_cmd, cache=None) as c:
+            return [await c.call_tool("payments.create_charge", {"order_id": "o-5", "amount": 9, "customer": "cus_9"}),
+                    await c.call_tool("email.send", {"to": "ada@example.com", "subject": "hi"})]
+
+    results = anyio.run(go)
+    assert not any(r.is_error for r in results), [text(r) for r in results]
+    steps = recorded_steps(admin_api, namespace, "local-1")
+    assert [(s["tool"], s["outcome"]) for s in steps] == [("payments.create_charge", "succeeded"), ("email.send", "succeeded")]
+    truth = json.loads(state.read_text())
+    assert [c["tool"] for c in truth["calls"]] == ["payments.create_charge", "email.send"]
+    assert steps[0]["result"] == next(iter(truth["charges"].values()))
+    run = client.CustomObjectsApi(admin_api).get_namespaced_custom_object(G, V, namespace, "runs", "local-1")
+    assert run["spec"]["principal"] == "local-dev"
