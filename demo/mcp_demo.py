@@ -184,6 +184,14 @@ class Stack:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.load(resp)
 
+    def api_as(self, sa: str) -> client.ApiClient:
+        """An ``ApiClient`` that authenticates with the service account's token."""
+        cfg = client.Configuration()
+        cfg.host = self.cluster.server
+        cfg.ssl_ca_cert = str(self.cluster.ca.cert)
+        cfg.api_key = {"authorization": "Bearer " + self.tokens[sa].read_text()}
+        return client.ApiClient(cfg)
+
     def down(self) -> None:
         for proc in reversed(self.procs):
             proc.terminate()

@@ -68,6 +68,16 @@ class TokenReviewer:
         self._cache: dict[str, tuple[float, Agent]] = {}
         self._lock = threading.Lock()
 
+    def cached(self, authorization: str | None) -> Agent | None:
+        """The agent of a token reviewed less than ``ttl`` seconds ago, else None (no I/O)."""
+        _, _, token = (authorization or "").partition(" ")
+        if not token.strip():
+            return None
+        key = hashlib.sha256(token.strip().encode()).hexdigest()
+        with self._lock:
+            hit = self._cache.get(key)
+        return hit[1] if hit and hit[0] > time.monotonic() else None
+
     def review(self, authorization: str | None) -> Agent:
         """The agent behind an ``Authorization`` header value; raises :class:`Unauthenticated`."""
         scheme, _, token = (authorization or "").partition(" ")
@@ -76,10 +86,9 @@ class TokenReviewer:
             raise Unauthenticated("send your service-account token as 'Authorization: Bearer <token>'")
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit and hit[0] > now:
-                return hit[1]
+        hit = self.cached(authorization)
+        if hit is not None:
+            return hit
         spec: dict = {"token": token}
         if self.audiences:
             spec["audiences"] = self.audiences

@@ -40,6 +40,7 @@ def parse(argv: list[str] | None) -> GatewaySettings:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--path")
+    p.add_argument("--sse-responses", action="store_true", default=None)
     p.add_argument("--kubeconfig")
     p.add_argument("--identity", choices=["token", "self"])
     p.add_argument("--audience", dest="audiences", action="append")
@@ -84,7 +85,9 @@ def serve_http(gateway: Gateway) -> None:
 
     s = gateway.settings
     family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, so asyncio turns Nagle off on accepted connections (TCP_NODELAY): with
+    # proto 0 every small answer waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((s.host, s.port))
     sock.listen(128)

@@ -97,7 +97,8 @@ class Gateway:
             return JSONResponse({"upstream": "connected" if ok else "unreachable"}, status_code=200 if ok else 503)
 
         s = self.settings
-        agents = self.server().streamable_http_app(streamable_http_path=s.path, host=s.host)
+        agents = self.server().streamable_http_app(streamable_http_path=s.path, host=s.host,
+                                                   json_response=not s.sse_responses)
         apps = [agents]
         routes: list[Any] = [Route("/healthz", healthz)]
         protected = [s.path]
@@ -105,7 +106,8 @@ class Gateway:
             from .operator_tools import OperatorTools
 
             tools = OperatorTools(self.cfg, self._agent_required, self._namespace)
-            ops = tools.server().streamable_http_app(streamable_http_path=OPERATOR_PATH, host=s.host)
+            ops = tools.server().streamable_http_app(streamable_http_path=OPERATOR_PATH, host=s.host,
+                                                     json_response=not s.sse_responses)
             apps.append(ops)
             routes.append(_mcp_route(ops, OPERATOR_PATH))
             protected.append(OPERATOR_PATH)
@@ -156,9 +158,13 @@ class Gateway:
             run = calls.run_name(_headers(ctx), self.settings.run)
             deps = calls.depends_on(ctx.meta)
             upstream = await self.upstream.client()
-            rec = await anyio.to_thread.run_sync(self._recorder, agent, namespace, run)
+            rec = self._cached_recorder(agent, namespace, run) or \
+                await anyio.to_thread.run_sync(self._recorder, agent, namespace, run)
             step = await anyio.to_thread.run_sync(rec.begin, tool, args, deps)
         except RecordingRefused as err:
+            if err.status == 404:  # the Run is gone: the next call creates it again
+                with self._lock:
+                    self._recorders.pop((agent.username if agent else "", namespace, run), None)
             log.info("refused %s in Run %s: %s", tool, _where(ctx, self), err.message)
             return refusal(err.message, err.reason or type(err).__name__)
         except (calls.CallRefused, UpstreamUnavailable) as err:
@@ -243,6 +249,10 @@ class Gateway:
                 self._apis[key] = impersonating(self.cfg, agent)
             return self._apis[key]
 
+    def _cached_recorder(self, agent: Agent | None, namespace: str, run: str) -> Recorder | None:
+        with self._lock:
+            return self._recorders.get((agent.username if agent else "", namespace, run))
+
     def _recorder(self, agent: Agent | None, namespace: str, run: str) -> Recorder:
         """The recorder of ``namespace/run`` for this agent: the Run is created or continued once."""
         key = (agent.username if agent else "", namespace, run)
@@ -281,7 +291,9 @@ class TokenAuth:
             authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"),
                                  None)
             try:
-                agent = await anyio.to_thread.run_sync(self.reviewer.review, authorization)
+                agent = self.reviewer.cached(authorization) if authorization else None
+                if agent is None:
+                    agent = await anyio.to_thread.run_sync(self.reviewer.review, authorization)
             except Unauthenticated as err:
                 await _reply(send, 401, {"error": "unauthenticated", "message": str(err)},
                              [(b"www-authenticate", b'Bearer realm="reversi-gateway"')])

@@ -25,6 +25,9 @@ class GatewaySettings(BaseSettings):
     host: str = Field("0.0.0.0", description="HTTP address to listen on.")
     port: int = Field(8090, ge=0, le=65535, description="HTTP port (0: any free port, printed at start).")
     path: str = Field("/mcp", description="HTTP path of the MCP endpoint.")
+    sse_responses: bool = Field(
+        False, description="Answer POSTs as SSE streams instead of single JSON responses (JSON is one write "
+        "per answer and a little faster; SSE lets notifications flow during a call).")
     kubeconfig: str | None = Field(None, description="The gateway's own credentials (default: in-cluster, then $KUBECONFIG).")
     identity: Literal["token", "self"] = Field(
         "token", description="token: the agent sends a service-account token (TokenReview) and runs are written "
