@@ -101,6 +101,11 @@ def test_settings_need_exactly_one_upstream():
     assert s.scope("agent-a") == {"actor": "agent-a", "tenant": "acme"}
 
 
+def test_stdio_records_as_the_gateway_itself():
+    with pytest.raises(ValueError, match="no token to review"):
+        GatewaySettings(manifest="m", upstream_url="http://x/mcp", listen="stdio")
+
+
 def test_self_identity_over_http_is_loopback_only():
     with pytest.raises(ValueError, match="loopback"):
         GatewaySettings(manifest="m", upstream_url="http://x/mcp", identity="self", host="0.0.0.0")

@@ -57,6 +57,9 @@ class GatewaySettings(BaseSettings):
     def _one_upstream(self) -> "GatewaySettings":
         if bool(self.upstream_url) == bool(self.upstream_command):
             raise ValueError("set exactly one upstream: upstream_url (streamable HTTP) or upstream_command (stdio)")
+        if self.listen == "stdio" and self.identity != "self":
+            raise ValueError("over stdio there is no token to review: use identity 'self' (runs are written with "
+                             "the gateway's own kubeconfig) and give namespace and run")
         if self.listen == "http" and self.identity == "self" and self.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("identity 'self' over HTTP is for loopback only: set host 127.0.0.1, "
                              "or use identity 'token'")
