@@ -255,6 +255,23 @@ def test_gateway_refuses_a_second_principal(gateway, shop, agents, admin_api, na
     assert shop.calls("inventory.get_stock") == [], "a tool with no manifest entry is refused in enforce mode"
 
 
+def test_gateway_names_the_run_after_the_mcp_session_when_no_header_names_it(gateway, shop, agents, admin_api,
+                                                                            namespace):
+    async def go(mode: str) -> list[Any]:
+        headers = {"Authorization": f"Bearer {agents['agent-a']}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+            async with Client(streamable_http_client(gateway.url, http_client=http), cache=None, mode=mode) as c:
+                return [await c.call_tool("payments.get_customer", {"customer_id": "cus_9"}) for _ in range(2)]
+
+    legacy = anyio.run(go, "legacy")  # a 2025 MCP session: one run per session
+    run = legacy[0].meta["reversi.dev/run"]
+    assert run.startswith("mcp-") and legacy[1].meta["reversi.dev/run"] == run
+    assert [s["index"] for s in recorded_steps(admin_api, namespace, run)] == [0, 1]
+    sessionless = anyio.run(go, "auto")  # 2026 protocol: no session to name a run after
+    assert sessionless[0].is_error and "send a Reversi-Run-Id header" in text(sessionless[0])
+    assert len(shop.calls()) == 2, "the refused calls never reached the shop"
+
+
 def test_gateway_refuses_requests_without_a_valid_token(gateway):
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).encode()
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):

@@ -80,6 +80,10 @@ def test_tool_error_is_uncertain_unless_the_manifest_says_failed():
 def test_a_call_that_raised_is_uncertain():
     out = calls.outcome_of_exception(TimeoutError("no answer"))
     assert out.outcome == "uncertain" and out.error == "TimeoutError: no answer"
+    from mcp.shared.exceptions import MCPError
+
+    timed_out = calls.outcome_of_exception(MCPError(-32001, "Request 'tools/call' timed out"))
+    assert timed_out.error == "MCPError: Request 'tools/call' timed out"
 
 
 def test_depends_on_comes_from_request_meta():

@@ -125,8 +125,13 @@ def outcome_of(is_error: bool, value: Any, tool_errors: str | None) -> Outcome:
 
 
 def outcome_of_exception(err: BaseException) -> Outcome:
-    """A call that raised (timeout, dropped connection, cancelled, protocol error): ``uncertain``."""
-    return Outcome("uncertain", error=f"{type(err).__name__}: {err}"[:500])
+    """A call that raised (timeout, dropped connection, cancelled, protocol error): ``uncertain``.
+
+    The error names the exception and its message (an MCP error's own message, not its tuple).
+    """
+    data = getattr(err, "error", None)
+    message = getattr(data, "message", None) or str(err) or "no message"
+    return Outcome("uncertain", error=f"{type(err).__name__}: {message}"[:500])
 
 
 def depends_on(meta: Mapping[str, Any] | None) -> list[int] | None:
