@@ -135,7 +135,13 @@ class Gateway:
             upstream = await self.upstream.client()
         except UpstreamUnavailable as err:
             raise MCPError(types.INTERNAL_ERROR, str(err)) from None
-        listed = await upstream.list_tools(cursor=params.cursor if params else None)
+        try:
+            listed = await upstream.list_tools(cursor=params.cursor if params else None)
+        except MCPError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the connection broke: reconnect, say so
+            self.upstream.broken(upstream)
+            raise MCPError(types.INTERNAL_ERROR, f"upstream {self.upstream.describe}: {type(err).__name__}: {err}") from None
         tools = listed.tools
         if self.settings.filter_tools and self.settings.mode == "enforce":
             try:
@@ -160,7 +166,7 @@ class Gateway:
             upstream = await self.upstream.client()
             rec = self._cached_recorder(agent, namespace, run) or \
                 await anyio.to_thread.run_sync(self._recorder, agent, namespace, run)
-            step = await anyio.to_thread.run_sync(rec.begin, tool, args, deps)
+            step, tool_errors = await anyio.to_thread.run_sync(self._begin, rec, tool, args, deps)
         except RecordingRefused as err:
             if err.status == 404:  # the Run is gone: the next call creates it again
                 with self._lock:
@@ -169,8 +175,8 @@ class Gateway:
             return refusal(err.message, err.reason or type(err).__name__)
         except (calls.CallRefused, UpstreamUnavailable) as err:
             return refusal(str(err), type(err).__name__)
-        except ApiException as err:
-            return refusal(f"cannot record {tool}: {api_message(err)}; the call was not made", "RecordingFailed")
+        except Exception as err:  # noqa: BLE001 - the API server refused or is unreachable
+            return refusal(f"cannot record {tool}: {_text(err)}; the call was not made", "RecordingFailed")
         where = f"step {step.index} of Run {namespace}/{run}"
         try:
             result = await upstream.call_tool(name, args, read_timeout_seconds=self.settings.call_timeout_seconds,
@@ -191,7 +197,7 @@ class Gateway:
                                         _meta=self._meta(run, step, "uncertain", warning))
         value = calls.answer_json(result.structured_content,
                                   [c.text for c in result.content if isinstance(c, types.TextContent)])
-        outcome = calls.outcome_of(result.is_error, value, self._tool_errors(rec, tool))
+        outcome = calls.outcome_of(result.is_error, value, tool_errors)
         warning = await self._finish(rec, step, outcome)
         result.meta = {**(result.meta or {}), **self._meta(run, step, outcome.outcome, warning)}
         return result
@@ -268,10 +274,14 @@ class Gateway:
                 rec = self._recorders.setdefault(key, rec)
         return rec
 
-    def _tool_errors(self, rec: Recorder, tool: str) -> str | None:
+    @staticmethod
+    def _begin(rec: Recorder, tool: str, args: dict, deps: list[int] | None) -> tuple[Step, str | None]:
+        """Record ``intended`` (blocking); the step, and what a tool error of ``tool`` means
+        (its manifest entry's ``toolErrors``, read once per recorder)."""
+        step = rec.begin(tool, args, deps)
         manifest = rec.manifest()
         spec = manifest.tool(tool) if manifest else None
-        return spec.tool_errors if spec is not None else None
+        return step, (spec.tool_errors if spec is not None else None)
 
     def _manifest_tools(self, agent: Agent | None, namespace: str) -> set[str]:
         obj = client.CustomObjectsApi(self._api(agent)).get_namespaced_custom_object(
