@@ -175,3 +175,53 @@ def test_runner_reports_a_tool_error_as_a_server_failure():
     server = build_server(Shop())
     with pytest.raises(runner.ServerFailure, match="tool error: no reservation 'nope'"):
         anyio.run(runner.call_tool, server, {}, "inventory.release", {"reservation_id": "nope"}, None, 5)
+
+
+# ----- the upstream connection ---------------------------------------------------------------
+
+def test_upstream_connection_is_made_again_after_the_server_restarts(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from reversi.gateway.upstream import Upstream
+
+    server = Path(__file__).resolve().parents[2] / "demo" / "mcp_shop" / "server.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, str(server), "--port", str(port)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().startswith("listening on ")
+        return proc
+
+    shop = start()
+    upstream = Upstream(f"http://127.0.0.1:{port}/mcp", connect_timeout=10)
+
+    async def go() -> list[str]:
+        nonlocal shop
+        seen = []
+        async with anyio.create_task_group() as tg:
+            await tg.start(upstream.run)
+            c = await upstream.client()
+            seen.append((await c.call_tool("inventory.get_stock", {"sku": "sku-mug"})).structured_content["sku"])
+            shop.terminate()
+            shop.wait(timeout=10)
+            with pytest.raises(Exception):
+                await c.call_tool("inventory.get_stock", {"sku": "sku-mug"}, read_timeout_seconds=5)
+            upstream.broken(c)
+            assert not upstream.connected
+            shop = start()
+            c2 = await upstream.client()
+            assert c2 is not c
+            seen.append((await c2.call_tool("inventory.get_stock", {"sku": "sku-tee"})).structured_content["sku"])
+            tg.cancel_scope.cancel()
+        return seen
+
+    try:
+        assert anyio.run(go) == ["sku-mug", "sku-tee"]
+    finally:
+        shop.terminate()
+        shop.wait(timeout=10)
