@@ -30,14 +30,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels reversi \
  && python -c "import reversi, kopf, kubernetes" \
- && command -v reversi-operator
+ && command -v reversi-operator reversi-gateway reversi-mcp-runner
 USER 65532:65532
 EXPOSE 8080 9443
 
 # ---- demo: the operator image plus the demo's downstream server and tool command ----------
-# (stdlib-only scripts; compensator and reader Jobs of the demo run `python /opt/reversi/demo/tool.py`)
+# (stdlib-only scripts; compensator and reader Jobs of the demo run `python /opt/reversi/demo/tool.py`;
+# the MCP shop, demo/mcp_shop/server.py, uses the image's mcp SDK)
 FROM runtime AS demo
 COPY --chown=0:0 --chmod=0755 demo/downstream/server.py demo/downstream/tool.py /opt/reversi/demo/
+COPY --chown=0:0 --chmod=0755 demo/mcp_shop/server.py /opt/reversi/demo/mcp_shop.py
 ENTRYPOINT []
 CMD ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080"]
 

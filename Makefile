@@ -2,10 +2,11 @@
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
 #                 (make demo KEEP=1 leaves it all running to try it yourself)
 #   make test   - builds what is missing, starts the local control plane, runs every test, stops it
+#   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install build test test-long fuzz unit demo up down crds bench-record
+.PHONY: install build test test-long fuzz unit demo demo-mcp up down crds bench-record bench-gateway
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -35,6 +36,14 @@ unit: install
 demo: install
 	reversi-devcluster build
 	$(PYTHON) demo/run_demo.py $(if $(KEEP),--keep,)
+
+demo-mcp: install
+	reversi-devcluster build
+	$(PYTHON) demo/mcp_demo.py
+
+bench-gateway: install
+	reversi-devcluster build
+	$(PYTHON) benchmarks/gateway_bench.py
 
 up: install
 	reversi-devcluster up

@@ -22,3 +22,12 @@ def wait_for(check: Callable[[], T], timeout: float = 60.0, interval: float = 0.
             return last  # type: ignore[return-value]
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+def recorded_steps(api, namespace: str, run: str) -> list[dict]:
+    """The steps recorded in Run ``namespace/run`` (their RunSteps' specs), in index order."""
+    from kubernetes import client
+
+    from reversi.adapters.journal import list_objects
+
+    return [o["spec"] for o in list_objects(client.CustomObjectsApi(api), namespace, run)]

@@ -156,6 +156,13 @@ class ToolSpec(ReversiModel):
         max_length=MAX_RESIDUE,
         description="For irreversible tools: what stays after the call, one statement per line.",
     )
+    tool_errors: Literal["uncertain", "failed"] | None = Field(
+        default=None,
+        description=(
+            "What a tool error answer (MCP isError) means when reversi-gateway proxies the call: "
+            "failed (the server refused, nothing happened) or uncertain (the effect is unknown; the default)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _write_needs_compensation(self) -> "ToolSpec":
