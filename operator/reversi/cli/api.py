@@ -11,12 +11,16 @@ import re
 import os
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..adapters import journal
 from ..adapters.kube import api_message as server_message  # re-exported: the commands quote the server
+from ..engine.journal import Entry
+from . import steps
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -24,8 +28,8 @@ JSON_PATCH = "application/json-patch+json"
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: plural -> kind, for messages
-KINDS = {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", "clusterhalts": "ClusterHalt",
-         "toolmanifests": "ToolManifest"}
+KINDS = {"runs": "Run", "runsteps": "RunStep", "rollbackrequests": "RollbackRequest", "halts": "Halt",
+         "clusterhalts": "ClusterHalt", "toolmanifests": "ToolManifest"}
 
 
 class CliError(Exception):
@@ -81,7 +85,11 @@ class Connection:
 
     def __post_init__(self) -> None:
         self.custom = client.CustomObjectsApi(self.api)
-        self.core = client.CoreV1Api(self.api)
+
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        """Core v1 (Events), made on first use: importing it costs about a second."""
+        return client.CoreV1Api(self.api)
 
     # ---------------------------------------------------------------------- reads
 
@@ -128,6 +136,27 @@ class Connection:
             token = (resp.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def run_steps(self, run: str, namespace: str | None = None) -> list[dict]:
+        """Every RunStep of Run ``run`` (dicts), ordered by index: one paged LIST by the run's
+        label, never a GET per step."""
+        ns = namespace or self.namespace
+        check_name(run, "Run")
+        try:
+            return journal.list_objects(self.custom, ns, run)
+        except ApiException as err:
+            raise self.api_error(err, f"listing the RunSteps of Run {ns}/{run}") from err
+
+    def run_entries(self, run: str, namespace: str | None = None) -> list[Entry]:
+        """Every RunStep of Run ``run`` as engine entries, ordered by index (the same paged LIST
+        as :meth:`run_steps`, validated straight from JSON: see :mod:`reversi.cli.steps`).
+        Raises :class:`~reversi.adapters.journal.JournalError` for an invalid RunStep."""
+        ns = namespace or self.namespace
+        check_name(run, "Run")
+        try:
+            return steps.list_entries(self.custom, ns, run)
+        except ApiException as err:
+            raise self.api_error(err, f"listing the RunSteps of Run {ns}/{run}") from err
 
     def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
         """Core v1 Events about objects of ``kind`` whose uid is in ``uids`` (paged), as

@@ -1,0 +1,99 @@
+"""``kubectl reversi`` reads a run's RunSteps: pages of a LIST validated straight from JSON, the
+continue token read from a page's end, and the plan of the journal they make."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reversi.adapters.journal import JournalError, entry_of
+from reversi.cli import main as plugin
+from reversi.cli import steps
+from reversi.cli.api import CliError
+
+from reversi_testkit import snapshot, step, tool
+
+CHARGE = snapshot(tool("pay.charge"))
+READ = snapshot(tool("pay.get", "read"))
+
+
+def runstep(spec: dict, undo: dict | None = None, run: str = "r") -> dict:
+    """A RunStep as the API server returns it, managedFields and all."""
+    obj = {"apiVersion": "reversi.dev/v1alpha1", "kind": "RunStep",
+           "metadata": {"name": f"{run}-{spec['index']:05d}", "namespace": "shop", "labels": {"reversi.dev/run": run},
+                        "managedFields": [{"manager": "sdk", "fieldsV1": {"f:spec": {"f:args": {}}}}]},
+           "spec": {**spec, "runRef": {"name": run}}}
+    if undo:
+        obj["status"] = {"undo": undo}
+    return obj
+
+
+def page(items: list[dict], token: str | None = None) -> bytes:
+    meta = {"resourceVersion": "42", **({"continue": token} if token else {})}
+    body = {"apiVersion": "reversi.dev/v1alpha1", "items": items, "kind": "RunStepList", "metadata": meta}
+    return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+
+
+UNDO = {"step": 1, "state": "compensated", "attempts": 1, "idempotencyKey": "a" * 64, "verification": "verified"}
+ITEMS = [runstep(step(0, READ)), runstep(step(1, CHARGE), UNDO),
+         runstep({**step(2, CHARGE, "uncertain"), "resolution": {"status": "succeeded", "result": {"id": "x"},
+                                                                 "note": "seen", "actor": "alice"}})]
+
+
+def test_a_page_gives_the_same_entries_as_entry_of_and_its_continue_token():
+    entries, token = steps.parse_page(page(ITEMS, "abc"))
+    assert entries == [entry_of(obj) for obj in ITEMS]
+    assert token == "abc" and steps.continue_token(page(ITEMS, "abc")) == "abc"
+    assert entries[1].undo.state == "compensated" and entries[0].undo is None
+    assert entries[2].spec.resolution.actor == "alice"
+    assert steps.parse_page(page([]))[1] is None and steps.continue_token(page([])) is None
+
+
+def test_an_invalid_runstep_is_named_with_its_field():
+    bad = runstep(step(1, CHARGE))
+    bad["spec"]["outcome"] = "maybe"
+    with pytest.raises(JournalError) as err:
+        steps.parse_page(page([ITEMS[0], bad]))
+    assert str(err.value).startswith("RunStep r-00001 is invalid: outcome:")
+
+
+def test_the_continue_token_is_read_from_the_whole_page_when_its_end_is_unusual():
+    odd = json.dumps({"metadata": {"continue": "t1"}, "items": [], "kind": "RunStepList"}).encode()
+    assert steps.continue_token(odd) == "t1"
+
+
+class FakeConnection:
+    """What ``journal_of`` and ``plan_of`` use of a Connection: the namespace and the entries."""
+
+    namespace = "shop"
+
+    def __init__(self, items: list[dict]):
+        self.items = items
+
+    def run_entries(self, run: str) -> list:
+        return steps.parse_page(page(self.items))[0]
+
+
+RUN = {"metadata": {"name": "r", "namespace": "shop", "uid": "3f6c1a52-0000-4000-8000-000000004711"},
+       "spec": {"mode": "enforce", "manifestRef": {"name": "m"}}}
+
+
+def test_plan_of_a_run_reads_its_runsteps_resolutions_and_undo_state():
+    plan = plugin.plan_of(FakeConnection(ITEMS), RUN)
+    assert [(a.step, a.kind) for a in plan.actions] == [(0, "skip"), (1, "skip"), (2, "compensate")]
+    assert "already compensated" in plan.actions[1].reason
+    assert plan.actions[2].args == {"id": "x"}  # the resolution's result
+
+
+def test_plan_of_a_run_of_0_1_not_moved_yet_reads_its_inline_journal():
+    inline = {**RUN, "spec": {**RUN["spec"], "steps": [step(0, READ), step(1, CHARGE)]}}
+    plan = plugin.plan_of(FakeConnection([]), inline)
+    assert [(a.step, a.kind) for a in plan.actions] == [(0, "skip"), (1, "compensate")]
+
+
+def test_a_gap_in_the_runsteps_is_an_error_naming_how_to_list_them():
+    with pytest.raises(CliError) as err:
+        plugin.plan_of(FakeConnection([ITEMS[0], ITEMS[2]]), RUN)
+    assert "step(s) 1 are missing" in str(err.value)
+    assert "kubectl get runsteps -l reversi.dev/run=r -n shop" in str(err.value)
