@@ -97,3 +97,36 @@ def test_a_gap_in_the_runsteps_is_an_error_naming_how_to_list_them():
         plugin.plan_of(FakeConnection([ITEMS[0], ITEMS[2]]), RUN)
     assert "step(s) 1 are missing" in str(err.value)
     assert "kubectl get runsteps -l reversi.dev/run=r -n shop" in str(err.value)
+
+
+class DescribeConnection:
+    """What ``describe_view`` uses: the Run, its RunSteps (one LIST) and Events."""
+
+    namespace = "shop"
+
+    def __init__(self):
+        self.listed = 0
+
+    def get(self, plural: str, name: str) -> dict:
+        assert (plural, name) == ("runs", "r")
+        return RUN
+
+    def run_steps(self, run: str) -> list[dict]:
+        self.listed += 1
+        return ITEMS
+
+    def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
+        return []
+
+
+def test_describe_reads_the_runsteps_only_for_tools_the_status_does_not_name():
+    request = {"metadata": {"name": "undo", "namespace": "shop", "uid": "u"}, "spec": {"runRef": {"name": "r"}},
+               "status": {"phase": "Incomplete", "report": {"unresolved": [2], "compensated": [1], "complete": False},
+                          "plan": {"actions": [{"step": 1, "tool": "pay.charge", "kind": "compensate"}],
+                                   "omitted": 2}}}
+    c = DescribeConnection()
+    text = plugin.describe_view(c, request)
+    assert c.listed == 1 and "step 2  pay.charge" in text and "step 1  pay.charge" in text
+    request["status"]["report"]["unresolved"] = []
+    plugin.describe_view(c, request)
+    assert c.listed == 1, "every step shown is named by the status: no LIST"

@@ -293,6 +293,8 @@ def test_export_of_a_run_of_0_1_not_moved_yet_reads_its_inline_journal():
     moved = list(views.export_records(run, [_runstep(step(0, charge), undo={"step": 0, "state": "compensating",
                                                                                "attempts": 2, "idempotencyKey": "k"})], []))
     assert moved[0]["steps"] == 2 and next(r for r in moved if r["type"] == "undo")["state"] == "compensating"
+    done = list(views.export_records(run, [_runstep(step(0, charge))], [], inline=False))  # moved: RunSteps only
+    assert [r["type"] for r in done] == ["run", "step"] and done[0]["steps"] == 1
 
 
 def test_export_with_no_steps_has_only_the_run_record():

@@ -31,12 +31,12 @@ import click
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from ..adapters.journal import JournalError, run_spec_of
+from ..adapters.journal import JournalError, inline_journal, inline_moved
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import Journal, assemble
 from ..engine.plan import build_plan
 from ..models.rollbackrequest import Plan
-from ..models.run import UNKNOWN_OUTCOMES, StepUndo
+from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
 from . import views
 from .api import API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts, server_message
@@ -117,21 +117,14 @@ def load_run(c: Connection, name: str) -> dict:
 
 
 def journal_of(c: Connection, run: dict) -> Journal:
-    """The run's journal: its RunSteps (one paged LIST) merged with any inline journal of
-    Reversi 0.1 the operator has not moved yet."""
+    """The run's journal: its RunSteps (one paged LIST) merged with the inline journal of a Run
+    of Reversi 0.1 that the operator has not moved yet."""
     name = run["metadata"]["name"]
-    where = f"Run {c.namespace}/{name}"
     try:
-        spec = run_spec_of(run)
-        legacy = [StepUndo.model_validate(u) for u in (run.get("status") or {}).get("undo") or []]
+        spec, legacy = inline_journal(run)
         entries = c.run_entries(name)
     except JournalError as err:
         raise CliError(f"{err}; fix it (is this plugin older than the operator?)") from err
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        raise CliError(f"{where} is not a valid Run: status.undo.{loc}: {first.get('msg')}; fix the Run "
-                       "(is this plugin older than the operator?)") from err
     found = assemble(spec, entries, legacy)
     if found.missing:
         raise CliError(f"{found.gap_message(f'{c.namespace}/{name}')}; "
@@ -660,7 +653,8 @@ def export(run: str, with_snapshots: bool) -> int:
     transitions = [{"request": names.get(e["uid"], e["name"]), "reason": e["reason"], "message": e["message"],
                     "time": e["time"]} for e in events]
     write = sys.stdout.write
-    for record in views.export_records(obj, c.run_steps(run), transitions, with_snapshots):
+    for record in views.export_records(obj, c.run_steps(run), transitions, with_snapshots,
+                                       inline=not inline_moved(obj)):
         write(views.json_line(record) + "\n")
     sys.stdout.flush()
     return 0

@@ -529,31 +529,34 @@ def _time_key(value: str | None) -> dt.datetime:
 
 
 def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], transitions: Iterable[Mapping[str, Any]],
-                   with_snapshots: bool = False) -> Iterator[dict[str, Any]]:
+                   with_snapshots: bool = False, inline: bool = True) -> Iterator[dict[str, Any]]:
     """``export``: one record per journal step, resolution, undo entry and undo transition.
 
     ``steps`` are the run's RunStep objects. Order: a ``run`` record, the steps (by index), the
     resolutions (each RunStep's ``spec.resolution``, with its ``step``), the undo state per step
     (each RunStep's ``status.undo``), then the transitions (Events on the run's RollbackRequests)
-    in time order. Steps leave out their manifest snapshot unless ``with_snapshots``. A Run of
-    Reversi 0.1 whose inline journal (``spec.steps``) the operator has not moved yet is exported
-    the same way; a RunStep wins over an inline step of the same index (it is the moved copy).
+    in time order. Steps leave out their manifest snapshot unless ``with_snapshots``. With
+    ``inline`` (a Run of Reversi 0.1 whose inline journal, ``spec.steps``, the operator has not
+    moved yet) the inline journal is exported the same way; a RunStep wins over an inline step of
+    the same index (it is the moved copy).
     """
     meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+    inline_spec = spec if inline else {}
+    inline_status = status if inline else {}
     calls: dict[int, dict[str, Any]] = {}
     snapshots: dict[int, Any] = {}
     resolutions: dict[int, dict[str, Any]] = {}
     undo: dict[int, dict[str, Any]] = {}
-    shared = {s.get("id"): s for s in spec.get("snapshots") or []}
-    for step in spec.get("steps") or []:  # inline journal (Reversi 0.1)
+    shared = {s.get("id"): s for s in inline_spec.get("snapshots") or []}
+    for step in inline_spec.get("steps") or []:  # inline journal (Reversi 0.1)
         calls[step["index"]] = {k: v for k, v in step.items() if k != "snapshot"}
         snap = step.get("snapshot")
         if snap is None and step.get("snapshotId") in shared:
             snap = {k: v for k, v in shared[step["snapshotId"]].items() if k != "id"}
         snapshots[step["index"]] = snap
-    for res in spec.get("resolutions") or []:
+    for res in inline_spec.get("resolutions") or []:
         resolutions[res["step"]] = dict(res)
-    for entry in status.get("undo") or []:
+    for entry in inline_status.get("undo") or []:
         undo[entry.get("step", 0)] = dict(entry)
     for obj in steps:
         step_spec = obj.get("spec") or {}
