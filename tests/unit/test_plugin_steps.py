@@ -130,3 +130,20 @@ def test_describe_reads_the_runsteps_only_for_tools_the_status_does_not_name():
     request["status"]["report"]["unresolved"] = []
     plugin.describe_view(c, request)
     assert c.listed == 1, "every step shown is named by the status: no LIST"
+
+
+def test_runsteps_unknown_to_the_server_say_the_crds_are_older_than_the_plugin(monkeypatch):
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from reversi.cli.api import Connection
+
+    def not_found(*args, **kwargs):
+        raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(steps, "list_entries", not_found)
+    c = Connection(client.ApiClient(), "shop", None, "https://example")
+    with pytest.raises(CliError) as err:
+        c.run_entries("r")
+    assert str(err.value).startswith("listing the RunSteps of Run shop/r: the server does not know runsteps.reversi.dev")
+    assert "kubectl apply -f crds/" in str(err.value)

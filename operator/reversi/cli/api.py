@@ -145,7 +145,7 @@ class Connection:
         try:
             return journal.list_objects(self.custom, ns, run)
         except ApiException as err:
-            raise self.api_error(err, f"listing the RunSteps of Run {ns}/{run}") from err
+            raise self.steps_error(err, ns, run) from err
 
     def run_entries(self, run: str, namespace: str | None = None) -> list[Entry]:
         """Every RunStep of Run ``run`` as engine entries, ordered by index (the same paged LIST
@@ -156,7 +156,14 @@ class Connection:
         try:
             return steps.list_entries(self.custom, ns, run)
         except ApiException as err:
-            raise self.api_error(err, f"listing the RunSteps of Run {ns}/{run}") from err
+            raise self.steps_error(err, ns, run) from err
+
+    def steps_error(self, err: ApiException, namespace: str, run: str) -> CliError:
+        what = f"listing the RunSteps of Run {namespace}/{run}"
+        if err.status == 404:  # Runs are known (the Run was read), RunSteps are not: CRDs of 0.1
+            return CliError(f"{what}: the server does not know runsteps.{GROUP} (its Reversi CRDs are older "
+                            "than this plugin); install the current ones with kubectl apply -f crds/ or the Helm chart")
+        return self.api_error(err, what)
 
     def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
         """Core v1 Events about objects of ``kind`` whose uid is in ``uids`` (paged), as
