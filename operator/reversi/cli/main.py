@@ -17,7 +17,9 @@ Errors are one line on stderr (``error: ...``) and exit 1.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import gc
 import json
 import logging
 import os
@@ -25,7 +27,7 @@ import secrets
 import string
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 from kubernetes.client.rest import ApiException
@@ -132,13 +134,28 @@ def journal_of(c: Connection, run: dict) -> Journal:
     return found
 
 
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Pause CPython's cyclic garbage collector: reading a long run allocates hundreds of
+    thousands of objects and none of them are garbage yet, so its passes are pure cost (a third
+    of the CPU time of planning 10,000 steps). Reference counting still frees memory."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def plan_of(c: Connection, run: dict) -> Plan:
     """The plan of undoing ``run`` now (pure engine), against its recorded undo state."""
-    found = journal_of(c, run)
-    try:
-        return build_plan(found.spec, found.undo, run_id=run["metadata"]["uid"], graph=build_graph(found.spec))
-    except InvalidRun as err:
-        raise CliError(f"Run {c.namespace}/{run['metadata']['name']} cannot be planned: {err}") from err
+    with no_cyclic_gc():
+        found = journal_of(c, run)
+        try:
+            return build_plan(found.spec, found.undo, run_id=run["metadata"]["uid"], graph=build_graph(found.spec))
+        except InvalidRun as err:
+            raise CliError(f"Run {c.namespace}/{run['metadata']['name']} cannot be planned: {err}") from err
 
 
 @cli.command(help="What undoing RUN would do, computed locally. Exit 2 when it is not fully reversible.")
@@ -148,14 +165,15 @@ def plan_of(c: Connection, run: dict) -> Plan:
 def plan(run: str, as_json: bool) -> int:
     c = conn()
     obj = load_run(c, run)
-    p = plan_of(c, obj)
-    if as_json:
-        out(json.dumps(views.plan_json(p), indent=2))
-    else:
-        out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
-        out(views.plan_table(p) if p.actions else "  no steps recorded")
-        out("")
-        out(views.plan_verdict(p, run, c.namespace))
+    with no_cyclic_gc():
+        p = plan_of(c, obj)
+        if as_json:
+            out(json.dumps(views.plan_json(p), indent=2))
+        else:
+            out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
+            out(views.plan_table(p) if p.actions else "  no steps recorded")
+            out("")
+            out(views.plan_verdict(p, run, c.namespace))
     return 0 if p.fully_reversible else 2
 
 
@@ -653,9 +671,10 @@ def export(run: str, with_snapshots: bool) -> int:
     transitions = [{"request": names.get(e["uid"], e["name"]), "reason": e["reason"], "message": e["message"],
                     "time": e["time"]} for e in events]
     write = sys.stdout.write
-    for record in views.export_records(obj, c.run_steps(run), transitions, with_snapshots,
-                                       inline=not inline_moved(obj)):
-        write(views.json_line(record) + "\n")
+    with no_cyclic_gc():
+        for record in views.export_records(obj, c.run_steps(run), transitions, with_snapshots,
+                                           inline=not inline_moved(obj)):
+            write(views.json_line(record) + "\n")
     sys.stdout.flush()
     return 0
 
