@@ -11,7 +11,8 @@ a 10,000-step run plans in at most 3 s.
 Every odd step is a charge (a write with a compensation and a read-back), every even step a
 read; each RunStep carries its tool's manifest entry as its snapshot, as the SDK records it.
 With the operator's webhooks installed a step is admitted only after its predecessor exists,
-so a refused create is retried (the pool keeps going in index order). Uses the cluster of
+so a refused create is retried (the pool keeps going in index order): recording is fastest with
+no operator running (10,000 steps in about 40-70 s). Uses the cluster of
 ``REVERSI_CLUSTER_DIR`` (``reversi-devcluster up``) and leaves the namespace for the next run
 (``--clean`` deletes it first).
 """
