@@ -1,15 +1,14 @@
-"""``kubectl reversi`` reads a run's RunSteps: pages of a LIST validated straight from JSON, the
-continue token read from a page's end, and the plan of the journal they make."""
+"""``kubectl reversi`` reads a run's RunSteps in one paged LIST by label and plans the journal
+they make (with the inline journal of a Run of 0.1); describe lists them only when it must."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from reversi.adapters.journal import JournalError, entry_of
 from reversi.cli import main as plugin
-from reversi.cli import steps
 from reversi.cli.api import CliError
 
 from reversi_testkit import snapshot, step, tool
@@ -41,38 +40,31 @@ ITEMS = [runstep(step(0, READ)), runstep(step(1, CHARGE), UNDO),
                                                                  "note": "seen", "actor": "alice"}})]
 
 
-def test_a_page_gives_the_same_entries_as_entry_of_and_its_continue_token():
-    entries, token = steps.parse_page(page(ITEMS, "abc"))
-    assert entries == [entry_of(obj) for obj in ITEMS]
-    assert token == "abc" and steps.continue_token(page(ITEMS, "abc")) == "abc"
-    assert entries[1].undo.state == "compensated" and entries[0].undo is None
-    assert entries[2].spec.resolution.actor == "alice"
-    assert steps.parse_page(page([]))[1] is None and steps.continue_token(page([])) is None
+class FakeCustom:
+    """A CustomObjectsApi that answers a LIST of RunSteps by label, two items a page."""
 
+    def __init__(self, items: list[dict]):
+        self.items = items
+        self.calls: list[dict] = []
 
-def test_an_invalid_runstep_is_named_with_its_field():
-    bad = runstep(step(1, CHARGE))
-    bad["spec"]["outcome"] = "maybe"
-    with pytest.raises(JournalError) as err:
-        steps.parse_page(page([ITEMS[0], bad]))
-    assert str(err.value).startswith("RunStep r-00001 is invalid: outcome:")
-
-
-def test_the_continue_token_is_read_from_the_whole_page_when_its_end_is_unusual():
-    odd = json.dumps({"metadata": {"continue": "t1"}, "items": [], "kind": "RunStepList"}).encode()
-    assert steps.continue_token(odd) == "t1"
+    def list_namespaced_custom_object(self, group, version, namespace, plural, **kwargs):
+        self.calls.append({"plural": plural, **kwargs})
+        assert plural == "runsteps" and kwargs["label_selector"] == "reversi.dev/run=r"
+        start = int(kwargs.get("_continue") or 0)
+        more = start + 2 < len(self.items)
+        return SimpleNamespace(data=page(self.items[start:start + 2], str(start + 2) if more else None))
 
 
 class FakeConnection:
-    """What ``journal_of`` and ``plan_of`` use of a Connection: the namespace and the entries."""
+    """What ``journal_of`` and ``plan_of`` use of a Connection."""
 
     namespace = "shop"
 
     def __init__(self, items: list[dict]):
-        self.items = items
+        self.custom = FakeCustom(items)
 
-    def run_entries(self, run: str) -> list:
-        return steps.parse_page(page(self.items))[0]
+    def steps_error(self, err, namespace, run):
+        return CliError(f"steps of {namespace}/{run}: {err.status}")
 
 
 RUN = {"metadata": {"name": "r", "namespace": "shop", "uid": "3f6c1a52-0000-4000-8000-000000004711"},
@@ -80,7 +72,9 @@ RUN = {"metadata": {"name": "r", "namespace": "shop", "uid": "3f6c1a52-0000-4000
 
 
 def test_plan_of_a_run_reads_its_runsteps_resolutions_and_undo_state():
-    plan = plugin.plan_of(FakeConnection(ITEMS), RUN)
+    c = FakeConnection(ITEMS)
+    plan = plugin.plan_of(c, RUN)
+    assert len(c.custom.calls) == 2, "one paged LIST by the run's label, never a GET per step"
     assert [(a.step, a.kind) for a in plan.actions] == [(0, "skip"), (1, "skip"), (2, "compensate")]
     assert "already compensated" in plan.actions[1].reason
     assert plan.actions[2].args == {"id": "x"}  # the resolution's result
@@ -97,6 +91,14 @@ def test_a_gap_in_the_runsteps_is_an_error_naming_how_to_list_them():
         plugin.plan_of(FakeConnection([ITEMS[0], ITEMS[2]]), RUN)
     assert "step(s) 1 are missing" in str(err.value)
     assert "kubectl get runsteps -l reversi.dev/run=r -n shop" in str(err.value)
+
+
+def test_an_invalid_runstep_is_named_with_its_field():
+    bad = runstep(step(1, CHARGE))
+    bad["spec"]["outcome"] = "maybe"
+    with pytest.raises(CliError) as err:
+        plugin.plan_of(FakeConnection([ITEMS[0], bad]), RUN)
+    assert str(err.value).startswith("RunStep r-00001 is invalid: outcome:")
 
 
 class DescribeConnection:
@@ -132,18 +134,13 @@ def test_describe_reads_the_runsteps_only_for_tools_the_status_does_not_name():
     assert c.listed == 1, "every step shown is named by the status: no LIST"
 
 
-def test_runsteps_unknown_to_the_server_say_the_crds_are_older_than_the_plugin(monkeypatch):
+def test_runsteps_unknown_to_the_server_say_the_crds_are_older_than_the_plugin():
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     from reversi.cli.api import Connection
 
-    def not_found(*args, **kwargs):
-        raise ApiException(status=404, reason="Not Found")
-
-    monkeypatch.setattr(steps, "list_entries", not_found)
     c = Connection(client.ApiClient(), "shop", None, "https://example")
-    with pytest.raises(CliError) as err:
-        c.run_entries("r")
-    assert str(err.value).startswith("listing the RunSteps of Run shop/r: the server does not know runsteps.reversi.dev")
-    assert "kubectl apply -f crds/" in str(err.value)
+    err = c.steps_error(ApiException(status=404, reason="Not Found"), "shop", "r")
+    assert str(err).startswith("listing the RunSteps of Run shop/r: the server does not know runsteps.reversi.dev")
+    assert "kubectl apply -f crds/" in str(err)

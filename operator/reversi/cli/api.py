@@ -19,8 +19,6 @@ from kubernetes.client.rest import ApiException
 
 from ..adapters import journal
 from ..adapters.kube import api_message as server_message  # re-exported: the commands quote the server
-from ..engine.journal import Entry
-from . import steps
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -144,17 +142,6 @@ class Connection:
         check_name(run, "Run")
         try:
             return journal.list_objects(self.custom, ns, run)
-        except ApiException as err:
-            raise self.steps_error(err, ns, run) from err
-
-    def run_entries(self, run: str, namespace: str | None = None) -> list[Entry]:
-        """Every RunStep of Run ``run`` as engine entries, ordered by index (the same paged LIST
-        as :meth:`run_steps`, validated straight from JSON: see :mod:`reversi.cli.steps`).
-        Raises :class:`~reversi.adapters.journal.JournalError` for an invalid RunStep."""
-        ns = namespace or self.namespace
-        check_name(run, "Run")
-        try:
-            return steps.list_entries(self.custom, ns, run)
         except ApiException as err:
             raise self.steps_error(err, ns, run) from err
 
