@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator
 
 import click
 from kubernetes.client.rest import ApiException
-from pydantic import ValidationError
 
 from ..adapters.journal import JournalError, inline_moved, load
 from ..engine.graph import InvalidRun, build_graph
