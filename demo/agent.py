@@ -1,4 +1,4 @@
-"""The demo's checkout agent: eight real calls, each recorded in a Run through the SDK.
+"""The demo's checkout agent: eight real calls, each recorded through the SDK as a RunStep of its Run.
 
     python demo/agent.py --namespace reversi-demo --run order-4711 --downstream http://127.0.0.1:PORT
 

@@ -3,9 +3,10 @@
 1. starts what is missing: the local control plane (built from pinned sources on first use), the
    CRDs, the operator (with its admission webhooks) and a downstream system with real state
    (payments and inventory with idempotency keys, and an email outbox);
-2. a checkout agent (demo/agent.py) makes eight real calls, each recorded in a Run through the
-   SDK — a read, a charge, a reservation that depends on it, a capture whose undo needs approval,
-   a call that times out, an irreversible email, another read and a shipping fee;
+2. a checkout agent (demo/agent.py) makes eight real calls, each recorded through the SDK as a
+   RunStep of Run order-4711 — a read, a charge, a reservation that depends on it, a capture whose
+   undo needs approval, a call that times out, an irreversible email, another read and a shipping
+   fee;
 3. an on-call engineer (a different user, with the ``approve`` permission) settles the timed-out
    call with a resolution, looks at the plan (dry run), asks for the rollback and approves the
    capture's undo when the request waits for it; progress is shown live;
@@ -41,6 +42,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
+from reversi.adapters.journal import list_objects  # noqa: E402
 from reversi.devcluster import build  # noqa: E402
 from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
 from reversi.devcluster.localop import (  # noqa: E402
@@ -49,17 +51,23 @@ from reversi.devcluster.localop import (  # noqa: E402
     free_port,
     remove_webhook_configurations,
 )
+from reversi.models.runstep import LABEL_RUN, step_name  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo"
 RUN = "order-4711"
 ROLES = {
+    # the agent opens its Run and records each call as a RunStep (create, then patch the outcome)
     "checkout-agent": [
         {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+        {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
     ],
+    # on call reads runs and their steps (plan, describe, export) and settles steps (patch a
+    # RunStep's spec.resolution); rolling back and approving are rights on rollbackrequests
     "oncall": [
-        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "list", "patch"]},
         {"apiGroups": [G], "resources": ["rollbackrequests"],
          "verbs": ["get", "list", "watch", "create", "patch", "approve"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
@@ -144,7 +152,7 @@ class Demo:
     # ----- the story ------------------------------------------------------------------------
 
     def agent(self) -> None:
-        title("The checkout agent makes its calls (each recorded in Run order-4711)")
+        title("The checkout agent makes its calls (each recorded as a RunStep of Run order-4711)")
         # The mug reservation (the first) answers at once; the poster reservation (the second)
         # answers after 3s, so the agent's 1s timeout fires while the reservation really happens.
         self.shop("POST", "/_faults", {"path_prefix": "/inventory/reservations", "mode": "timeout",
@@ -157,13 +165,19 @@ class Demo:
         if out.returncode != 0:
             raise RuntimeError("the agent failed (its output is above)")
         run = self.get("runs", RUN)
-        print(f"  Run {RUN}: {len(run['spec']['steps'])} steps, principal {run['spec']['principal']} "
-              "(stamped by the API server from the agent's identity)")
-        for s in run["spec"]["steps"]:
-            print(f"    {s['index']}  {s['tool']:<24} {s['outcome']}")
+        steps = self.steps()
+        print(f"  Run {RUN}: {len(steps)} steps (RunSteps {step_name(RUN, 0)} ...), principal "
+              f"{run['spec']['principal']} (stamped by the API server from the agent's identity)")
+        for s in steps:
+            print(f"    {s['spec']['index']}  {s['spec']['tool']:<24} {s['spec']['outcome']}")
+        print(f"  list them with: kubectl get runsteps -l {LABEL_RUN}={RUN} -n {NS}")
 
     def get(self, plural: str, name: str) -> dict:
         return client.CustomObjectsApi(self.admin).get_namespaced_custom_object(G, V, NS, plural, name)
+
+    def steps(self) -> list[dict]:
+        """The run's RunSteps, by index (one paged LIST by the run's label)."""
+        return list_objects(client.CustomObjectsApi(self.admin), NS, RUN)
 
     def resolve(self) -> None:
         title("On call: settle the timed-out call (rule 7)")
@@ -172,20 +186,23 @@ class Demo:
         print(f"  the inventory system shows the poster reservation happened: {poster['id']} ({poster['status']})")
         self.plugin("resolve", RUN, "4", "--status", "succeeded", "--result", json.dumps({"id": poster["id"]}),
                     "--note", "found in the inventory admin: the reservation went through")
-        res = self.get("runs", RUN)["spec"]["resolutions"][0]
-        print(f"  step 4 resolved as succeeded by {res['actor']} (stamped by the API server)")
+        res = self.get("runsteps", step_name(RUN, 4))["spec"]["resolution"]
+        print(f"  step 4 resolved as {res['status']} by {res['actor']} (stamped by the API server on "
+              f"RunStep {step_name(RUN, 4)})")
 
     def plan(self) -> None:
-        title("The plan (a dry run changes nothing)")
+        title("The plan (computed from the run's RunSteps; a dry run changes nothing)")
+        mine = json.loads(self.plugin("plan", RUN, "--json", show=False))
+        self.plugin("plan", RUN)
         self.request("order-4711-plan", dryRun=True)
         req = self.wait("order-4711-plan", {"Planned", "Failed"})
         plan = req["status"]["plan"]
-        for a in plan["actions"]:
-            extra = f" -> {a['compensationTool']}" if a.get("compensationTool") else ""
-            flags = " (needs approval)" if a.get("needsApproval") else ""
-            flags += f" blocked by {a['blockedBy']}" if a.get("blockedBy") else ""
-            print(f"    {a['step']}  {a['tool']:<24} {a['kind']:<13}{extra}{flags}")
-        print(f"  fully reversible: {plan['fullyReversible']}  (the email cannot be unsent)")
+        kinds = {a["step"]: a["kind"] for a in mine["actions"]}
+        differ = [a["step"] for a in plan["actions"] if kinds.get(a["step"]) != a["kind"]]
+        if differ or plan["fullyReversible"] != mine["fully_reversible"]:
+            raise RuntimeError(f"kubectl reversi plan and the operator's dry run disagree on step(s) {differ}")
+        print(f"  the operator's dry run (RollbackRequest order-4711-plan) plans the same; fully reversible: "
+              f"{plan['fullyReversible']} (the email cannot be unsent)")
 
     def request(self, name: str, **spec) -> None:
         self.oncall.create_namespaced_custom_object(G, V, NS, "rollbackrequests", {
@@ -231,15 +248,17 @@ class Demo:
             req = self.wait("order-4711-undo", {"Succeeded", "Incomplete", "Failed"}, on_change=show, seen=seen)
         return req
 
-    def plugin(self, *args: str) -> str:
-        """Run ``kubectl reversi`` as the on-call engineer; print and return its output."""
+    def plugin(self, *args: str, show: bool = True) -> str:
+        """Run ``kubectl reversi`` as the on-call engineer; print (unless not ``show``) and
+        return its output."""
         out = subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig",
                               str(self.users["oncall"]), "-n", NS, *args], text=True, capture_output=True,
                              env={**os.environ, "PYTHONPATH": str(REPO / "operator")}, timeout=60)
         shown = "$ kubectl reversi " + " ".join(a if " " not in a else repr(a) for a in args)
-        print(f"  {shown}")
-        for line in (out.stdout + out.stderr).splitlines():
-            print(f"    {line}")
+        if show:
+            print(f"  {shown}")
+            for line in (out.stdout + out.stderr).splitlines():
+                print(f"    {line}")
         if out.returncode not in (0, 2):
             raise RuntimeError(f"kubectl reversi {args[0]} failed: {out.stderr.strip()}")
         return out.stdout
@@ -264,9 +283,8 @@ class Demo:
 
     def check_truth(self, req: dict) -> int:
         title("Downstream truth: is what the report calls undone really undone?")
-        run = self.get("runs", RUN)
-        steps = {s["index"]: s for s in run["spec"]["steps"]}
-        results = {r["step"]: r.get("result") for r in run["spec"].get("resolutions", [])}
+        steps = {s["spec"]["index"]: s["spec"] for s in self.steps()}
+        results = {i: (s.get("resolution") or {}).get("result") for i, s in steps.items()}
         report = req["status"]["report"]
         state = self.shop("GET", "/_state")
         disagreements = 0
@@ -310,7 +328,8 @@ class Demo:
             print(f"""
 == Try it yourself (everything is still running)
   export KUBECONFIG={self.cluster.paths.admin_kubeconfig}
-  kubectl get reversi -n {NS}                                  # the demo's manifest, run and requests
+  kubectl get reversi -n {NS}                                  # the demo's manifest, run, steps and requests
+  kubectl get runsteps -l {LABEL_RUN}={RUN} -n {NS}         # the run's steps, one RunStep each
   kubectl reversi describe run/{RUN} -n {NS}
   python demo/agent.py --namespace {NS} --run my-run --order o-4712 --downstream {self.downstream_url}
   kubectl reversi plan my-run -n {NS}                           # exit 2: not fully reversible (the email)

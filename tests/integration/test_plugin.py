@@ -9,6 +9,7 @@ never one with a different user or with fields the plugin did not send.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,9 +21,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from reversi.adapters.journal import step_body
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
+#: steps of the long run (as in test_journal.py): recording is sequential per run
+LONG_RUN = int(os.environ.get("REVERSI_LONG_RUN_STEPS", "600"))
 
 ADMIN = "reversi-admin"  # the user of the local control plane's admin kubeconfig
 GROUP, VERSION = "reversi.dev", "v1alpha1"
@@ -349,7 +353,7 @@ def test_describe_run_shows_the_newest_request_and_errors_name_the_fix(rv, clust
 # ------------------------------------------------------------------------------- resolve
 
 
-def test_resolve_appends_resolutions_and_unblocks_the_plan(rv, cluster):
+def test_resolve_settles_the_runsteps_and_unblocks_the_plan(rv, cluster):
     rv.apply_manifest(capture_needs_approval=False)
     s0, charge = charge_step(rv, 0, "o-resolve")
     capture = rv.capture(charge["id"])
@@ -366,12 +370,13 @@ def test_resolve_appends_resolutions_and_unblocks_the_plan(rv, cluster):
     second = kr(cluster, "resolve", "r", "2", "--status", "succeeded", "--result", json.dumps({"id": reservation["id"]}),
                 "--note", "reservation exists", namespace=rv.ns)
     assert second.returncode == 0, second.stderr
-    resolutions = rv.get("runs", "r")["spec"]["resolutions"]
-    assert [(r["step"], r["status"], r.get("result"), r["note"]) for r in resolutions] == [
+    resolutions = {s["spec"]["index"]: s["spec"].get("resolution") for s in rv.steps("r")}
+    assert resolutions[0] is None
+    assert [(i, r["status"], r.get("result"), r["note"]) for i, r in sorted(resolutions.items()) if r] == [
         (1, "succeeded", {"id": capture["id"]}, "seen in the payments dashboard"),
         (2, "succeeded", {"id": reservation["id"]}, "reservation exists")]
-    for r in resolutions:
-        assert set(r) <= {"step", "status", "result", "note", "actor", "resolvedAt"}
+    for r in (resolutions[1], resolutions[2]):
+        assert set(r) <= {"status", "result", "note", "actor", "resolvedAt"}
         stamped_or_absent(r, "actor")
 
     plan = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
@@ -388,40 +393,48 @@ def test_resolve_refuses_what_cannot_be_settled(rv, cluster):
         return one_line_error(kr(cluster, "resolve", "r", *args, namespace=rv.ns))
 
     assert "has outcome succeeded" in resolve("0", "--status", "failed", "--note", "n")
-    assert f"Run {rv.ns}/r has no step 7 (it has steps 0..1)" in resolve("7", "--status", "failed", "--note", "n")
+    assert resolve("7", "--status", "failed", "--note", "n") == (
+        f"error: Run {rv.ns}/r has no step 7 (no RunStep {rv.ns}/r-00007); "
+        f"see its steps with kubectl get runsteps -l reversi.dev/run=r -n {rv.ns}")
     assert "--note is empty" in resolve("1", "--status", "failed", "--note", "  ")
     assert "Missing option '--note'" in resolve("1", "--status", "failed")
     assert "--result must be a JSON object" in resolve("1", "--status", "succeeded", "--result", "[1]", "--note", "n")
     assert "--result is not JSON" in resolve("1", "--status", "succeeded", "--result", "{id", "--note", "n")
-    assert "resolutions" not in rv.get("runs", "r")["spec"] or not rv.get("runs", "r")["spec"]["resolutions"]
+    assert all("resolution" not in s["spec"] for s in rv.steps("r"))
     ok = kr(cluster, "resolve", "r", "1", "--status", "failed", "--note", "never happened", namespace=rv.ns)
     assert ok.returncode == 0, ok.stderr
     assert "already resolved as failed" in resolve("1", "--status", "succeeded", "--note", "changed my mind")
-    assert len(rv.get("runs", "r")["spec"]["resolutions"]) == 1
+    assert [s["spec"].get("resolution", {}).get("note") for s in rv.steps("r")] == [None, "never happened"]
     assert one_line_error(kr(cluster, "resolve", "ghost", "0", "--status", "failed", "--note", "n",
                              namespace=rv.ns)).endswith(f"check the name with kubectl get runs -n {rv.ns}")
 
 
-def test_a_stale_json_patch_is_recognised_as_a_lost_race(rv, cluster):
-    """resolve and approve guard their JSON patch with a test of metadata.resourceVersion; the
-    server's answer when it fails must read as a race (retried), not as a refusal."""
+def test_a_stale_patch_is_recognised_as_a_lost_race(rv, cluster):
+    """resolve guards its merge patch of the RunStep with metadata.resourceVersion, approve its
+    JSON patch with a test of it; the server's answer when the object moved on must read as a
+    race (retried), not as a refusal."""
     from reversi.cli.api import connect, lost_race
 
     rv.apply_manifest()
     s0, _ = charge_step(rv, 0, "o-race")
-    run = rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": "x"}, outcome="uncertain")])
-    rv.patch("runs", "r", {"metadata": {"labels": {"touched": "yes"}}})  # the object moves on
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": "x"}, outcome="uncertain")])
+    step = rv.get("runsteps", "r-00001")
+    rv.patch("runsteps", "r-00001", {"metadata": {"labels": {"touched": "yes"}}})  # the object moves on
     c = connect(str(cluster.paths.admin_kubeconfig), None, rv.ns)
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": run["metadata"]["resourceVersion"]},
-           {"op": "add", "path": "/spec/resolutions/-", "value": {"step": 1, "status": "failed", "note": "n"}}]
+    stale = step["metadata"]["resourceVersion"]
+    resolution = {"status": "failed", "note": "n"}
     with pytest.raises(ApiException) as err:
-        c.patch("runs", "r", ops, json_patch=True)
+        c.patch("runsteps", "r-00001", {"metadata": {"resourceVersion": stale}, "spec": {"resolution": resolution}})
     assert lost_race(err.value), err.value.body
-    ops[0]["value"] = rv.get("runs", "r")["metadata"]["resourceVersion"]
-    ops[1]["value"] = {"step": 0, "status": "failed", "note": "n"}  # a settled step: the server refuses
     with pytest.raises(ApiException) as err:
-        c.patch("runs", "r", ops, json_patch=True)
+        c.patch("runsteps", "r-00001", [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
+                                        {"op": "add", "path": "/spec/resolution", "value": resolution}], json_patch=True)
+    assert lost_race(err.value), err.value.body
+    current = rv.get("runsteps", "r-00000")["metadata"]["resourceVersion"]
+    with pytest.raises(ApiException) as err:  # a settled step: the server refuses, no race
+        c.patch("runsteps", "r-00000", {"metadata": {"resourceVersion": current}, "spec": {"resolution": resolution}})
     assert not lost_race(err.value), err.value.body
+    assert "resolution" not in rv.get("runsteps", "r-00001")["spec"]
 
 
 # ---------------------------------------------------------------------------------- halts
@@ -534,6 +547,7 @@ def test_export_writes_journal_resolutions_undo_and_transitions_in_time_order(rv
     assert (res["step"], res["status"], res["result"], res["note"]) == (1, "succeeded", {"id": capture["id"]}, "seen")
     undo = {r["step"]: r for r in records if r["type"] == "undo"}
     assert undo[0]["state"] == undo[1]["state"] == "compensated" and undo[0]["attempts"] == 2
+    assert [{k: v for k, v in u.items() if k != "type"} for u in undo.values()] == rv.undo("r")  # status.undo of each RunStep
     transitions = [r for r in records if r["type"] == "transition"]
     assert {t["request"] for t in transitions} == {"undo"}
     reasons = [t["reason"] for t in transitions]
@@ -588,37 +602,53 @@ def test_an_unreachable_api_server_is_one_line(cluster, tmp_path):
 # ------------------------------------------------------------------------------ large runs
 
 
-def test_plan_and_export_of_a_2000_step_run(rv, cluster):
-    """The plan is computed locally, so it covers every step however long the run (the request's
-    status keeps only a bounded part of it). 2000 steps: the admission webhook's server refuses
-    larger request bodies (HTTP 413) for now."""
-    from reversi.engine.keys import snapshot_id
-    from reversi.models import ToolSpec
-
-    manifest = rv.apply_manifest()
-    tools = {t["name"]: ToolSpec.model_validate(t) for t in manifest["spec"]["tools"]}
-    shared = [{"id": snapshot_id(tools[name]), **tools[name].to_wire()}
-              for name in ("payments.create_charge", "payments.get_customer")]
-    ids = {s["name"]: s["id"] for s in shared}
-    steps = []
-    for i in range(2000):
+def test_plan_and_export_of_a_long_run(rv, cluster):
+    """The plan is computed locally from the run's RunSteps (one paged LIST), so it covers every
+    step however long the run (the request's status keeps only a bounded part of it). 600 steps
+    here (recording is sequential, through the webhooks), REVERSI_LONG_RUN_STEPS for more;
+    benchmarks/plugin_plan_bench.py times 10,000."""
+    n = LONG_RUN
+    rv.apply_manifest()
+    rv.run("big", [])
+    for i in range(n):  # admission refuses a gap: one run is recorded in order
         tool = "payments.create_charge" if i % 2 else "payments.get_customer"
         args = {"order_id": f"o-{i}", "amount": i, "customer": "cus_9"} if i % 2 else {"id": "cus_9"}
-        steps.append({"index": i, "tool": tool, "args": args, "result": {"id": f"ch_{i}"}, "outcome": "succeeded",
-                      "snapshotId": ids[tool]})
-    rv.create("runs", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": "big"},
-                       "spec": {"manifestRef": {"name": "payments"}, "snapshots": shared, "steps": steps}})
+        rv.create("runsteps", step_body(rv.ns, "big", rv.step(i, tool, args, {"id": f"ch_{i}"})))
     started = time.monotonic()
     proc = kr(cluster, "plan", "big", "--json", namespace=rv.ns)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     actions = json.loads(proc.stdout)["actions"]
-    assert len(actions) == 2000 and [a["step"] for a in actions] == list(range(2000))
+    assert len(actions) == n and [a["step"] for a in actions] == list(range(n))
     assert {a["kind"] for a in actions[1::2]} == {"compensate"} and {a["kind"] for a in actions[::2]} == {"skip"}
-    assert actions[1999]["args"] == {"charge_id": "ch_1999", "amount": 1999}
-    assert elapsed < 60, f"plan took {elapsed:.1f}s"
+    assert actions[-1]["args"] == {"charge_id": f"ch_{n - 1}", "amount": n - 1}
+    assert elapsed < 30, f"plan took {elapsed:.1f}s"
     table = kr(cluster, "plan", "big", namespace=rv.ns)
-    assert table.returncode == 0 and sum(1 for line in table.stdout.splitlines() if line[:1].isdigit()) == 2000
+    assert table.returncode == 0 and sum(1 for line in table.stdout.splitlines() if line[:1].isdigit()) == n
     export = kr(cluster, "export", "big", namespace=rv.ns)
     assert export.returncode == 0
-    assert sum(1 for line in export.stdout.splitlines() if json.loads(line)["type"] == "step") == 2000
+    records = [json.loads(line) for line in export.stdout.splitlines()]
+    assert records[0]["steps"] == n
+    assert [r["index"] for r in records if r["type"] == "step"] == list(range(n))
+
+
+def test_plan_and_resolve_of_a_run_of_0_1_with_an_inline_journal(rv, cluster):
+    """A Run recorded by Reversi 0.1 carries its steps inline; the operator copies them into
+    RunSteps (status.movedSteps). The plugin plans it before and after the move, and resolves its
+    steps once moved."""
+    rv.apply_manifest(capture_needs_approval=False)
+    s0, charge = charge_step(rv, 0, "o-inline")
+    rv.inline_run("old", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")])
+    plan = kr(cluster, "plan", "old", "--json", namespace=rv.ns)
+    assert plan.returncode == 2, plan.stderr
+    assert [a["kind"] for a in json.loads(plan.stdout)["actions"]] == ["defer", "unresolved"]
+    wait_for(lambda: (rv.get("runs", "old").get("status") or {}).get("movedSteps") == 2,
+             timeout=60, what="the operator to move Run old into RunSteps")
+    assert [s["spec"]["index"] for s in rv.steps("old")] == [0, 1]
+    capture = rv.capture(charge["id"])
+    ok = kr(cluster, "resolve", "old", "1", "--status", "succeeded", "--result", json.dumps({"id": capture["id"]}),
+            "--note", "captured", namespace=rv.ns)
+    assert ok.returncode == 0, ok.stderr
+    after = kr(cluster, "plan", "old", "--json", namespace=rv.ns)
+    assert after.returncode == 0, after.stderr
+    assert [a["kind"] for a in json.loads(after.stdout)["actions"]] == ["compensate", "compensate"]

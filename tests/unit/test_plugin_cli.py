@@ -115,26 +115,49 @@ def test_request_name_is_run_undo_random_and_fits():
     assert len(plugin.request_name("x" * 253)) == 253
 
 
-RUN = {"metadata": {"name": "r"}, "spec": {
-    "steps": [{"index": 0, "tool": "pay.charge", "outcome": "succeeded"},
-              {"index": 1, "tool": "pay.capture", "outcome": "uncertain"},
-              {"index": 2, "tool": "pay.capture", "outcome": "intended"}],
-    "resolutions": [{"step": 2, "status": "failed", "note": "never sent", "actor": "alice"}]}}
+def runstep(index: int, tool: str, outcome: str, resolution: dict | None = None) -> dict:
+    spec = {"index": index, "tool": tool, "outcome": outcome, "runRef": {"name": "r"}}
+    if resolution:
+        spec["resolution"] = resolution
+    return {"metadata": {"name": f"r-{index:05d}", "resourceVersion": "7"}, "spec": spec}
+
+
+STEPS = [runstep(0, "pay.charge", "succeeded"), runstep(1, "pay.capture", "uncertain"),
+         runstep(2, "pay.capture", "intended", {"status": "failed", "note": "never sent", "actor": "alice"})]
 
 
 def test_check_resolution_accepts_an_unresolved_uncertain_step():
-    plugin.check_resolution(RUN, "shop", 1)
+    plugin.check_resolution(STEPS[1], "Run shop/r", 1)
 
 
 @pytest.mark.parametrize(("step", "message"), [
-    (5, "Run shop/r has no step 5 (it has steps 0..2)"),
     (0, "step 0 (pay.charge) of Run shop/r has outcome succeeded: only intended or uncertain steps are resolved"),
     (2, "step 2 of Run shop/r is already resolved as failed by alice ('never sent'); a resolution cannot be changed"),
 ])
 def test_check_resolution_refuses(step, message):
     with pytest.raises(CliError) as err:
-        plugin.check_resolution(RUN, "shop", step)
+        plugin.check_resolution(STEPS[step], "Run shop/r", step)
     assert message in str(err.value)
+
+
+def test_a_missing_step_names_its_runstep_and_how_to_list_the_steps():
+    run = {"metadata": {"name": "r"}, "spec": {}}
+    assert str(plugin.missing_step(run, "shop", 5)) == (
+        "Run shop/r has no step 5 (no RunStep shop/r-00005); see its steps with "
+        "kubectl get runsteps -l reversi.dev/run=r -n shop")
+
+
+def test_a_step_still_inline_in_a_run_of_0_1_waits_for_the_operator():
+    run = {"metadata": {"name": "r"}, "spec": {"steps": [{"index": 0, "tool": "pay.charge", "outcome": "uncertain"}]}}
+    text = str(plugin.missing_step(run, "shop", 0))
+    assert "still inline in the Run (recorded by Reversi 0.1)" in text and "RunStep r-00000" in text
+
+
+def test_resolve_refuses_a_step_beyond_the_largest_run_before_calling_anything(capsys):
+    code, _, err = run(capsys, "resolve", "r", "100000", "--status", "failed", "--note", "n")
+    assert code == 1 and "0<=x<=99999" in single_error(err)
+    code, _, err = run(capsys, "resolve", "R!", "1", "--status", "failed", "--note", "n")
+    assert code == 1 and "'R!' is not a valid Run name" in single_error(err)
 
 
 def _req(phase="AwaitingApproval", dry_run=False, actions=None, omitted=0):

@@ -97,9 +97,9 @@ INCOMPLETE = {
 
 
 def test_describe_lists_every_bucket_with_tools_errors_reasons_and_residue():
-    run = {"spec": {"manifestRef": {"name": "payments"},
-                    "steps": [{"index": i, "tool": f"tool{i}"} for i in range(8)]}}
-    text = views.describe_request(_request(INCOMPLETE), run, [], NOW)
+    run = {"spec": {"manifestRef": {"name": "payments"}}}
+    assert views.steps_without_tool(_request(INCOMPLETE)) == [1, 2, 3, 4, 5, 7]
+    text = views.describe_request(_request(INCOMPLETE), run, [], NOW, step_tools={i: f"tool{i}" for i in range(8)})
     assert "Phase:        Incomplete" in text and "Progress:     1/3" in text
     assert "Completed:    2025-01-02T03:01:00Z" in text
     assert "Compensated (undone and checked by a reader): 1\n  step 4  tool4" in text
@@ -112,6 +112,19 @@ def test_describe_lists_every_bucket_with_tools_errors_reasons_and_residue():
     assert "Skipped (nothing to undo): 1" in text
     assert "step 4: stays on the statement" in text
     assert "Awaiting approval" not in text and "Pending (not settled yet)" not in text
+
+
+def test_describe_names_tools_of_a_run_of_0_1_not_moved_yet_and_without_the_journal_what_status_says():
+    inline = {"spec": {"manifestRef": {"name": "payments"}, "steps": [{"index": i, "tool": f"tool{i}"} for i in range(8)]}}
+    assert "step 4  tool4" in views.describe_request(_request(INCOMPLETE), inline, [], NOW)
+    text = views.describe_request(_request(INCOMPLETE), None, [], NOW, run_missing="not readable")
+    assert "step 6  payments.create_charge: refund failed: 502" in text and "\n  step 4\n" in text
+
+
+def test_steps_without_tool_is_empty_when_the_status_names_every_step_shown():
+    req = _request({"phase": "Succeeded", "report": {"compensated": [0], "skipped": [1], "complete": True},
+                    "plan": {"fullyReversible": True, "actions": [{"step": 0, "tool": "a", "kind": "compensate"}]}})
+    assert views.steps_without_tool(req) == []
 
 
 def test_describe_says_what_to_do_next_for_each_kind_of_trouble():
@@ -229,7 +242,39 @@ def test_kill_switch_text():
 # ---------------------------------------------------------------------------------- export
 
 
+def _runstep(spec: dict, resolution: dict | None = None, undo: dict | None = None) -> dict:
+    obj = {"metadata": {"name": f"r-{spec['index']:05d}"},
+           "spec": {**spec, "runRef": {"name": "r"}, **({"resolution": resolution} if resolution else {})}}
+    if undo:
+        obj["status"] = {"undo": undo}
+    return obj
+
+
 def test_export_records_order_and_snapshots():
+    charge = snapshot(tool("pay.charge"))
+    steps = [_runstep(step(1, charge, "uncertain"), resolution={"status": "failed", "note": "n", "actor": "alice"}),
+             _runstep(step(0, charge), undo={"step": 0, "state": "compensated", "attempts": 1, "idempotencyKey": "k"})]
+    run = {"metadata": {"name": "r", "namespace": "shop", "uid": "u"},
+           "spec": {"principal": "agent", "mode": "enforce", "manifestRef": {"name": "m"}}}
+    transitions = [{"request": "b", "reason": "RollbackComplete", "message": "done", "time": "2025-01-02T03:00:09Z"},
+                   {"request": "a", "reason": "CompensationStarted", "message": "go", "time": "2025-01-02T03:00:01.5Z"}]
+    records = list(views.export_records(run, steps, transitions))
+    assert [r["type"] for r in records] == ["run", "step", "step", "resolution", "undo", "transition", "transition"]
+    assert records[0]["principal"] == "agent" and records[0]["steps"] == 2
+    assert [r["index"] for r in records[1:3]] == [0, 1]
+    assert records[1] == {"type": "step", **{k: v for k, v in step(0, charge).items() if k != "snapshot"}}
+    assert "runRef" not in records[2] and "resolution" not in records[2]
+    assert records[3] == {"type": "resolution", "step": 1, "status": "failed", "note": "n", "actor": "alice"}
+    assert records[4] == {"type": "undo", "step": 0, "state": "compensated", "attempts": 1, "idempotencyKey": "k"}
+    assert [r["reason"] for r in records[5:]] == ["CompensationStarted", "RollbackComplete"]
+    assert set(records[5]) == {"type", "request", "reason", "message", "time"}
+    full = list(views.export_records(run, steps, [], with_snapshots=True))
+    assert full[1]["snapshot"]["name"] == full[2]["snapshot"]["name"] == "pay.charge"
+    line = views.json_line(records[1])
+    assert "\n" not in line and json.loads(line) == records[1]
+
+
+def test_export_of_a_run_of_0_1_not_moved_yet_reads_its_inline_journal():
     charge = snapshot(tool("pay.charge"))
     steps = [step(0, charge), step(1, charge, "uncertain")]
     steps[1].pop("snapshot")
@@ -239,26 +284,22 @@ def test_export_records_order_and_snapshots():
                     "snapshots": [{"id": "abc", **charge}],
                     "resolutions": [{"step": 1, "status": "failed", "note": "n", "actor": "alice"}]},
            "status": {"undo": [{"step": 0, "state": "compensated", "attempts": 1, "idempotencyKey": "k"}]}}
-    transitions = [{"request": "b", "reason": "RollbackComplete", "message": "done", "time": "2025-01-02T03:00:09Z"},
-                   {"request": "a", "reason": "CompensationStarted", "message": "go", "time": "2025-01-02T03:00:01.5Z"}]
-    records = list(views.export_records(run, transitions))
-    assert [r["type"] for r in records] == ["run", "step", "step", "resolution", "undo", "transition", "transition"]
-    assert records[0]["principal"] == "agent" and records[0]["steps"] == 2
+    records = list(views.export_records(run, [], []))
+    assert [r["type"] for r in records] == ["run", "step", "step", "resolution", "undo"]
     assert "snapshot" not in records[1] and records[2]["snapshotId"] == "abc"
     assert records[3] == {"type": "resolution", "step": 1, "status": "failed", "note": "n", "actor": "alice"}
-    assert records[4]["state"] == "compensated"
-    assert [r["reason"] for r in records[5:]] == ["CompensationStarted", "RollbackComplete"]
-    assert set(records[5]) == {"type", "request", "reason", "message", "time"}
-    full = list(views.export_records(run, [], with_snapshots=True))
-    assert full[1]["snapshot"]["name"] == "pay.charge"
+    full = list(views.export_records(run, [], [], with_snapshots=True))
     assert full[2]["snapshot"]["name"] == "pay.charge" and "id" not in full[2]["snapshot"]
-    line = views.json_line(records[1])
-    assert "\n" not in line and json.loads(line) == records[1]
+    moved = list(views.export_records(run, [_runstep(step(0, charge), undo={"step": 0, "state": "compensating",
+                                                                               "attempts": 2, "idempotencyKey": "k"})], []))
+    assert moved[0]["steps"] == 2 and next(r for r in moved if r["type"] == "undo")["state"] == "compensating"
+    done = list(views.export_records(run, [_runstep(step(0, charge))], [], inline=False))  # moved: RunSteps only
+    assert [r["type"] for r in done] == ["run", "step"] and done[0]["steps"] == 1
 
 
-def test_export_with_no_status_has_no_undo_records():
-    run = {"metadata": {"name": "r"}, "spec": {"steps": []}}
-    assert [r["type"] for r in views.export_records(run, [])] == ["run"]
+def test_export_with_no_steps_has_only_the_run_record():
+    run = {"metadata": {"name": "r"}, "spec": {}}
+    assert [r["type"] for r in views.export_records(run, [], [])] == ["run"]
 
 
 def test_plan_of_an_undone_run_skips_what_is_compensated():

@@ -11,11 +11,13 @@ import re
 import os
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..adapters import journal
 from ..adapters.kube import api_message as server_message  # re-exported: the commands quote the server
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
@@ -24,8 +26,8 @@ JSON_PATCH = "application/json-patch+json"
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: plural -> kind, for messages
-KINDS = {"runs": "Run", "rollbackrequests": "RollbackRequest", "halts": "Halt", "clusterhalts": "ClusterHalt",
-         "toolmanifests": "ToolManifest"}
+KINDS = {"runs": "Run", "runsteps": "RunStep", "rollbackrequests": "RollbackRequest", "halts": "Halt",
+         "clusterhalts": "ClusterHalt", "toolmanifests": "ToolManifest"}
 
 
 class CliError(Exception):
@@ -81,7 +83,11 @@ class Connection:
 
     def __post_init__(self) -> None:
         self.custom = client.CustomObjectsApi(self.api)
-        self.core = client.CoreV1Api(self.api)
+
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        """Core v1 (Events), made on first use: importing it costs about a second."""
+        return client.CoreV1Api(self.api)
 
     # ---------------------------------------------------------------------- reads
 
@@ -128,6 +134,23 @@ class Connection:
             token = (resp.get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    def run_steps(self, run: str, namespace: str | None = None) -> list[dict]:
+        """Every RunStep of Run ``run`` (dicts), ordered by index: one paged LIST by the run's
+        label, never a GET per step."""
+        ns = namespace or self.namespace
+        check_name(run, "Run")
+        try:
+            return journal.list_objects(self.custom, ns, run)
+        except ApiException as err:
+            raise self.steps_error(err, ns, run) from err
+
+    def steps_error(self, err: ApiException, namespace: str, run: str) -> CliError:
+        what = f"listing the RunSteps of Run {namespace}/{run}"
+        if err.status == 404:  # Runs are known (the Run was read), RunSteps are not: CRDs of 0.1
+            return CliError(f"{what}: the server does not know runsteps.{GROUP} (its Reversi CRDs are older "
+                            "than this plugin); install the current ones with kubectl apply -f crds/ or the Helm chart")
+        return self.api_error(err, what)
 
     def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
         """Core v1 Events about objects of ``kind`` whose uid is in ``uids`` (paged), as

@@ -257,7 +257,10 @@ def approval_hint(request: Mapping[str, Any]) -> str:
             f"or approve every compensation of the request: kubectl reversi approve {name} --all {ns_flag(ns)}")
 
 
-def _tool_names(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> dict[int, str]:
+def _tool_names(request: Mapping[str, Any], run: Mapping[str, Any] | None,
+                step_tools: Mapping[int, str] | None = None) -> dict[int, str]:
+    """Each step's tool: from the request's status, then the journal (``step_tools``, from the
+    RunSteps, and the inline steps of a Run of Reversi 0.1 not moved yet), which wins."""
     tools: dict[int, str] = {}
     status = request.get("status") or {}
     for action in (status.get("plan") or {}).get("actions") or []:
@@ -267,7 +270,23 @@ def _tool_names(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> di
             tools[entry["step"]] = entry["tool"]
     for step in ((run or {}).get("spec") or {}).get("steps") or []:
         tools[step["index"]] = step.get("tool", "")
+    tools.update(step_tools or {})
     return tools
+
+
+def _bucket_steps(items: Iterable[Any]) -> list[int]:
+    return [item["step"] if isinstance(item, Mapping) else item for item in items]
+
+
+def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
+    """Steps ``describe`` lists by name whose tool the request's status does not say (a long
+    run's status keeps a bounded part of the plan): their tools come from the run's RunSteps."""
+    status = request.get("status") or {}
+    report = status.get("report") or {}
+    known = _tool_names(request, None)
+    shown = {s for key, _ in BUCKETS for s in _bucket_steps((report.get(key) or [])[:BUCKET_LIMIT])}
+    shown |= {e.get("step") for e in (status.get("steps") or [])[:BUCKET_LIMIT]}
+    return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
 def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str]) -> list[str]:
@@ -355,15 +374,17 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
 
 
 def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
-                     now: dt.datetime, run_missing: str = "not found") -> str:
+                     now: dt.datetime, run_missing: str = "not found",
+                     step_tools: Mapping[int, str] | None = None) -> str:
     """``kubectl reversi describe``: a report a person can read (Velero style). ``run_missing``
-    says why ``run`` is ``None`` (``not found``, or e.g. ``not readable``)."""
+    says why ``run`` is ``None`` (``not found``, or e.g. ``not readable``); ``step_tools``: the
+    tool of each step, from its RunStep, for steps the request's status does not name."""
     meta = request.get("metadata") or {}
     spec = request.get("spec") or {}
     status = request.get("status") or {}
     ns = meta.get("namespace", "default")
     run_name = (spec.get("runRef") or {}).get("name", "")
-    tools = _tool_names(request, run)
+    tools = _tool_names(request, run, step_tools)
     conds = _conditions(status)
     lines = [
         f"Name:         {meta.get('name', '')}",
@@ -507,33 +528,57 @@ def _time_key(value: str | None) -> dt.datetime:
     return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
 
 
-def export_records(run: Mapping[str, Any], transitions: Iterable[Mapping[str, Any]],
-                   with_snapshots: bool = False) -> Iterator[dict[str, Any]]:
+def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], transitions: Iterable[Mapping[str, Any]],
+                   with_snapshots: bool = False, inline: bool = True) -> Iterator[dict[str, Any]]:
     """``export``: one record per journal step, resolution, undo entry and undo transition.
 
-    Order: a ``run`` record, the steps (by index), the resolutions, the undo state per step
-    (``status.undo``), then the transitions (Events on the run's RollbackRequests) in time order.
-    Steps leave out their manifest snapshot unless ``with_snapshots`` (then a step naming a shared
-    snapshot gets it inline, as ``snapshot``).
+    ``steps`` are the run's RunStep objects. Order: a ``run`` record, the steps (by index), the
+    resolutions (each RunStep's ``spec.resolution``, with its ``step``), the undo state per step
+    (each RunStep's ``status.undo``), then the transitions (Events on the run's RollbackRequests)
+    in time order. Steps leave out their manifest snapshot unless ``with_snapshots``. With
+    ``inline`` (a Run of Reversi 0.1 whose inline journal, ``spec.steps``, the operator has not
+    moved yet) the inline journal is exported the same way; a RunStep wins over an inline step of
+    the same index (it is the moved copy).
     """
     meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+    inline_spec = spec if inline else {}
+    inline_status = status if inline else {}
+    calls: dict[int, dict[str, Any]] = {}
+    snapshots: dict[int, Any] = {}
+    resolutions: dict[int, dict[str, Any]] = {}
+    undo: dict[int, dict[str, Any]] = {}
+    shared = {s.get("id"): s for s in inline_spec.get("snapshots") or []}
+    for step in inline_spec.get("steps") or []:  # inline journal (Reversi 0.1)
+        calls[step["index"]] = {k: v for k, v in step.items() if k != "snapshot"}
+        snap = step.get("snapshot")
+        if snap is None and step.get("snapshotId") in shared:
+            snap = {k: v for k, v in shared[step["snapshotId"]].items() if k != "id"}
+        snapshots[step["index"]] = snap
+    for res in inline_spec.get("resolutions") or []:
+        resolutions[res["step"]] = dict(res)
+    for entry in inline_status.get("undo") or []:
+        undo[entry.get("step", 0)] = dict(entry)
+    for obj in steps:
+        step_spec = obj.get("spec") or {}
+        index = step_spec.get("index")
+        calls[index] = {k: v for k, v in step_spec.items() if k not in ("snapshot", "runRef", "resolution")}
+        snapshots[index] = step_spec.get("snapshot")
+        if step_spec.get("resolution"):
+            resolutions[index] = {"step": index, **step_spec["resolution"]}
+        if (obj.get("status") or {}).get("undo"):
+            undo[index] = obj["status"]["undo"]
     yield {"type": "run", "namespace": meta.get("namespace"), "name": meta.get("name"), "uid": meta.get("uid"),
            "principal": spec.get("principal"), "mode": spec.get("mode"), "scope": spec.get("scope") or {},
-           "manifestRef": spec.get("manifestRef"), "steps": len(spec.get("steps") or []),
-           "createdAt": meta.get("creationTimestamp")}
-    shared = {s.get("id"): s for s in spec.get("snapshots") or []}
-    for step in spec.get("steps") or []:
-        record = {"type": "step", **{k: v for k, v in step.items() if k != "snapshot"}}
+           "manifestRef": spec.get("manifestRef"), "steps": len(calls), "createdAt": meta.get("creationTimestamp")}
+    for index in sorted(calls):
+        record = {"type": "step", **calls[index]}
         if with_snapshots:
-            snap = step.get("snapshot")
-            if snap is None and step.get("snapshotId") in shared:
-                snap = {k: v for k, v in shared[step["snapshotId"]].items() if k != "id"}
-            record["snapshot"] = snap
+            record["snapshot"] = snapshots.get(index)
         yield record
-    for res in spec.get("resolutions") or []:
-        yield {"type": "resolution", **res}
-    for undo in sorted(status.get("undo") or [], key=lambda u: u.get("step", 0)):
-        yield {"type": "undo", **undo}
+    for index in sorted(resolutions):
+        yield {"type": "resolution", **resolutions[index]}
+    for index in sorted(undo):
+        yield {"type": "undo", **undo[index]}
     for t in sorted(transitions, key=lambda t: (_time_key(t.get("time")), t.get("request") or "")):
         yield {"type": "transition", "request": t.get("request"), "reason": t.get("reason"),
                "message": t.get("message"), "time": t.get("time")}
