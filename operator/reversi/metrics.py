@@ -116,7 +116,7 @@ class Metrics:
 
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""
-        halts: dict[str, int] = {"": len(kube.list("clusterhalts"))}
+        halts: dict[str, int] = {"": len(kube.list_paged("clusterhalts"))}
         for halt in self._list(kube, "halts"):
             ns = halt["metadata"]["namespace"]
             halts[ns] = halts.get(ns, 0) + 1
@@ -128,9 +128,10 @@ class Metrics:
             self._known_halts |= set(halts)
 
     def _list(self, kube: Any, plural: str) -> list[dict]:
+        """Every object of a kind in the watched namespaces, read a page at a time."""
         if not self.namespaces:
-            return kube.list(plural)
-        return [obj for ns in self.namespaces for obj in kube.list(plural, ns)]
+            return kube.list_paged(plural)
+        return [obj for ns in self.namespaces for obj in kube.list_paged(plural, ns)]
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``port`` (a daemon thread)."""

@@ -115,8 +115,12 @@ def test_service_serves_metrics_and_webhooks(render):
     dep = find(render(), "Deployment")
     container_ports = {p["name"]: p["containerPort"]
                        for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert container_ports == {"metrics": 8080, "webhook": 9443}
+    assert container_ports == {"health": 8081, "metrics": 8080, "webhook": 9443}
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    liveness = container["livenessProbe"]["httpGet"]
+    assert (liveness["path"], liveness["port"]) == ("/healthz", "health"), "liveness is kopf's own endpoint"
+    assert {"name": "REVERSI_HEALTH_PORT", "value": "8081"} in container["env"]
 
 
 # ----------------------------------------------------------------------------------- RBAC
@@ -300,7 +304,7 @@ def test_webhooks_off_renders_no_webhook_objects(render):
     assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
     container = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert not any(e["name"].startswith("REVERSI_WEBHOOK") for e in container["env"])
-    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert [p["name"] for p in container["ports"]] == ["health", "metrics"]
     assert [p["name"] for p in find(objs, "Service")["spec"]["ports"]] == ["metrics"]
 
 

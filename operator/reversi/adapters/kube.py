@@ -33,8 +33,9 @@ def _now() -> str:
 class Kube:
     """Thin, typed access to the objects Reversi reads and writes."""
 
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, timeout: float = 30.0):
         self.api = api
+        self.timeout = timeout  # seconds, on every request
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
@@ -44,7 +45,8 @@ class Kube:
     def get(self, plural: str, namespace: str, name: str) -> dict | None:
         """The object as a dict, or None when it does not exist."""
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
+                                                          _request_timeout=self.timeout)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -58,11 +60,30 @@ class Kube:
         cache to catch up (up to ~100 ms when the kind was not written lately).
         """
         kwargs: dict[str, Any] = {"resource_version": "0"} if cached else {}
+        kwargs["_request_timeout"] = self.timeout
         if namespace:
             resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
         else:
             resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
         return resp.get("items", [])
+
+    def list_paged(self, plural: str, namespace: str | None = None, page: int = 500) -> list[dict]:
+        """All objects of a kind, read ``page`` at a time (a cluster with thousands of Runs is
+        never one unbounded response)."""
+        items: list[dict] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page, "_request_timeout": self.timeout}
+            if token:
+                kwargs["_continue"] = token
+            if namespace:
+                resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
+            else:
+                resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
+            items.extend(resp.get("items", []))
+            token = (resp.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     def merge_status(self, plural: str, namespace: str, name: str, status: dict,
                      resource_version: str | None = None) -> dict:
@@ -73,7 +94,7 @@ class Kube:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
             return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, body)
+                GROUP, VERSION, namespace, plural, name, body, _request_timeout=self.timeout)
         except ApiException as err:
             if err.status == 409:
                 raise Conflict(str(err.reason)) from err
@@ -83,7 +104,7 @@ class Kube:
         """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""
         try:
             return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH)
+                GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH, _request_timeout=self.timeout)
         except ApiException as err:
             if err.status == 409 or failed_test(err):
                 raise Conflict(api_message(err)) from err
@@ -93,7 +114,7 @@ class Kube:
 
     def list_jobs(self, namespace: str, selector: str) -> dict[str, Any]:
         """Jobs matching a label selector, by name."""
-        jobs = self.batch.list_namespaced_job(namespace, label_selector=selector).items
+        jobs = self.batch.list_namespaced_job(namespace, label_selector=selector, _request_timeout=self.timeout).items
         return {j.metadata.name: j for j in jobs}
 
     def create_job(self, secret: dict, job: dict) -> bool:
@@ -101,12 +122,12 @@ class Kube:
         adopted, not replaced. Returns True when the Job was created now."""
         ns = job["metadata"]["namespace"]
         try:
-            self.core.create_namespaced_secret(ns, secret)
+            self.core.create_namespaced_secret(ns, secret, _request_timeout=self.timeout)
         except ApiException as err:
             if err.status != 409:
                 raise
         try:
-            self.batch.create_namespaced_job(ns, job)
+            self.batch.create_namespaced_job(ns, job, _request_timeout=self.timeout)
             return True
         except ApiException as err:
             if err.status == 409:
@@ -129,7 +150,8 @@ class Kube:
         if state == "running":
             return JobView("running")
         ns, name = job.metadata.namespace, job.metadata.name
-        pods = self.core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items
+        pods = self.core.list_namespaced_pod(ns, label_selector=f"job-name={name}",
+                                             _request_timeout=self.timeout).items
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
         message, output = "", None
         if pods:
@@ -143,7 +165,7 @@ class Kube:
             if reader and state == "succeeded":
                 try:
                     resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader",
-                                                             _preload_content=False)
+                                                             _preload_content=False, _request_timeout=self.timeout)
                     output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:
                     output = None
@@ -173,7 +195,7 @@ class Kube:
             "firstTimestamp": now, "lastTimestamp": now, "eventTime": now, "action": reason, "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
+            self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=self.timeout)
         except ApiException as err:  # an event is worth a log line, never a failure
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
 

@@ -65,7 +65,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="reversi.dev")
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
-    settings.watching.server_timeout = 300
+    settings.watching.server_timeout = 300  # the API server ends each watch after this many seconds
+    settings.watching.client_timeout = 330  # and the client gives up on a silent one a little later
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = ours.api_timeout_seconds
+    settings.networking.connect_timeout = 10
     if ours.peering is None:
         settings.peering.standalone = True
     else:
@@ -76,7 +80,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.mandatory = True
         settings.peering.priority = PEERING_PRIORITY_BASE - int(time.time() * 10) % PEERING_PRIORITY_BASE
     _configure_webhooks(settings, ours)
-    kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")))
+    kube = Kube(api_client(os.environ.get("REVERSI_KUBECONFIG")), timeout=ours.api_timeout_seconds)
     metrics = Metrics(namespaces=ours.namespaces)
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
@@ -134,6 +138,13 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         scheme="Bearer" if token else None, token=token.removeprefix("Bearer ") or None)
 
 
+@kopf.on.probe(id="rollbacks")
+def rollbacks_probe(**_: Any) -> int:
+    """Liveness detail: how many rollback workers run (kopf answers /healthz only while its
+    watches and handlers run; this adds what the operator is doing)."""
+    return runtime.state().workers.count() if runtime.initialised() else 0
+
+
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
     _stop.set()
@@ -167,8 +178,9 @@ def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int 
     if _settings.webhook_cert or _settings.webhook_configure:
         # kopf refuses admission handlers without a webhook server: register them only when served
         from ..handlers import admission  # noqa: F401
+    liveness = f"http://0.0.0.0:{_settings.health_port}/healthz" if _settings.health_port else None
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces,
-             standalone=_settings.peering is None, liveness_endpoint=None)
+             standalone=_settings.peering is None, liveness_endpoint=liveness)
 
 
 if __name__ == "__main__":

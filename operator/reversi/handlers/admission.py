@@ -525,7 +525,7 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
     for _ in range(5):
         try:
             obj = (kube.get(plural, namespace, name) if namespace else
-                   kube.custom.get_cluster_custom_object(G, V, plural, name))
+                   kube.custom.get_cluster_custom_object(G, V, plural, name, _request_timeout=kube.timeout))
         except ApiException:
             return
         if obj is None:
@@ -534,9 +534,10 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
         body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": {"refusedCalls": count}}
         try:
             if namespace:
-                kube.custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, body)
+                kube.custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, body,
+                                                                  _request_timeout=kube.timeout)
             else:
-                kube.custom.patch_cluster_custom_object_status(G, V, plural, name, body)
+                kube.custom.patch_cluster_custom_object_status(G, V, plural, name, body, _request_timeout=kube.timeout)
             return
         except ApiException as err:
             if err.status != 409:
@@ -624,7 +625,8 @@ def _allowed(userinfo: dict, namespace: str, group: str, resource: str, verb: st
         user=info.get("username"), groups=info.get("groups"), uid=info.get("uid"), extra=info.get("extra"),
         resource_attributes=client.V1ResourceAttributes(
             group=group, resource=resource, verb=verb, namespace=namespace, name=name)))
-    result = client.AuthorizationV1Api(runtime.state().kube.api).create_subject_access_review(review)
+    kube = runtime.state().kube
+    result = client.AuthorizationV1Api(kube.api).create_subject_access_review(review, _request_timeout=kube.timeout)
     return bool(result.status and result.status.allowed)
 
 
@@ -683,7 +685,8 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
                            call={}, idempotency_key="0" * 64)
         job["metadata"]["ownerReferences"] = []
         try:
-            client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All")
+            client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All",
+                                                                    _request_timeout=state.kube.timeout)
         except (ApiException, ValidationError) as err:
             # the API server's validation, or the client's own (it checks shapes before sending)
             message = _validation_message(err) if isinstance(err, ValidationError) else api_message(err)

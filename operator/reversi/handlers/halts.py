@@ -35,9 +35,11 @@ def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
     custom = runtime.state().kube.custom
     try:
         if namespace:
-            custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, patch)
+            custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, patch,
+                                                         _request_timeout=runtime.state().kube.timeout)
         else:
-            custom.patch_cluster_custom_object_status(G, V, plural, name, patch)
+            custom.patch_cluster_custom_object_status(G, V, plural, name, patch,
+                                                      _request_timeout=runtime.state().kube.timeout)
     except ApiException as err:
         if err.status != 404:  # lifted (deleted) meanwhile: nothing to report
             raise

@@ -60,6 +60,11 @@ class Workers:
         if entry:
             entry[1].set()
 
+    def count(self) -> int:
+        """Workers alive now."""
+        with self._lock:
+            return sum(1 for thread, _ in self._threads.values() if thread.is_alive())
+
     def stop_all(self) -> None:
         with self._lock:
             entries = list(self._threads.values())
