@@ -103,3 +103,17 @@ def test_status_steps_are_bounded_and_keep_active_steps_first():
 def test_status_plan_is_bounded_and_counts_what_it_left_out():
     wire = st_mod.plan_status(_plan(1000), 200)
     assert len(wire["actions"]) == 200 and wire["omitted"] == 800 and wire["fullyReversible"] is True
+
+
+def test_pod_truth_a_failed_job_whose_container_exited_0_succeeded():
+    """An attempt is judged by its pod: a Job marked failed after an outage, whose container
+    terminated with 0, did its work (the compensator must not run again)."""
+    from reversi.adapters.kube import pod_verdict
+
+    assert pod_verdict("failed", [0]) == "succeeded"
+    assert pod_verdict("failed", [0, 0]) == "succeeded"
+    assert pod_verdict("failed", [0, 1]) == "failed"
+    assert pod_verdict("failed", [None]) == "failed", "a container that never terminated proves nothing"
+    assert pod_verdict("failed", []) == "failed", "no pod: the Job's verdict stands"
+    assert pod_verdict("succeeded", [1]) == "succeeded"
+    assert pod_verdict("running", [0]) == "running"

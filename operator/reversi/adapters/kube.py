@@ -156,12 +156,18 @@ class Kube:
         message, output = "", None
         if pods:
             pod = pods[-1]
+            exit_codes = []
             for cs in pod.status.container_statuses or []:
                 term = cs.state.terminated if cs.state else None
                 if term is not None:
+                    exit_codes.append(term.exit_code)
                     message = (term.message or "").strip()
                     if not message and term.exit_code:
                         message = f"exit code {term.exit_code}"
+            truth = pod_verdict(state, exit_codes)
+            if truth != state:
+                log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
+                state, message, job_message = truth, "", ""
             if reader and state == "succeeded":
                 try:
                     resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader",
@@ -198,6 +204,16 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=self.timeout)
         except ApiException as err:  # an event is worth a log line, never a failure
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+def pod_verdict(job_state: str, exit_codes: list[int | None]) -> str:
+    """What an attempt really did, from its pod rather than its Job (pod truth): a Job marked
+    ``failed`` — e.g. ``DeadlineExceeded`` after the API server was down while its pod ran —
+    whose every container terminated with exit code 0 did its work, so it ``succeeded`` (a reader
+    still checks it); anything else keeps the Job's verdict. Pure."""
+    if job_state == "failed" and exit_codes and all(code == 0 for code in exit_codes):
+        return "succeeded"
+    return job_state
 
 
 #: what the API server answers when a JSON-patch ``test`` operation fails (422, no causes)
