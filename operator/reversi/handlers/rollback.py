@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 
+from ..adapters import status as st
 from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY
 from ..models.rollbackrequest import TERMINAL_PHASES
 from . import runtime
@@ -21,8 +22,14 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **_:
     if type == "DELETED":
         workers.stop(namespace, name)
         return
+    if not runtime.reconciling():
+        return
     status = body.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
+        # a final request does no more work, but a spec change is still observed (kstatus)
+        update = st.observed_update(status, body["metadata"].get("generation"))
+        if update is not None:
+            runtime.state().kube.merge_status("rollbackrequests", namespace, name, update)
         return
     workers.ensure(namespace, name)
 

@@ -44,6 +44,7 @@ from .common import (
     StatusModel,
     ToolName,
     age_column,
+    ready_column,
     immutable,
     list_map,
     rule,
@@ -304,7 +305,8 @@ class RunStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="RolledBack, Locked.",
+        description="RolledBack, Locked; Ready (True when no rollback holds the run and its last rollback, if any, "
+        "is complete), Reconciling (True while a rollback holds it), Stalled (True when its last rollback is incomplete).",
         json_schema_extra=list_map("type"),
     )
     active_request: str | None = Field(
@@ -353,6 +355,7 @@ CRD = CrdInfo(
             "description": "Index of the newest step (steps = last step + 1).",
         },
         {"name": "Rollback", "type": "string", "jsonPath": ".status.activeRequest", "priority": 1},
+        ready_column(),
         age_column(),
     ],
 )
