@@ -1,0 +1,134 @@
+"""Ready/Reconciling/Stalled (kstatus conventions) and the schema check, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from reversi import conditions as c
+from reversi import crdgen, schema
+from reversi.adapters import status as st
+from reversi.handlers.halts import halt_status
+from reversi.handlers.manifests import manifest_status
+from reversi.models import ALL_CRDS
+from reversi.models.common import SCHEMA_VERSION, SCHEMA_VERSION_ANNOTATION
+
+
+def _conds(updates, gen=3):
+    return {t: (s, r) for t, s, r, _ in updates}
+
+
+@pytest.mark.parametrize("phase, ready, reconciling, stalled", [
+    ("Pending", "False", "True", "False"),
+    ("Waiting", "False", "True", "False"),
+    ("Running", "False", "True", "False"),
+    ("AwaitingApproval", "False", "True", "False"),
+    ("Planned", "True", "False", "False"),
+    ("Succeeded", "True", "False", "False"),
+    ("Incomplete", "False", "False", "True"),
+    ("Failed", "False", "False", "True"),
+])
+def test_request_readiness_per_phase(phase, ready, reconciling, stalled):
+    got = _conds(st.request_readiness(phase, c.IN_PROGRESS, "m"))
+    assert (got[c.READY][0], got[c.RECONCILING][0], got[c.STALLED][0]) == (ready, reconciling, stalled)
+    # the condition that is True carries the reason; the others say Idle or the same reason
+    assert all(reason in c.REASONS for _, reason in got.values())
+
+
+def test_readiness_refuses_an_unknown_state():
+    with pytest.raises(ValueError, match="ready, progressing or stalled"):
+        st.readiness("done", c.IDLE, "")
+
+
+def _cond(ctype, status, reason, gen=1):
+    return c.condition(ctype, status, reason, "m", gen)
+
+
+def test_run_readiness_follows_lock_and_last_rollback():
+    assert _conds(st.run_readiness([]))[c.READY] == ("True", c.NO_ROLLBACK)
+    locked = [_cond(c.LOCKED, c.TRUE, c.HELD_BY_REQUEST)]
+    assert _conds(st.run_readiness(locked))[c.RECONCILING] == ("True", c.HELD_BY_REQUEST)
+    done = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.TRUE, c.ALL_COMPENSATED)]
+    assert _conds(st.run_readiness(done))[c.READY] == ("True", c.ALL_COMPENSATED)
+    bad = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.FALSE, c.INCOMPLETE)]
+    assert _conds(st.run_readiness(bad))[c.STALLED] == ("True", c.INCOMPLETE)
+
+
+def test_run_status_update_writes_only_when_behind():
+    update = st.run_status_update({"observedGeneration": 0}, 4)
+    assert update["observedGeneration"] == 4
+    assert {x["type"]: x["observedGeneration"] for x in update["conditions"]} == {
+        c.READY: 4, c.RECONCILING: 4, c.STALLED: 4}
+    assert st.run_status_update(update, 4) is None
+    assert st.run_status_update(update, 5)["observedGeneration"] == 5
+
+
+def test_observed_update_of_a_final_request():
+    status = {"observedGeneration": 1, "phase": "Planned", "conditions": [_cond(c.READY, c.TRUE, c.PLAN_READY)]}
+    update = st.observed_update(status, 2)
+    assert update["observedGeneration"] == 2 and update["conditions"][0]["observedGeneration"] == 2
+    assert update["conditions"][0]["status"] == c.TRUE
+    assert st.observed_update({**status, "observedGeneration": 2}, 2) is None
+
+
+def test_halt_is_ready_while_in_force():
+    body = {"metadata": {"generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"reason": "r"}}
+    status = halt_status(body)
+    assert status["observedGeneration"] == 2 and status["active"] is True
+    assert c.is_true(status["conditions"], c.READY) and c.is_true(status["conditions"], c.ACTIVE)
+    assert halt_status({**body, "status": status}) is None
+
+
+def test_manifest_ready_when_accepted_stalled_when_not():
+    good = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.read", "effect": "read"}]}}
+    assert c.is_true(manifest_status(good)["conditions"], c.READY)
+    bad = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.write", "effect": "write"}]}}
+    conds = manifest_status(bad)["conditions"]
+    assert c.is_true(conds, c.STALLED) and not c.is_true(conds, c.READY)
+    assert c.get_condition(conds, c.STALLED)["reason"] == c.MANIFEST_INVALID
+
+
+# ----------------------------------------------------------------------------- schema version
+
+def _crd(name, version):
+    annotations = {} if version is None else {SCHEMA_VERSION_ANNOTATION: str(version)}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_schema_check_accepts_current_and_newer_crds():
+    crds = [_crd(n, SCHEMA_VERSION) for n in schema.CRD_NAMES[:-1]] + [_crd(schema.CRD_NAMES[-1], SCHEMA_VERSION + 1)]
+    result = schema.check(crds)
+    assert result.ok and result.oldest == SCHEMA_VERSION
+    assert "the operator needs" in result.summary()
+
+
+def test_schema_check_names_older_and_missing_crds():
+    crds = [_crd("runs.reversi.dev", 1), _crd("halts.reversi.dev", None)] + [
+        _crd(n, SCHEMA_VERSION) for n in schema.CRD_NAMES if n not in ("runs.reversi.dev", "halts.reversi.dev",
+                                                                       "clusterhalts.reversi.dev")]
+    result = schema.check(crds + [_crd("other.example.com", 1)])
+    assert not result.ok
+    assert result.installed["runs.reversi.dev"] == 1 and result.installed["halts.reversi.dev"] == 0
+    assert result.installed["clusterhalts.reversi.dev"] is None and result.oldest is None
+    text = result.summary()
+    assert f"runs.reversi.dev has schema version 1, the operator needs {SCHEMA_VERSION}" in text
+    assert "halts.reversi.dev has no schema version" in text
+    assert "clusterhalts.reversi.dev is not installed" in text
+    assert "helm upgrade" in text
+
+
+def test_generated_crds_carry_the_schema_version_and_the_status_default():
+    for info in ALL_CRDS:
+        crd = crdgen.crd_for(info)
+        assert crd["metadata"]["annotations"][SCHEMA_VERSION_ANNOTATION] == str(SCHEMA_VERSION)
+        assert schema.version_of(crd) == SCHEMA_VERSION
+        version = crd["spec"]["versions"][0]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status["default"] == {"observedGeneration": 0}  # kstatus: InProgress until observed
+        columns = [col["name"] for col in version["additionalPrinterColumns"]]
+        assert columns[-2:] == ["Ready", "Age"]
+
+
+def test_chart_template_is_the_crd_with_enable_and_keep_switches():
+    text = crdgen.chart_template(ALL_CRDS[0])
+    assert text.startswith("{{- if .Values.crds.enabled }}\n") and text.endswith("{{- end }}\n")
+    assert "    {{- if .Values.crds.keep }}\n    helm.sh/resource-policy: keep\n    {{- end }}\n" in text
