@@ -130,5 +130,6 @@ def test_generated_crds_carry_the_schema_version_and_the_status_default():
 
 def test_chart_template_is_the_crd_with_enable_and_keep_switches():
     text = crdgen.chart_template(ALL_CRDS[0])
-    assert text.startswith("{{- if .Values.crds.enabled }}\n") and text.endswith("{{- end }}\n")
-    assert "    {{- if .Values.crds.keep }}\n    helm.sh/resource-policy: keep\n    {{- end }}\n" in text
+    assert text.startswith(crdgen.CHART_HEADER) and text.endswith("{{- end }}\n")
+    assert 'if or (not (hasKey $crds "enabled")) $crds.enabled' in crdgen.CHART_HEADER
+    assert '    {{- if or (not (hasKey $crds "keep")) $crds.keep }}\n    helm.sh/resource-policy: keep\n' in text
