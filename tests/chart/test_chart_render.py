@@ -167,6 +167,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"),
                ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
                ("authorization.k8s.io", "subjectaccessreviews", "create"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
