@@ -622,3 +622,17 @@ def test_plan_and_export_of_a_2000_step_run(rv, cluster):
     export = kr(cluster, "export", "big", namespace=rv.ns)
     assert export.returncode == 0
     assert sum(1 for line in export.stdout.splitlines() if json.loads(line)["type"] == "step") == 2000
+
+
+def test_version_shows_the_plugins_and_each_crds_schema_version(cluster, crds):
+    from reversi.models.common import SCHEMA_VERSION
+
+    proc = kr(cluster, "version", "--json")
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["schemaVersion"] == SCHEMA_VERSION and answer["current"] is True and answer["problems"] == []
+    assert set(answer["crds"]) == {f"{p}.reversi.dev" for p in
+                                   ("runs", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")}
+    assert set(answer["crds"].values()) == {SCHEMA_VERSION}
+    text = kr(cluster, "version")
+    assert text.returncode == 0 and f"operator schema version {SCHEMA_VERSION}" in text.stdout
