@@ -133,3 +133,32 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
     assert text.startswith(crdgen.CHART_HEADER) and text.endswith("{{- end }}\n")
     assert 'if or (not (hasKey $crds "enabled")) $crds.enabled' in crdgen.CHART_HEADER
     assert '    {{- if or (not (hasKey $crds "keep")) $crds.keep }}\n    helm.sh/resource-policy: keep\n' in text
+
+
+#: digest of the generated schemas (descriptions left out) at each schema version: a change to a
+#: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
+#: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
+SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b"}
+
+
+def _schema_digest() -> str:
+    import hashlib
+    import json
+
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "description"}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    schemas = {i.crd_name: strip(crdgen.crd_for(i)["spec"]["versions"][0]["schema"]) for i in ALL_CRDS}
+    return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()
+
+
+def test_a_schema_change_raises_the_schema_version():
+    digest = _schema_digest()
+    assert SCHEMA_DIGESTS.get(SCHEMA_VERSION) == digest, (
+        f"the generated CRD schemas changed (digest {digest}) but SCHEMA_VERSION is still {SCHEMA_VERSION}: "
+        "raise SCHEMA_VERSION in operator/reversi/models/common.py, run make crds, and record the digest in "
+        "SCHEMA_DIGESTS")
