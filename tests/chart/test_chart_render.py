@@ -358,8 +358,10 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "enabled": True, "alertLabels": {"team": "payments", "severity": "page"},
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
-    assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown"}
+    assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
+                          "ReversiCRDSchemaOutdated"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
+    assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert "reversi-operator" not in json.dumps(rules)
     for rule in rules.values():
         assert rule["labels"]["team"] == "payments"
