@@ -219,16 +219,17 @@ def run_status_update(status: dict | None, generation: int | None) -> dict | Non
     status = status or {}
     old = status.get("conditions") or []
     conds = summary_conditions(old, generation or 0, run_readiness(old))
-    if status.get("observedGeneration") == generation and _same(conds, old):
+    if status.get("observedGeneration") == generation and same_conditions(conds, old):
         return None
     return {"observedGeneration": generation, "conditions": conds}
 
 
-def _same(new: list[dict], old: list[dict]) -> bool:
-    """Conditions equal apart from ``lastTransitionTime``."""
-    strip = lambda cs: sorted((x["type"], x["status"], x["reason"], x.get("message"), x.get("observedGeneration"))  # noqa: E731
-                              for x in cs)
-    return strip(new) == strip(old)
+def same_conditions(new: list[dict], old: list[dict]) -> bool:
+    """Whether two condition lists say the same, ``lastTransitionTime`` aside (order ignored)."""
+    def key(conds: list[dict]) -> list[tuple]:
+        return sorted((x["type"], x["status"], x["reason"], x.get("message"), x.get("observedGeneration"))
+                      for x in conds)
+    return key(new) == key(old)
 
 
 def observed_update(status: dict | None, generation: int | None) -> dict | None:

@@ -29,7 +29,7 @@ def halt_status(body: Any) -> dict | None:
     conds = st.summary_conditions(status.get("conditions") or [], gen, [
         (c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT, message),
         *st.readiness(st.READY_STATE, c.HALT_IN_EFFECT, message)])
-    if status.get("active") is True and status.get("observedGeneration") == gen and st._same(
+    if status.get("active") is True and status.get("observedGeneration") == gen and st.same_conditions(
             conds, status.get("conditions") or []):
         return None
     return {"active": True, "since": status.get("since") or meta.get("creationTimestamp"),
