@@ -2,9 +2,10 @@
 
 The reconciler keeps these current whenever it locks or releases a Run. Between rollbacks a
 Run's generation still moves with every recorded step, so this handler brings the status up
-to date — once the Run has been quiet for :data:`QUIET_SECONDS`: a status write while an agent
-is recording would only make its next append retry (the SDK appends with a resourceVersion
-test), and one write per burst of steps is enough for kstatus.
+to date — once the Run has been quiet for ``run_status_quiet_seconds`` (settings, default 3): a
+status write while an agent is recording would make its next append retry (the SDK appends with
+a resourceVersion test), and while the journal is one object every write carries the whole Run;
+one write per burst of steps is enough for kstatus.
 
 A de-duplicating delayed queue and one thread, not a thread per Run.
 """
@@ -24,23 +25,21 @@ from ..adapters.kube import Conflict
 from . import runtime
 
 log = logging.getLogger("reversi.runs")
-QUIET_SECONDS = 1.0
 
 
 class Quiet:
     """Keys become due ``quiet`` seconds after their last :meth:`put`; ``work(key, value)`` runs
     for each due key, with the last value put, on one daemon thread."""
 
-    def __init__(self, quiet: float, work: Any):
-        self.quiet = quiet
+    def __init__(self, work: Any):
         self.work = work
         self._latest: dict[Any, tuple[float, Any]] = {}
         self._heap: list[tuple[float, Any]] = []
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def put(self, key: Any, value: Any) -> None:
-        due = time.monotonic() + self.quiet
+    def put(self, key: Any, value: Any, quiet: float) -> None:
+        due = time.monotonic() + quiet
         with self._cv:
             self._latest[key] = (due, value)
             heapq.heappush(self._heap, (due, key))
@@ -84,7 +83,7 @@ def _write(key: tuple[str, str], body: dict) -> None:
         pass  # the Run changed since: its next event brings it here again
 
 
-_queue = Quiet(QUIET_SECONDS, _write)
+_queue = Quiet(_write)
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs")
@@ -98,4 +97,5 @@ def run_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None
         _queue.put((namespace, name), {
             "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion")},
             "status": {"observedGeneration": status.get("observedGeneration"),
-                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}})
+                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}},
+            runtime.state().settings.run_status_quiet_seconds)
