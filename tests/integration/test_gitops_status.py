@@ -191,3 +191,22 @@ def test_kubectl_wait_for_ready_waits_for_a_rollback_request(rv):
     stalled = subprocess.run([kubectl, "wait", "--for=condition=Stalled", "rollbackrequest/undo-email", "-n", rv.ns,
                               "--timeout=10s"], capture_output=True, text=True, timeout=30)
     assert stalled.returncode == 0, stalled.stderr
+
+
+def test_a_request_awaiting_approval_past_its_deadline_is_stalled(rv):
+    """Issue 12: Stalled=True when it cannot progress without a person, here an approval that did
+    not come before spec.deadlineSeconds; kstatus Failed, Argo CD Degraded."""
+    rv.apply_manifest(capture_needs_approval=True)
+    charge = rv.charge("o-late")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-late", "amount": 700, "customer": "cus_9"},
+                         charge),
+                 rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r", deadlineSeconds=2)
+    req = rv.wait_phase("undo", "Incomplete", timeout=60)
+    stalled = _cond(req, "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "AwaitingApproval", stalled
+    assert "not approved before the deadline" in stalled["message"]
+    assert _cond(req, "Ready")["status"] == "False"
+    assert kstatus([req])[0]["status"] == "Failed"
+    assert argocd_health(req)["status"] == "Degraded"
