@@ -52,5 +52,4 @@ down:
 	reversi-devcluster down
 
 crds: install
-	reversi-crdgen
-	cp crds/*.yaml charts/reversi/crds/
+	reversi-crdgen   # crds/ and the chart's templates/crds/

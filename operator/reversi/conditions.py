@@ -17,6 +17,10 @@ Which types go where:
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
   (a RollbackRequest holds the run: ``status.activeRequest``).
 - ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``.
+- Every kind, for GitOps tools (kstatus: Flux, ``kubectl wait``, cli-utils; Argo CD health
+  checks): ``Ready``, ``Reconciling`` (True while work is in progress) and ``Stalled`` (True when
+  it cannot progress without a person), next to ``status.observedGeneration``. Built by
+  ``reversi.adapters.status.readiness`` and its per-kind callers, never by hand.
 
 This module imports only the standard library.
 """
@@ -50,6 +54,10 @@ LOCKED = "Locked"
 ACCEPTED = "Accepted"
 # Halt / ClusterHalt
 ACTIVE = "Active"
+# Every kind (kstatus conventions)
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
 
 TYPES = frozenset(
     {
@@ -65,6 +73,9 @@ TYPES = frozenset(
         LOCKED,
         ACCEPTED,
         ACTIVE,
+        READY,
+        RECONCILING,
+        STALLED,
     }
 )
 
@@ -113,6 +124,11 @@ MANIFEST_VALID = "ManifestValid"  # Accepted=True
 MANIFEST_INVALID = "ManifestInvalid"  # Accepted=False
 # Halt
 HALT_IN_EFFECT = "HaltInEffect"  # Active=True
+# Ready / Reconciling / Stalled (every kind); most reuse the reasons above
+NO_ROLLBACK = "NoRollback"  # Run Ready=True: no rollback has worked on the run yet
+IDLE = "Idle"  # Reconciling=False / Stalled=False: nothing is in progress, nothing is stuck
+SCHEMA_OUTDATED = "SchemaOutdated"  # Event reason: the installed CRDs are older than the operator
+SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current again
 
 REASONS = frozenset(
     {
@@ -154,6 +170,8 @@ REASONS = frozenset(
         MANIFEST_VALID,
         MANIFEST_INVALID,
         HALT_IN_EFFECT,
+        NO_ROLLBACK,
+        IDLE,
     }
 )
 

@@ -18,6 +18,12 @@ reversi_verification_duration_seconds       hist.   first read-back to the verif
 reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
                                                     (``namespace=""``) in force
 reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
+reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
+                                                    than the operator (it then reconciles
+                                                    nothing), else 0
+reversi_crd_schema_version                  gauge   schema version of each installed CRD, by
+                                                    ``crd`` (0: no annotation); and the
+                                                    operator's own, ``crd="operator"``
 =========================================== ======= ==========================================
 
 Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
@@ -65,6 +71,11 @@ class Metrics:
                            ["namespace"], registry=r)
         self.refused = Counter("reversi_refused_calls", "Steps refused at admission, by reason.",
                                ["namespace", "tool", "reason"], registry=r)
+        self.schema_outdated = Gauge("reversi_crd_schema_outdated",
+                                     "1 while an installed CRD is missing or older than the operator.", registry=r)
+        self.schema_version = Gauge("reversi_crd_schema_version",
+                                    "Schema version of each installed CRD (crd=\"operator\": the operator's own).",
+                                    ["crd"], registry=r)
         self._known_incomplete: set[str] = set()
         self._known_halts: set[str] = set()
         self._lock = threading.Lock()
@@ -89,6 +100,19 @@ class Metrics:
 
     def refused_call(self, namespace: str, tool: str, reason: str) -> None:
         self.refused.labels(namespace, tool, reason).inc()
+
+    def schema_checked(self, result: Any) -> None:
+        """Record a schema check (``reversi.schema.SchemaCheck``)."""
+        self.schema_outdated.set(0 if result.ok else 1)
+        self.schema_version.labels("operator").set(result.wanted)
+        for crd, version in result.installed.items():
+            if version is None:  # not installed: no series
+                try:
+                    self.schema_version.remove(crd)
+                except KeyError:
+                    pass
+            else:
+                self.schema_version.labels(crd).set(version)
 
     # ----- gauges from the API ---------------------------------------------------------------
 

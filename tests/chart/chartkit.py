@@ -96,8 +96,9 @@ class Release:
     """A release of the chart on the local control plane."""
 
     def __init__(self, helm: Path, kubectl: Path, kubeconfig: Path, tmp_path: Path, name: str, namespace: str,
-                 values: dict):
+                 values: dict, chart: Path = CHART):
         self.helm, self.kubectl, self.kubeconfig = helm, kubectl, kubeconfig
+        self.chart = chart
         self.tmp_path, self.name, self.namespace = tmp_path, name, namespace
         self.values = values
         self.fullname = name if "reversi" in name else f"{name}-reversi"
@@ -118,7 +119,7 @@ class Release:
                 "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}}}
             self.kubectl_cmd("apply", "-f", "-", input=json.dumps(ns))
         verb = ["upgrade", "--install"] if upgrade else ["install"]
-        self.helm_cmd(*verb, self.name, CHART, "--namespace", self.namespace,
+        self.helm_cmd(*verb, self.name, self.chart, "--namespace", self.namespace,
                       "--values", write_values(self.tmp_path, self.values), "--wait", "--timeout", "180s",
                       timeout=240)
         self.wait_ready()
@@ -180,6 +181,9 @@ def release_values(**overrides: Any) -> dict:
         "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "58080"))},
         "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "59443"))},
         "operator": {"tickSeconds": 0.5},
+        # the tests' CRDs come from crds/ (the crds fixture), shared with the integration tests;
+        # test_chart_upgrade.py installs them with the release
+        "crds": {"enabled": False},
     }
     for key, value in overrides.items():
         if isinstance(value, dict):

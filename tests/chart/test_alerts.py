@@ -10,7 +10,8 @@ import yaml
 from tests.chart.chartkit import CHART, HERE, run
 
 RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
-ALERTS = {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown"}
+ALERTS = {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
+          "ReversiCRDSchemaOutdated"}
 
 
 def test_promtool_check_rules(promtool):

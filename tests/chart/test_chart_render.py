@@ -38,20 +38,29 @@ def test_lint_with_every_optional_feature_on(helm, tmp_path):
 
 # ------------------------------------------------------------------------------------- CRDs
 
-def test_chart_crds_are_the_generated_crds():
-    """charts/reversi/crds/ holds exact copies of crds/ (regenerate with reversi-crdgen, then copy:
-    cp crds/*.yaml charts/reversi/crds/)."""
-    ours = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
-    chart = {p.name: p.read_text() for p in (CHART / "crds").glob("*.reversi.dev.yaml")}
+def test_chart_crds_are_the_generated_crds(render):
+    """The chart renders crds/ exactly (they are templates, so `helm upgrade` updates them),
+    annotated helm.sh/resource-policy: keep; regenerate both with `make crds`."""
+    ours = {yaml.safe_load(p.read_text())["metadata"]["name"]: yaml.safe_load(p.read_text())
+            for p in (REPO / "crds").glob("*.yaml")}
     assert ours, "no CRDs in crds/"
-    assert sorted(chart) == sorted(ours), "the chart's crds/ and crds/ hold different CRD files"
-    stale = [name for name in ours if chart[name] != ours[name]]
-    assert not stale, f"charts/reversi/crds/ is stale for {stale}: cp crds/*.yaml charts/reversi/crds/"
+    rendered = {o["metadata"]["name"]: o for o in render() if o["kind"] == "CustomResourceDefinition"}
+    assert sorted(rendered) == sorted(ours)
+    for name, crd in rendered.items():
+        assert crd["metadata"]["annotations"].pop("helm.sh/resource-policy") == "keep"
+        assert crd == ours[name], f"the chart's template of {name} is stale: run make crds"
 
 
-def test_chart_ships_kopf_peering_crds_and_nothing_else():
-    extra = {p.name for p in (CHART / "crds").glob("*.yaml")} - {p.name for p in (REPO / "crds").glob("*.yaml")}
-    assert extra == {"kopf-peering.yaml"}
+def test_crds_can_be_left_out_or_left_to_helm_uninstall(render):
+    assert not [o for o in render({"crds": {"enabled": False}}) if o["kind"] == "CustomResourceDefinition"]
+    unkept = [o for o in render({"crds": {"keep": False}}) if o["kind"] == "CustomResourceDefinition"]
+    assert len(unkept) == 5 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
+
+
+def test_chart_crds_folder_holds_only_kopf_peering_crds():
+    """Helm installs its crds/ folder once and never upgrades it: only kopf's peering CRDs,
+    shared by every kopf operator, stay there."""
+    assert {p.name for p in (CHART / "crds").glob("*")} == {"kopf-peering.yaml"}
     names = {d["metadata"]["name"] for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())}
     assert names == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
 
@@ -67,6 +76,8 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
         ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
+        *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
+            "runs", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
     ])
 
 
@@ -162,6 +173,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"),
                ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
                ("authorization.k8s.io", "subjectaccessreviews", "create"),
+               ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
@@ -352,8 +364,10 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "enabled": True, "alertLabels": {"team": "payments", "severity": "page"},
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
-    assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown"}
+    assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
+                          "ReversiCRDSchemaOutdated"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
+    assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert "reversi-operator" not in json.dumps(rules)
     for rule in rules.values():
         assert rule["labels"]["team"] == "payments"

@@ -652,3 +652,17 @@ def test_plan_and_resolve_of_a_run_of_0_1_with_an_inline_journal(rv, cluster):
     after = kr(cluster, "plan", "old", "--json", namespace=rv.ns)
     assert after.returncode == 0, after.stderr
     assert [a["kind"] for a in json.loads(after.stdout)["actions"]] == ["compensate", "compensate"]
+
+
+def test_version_shows_the_plugins_and_each_crds_schema_version(cluster, crds):
+    from reversi.models.common import SCHEMA_VERSION
+
+    proc = kr(cluster, "version", "--json")
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["schemaVersion"] == SCHEMA_VERSION and answer["current"] is True and answer["problems"] == []
+    assert set(answer["crds"]) == {f"{p}.reversi.dev" for p in
+                                   ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")}
+    assert set(answer["crds"].values()) == {SCHEMA_VERSION}
+    text = kr(cluster, "version")
+    assert text.returncode == 0 and f"operator schema version {SCHEMA_VERSION}" in text.stdout

@@ -26,13 +26,21 @@ def _env():
 
 def test_committed_crds_match_the_models():
     proc = subprocess.run(
-        [sys.executable, "-m", "reversi.crdgen", "--check", "--out", str(CRD_DIR)],
+        [sys.executable, "-m", "reversi.crdgen", "--check", "--out", str(CRD_DIR),
+         "--chart-out", str(ROOT / "charts" / "reversi" / "templates" / "crds")],
         capture_output=True,
         text=True,
         env=_env(),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_check_mode_fails_on_a_stale_chart_template(tmp_path):
+    assert crdgen.main(["--out", str(tmp_path / "crds"), "--chart-out", str(tmp_path / "chart")]) == 0
+    target = tmp_path / "chart" / "halts.reversi.dev.yaml"
+    target.write_text(target.read_text().replace("helm.sh/resource-policy: keep", ""))
+    assert crdgen.main(["--check", "--out", str(tmp_path / "crds"), "--chart-out", str(tmp_path / "chart")]) == 1
 
 
 def test_check_mode_fails_on_a_stale_file(tmp_path):

@@ -22,6 +22,22 @@ JSON_PATCH = "application/json-patch+json"
 log = logging.getLogger("reversi.kube")
 
 
+def read_crds(api: client.ApiClient, names: tuple[str, ...]) -> list[dict]:
+    """The CRDs called ``names`` as installed (dicts; missing ones left out). Raises
+    ``ApiException`` on errors other than 404."""
+    ext = client.ApiextensionsV1Api(api)
+    out = []
+    for name in names:
+        try:
+            crd = ext.read_custom_resource_definition(name)
+        except ApiException as err:
+            if err.status == 404:
+                continue
+            raise
+        out.append(api.sanitize_for_serialization(crd))
+    return out
+
+
 class Conflict(Exception):
     """A write lost an optimistic-concurrency race (HTTP 409, or a failed JSON-patch test)."""
 

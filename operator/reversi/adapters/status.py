@@ -156,3 +156,88 @@ def summary_conditions(old: list[dict], generation: int, updates: Iterable[tuple
 def active(runs: dict[int, StepRun]) -> list[int]:
     """Steps whose compensation, check or read-back is under way."""
     return sorted(s for s, r in runs.items() if r.stage in ACTIVE_STAGES)
+
+
+# ----------------------------------------------------------------- kstatus: Ready / Reconciling / Stalled
+
+READY_STATE, PROGRESSING, STALLED_STATE = "ready", "progressing", "stalled"
+
+
+def readiness(state: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
+    """The ``Ready``, ``Reconciling`` and ``Stalled`` updates (for :func:`summary_conditions`)
+    of an object that is ``"ready"``, ``"progressing"`` or ``"stalled"`` (kstatus conventions):
+
+    - ready: Ready=True (``reason``), Reconciling=False and Stalled=False (``Idle``);
+    - progressing: Ready=False and Reconciling=True (``reason``), Stalled=False (``Idle``);
+    - stalled (a person must act): Ready=False and Stalled=True (``reason``), Reconciling=False.
+
+    kstatus then computes Current, InProgress and Failed. Raises ``ValueError`` for another state.
+    """
+    if state not in (READY_STATE, PROGRESSING, STALLED_STATE):
+        raise ValueError(f"readiness state must be ready, progressing or stalled, not {state!r}")
+    idle = "nothing is in progress" if state != PROGRESSING else "work is in progress"
+    return [
+        (c.READY, c.TRUE if state == READY_STATE else c.FALSE, reason, message),
+        (c.RECONCILING, c.TRUE if state == PROGRESSING else c.FALSE, reason if state == PROGRESSING else c.IDLE,
+         message if state == PROGRESSING else idle),
+        (c.STALLED, c.TRUE if state == STALLED_STATE else c.FALSE, reason if state == STALLED_STATE else c.IDLE,
+         message if state == STALLED_STATE else "nothing needs a person"),
+    ]
+
+
+def request_readiness(phase: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
+    """Ready/Reconciling/Stalled of a RollbackRequest in ``phase``: ready when Planned or
+    Succeeded; stalled when Incomplete or Failed (the report or the Invalid condition says what
+    a person must do); progressing otherwise (Pending, Waiting, Running, AwaitingApproval)."""
+    if phase in ("Planned", "Succeeded"):
+        return readiness(READY_STATE, reason, message)
+    if phase in ("Incomplete", "Failed"):
+        return readiness(STALLED_STATE, reason, message)
+    return readiness(PROGRESSING, reason, message)
+
+
+def run_readiness(conditions: list[dict] | None) -> list[tuple[str, str, str, str]]:
+    """Ready/Reconciling/Stalled of a Run from its ``Locked`` and ``RolledBack`` conditions:
+    progressing while a rollback holds it, stalled when its last rollback is incomplete, ready
+    otherwise (rolled back completely, or never rolled back)."""
+    locked = c.get_condition(conditions, c.LOCKED)
+    if locked and locked.get("status") == c.TRUE:
+        return readiness(PROGRESSING, c.HELD_BY_REQUEST, locked.get("message", ""))
+    rolled = c.get_condition(conditions, c.ROLLED_BACK)
+    if rolled is None:
+        return readiness(READY_STATE, c.NO_ROLLBACK, "no rollback has worked on this run")
+    if rolled.get("status") == c.TRUE:
+        return readiness(READY_STATE, c.ALL_COMPENSATED, rolled.get("message", ""))
+    return readiness(STALLED_STATE, c.INCOMPLETE, f"{rolled.get('message', '')}: read its report "
+                     "(kubectl reversi describe run/NAME) and settle what is left")
+
+
+def run_status_update(status: dict | None, generation: int | None) -> dict | None:
+    """The status merge patch that makes a Run's ``observedGeneration`` current and its
+    Ready/Reconciling/Stalled agree with its Locked/RolledBack conditions, or ``None`` when
+    nothing would change (then nothing is written)."""
+    status = status or {}
+    old = status.get("conditions") or []
+    conds = summary_conditions(old, generation or 0, run_readiness(old))
+    if status.get("observedGeneration") == generation and same_conditions(conds, old):
+        return None
+    return {"observedGeneration": generation, "conditions": conds}
+
+
+def same_conditions(new: list[dict], old: list[dict]) -> bool:
+    """Whether two condition lists say the same, ``lastTransitionTime`` aside (order ignored)."""
+    def key(conds: list[dict]) -> list[tuple]:
+        return sorted((x["type"], x["status"], x["reason"], x.get("message"), x.get("observedGeneration"))
+                      for x in conds)
+    return key(new) == key(old)
+
+
+def observed_update(status: dict | None, generation: int | None) -> dict | None:
+    """For an object whose work is done (a final RollbackRequest): the status merge patch that
+    records ``generation`` as observed (and in its conditions), or ``None`` when it already is.
+    Spec changes after the end change nothing, but kstatus needs to see them observed."""
+    status = status or {}
+    if status.get("observedGeneration") == generation:
+        return None
+    conds = [{**cond, "observedGeneration": generation} for cond in status.get("conditions") or []]
+    return {"observedGeneration": generation, "conditions": conds}

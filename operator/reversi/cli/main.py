@@ -681,6 +681,43 @@ def export(run: str, with_snapshots: bool) -> int:
 # -------------------------------------------------------------------------------------- main
 
 
+# --------------------------------------------------------------------------------------- version
+
+
+@cli.command(help="This plugin's version and schema version, and the schema version of each installed CRD. "
+                  "Exit 2 when an installed CRD is missing or older (the operator then reconciles nothing).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@global_options
+def version(as_json: bool) -> int:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    from .. import schema
+    from ..adapters.kube import read_crds
+
+    try:
+        mine = package_version("reversi")
+    except PackageNotFoundError:
+        mine = "unknown"
+    c = conn()
+    try:
+        result = schema.check(read_crds(c.api, schema.CRD_NAMES))
+    except ApiException as err:
+        raise CliError(f"cannot read the CRDs ({err.status} {err.reason}): reading "
+                       "customresourcedefinitions needs the RBAC verb get") from err
+    if as_json:
+        out(json.dumps({"version": mine, "schemaVersion": result.wanted, "crds": result.installed,
+                        "current": result.ok, "problems": list(result.problems)}, indent=2))
+    else:
+        out(f"kubectl-reversi {mine}, operator schema version {result.wanted}")
+        out("installed CRDs:")
+        for name, have in result.installed.items():
+            shown = "not installed" if have is None else (f"schema version {have}" if have else "no schema version")
+            out(f"  {name:<30} {shown}")
+        out(result.summary())
+    return 0 if result.ok else 2
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the plugin; exit 0, 1 (an error, one line on stderr) or 2 (not fully undone)."""
     for noisy in ("urllib3", "kubernetes"):

@@ -83,6 +83,7 @@ def components() -> dict[str, Component]:
         "etcd": Component("etcd", pins["etcd"]["version"], ("etcd",)),
         "helm": Component("helm", pins["helm"]["version"], ("helm",)),
         "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool",)),
+        "cli-utils": Component("cli-utils", pins["cli-utils"]["version"], ("kstatus-check",)),
     }
 
 
@@ -198,6 +199,73 @@ def _build_etcd(comp: Component, pins: dict) -> None:
           str(comp.path("etcd")), "."], src, comp.log, f"etcd {comp.version}")
 
 
+KSTATUS_MAIN = """// kstatus-check: the kstatus verdict of Kubernetes objects, computed by sigs.k8s.io/cli-utils.
+//
+// Reads one JSON object, or a list ({"items": [...]}), on stdin and prints one JSON line per
+// object: {"kind", "namespace", "name", "status", "message"}, where status is what
+// status.Compute says (InProgress, Current, Failed, Terminating, Unknown). Exit 1 on bad input.
+package main
+
+import (
+\t"encoding/json"
+\t"fmt"
+\t"io"
+\t"os"
+
+\t"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+\t"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+)
+
+func main() {
+\tdata, err := io.ReadAll(os.Stdin)
+\tif err != nil {
+\t\tfail(err)
+\t}
+\tvar list struct {
+\t\tItems []json.RawMessage `json:"items"`
+\t}
+\tif err := json.Unmarshal(data, &list); err != nil {
+\t\tfail(err)
+\t}
+\titems := list.Items
+\tif items == nil {
+\t\titems = []json.RawMessage{data}
+\t}
+\tout := json.NewEncoder(os.Stdout)
+\tfor _, raw := range items {
+\t\tu := &unstructured.Unstructured{}
+\t\tif err := u.UnmarshalJSON(raw); err != nil {
+\t\t\tfail(err)
+\t\t}
+\t\tres, err := status.Compute(u)
+\t\tif err != nil {
+\t\t\tfail(fmt.Errorf("%s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err))
+\t\t}
+\t\t_ = out.Encode(map[string]string{"kind": u.GetKind(), "namespace": u.GetNamespace(), "name": u.GetName(),
+\t\t\t"status": res.Status.String(), "message": res.Message})
+\t}
+}
+
+func fail(err error) {
+\tfmt.Fprintln(os.Stderr, "kstatus-check:", err)
+\tos.Exit(1)
+}
+"""
+
+
+def _build_kstatus(comp: Component) -> None:
+    """The kstatus checker (:data:`KSTATUS_MAIN`) against the pinned sigs.k8s.io/cli-utils."""
+    src = comp.root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text("module reversi.local/kstatuscheck\n\ngo 1.26.0\n")
+    (src / "main.go").write_text(KSTATUS_MAIN)
+    _run(["go", "get", f"sigs.k8s.io/cli-utils@{comp.version}"], src, comp.log, "cli-utils (resolve modules)")
+    _run(["go", "mod", "tidy"], src, comp.log, "cli-utils (tidy)")
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    _run(["go", "build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(comp.path("kstatus-check")), "."],
+         src, comp.log, f"kstatus-check (cli-utils {comp.version})")
+
+
 def _build_tool(comp: Component, package: str) -> None:
     """Build one command from a scratch module (``go install pkg@v`` refuses modules with
     ``replace`` or ``exclude`` directives, as Prometheus has)."""
@@ -242,6 +310,8 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
             _build_tool(comp, "helm.sh/helm/v3/cmd/helm")
         elif name == "prometheus":
             _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool")
+        elif name == "cli-utils":
+            _build_kstatus(comp)
         missing = [b for b in comp.binaries if not comp.path(b).exists()]
         if missing:
             raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")

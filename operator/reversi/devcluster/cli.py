@@ -1,7 +1,7 @@
 """``reversi-devcluster``: build, start, stop and inspect the local control plane.
 
     reversi-devcluster build [--all] [COMPONENT...]
-                                         build missing binaries (kubernetes, etcd; --all adds helm, promtool)
+                                         build missing binaries (kubernetes, etcd; --all adds helm, promtool, kstatus-check)
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log
@@ -32,12 +32,12 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("components", nargs=-1,
-                type=click.Choice(["kubernetes", "etcd", "helm", "prometheus"]))
-@click.option("--all", "all_", is_flag=True, help="Also build helm and promtool.")
+                type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils"]))
+@click.option("--all", "all_", is_flag=True, help="Also build helm, promtool and the kstatus checker (cli-utils).")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
 def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
     """Build the pinned binaries that are missing from the cache (default: kubernetes, etcd)."""
-    names = list(components) or ["kubernetes", "etcd"] + (["helm", "prometheus"] if all_ else [])
+    names = list(components) or ["kubernetes", "etcd"] + (["helm", "prometheus", "cli-utils"] if all_ else [])
     try:
         comps = build_mod.build(names, force=force)
     except build_mod.BuildError as err:

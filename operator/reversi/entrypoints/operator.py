@@ -28,7 +28,9 @@ from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the han
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
+from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import runtime
+from ..handlers import schema as schema_handlers
 from ..metrics import Metrics
 from ..settings import OperatorSettings
 
@@ -86,7 +88,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics.serve(ours.metrics_port)
     threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
                      name="metrics-refresh").start()
-    runtime.init(ours, kube, metrics)
+    state = runtime.init(ours, kube, metrics)
+    # before any handler writes: refuse to reconcile against CRDs older than this operator
+    schema_handlers.check_now(state)
 
 
 def _configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:

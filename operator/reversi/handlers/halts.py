@@ -13,25 +13,35 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from .. import conditions as c
+from ..adapters import status as st
 from . import runtime
 
 G, V = "reversi.dev", "v1alpha1"
 
 
-def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
+def halt_status(body: Any) -> dict | None:
+    """The status a Halt or ClusterHalt should have (active since its creation, ``Active`` and
+    ``Ready`` True, observedGeneration current), or ``None`` when it already has it (pure)."""
     status = body.get("status") or {}
     meta = body["metadata"]
     gen = meta.get("generation")
-    if status.get("active") is True and status.get("observedGeneration") == gen:
-        return
     reason = (body.get("spec") or {}).get("reason", "")
-    patch = {"status": {
-        "active": True,
-        "since": status.get("since") or meta.get("creationTimestamp"),
-        "observedGeneration": gen,
-        "conditions": c.set_condition(status.get("conditions") or [], c.condition(
-            c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT, f"refusing matching calls: kill switch: {reason}", gen)),
-    }}
+    message = f"refusing matching calls: kill switch: {reason}"
+    conds = st.summary_conditions(status.get("conditions") or [], gen, [
+        (c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT, message),
+        *st.readiness(st.READY_STATE, c.HALT_IN_EFFECT, message)])
+    if status.get("active") is True and status.get("observedGeneration") == gen and st.same_conditions(
+            conds, status.get("conditions") or []):
+        return None
+    return {"active": True, "since": status.get("since") or meta.get("creationTimestamp"),
+            "observedGeneration": gen, "conditions": conds}
+
+
+def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
+    status = halt_status(body)
+    if status is None or not runtime.reconciling():
+        return
+    patch = {"status": status}
     custom = runtime.state().kube.custom
     try:
         if namespace:

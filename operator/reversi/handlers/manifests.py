@@ -13,6 +13,7 @@ import kopf
 from pydantic import ValidationError
 
 from .. import conditions as c
+from ..adapters import status as st
 from ..engine import admission as rules
 from ..models.toolmanifest import ToolManifestSpec
 from . import runtime
@@ -34,16 +35,28 @@ def acceptance(spec: Any) -> tuple[bool, str]:
     return True, f"{len(parsed.tools)} tools, {len(parsed.runners)} runners"
 
 
-@kopf.on.event(G, V, "toolmanifests")
-def tool_manifest_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
-    if type == "DELETED":
-        return
+def manifest_status(body: Any) -> dict | None:
+    """The status a ToolManifest should have (``Accepted``; ``Ready`` True when accepted, else
+    ``Stalled`` until a person fixes it; observedGeneration current), or ``None`` when it already
+    has it (pure)."""
     gen = body["metadata"].get("generation")
     status = body.get("status") or {}
-    if status.get("observedGeneration") == gen:
-        return
+    old = status.get("conditions") or []
+    if status.get("observedGeneration") == gen and c.get_condition(old, c.READY) is not None:
+        return None
     ok, message = acceptance(body.get("spec"))
-    cond = c.condition(c.ACCEPTED, c.TRUE if ok else c.FALSE, c.MANIFEST_VALID if ok else c.MANIFEST_INVALID,
-                       message, gen)
-    runtime.state().kube.merge_status("toolmanifests", namespace, name, {
-        "observedGeneration": gen, "conditions": c.set_condition(status.get("conditions") or [], cond)})
+    reason = c.MANIFEST_VALID if ok else c.MANIFEST_INVALID
+    conds = st.summary_conditions(old, gen, [
+        (c.ACCEPTED, c.TRUE if ok else c.FALSE, reason, message),
+        *st.readiness(st.READY_STATE if ok else st.STALLED_STATE, reason,
+                      message if ok else f"{message}; fix the manifest")])
+    return {"observedGeneration": gen, "conditions": conds}
+
+
+@kopf.on.event(G, V, "toolmanifests")
+def tool_manifest_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+    if type == "DELETED" or not runtime.reconciling():
+        return
+    status = manifest_status(body)
+    if status is not None:
+        runtime.state().kube.merge_status("toolmanifests", namespace, name, status)

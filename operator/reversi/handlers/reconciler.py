@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
@@ -80,8 +80,10 @@ class Invalid(Exception):
 class Reconciler:
     """Reconciles RollbackRequests; one instance serves every worker thread."""
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None):
+    def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
+                 allowed: Callable[[], bool] = lambda: True):
         self.kube = kube
+        self.allowed = allowed  # False while the installed CRDs are older than the operator
         self.settings = settings
         self.metrics = metrics
         self.job_settings = jobs_mod.JobSettings(settings.job_ttl_seconds, settings.job_run_as_user)
@@ -90,7 +92,10 @@ class Reconciler:
 
     def reconcile(self, namespace: str, name: str, memory: Memory) -> float | None:
         """Run one pass. Returns the seconds until the next pass, or None when the request is
-        final (or gone)."""
+        final (or gone), or while reconciling is not allowed (the installed CRDs are older than
+        the operator: a schema check restarts the workers once they are upgraded)."""
+        if not self.allowed():
+            return None
         req = self.kube.get(REQUESTS, namespace, name)
         if req is None or req["metadata"].get("deletionTimestamp"):
             return None
@@ -116,7 +121,8 @@ class Reconciler:
         if current.get("reason") == c.RECONCILE_ERROR and current.get("message") == message:
             return
         conds = st.summary_conditions(status.get("conditions") or [], gen,
-                                      [(c.RUNNING, c.UNKNOWN, c.RECONCILE_ERROR, message)])
+                                      [(c.RUNNING, c.UNKNOWN, c.RECONCILE_ERROR, message),
+                                       *st.readiness(st.PROGRESSING, c.RECONCILE_ERROR, message)])
         self.kube.merge_status(REQUESTS, namespace, name, {"conditions": conds})
         self.kube.event(req, c.RECONCILE_ERROR, message, warning=True)
 
@@ -179,7 +185,8 @@ class Reconciler:
             report = build_report(plan, {})
             status.update(phase="Planned", conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
-                (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")]),
+                (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan"),
+                *st.request_readiness("Planned", c.PLAN_READY, "dry run: the plan is in status.plan")]),
                 completionTime=st.iso(now), progress=progress_text(plan, {}))
             status.pop("report", None)
             self._write(req, status)
@@ -201,9 +208,10 @@ class Reconciler:
         # ---- the lock (rule 6) ----
         if not self._lock(run_obj, name, ns):
             holder = (run_obj.get("status") or {}).get("activeRequest")
+            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends"
             status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
-                (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN,
-                 f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends")]))
+                (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
+                *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
             return WAIT_SECONDS
 
@@ -297,11 +305,16 @@ class Reconciler:
             complete_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
             if report.complete and not plan.of_kind(COMPENSATE):
                 complete_reason = c.NOTHING_TO_UNDO
+            unapproved = f"steps {awaiting} were not approved before the deadline"
+            # stalled on approvals that came too late: say so, the rest of the verdict follows
+            ready_reason, ready_message = ((c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting
+                                           else (complete_reason, verdict))
             status.update(phase=phase, completionTime=st.iso(now), conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
                 (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
-                 f"steps {awaiting} were not approved before the deadline" if awaiting else "no step waits for approval"),
-                (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict)]))
+                 unapproved if awaiting else "no step waits for approval"),
+                (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict),
+                *st.request_readiness(phase, ready_reason, ready_message)]))
             # the Run is released first: whoever sees the final phase finds the Run free (a crash in
             # between only means the next pass finishes the request again, from the journal)
             self._release(ns, spec.run_ref.name, name, report.complete)
@@ -316,13 +329,16 @@ class Reconciler:
             phase = "AwaitingApproval"
         else:
             phase = "Running"
+        running_message = f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"
+        awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
+                            if awaiting else "no step waits for approval")
         status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
-            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else c.NOT_STARTED,
-             f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"),
+            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else c.NOT_STARTED, running_message),
             (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
-             f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
-             if awaiting else "no step waits for approval"),
-            (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict)]))
+             awaiting_message),
+            (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
+            *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
+              else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
         self._write(req, status)
         return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
 
@@ -403,11 +419,13 @@ class Reconciler:
             if other is not None and (other.get("status") or {}).get("phase") not in TERMINAL_PHASES \
                     and not other["metadata"].get("deletionTimestamp"):
                 return False
+        run_gen = run_obj["metadata"].get("generation")
         conds = c.set_condition(run_status.get("conditions") or [], c.condition(
-            c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run",
-            run_obj["metadata"].get("generation")))
+            c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
+        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
         try:
-            self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"], {"activeRequest": name, "conditions": conds},
+            self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"],
+                                   {"activeRequest": name, "conditions": conds, "observedGeneration": run_gen},
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             return False  # someone else changed the run: look again next pass
@@ -419,12 +437,14 @@ class Reconciler:
             return
         conds = c.set_condition((run_obj.get("status") or {}).get("conditions") or [], c.condition(
             c.LOCKED, c.FALSE, c.RELEASED, f"RollbackRequest {name} finished", run_obj["metadata"].get("generation")))
+        run_gen = run_obj["metadata"].get("generation")
         conds = c.set_condition(conds, c.condition(
             c.ROLLED_BACK, c.TRUE if complete else c.FALSE, c.ALL_COMPENSATED if complete else c.INCOMPLETE,
-            f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})",
-            run_obj["metadata"].get("generation")))
+            f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})", run_gen))
+        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
         try:
-            self.kube.merge_status(RUNS, ns, run_name, {"activeRequest": None, "conditions": conds},
+            self.kube.merge_status(RUNS, ns, run_name,
+                                   {"activeRequest": None, "conditions": conds, "observedGeneration": run_gen},
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             self._release(ns, run_name, name, complete)
@@ -509,7 +529,8 @@ class Reconciler:
         conds = st.summary_conditions(status.get("conditions") or [], gen, [
             (c.INVALID, c.TRUE, reason, message),
             (c.RUNNING, c.FALSE, c.FINISHED, "the request cannot be carried out"),
-            (c.COMPLETE, c.FALSE, reason, message)])
+            (c.COMPLETE, c.FALSE, reason, message),
+            *st.request_readiness("Failed", reason, message)])
         status.update(phase="Failed", conditions=conds, observedGeneration=gen,
                       completionTime=st.iso(time.time()))
         run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name")

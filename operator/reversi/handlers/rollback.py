@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 
 from ..adapters import journal as jr
+from ..adapters import status as st
 from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY
 from ..models.rollbackrequest import TERMINAL_PHASES
 from . import indices as ix
@@ -24,8 +25,14 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kw
     if type == "DELETED":
         workers.stop(namespace, name)
         return
+    if not runtime.reconciling():
+        return
     status = body.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
+        # a final request does no more work, but a spec change is still observed (kstatus)
+        update = st.observed_update(status, body["metadata"].get("generation"))
+        if update is not None:
+            runtime.state().kube.merge_status("rollbackrequests", namespace, name, update)
         return
     workers.ensure(namespace, name)
 
@@ -45,6 +52,8 @@ def run_event(type: str, body: Any, **kwargs: Any) -> None:
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)
     if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
+        return
+    if not runtime.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade
         return
     state = runtime.state()
     try:

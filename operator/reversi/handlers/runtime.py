@@ -19,6 +19,8 @@ class State:
     workers: Workers
     metrics: Any = None
     indices: Any = None  # the live kopf indices (reversi.handlers.indices.Indices), once a handler saw them
+    #: the last schema check (``reversi.schema.SchemaCheck``); None until the first one
+    schema: Any = None
 
 
 _state: State | None = None
@@ -27,9 +29,15 @@ _state: State | None = None
 def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     """Build the shared objects once; handlers reach them through :func:`state`."""
     global _state
-    reconciler = Reconciler(kube, settings, metrics)
+    reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
     _state = State(settings, kube, reconciler, Workers(reconciler, settings.tick_seconds), metrics)
     return _state
+
+
+def reconciling() -> bool:
+    """Whether the operator may write status: only after a schema check found the installed
+    CRDs current (``reversi.handlers.schema``); older CRDs would prune what it writes."""
+    return _state is not None and _state.schema is not None and _state.schema.ok
 
 
 def state() -> State:

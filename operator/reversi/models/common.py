@@ -56,6 +56,15 @@ JSONObject = dict[str, Any]
 
 PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 
+#: Version of the CRD schemas these models generate, carried by every CRD in the annotation
+#: :data:`SCHEMA_VERSION_ANNOTATION`. Raise it whenever a generated CRD changes (a unit test
+#: compares the CRDs with the digest recorded for this version). The operator refuses to
+#: reconcile against older CRDs: the API server would prune the status fields it writes.
+#: 1: before the annotation existed. 2: Ready/Reconciling/Stalled, status defaults (kstatus).
+#: 3: the sliced journal (RunSteps; Run.status.movedSteps; object names in references are DNS names).
+SCHEMA_VERSION = 3
+SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
+
 
 def rule(expr: str, message: str, **extra: Any) -> dict[str, Any]:
     """One CEL validation rule for ``x-kubernetes-validations`` (``rule``, ``message`` and e.g.
@@ -172,12 +181,20 @@ class CrdInfo(BaseModel):
     spec_model: Any
     status_model: Any
     spec_required: bool = True
+    #: whether the operator reconciles the kind and reports Ready/Reconciling/Stalled (kstatus);
+    #: a record such as a RunStep is not reconciled: it is Current as soon as it exists
+    reconciled: bool = True
     printer_columns: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def crd_name(self) -> str:
         """``<plural>.reversi.dev``."""
         return f"{self.plural}.{self.GROUP}"
+
+
+def ready_column() -> dict[str, Any]:
+    """The Ready printer column: the status of the ``Ready`` condition (kstatus conventions)."""
+    return {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'}
 
 
 def age_column() -> dict[str, Any]:

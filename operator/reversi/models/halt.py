@@ -28,6 +28,7 @@ from .common import (
     ReversiModel,
     StatusModel,
     age_column,
+    ready_column,
 )
 
 Glob = str
@@ -137,7 +138,7 @@ class HaltStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="Active.",
+        description="Active; Ready, Reconciling, Stalled (kstatus: Ready is True while the halt is in force).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
 
@@ -171,6 +172,7 @@ _HALT_COLUMNS = [
     {"name": "Active", "type": "boolean", "jsonPath": ".status.active"},
     {"name": "Refused", "type": "integer", "jsonPath": ".status.refusedCalls"},
     {"name": "By", "type": "string", "jsonPath": ".spec.by", "priority": 1},
+    ready_column(),
     age_column(),
 ]
 

@@ -29,6 +29,7 @@ from .common import (
     StatusModel,
     Text,
     age_column,
+    ready_column,
     immutable,
     list_map,
     rule,
@@ -270,7 +271,8 @@ class RollbackRequestStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="Planned, Running, AwaitingApproval, Complete, Invalid.",
+        description="Planned, Running, AwaitingApproval, Complete, Invalid; Ready (True when Succeeded or Planned), "
+        "Reconciling (True while work is in progress), Stalled (True when a person must act: Incomplete, Failed).",
         json_schema_extra=list_map("type"),
     )
     plan: Plan | None = Field(default=None, description="The plan (also the whole answer of a dry run).")
@@ -311,6 +313,7 @@ CRD = CrdInfo(
         {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
         {"name": "Complete", "type": "boolean", "jsonPath": ".status.report.complete"},
         {"name": "Dry Run", "type": "boolean", "jsonPath": ".spec.dryRun", "priority": 1},
+        ready_column(),
         age_column(),
     ],
 )

@@ -41,6 +41,7 @@ from .common import (
     StatusModel,
     ToolName,
     age_column,
+    ready_column,
     immutable,
     list_map,
     rule,
@@ -316,7 +317,8 @@ class RunStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="RolledBack, Locked.",
+        description="RolledBack, Locked; Ready (True when no rollback holds the run and its last rollback, if any, "
+        "is complete), Reconciling (True while a rollback holds it), Stalled (True when its last rollback is incomplete).",
         json_schema_extra=list_map("type"),
     )
     active_request: str | None = Field(
@@ -364,6 +366,7 @@ CRD = CrdInfo(
         {"name": "Mode", "type": "string", "jsonPath": ".spec.mode"},
         {"name": "Scope", "type": "string", "jsonPath": ".spec.scope.actor", "description": "The acting automation."},
         {"name": "Rollback", "type": "string", "jsonPath": ".status.activeRequest"},
+        ready_column(),
         age_column(),
     ],
 )

@@ -156,6 +156,7 @@ CRD = CrdInfo(
     description="One recorded call of a Run (its journal is sliced into one RunStep per step), append-only, with its undo state.",
     spec_model=RunStepSpec,
     status_model=RunStepStatus,
+    reconciled=False,
     printer_columns=[
         {"name": "Run", "type": "string", "jsonPath": ".spec.runRef.name"},
         {"name": "Index", "type": "integer", "jsonPath": ".spec.index"},

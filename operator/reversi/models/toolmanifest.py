@@ -37,6 +37,7 @@ from .common import (
     Text,
     ToolName,
     age_column,
+    ready_column,
     list_map,
     rule,
 )
@@ -259,7 +260,7 @@ class ToolManifestStatus(StatusModel):
 
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last processed.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Accepted: the manifest is usable.", json_schema_extra=list_map("type")
+        default_factory=list, description="Accepted: the manifest is usable; Ready (True when accepted), Reconciling, Stalled (True when it is not usable).", json_schema_extra=list_map("type")
     )
 
 
@@ -289,6 +290,7 @@ CRD = CrdInfo(
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Accepted")].status',
         },
+        ready_column(),
         age_column(),
     ],
 )

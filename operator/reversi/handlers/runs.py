@@ -1,0 +1,101 @@
+"""Run status for GitOps tools: ``observedGeneration`` and Ready/Reconciling/Stalled.
+
+The reconciler keeps these current whenever it locks or releases a Run. Between rollbacks a
+Run's generation still moves with every recorded step, so this handler brings the status up
+to date — once the Run has been quiet for ``run_status_quiet_seconds`` (settings, default 3): a
+status write while an agent is recording would make its next append retry (the SDK appends with
+a resourceVersion test), and while the journal is one object every write carries the whole Run;
+one write per burst of steps is enough for kstatus.
+
+A de-duplicating delayed queue and one thread, not a thread per Run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from typing import Any
+
+import kopf
+
+from ..adapters import status as st
+from ..adapters.kube import Conflict
+from . import runtime
+
+log = logging.getLogger("reversi.runs")
+
+
+class Quiet:
+    """Keys become due ``quiet`` seconds after their last :meth:`put`; ``work(key, value)`` runs
+    for each due key, with the last value put, on one daemon thread."""
+
+    def __init__(self, work: Any):
+        self.work = work
+        self._latest: dict[Any, tuple[float, Any]] = {}
+        self._heap: list[tuple[float, Any]] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def put(self, key: Any, value: Any, quiet: float) -> None:
+        due = time.monotonic() + quiet
+        with self._cv:
+            self._latest[key] = (due, value)
+            heapq.heappush(self._heap, (due, key))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="run-status")
+                self._thread.start()
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                due, key = self._heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                latest = self._latest.get(key)
+                if latest is None or latest[0] != due:
+                    continue  # a later put superseded this one
+                del self._latest[key]
+                value = latest[1]
+            try:
+                self.work(key, value)
+            except Exception as err:  # noqa: BLE001 - a status write is retried by the next event
+                log.warning("Run %s/%s: status not updated: %s", *key, err)
+
+
+def _write(key: tuple[str, str], body: dict) -> None:
+    if not runtime.reconciling():
+        return
+    update = st.run_status_update(body.get("status"), body["metadata"].get("generation"))
+    if update is None:
+        return
+    try:
+        runtime.state().kube.merge_status("runs", key[0], key[1], update,
+                                          resource_version=body["metadata"]["resourceVersion"])
+    except Conflict:
+        pass  # the Run changed since: its next event brings it here again
+
+
+_queue = Quiet(_write)
+
+
+@kopf.on.event("reversi.dev", "v1alpha1", "runs")
+def run_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+    """Queue the Run when its status is behind its generation or its conditions."""
+    if type == "DELETED" or not runtime.reconciling():
+        return
+    meta, status = body["metadata"], body.get("status") or {}
+    if st.run_status_update(status, meta.get("generation")) is not None:
+        # keep only what the write needs, not the Run's steps
+        _queue.put((namespace, name), {
+            "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion")},
+            "status": {"observedGeneration": status.get("observedGeneration"),
+                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}},
+            runtime.state().settings.run_status_quiet_seconds)

@@ -1,0 +1,190 @@
+"""Ready/Reconciling/Stalled (kstatus conventions) and the schema check, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from reversi import conditions as c
+from reversi import crdgen, schema
+from reversi.adapters import status as st
+from reversi.handlers.halts import halt_status
+from reversi.handlers.manifests import manifest_status
+from reversi.models import ALL_CRDS
+from reversi.models.common import SCHEMA_VERSION, SCHEMA_VERSION_ANNOTATION
+
+
+def _conds(updates, gen=3):
+    return {t: (s, r) for t, s, r, _ in updates}
+
+
+@pytest.mark.parametrize("phase, ready, reconciling, stalled", [
+    ("Pending", "False", "True", "False"),
+    ("Waiting", "False", "True", "False"),
+    ("Running", "False", "True", "False"),
+    ("AwaitingApproval", "False", "True", "False"),
+    ("Planned", "True", "False", "False"),
+    ("Succeeded", "True", "False", "False"),
+    ("Incomplete", "False", "False", "True"),
+    ("Failed", "False", "False", "True"),
+])
+def test_request_readiness_per_phase(phase, ready, reconciling, stalled):
+    got = _conds(st.request_readiness(phase, c.IN_PROGRESS, "m"))
+    assert (got[c.READY][0], got[c.RECONCILING][0], got[c.STALLED][0]) == (ready, reconciling, stalled)
+    # the condition that is True carries the reason; the others say Idle or the same reason
+    assert all(reason in c.REASONS for _, reason in got.values())
+
+
+def test_readiness_refuses_an_unknown_state():
+    with pytest.raises(ValueError, match="ready, progressing or stalled"):
+        st.readiness("done", c.IDLE, "")
+
+
+def _cond(ctype, status, reason, gen=1):
+    return c.condition(ctype, status, reason, "m", gen)
+
+
+def test_run_readiness_follows_lock_and_last_rollback():
+    assert _conds(st.run_readiness([]))[c.READY] == ("True", c.NO_ROLLBACK)
+    locked = [_cond(c.LOCKED, c.TRUE, c.HELD_BY_REQUEST)]
+    assert _conds(st.run_readiness(locked))[c.RECONCILING] == ("True", c.HELD_BY_REQUEST)
+    done = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.TRUE, c.ALL_COMPENSATED)]
+    assert _conds(st.run_readiness(done))[c.READY] == ("True", c.ALL_COMPENSATED)
+    bad = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.FALSE, c.INCOMPLETE)]
+    assert _conds(st.run_readiness(bad))[c.STALLED] == ("True", c.INCOMPLETE)
+
+
+def test_run_status_update_writes_only_when_behind():
+    update = st.run_status_update({"observedGeneration": 0}, 4)
+    assert update["observedGeneration"] == 4
+    assert {x["type"]: x["observedGeneration"] for x in update["conditions"]} == {
+        c.READY: 4, c.RECONCILING: 4, c.STALLED: 4}
+    assert st.run_status_update(update, 4) is None
+    assert st.run_status_update(update, 5)["observedGeneration"] == 5
+
+
+def test_observed_update_of_a_final_request():
+    status = {"observedGeneration": 1, "phase": "Planned", "conditions": [_cond(c.READY, c.TRUE, c.PLAN_READY)]}
+    update = st.observed_update(status, 2)
+    assert update["observedGeneration"] == 2 and update["conditions"][0]["observedGeneration"] == 2
+    assert update["conditions"][0]["status"] == c.TRUE
+    assert st.observed_update({**status, "observedGeneration": 2}, 2) is None
+
+
+def test_halt_is_ready_while_in_force():
+    body = {"metadata": {"generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"reason": "r"}}
+    status = halt_status(body)
+    assert status["observedGeneration"] == 2 and status["active"] is True
+    assert c.is_true(status["conditions"], c.READY) and c.is_true(status["conditions"], c.ACTIVE)
+    assert halt_status({**body, "status": status}) is None
+
+
+def test_manifest_ready_when_accepted_stalled_when_not():
+    good = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.read", "effect": "read"}]}}
+    assert c.is_true(manifest_status(good)["conditions"], c.READY)
+    bad = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.write", "effect": "write"}]}}
+    conds = manifest_status(bad)["conditions"]
+    assert c.is_true(conds, c.STALLED) and not c.is_true(conds, c.READY)
+    assert c.get_condition(conds, c.STALLED)["reason"] == c.MANIFEST_INVALID
+
+
+# ----------------------------------------------------------------------------- schema version
+
+def _crd(name, version):
+    annotations = {} if version is None else {SCHEMA_VERSION_ANNOTATION: str(version)}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_schema_check_accepts_current_and_newer_crds():
+    crds = [_crd(n, SCHEMA_VERSION) for n in schema.CRD_NAMES[:-1]] + [_crd(schema.CRD_NAMES[-1], SCHEMA_VERSION + 1)]
+    result = schema.check(crds)
+    assert result.ok and result.oldest == SCHEMA_VERSION
+    assert "the operator needs" in result.summary()
+
+
+def test_schema_check_names_older_and_missing_crds():
+    crds = [_crd("runs.reversi.dev", 1), _crd("halts.reversi.dev", None)] + [
+        _crd(n, SCHEMA_VERSION) for n in schema.CRD_NAMES if n not in ("runs.reversi.dev", "halts.reversi.dev",
+                                                                       "clusterhalts.reversi.dev")]
+    result = schema.check(crds + [_crd("other.example.com", 1)])
+    assert not result.ok
+    assert result.installed["runs.reversi.dev"] == 1 and result.installed["halts.reversi.dev"] == 0
+    assert result.installed["clusterhalts.reversi.dev"] is None and result.oldest is None
+    text = result.summary()
+    assert f"runs.reversi.dev has schema version 1, the operator needs {SCHEMA_VERSION}" in text
+    assert "halts.reversi.dev has no schema version" in text
+    assert "clusterhalts.reversi.dev is not installed" in text
+    assert "helm upgrade" in text
+
+
+def test_generated_crds_carry_the_schema_version_and_the_status_default():
+    for info in ALL_CRDS:
+        crd = crdgen.crd_for(info)
+        assert crd["metadata"]["annotations"][SCHEMA_VERSION_ANNOTATION] == str(SCHEMA_VERSION)
+        assert schema.version_of(crd) == SCHEMA_VERSION
+        version = crd["spec"]["versions"][0]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        columns = [col["name"] for col in version["additionalPrinterColumns"]]
+        if not info.reconciled:  # a record (RunStep): Current as soon as it exists, no Ready
+            assert "default" not in status and "Ready" not in columns
+            continue
+        assert status["default"] == {"observedGeneration": 0}  # kstatus: InProgress until observed
+        assert columns[-2:] == ["Ready", "Age"]
+
+
+def test_chart_template_is_the_crd_with_enable_and_keep_switches():
+    text = crdgen.chart_template(ALL_CRDS[0])
+    assert text.startswith(crdgen.CHART_HEADER) and text.endswith("{{- end }}\n")
+    assert 'if or (not (hasKey $crds "enabled")) $crds.enabled' in crdgen.CHART_HEADER
+    assert '    {{- if or (not (hasKey $crds "keep")) $crds.keep }}\n    helm.sh/resource-policy: keep\n' in text
+
+
+#: digest of the generated schemas (descriptions left out) at each schema version: a change to a
+#: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
+#: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
+SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
+                  3: "b55c22829f7b194b14ed5651380a2c3226812097991ea650880b291405ca6837"}
+
+
+def _schema_digest() -> str:
+    import hashlib
+    import json
+
+    def strip(node):
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "description"}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    schemas = {i.crd_name: strip(crdgen.crd_for(i)["spec"]["versions"][0]["schema"]) for i in ALL_CRDS}
+    return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()
+
+
+def test_a_schema_change_raises_the_schema_version():
+    digest = _schema_digest()
+    assert SCHEMA_DIGESTS.get(SCHEMA_VERSION) == digest, (
+        f"the generated CRD schemas changed (digest {digest}) but SCHEMA_VERSION is still {SCHEMA_VERSION}: "
+        "raise SCHEMA_VERSION in operator/reversi/models/common.py, run make crds, and record the digest in "
+        "SCHEMA_DIGESTS")
+
+
+def test_run_status_writes_wait_for_a_quiet_run_and_take_the_last_body():
+    """A burst of events on one Run makes one status write, with the newest body."""
+    import threading
+
+    from reversi.handlers.runs import Quiet
+
+    done = threading.Event()
+    calls = []
+
+    def work(key, value):
+        calls.append((key, value))
+        if key == ("shop", "other"):
+            done.set()
+
+    queue = Quiet(work)
+    for generation in range(1, 6):
+        queue.put(("shop", "r"), generation, quiet=0.2)
+    queue.put(("shop", "other"), 1, quiet=0.4)
+    assert done.wait(10)
+    assert calls == [(("shop", "r"), 5), (("shop", "other"), 1)]
