@@ -54,7 +54,7 @@ def test_chart_crds_are_the_generated_crds(render):
 def test_crds_can_be_left_out_or_left_to_helm_uninstall(render):
     assert not [o for o in render({"crds": {"enabled": False}}) if o["kind"] == "CustomResourceDefinition"]
     unkept = [o for o in render({"crds": {"keep": False}}) if o["kind"] == "CustomResourceDefinition"]
-    assert len(unkept) == 5 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
+    assert len(unkept) == 6 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
 
 
 def test_chart_crds_folder_holds_only_kopf_peering_crds():
@@ -77,7 +77,7 @@ def test_default_render_has_the_expected_objects(render):
         ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
         *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
-            "runs", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
+            "runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
     ])
 
 
