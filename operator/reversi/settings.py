@@ -23,9 +23,9 @@ class OperatorSettings(BaseSettings):
     tick_seconds: float = Field(1.0, gt=0, le=60, description="How often a running request looks at its Jobs.")
     gauge_refresh_seconds: float = Field(30.0, gt=0, description="How often gauges are recomputed from the API.")
     run_status_quiet_seconds: float = Field(
-        3.0, ge=0, le=300,
+        1.0, ge=0, le=300,
         description="A Run's observedGeneration and Ready are brought up to date once it has not changed for this "
-                    "long: a status write while an agent records would make its next append retry.")
+                    "long (one status write per burst of edits).")
     job_ttl_seconds: int = Field(3600, ge=60, description="ttlSecondsAfterFinished of compensator and reader Jobs.")
     job_run_as_user: int = Field(65532, ge=1, description="Non-root user id of compensator and reader pods.")
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port (0: off).")

@@ -46,8 +46,8 @@ def rollback_job_event(body: Any, namespace: str, **kwargs: Any) -> None:
         runtime.state().workers.ensure(namespace, request)
 
 
-@kopf.on.event("reversi.dev", "v1alpha1", "runs")
-def run_event(type: str, body: Any, **kwargs: Any) -> None:
+@kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
+def move_inline_journal(type: str, body: Any, **kwargs: Any) -> None:
     """A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)

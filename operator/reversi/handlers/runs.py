@@ -1,11 +1,9 @@
 """Run status for GitOps tools: ``observedGeneration`` and Ready/Reconciling/Stalled.
 
-The reconciler keeps these current whenever it locks or releases a Run. Between rollbacks a
-Run's generation still moves with every recorded step, so this handler brings the status up
-to date — once the Run has been quiet for ``run_status_quiet_seconds`` (settings, default 3): a
-status write while an agent is recording would make its next append retry (the SDK appends with
-a resourceVersion test), and while the journal is one object every write carries the whole Run;
-one write per burst of steps is enough for kstatus.
+The reconciler keeps these current whenever it locks or releases a Run. Recording steps never
+changes a Run (each step is a RunStep of its own), so this handler has little to do: it brings
+the status up to date when a Run is created or its spec edited, once the Run has been quiet for
+``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus.
 
 A de-duplicating delayed queue and one thread, not a thread per Run.
 """
@@ -86,7 +84,7 @@ def _write(key: tuple[str, str], body: dict) -> None:
 _queue = Quiet(_write)
 
 
-@kopf.on.event("reversi.dev", "v1alpha1", "runs")
+@kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
 def run_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
     """Queue the Run when its status is behind its generation or its conditions."""
     if type == "DELETED" or not runtime.reconciling():
