@@ -5,8 +5,9 @@
 Records a run of ``--steps`` steps (Run ``bench-<steps>`` in namespace ``reversi-bench``) by
 creating its RunSteps directly with the admin client, from a thread pool, unless the run
 already has them all; then runs ``kubectl-reversi plan RUN`` (and ``--json``) ``--repeat`` times
-as a subprocess and prints the median wall time (Python start-up included). Target (issue 8):
-a 10,000-step run plans in at most 3 s.
+as a subprocess and prints the median wall time (Python start-up included); then starts the
+operator and times ``--dry-run-requests`` dry-run RollbackRequests from create to ``Planned``.
+Target (issue 8): a 10,000-step run plans in at most 3 s, both ways.
 
 Every odd step is a charge (a write with a compensation and a read-back), every even step a
 read; each RunStep carries its tool's manifest entry as its snapshot, as the SDK records it.
@@ -122,6 +123,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--clean", action="store_true", help="delete the namespace first")
+    p.add_argument("--dry-run-requests", type=int, default=3,
+                   help="then time this many dry-run RollbackRequests, created to Planned, with the operator running")
     args = p.parse_args()
     cluster = Cluster()
     if not cluster.is_running():
@@ -157,7 +160,43 @@ def main() -> int:
         print(f"kubectl reversi plan {run} -n {NS} {' '.join(variant)}".rstrip()
               + f": median {statistics.median(times):.2f}s of {args.repeat} "
               f"({', '.join(f'{t:.2f}' for t in times)}); {lines} lines of output")
+    if args.dry_run_requests:
+        dry_runs(api, cluster, run, args.dry_run_requests)
     return 0
+
+
+def dry_runs(api: client.ApiClient, cluster: Cluster, run: str, count: int) -> None:
+    """Start the operator (its indices fill from the watch), then create ``count`` dry-run
+    RollbackRequests one after the other and time each from create to phase Planned."""
+    from reversi.devcluster.localop import OperatorProcess, free_port
+
+    custom = client.CustomObjectsApi(api)
+    op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "bench-operator.log",
+                         metrics_port=free_port())
+    op.start()
+    try:
+        times = []
+        for i in range(count + 1):  # the first one also waits for the operator's indices to fill
+            name = f"plan-{int(time.time() * 1000)}-{i}"
+            started = time.monotonic()
+            custom.create_namespaced_custom_object(G, V, NS, "rollbackrequests", {
+                "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": name},
+                "spec": {"runRef": {"name": run}, "dryRun": True}})
+            while True:
+                obj = custom.get_namespaced_custom_object(G, V, NS, "rollbackrequests", name)
+                phase = (obj.get("status") or {}).get("phase")
+                if phase in ("Planned", "Failed"):
+                    break
+                time.sleep(0.02)
+            if phase != "Planned":
+                print(f"dry run {name} ended {phase}: {obj['status']}", file=sys.stderr)
+                return
+            if i:
+                times.append(time.monotonic() - started)
+        print(f"dry-run RollbackRequest of {run} (create to Planned, operator running): median "
+              f"{statistics.median(times):.2f}s of {count} ({', '.join(f'{t:.2f}' for t in times)})")
+    finally:
+        op.stop()
 
 
 if __name__ == "__main__":
