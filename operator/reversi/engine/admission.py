@@ -27,6 +27,7 @@ FOREIGN_PRINCIPAL = "foreignPrincipal"
 UNKNOWN_TOOL = "unknownTool"
 DUPLICATE = "duplicate"
 INVALID = "invalid"
+RUN_CLOSED = "runClosed"
 
 
 @dataclass(frozen=True)
@@ -301,4 +302,18 @@ def check_forward_duplicate(step: Step, key: str, earlier: Iterable[tuple[int, s
             return Refusal(DUPLICATE, f"duplicate call: step {step.index} ({step.tool}) has idempotency key {key!r}, "
                            f"like step {index}, which still stands; the first call must be undone (or fail) before "
                            "it is repeated", step.tool)
+    return None
+
+
+def check_run_open(active_request: str | None, closed_by: str | None, run: str, tool: str = "") -> Refusal | None:
+    """A Run is closed to new steps from the moment a rollback takes its lock, and stays closed
+    after it ends (issue 9, terminal run boundary): ``active_request`` and ``closed_by`` are the
+    Run's ``status.activeRequest`` and ``status.closedBy``. Resolutions and approvals are not
+    steps and are not refused here."""
+    if active_request:
+        return Refusal(RUN_CLOSED, f"{run}: run is being rolled back by RollbackRequest {active_request}; it takes "
+                       "no new steps: record further calls in a new Run", tool)
+    if closed_by:
+        return Refusal(RUN_CLOSED, f"{run}: run was rolled back by RollbackRequest {closed_by}; it takes no new "
+                       "steps: record further calls in a new Run", tool)
     return None

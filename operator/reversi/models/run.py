@@ -323,6 +323,10 @@ class RunStatus(StatusModel):
         default=None,
         description="RollbackRequest currently working on the run (a lock: one request works at a time).",
     )
+    closed_by: str | None = Field(
+        default=None,
+        description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step is admitted; resolutions still are.",
+    )
     moved_steps: int | None = Field(
         default=None, ge=0,
         description="Steps of the inline journal of Reversi 0.1 moved into RunSteps; when it equals their number, the RunSteps are the record.",
