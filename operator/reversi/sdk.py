@@ -196,19 +196,22 @@ class Recorder:
     @classmethod
     def open(cls, namespace: str, run: str, *, manifest: str, mode: str = "enforce",
              scope: Mapping[str, str] | None = None, api: client.ApiClient | None = None,
-             kubeconfig: str | None = None, **kwargs: Any) -> "Recorder":
+             kubeconfig: str | None = None, recovery: str = "bestEffort", **kwargs: Any) -> "Recorder":
         """Create the Run ``namespace/run`` (or continue it if it exists) and return a recorder.
 
         ``manifest`` names the ToolManifest in the same namespace; ``mode`` is ``enforce`` or
-        ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``. The principal is
-        stamped by the API server from the authenticated user. Raises
-        :class:`RecordingRefused` when the server refuses the Run.
+        ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``; ``recovery``
+        (``bestEffort`` or ``required``) is the new Run's ``spec.recovery``: with ``required``
+        a call that cannot be undone raises :class:`RecoveryRequired` before it is made (checked
+        by the SDK and by admission). The principal is stamped by the API server from the
+        authenticated user. Raises :class:`RecordingRefused` when the server refuses the Run.
         """
         api = api or _default_api(kubeconfig)
-        rec = cls(api, namespace, run, **kwargs)
+        rec = cls(api, namespace, run, recovery=recovery, **kwargs)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run",
                 "metadata": {"name": run, "namespace": namespace},
-                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest}}}
+                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
+                         "recovery": recovery}}
         try:
             rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body,
                                                        _request_timeout=TIMEOUT)
@@ -234,6 +237,8 @@ class Recorder:
         except ApiException as err:
             raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
         self._mode = obj["spec"].get("mode", "enforce")
+        if obj["spec"].get("recovery") == "required":
+            self.recovery = "required"  # the run's promise holds for every recorder of it
         self._manifest_name = obj["spec"]["manifestRef"]["name"]
         return obj
 

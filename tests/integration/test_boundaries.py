@@ -3,6 +3,8 @@ control plane, with the downstream system's own state as the truth."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kubernetes.client.rest import ApiException
 
@@ -139,6 +141,8 @@ def test_boundary_rollback_from_inside_closes_the_run(rv):
     # the server refuses too, not only this recorder
     with pytest.raises(RunClosed, match="run was rolled back by"):
         Recorder.attach(rv.ns, "bnd-inside", api=rv.api).begin("payments.get_customer", {"id": "cus_9"})
+    with pytest.raises(ApiException, match="run was rolled back by"):
+        rv.create("runsteps", step_body(rv.ns, "bnd-inside", rv.step(2, "payments.get_customer", {"id": "cus_9"})))
 
 
 def test_reconcile_settles_what_downstream_confirms_then_rollback_undoes_it(rv):
@@ -178,9 +182,40 @@ def test_reconcile_settles_what_downstream_confirms_then_rollback_undoes_it(rv):
 
 
 def test_recovery_required_refuses_what_cannot_be_undone_before_the_call(rv):
+    """Issue 9.2: a ``recovery: required`` run refuses an irreversible call at admission (any
+    client) and in the SDK, before the call is made; undoable calls go on; the mode is immutable."""
     rv.apply_manifest()
     rec = Recorder.open(rv.ns, "bnd-strict", manifest="payments", api=rv.api, scope=SCOPE, recovery="required")
+    assert rv.get("runs", "bnd-strict")["spec"]["recovery"] == "required"
     reached: list[dict] = []
     with pytest.raises(RecoveryRequired, match="recovery required: email.send cannot be undone"):
         rec.call("email.send", {"to": "ada@example.com"}, lambda a: reached.append(a))
+    later = Recorder.attach(rv.ns, "bnd-strict", api=rv.api)  # the run's promise, whoever records
+    with pytest.raises(RecoveryRequired):
+        later.call("email.send", {"to": "ada@example.com"}, lambda a: reached.append(a))
     assert reached == [] and rv.steps("bnd-strict") == []
+    with pytest.raises(ApiException) as raw:
+        rv.create("runsteps", step_body(rv.ns, "bnd-strict", rv.step(0, "email.send", {"to": "x"})))
+    assert "recovery required: email.send cannot be undone" in raw.value.body
+    rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: {"id": "cus_9"})  # a read needs no undo
+    with pytest.raises(ApiException, match="immutable"):
+        rv.patch("runs", "bnd-strict", {"spec": {"recovery": "bestEffort"}})
+
+
+def test_async_boundary_rolls_back_when_the_block_raises(rv):
+    rv.apply_manifest()
+    ds = shop(rv)
+
+    async def agent():
+        async with Recorder.aboundary(rv.ns, "bnd-async", manifest="payments", api=rv.api, scope=SCOPE,
+                                      poll=0.2, timeout=120, rollback_spec=FAST) as b:
+            async def reserve(a):
+                return ds.reserve(a["sku"], a["qty"], a["order_id"])
+            got = await b.call("inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-async"}, reserve)
+            holder.append(got)
+            raise KeyError("no shipping address")
+
+    holder: list[dict] = []
+    with pytest.raises(KeyError):
+        asyncio.run(agent())
+    assert reservation(rv, holder[0]["id"])["status"] == "released"

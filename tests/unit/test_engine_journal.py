@@ -108,3 +108,19 @@ def test_terminal_boundary_a_closed_run_refuses_new_steps_naming_the_request():
     ended = rules.check_run_open(None, "undo-1", "Run shop/r")
     assert ended is not None and "run was rolled back by RollbackRequest undo-1" in ended.message
     assert rules.check_run_open(None, None, "Run shop/r") is None
+
+
+def test_recovery_required_refuses_a_step_that_cannot_be_undone():
+    from reversi.models.run import Step
+    from reversi.models.toolmanifest import ToolManifestSpec
+
+    manifest = ToolManifestSpec.model_validate({"tools": [
+        {"name": "e.send", "effect": "irreversible"}, {"name": "p.get", "effect": "read"}]})
+    strict = RUN.model_copy(update={"recovery": "required"})
+    send = Step(index=0, tool="e.send", outcome="intended")
+    refusal = rules.check_recovery(strict, [send], manifest)
+    assert refusal is not None and refusal.reason == rules.RECOVERY_REQUIRED
+    assert refusal.message.startswith("recovery required: e.send cannot be undone")
+    assert rules.check_recovery(strict, [Step(index=0, tool="x.unknown", outcome="intended")], manifest) is not None
+    assert rules.check_recovery(strict, [Step(index=0, tool="p.get", outcome="intended")], manifest) is None
+    assert rules.check_recovery(RUN, [send], manifest) is None  # bestEffort: the default, as before

@@ -235,6 +235,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         if refusal is None:
             manifest = _manifest(namespace, spec.manifest_ref.name)
             refusal = rules.check_tools(spec, added, manifest, f"{namespace}/{spec.manifest_ref.name}")
+            refusal = refusal or rules.check_recovery(spec, added, manifest)
             if refusal is None:
                 refusal = rules.check_duplicates(spec, added, set(), manifest)
     if refusal is not None:
@@ -468,6 +469,7 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     if refusal is None:
         manifest = _manifest(namespace, run_spec.manifest_ref.name)
         refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
+        refusal = refusal or rules.check_recovery(run_spec, [step], manifest)
     if refusal is None and spec.snapshot is not None and spec.snapshot.idempotency_key:
         since = previous["metadata"]["resourceVersion"] if previous else None
         refusal = _forward_duplicate(namespace, run, step, spec.snapshot.idempotency_key, since)

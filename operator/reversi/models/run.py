@@ -49,6 +49,7 @@ from .toolmanifest import TOOL_RULES, ToolSpec
 
 Outcome = Literal["intended", "succeeded", "failed", "uncertain"]
 Mode = Literal["enforce", "observe"]
+Recovery = Literal["required", "bestEffort"]
 UndoState = Literal["compensating", "compensated", "compensationFailed"]
 VerificationState = Literal["verified", "unverified", "verificationFailed"]
 
@@ -247,6 +248,13 @@ class RunSpec(ReversiModel):
         default="enforce",
         description="enforce: calls need a manifest entry; observe: calls with none are admitted (unmanifested). Immutable.",
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.mode")]},
+    )
+    recovery: Recovery = Field(
+        default="bestEffort",
+        description="required: a new step whose tool cannot be undone (irreversible, no compensation, or no manifest "
+        "entry) is refused before the call is made; bestEffort (the default): any call is admitted and the "
+        "report says what could not be undone. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [immutable("spec.recovery")]},
     )
     scope: RunScope = Field(default_factory=RunScope, description="actor, tenant, environment. Immutable.")
     manifest_ref: ObjectRef = Field(
