@@ -504,6 +504,64 @@ class Recorder:
             done.settled[step.index] = settlement
         return done
 
+    def reader_probe(self, *, timeout: float = 120.0, poll: float = POLL_SECONDS) -> Callable[[Step], "Settlement | None"]:
+        """A ready-made probe for :meth:`reconcile`: it runs the step's declared verification
+        reader (its manifest snapshot's ``verification``: tool, runner) as a reader Job, with the
+        arguments resolved from the call's ``args`` alone (the result is what is unknown), and
+        proposes ``succeeded`` with the reader's JSON answer as the result. It leaves the step
+        (``None``) when the tool declares no verification or runner, when the arguments need
+        ``$result``, or when the reader fails or prints no JSON (absence is not proof). The Job
+        (owned by the Run, named ``rv-<run>-<step>-c0-r<n>``) needs the right to create Jobs and
+        Secrets in the namespace; it is waited for up to ``timeout`` seconds, polled every
+        ``poll``."""
+        from .adapters import jobs as jobs_mod
+        from .adapters.kube import Kube
+        from .engine.templates import MissingValue, resolve
+        from .engine.verify import parse_answer
+
+        kube = Kube(self.api)
+        rec = self
+
+        def reader(step: Step) -> Settlement | None:
+            raw = step.extra.get("snapshot")
+            entry = ToolSpec.model_validate(raw) if isinstance(raw, dict) else None
+            check = entry.verification if entry is not None else None
+            manifest = rec.manifest()
+            runner = next((r for r in manifest.runners if check and r.name == check.runner), None) if manifest else None
+            if check is None or runner is None:
+                return None
+            try:
+                arguments = resolve(check.args, step.args, None)
+            except MissingValue:
+                return None
+            run_obj = rec._load()
+            uid = run_obj["metadata"]["uid"]
+            owner = jobs_mod.Owner(rec.namespace, rec.run, uid, kind="Run")
+            secret, job = jobs_mod.build_job(owner=owner, run_name=rec.run, run_uid=uid, step=step.index, attempt=0,
+                                             runner=runner, call=jobs_mod.reader_call(check.tool, arguments),
+                                             role="reader", read=int(time.time() * 10) % 10**8)
+            kube.create_job(secret, job)
+            name, deadline = job["metadata"]["name"], time.monotonic() + timeout
+            while True:
+                view = kube.job_view(kube.batch.read_namespaced_job(name, rec.namespace, _request_timeout=TIMEOUT),
+                                     reader=True)
+                if view.state != "running" or time.monotonic() >= deadline:
+                    break
+                time.sleep(poll)
+            if view.state != "succeeded":
+                return None
+            try:
+                answer = parse_answer(view.output or "")
+            except ValueError:
+                return None
+            if not isinstance(answer, dict):
+                return None
+            return Settlement("succeeded", result=answer,
+                              note=f"reader {check.tool} (Job {name}) found the call's effect: "
+                                   f"{json.dumps(answer, sort_keys=True)[:300]}")
+
+        return reader
+
     # ----- boundaries -----------------------------------------------------------------------
 
     @classmethod

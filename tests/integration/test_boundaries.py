@@ -219,3 +219,35 @@ def test_async_boundary_rolls_back_when_the_block_raises(rv):
     with pytest.raises(KeyError):
         asyncio.run(agent())
     assert reservation(rv, holder[0]["id"])["status"] == "released"
+
+
+def test_reader_probe_settles_with_the_declared_reader_then_rollback_undoes_it(rv):
+    """The ready-made probe runs the tool's verification reader as a Job (arguments from the
+    call's args): it settles the call the shop confirms, leaves the one it cannot find."""
+    hold = {"name": "inventory.hold", "effect": "write",
+            "compensation": {"tool": "inventory.release", "kind": "inverse", "args": {"reservation_id": "$result.id"},
+                             "runner": "tools"},
+            "verification": {"tool": "inventory.find_reservation", "args": {"order_id": "$args.order_id"},
+                             "expect": {"status": "released"}, "retries": 2, "backoffMs": 200, "runner": "tools"}}
+    rv.apply_manifest(extra_tools=[hold])
+    ds = shop(rv, timeout=0.5)
+    rec = Recorder.open(rv.ns, "bnd-reader", manifest="payments", api=rv.api, scope=SCOPE)
+    rv.downstream.fault("/inventory/reservations", "timeout", times=1, delay_s=2)
+    with pytest.raises(TimeoutError):
+        rec.call("inventory.hold", {"sku": "sku-mug", "qty": 1, "order_id": "o-r1"},
+                 lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
+    rv.downstream.fault("/inventory/reservations", "error", times=1)
+    with pytest.raises(Exception):
+        rec.call("inventory.hold", {"sku": "sku-mug", "qty": 1, "order_id": "o-r2"},
+                 lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
+
+    done = rec.reconcile(rec.reader_probe(timeout=60, poll=0.2))
+    assert list(done.settled) == [0] and done.left == [1], done
+    settled = rv.steps("bnd-reader")[0]["spec"]["resolution"]
+    assert settled["note"].startswith("settled by probe reader: reader inventory.find_reservation")
+    rid = settled["result"]["id"]
+    assert reservation(rv, rid)["status"] == "held" and settled["result"]["order_id"] == "o-r1"
+
+    result = rec.rollback("undo the held mug", timeout=120, poll=0.2, spec=FAST)
+    assert result.report["compensated"] == [0] and result.report["unresolved"] == [1]
+    assert reservation(rv, rid)["status"] == "released"
