@@ -23,6 +23,13 @@ to another principal, a tool with no manifest entry in enforce mode, a forward d
 :class:`UnknownTool`, :class:`DuplicateCall`) is raised **before the call is made**, with the
 server's reason. When the outcome of a call that *was* made cannot be recorded,
 :class:`OutcomeNotRecorded` is raised and the step stays ``intended``.
+
+Recovery in code (issue 16): ``with Recorder.boundary(...) as b:`` rolls the run back when the
+block raises (re-raising the error when the rollback is complete, :class:`RollbackIncomplete`
+otherwise); ``b.rollback(reason=...)`` rolls back from inside the block and closes the run
+(later calls raise :class:`RunClosed`); ``rec.reconcile(probe)`` settles unknown outcomes with
+what ``probe(step)`` finds out (:class:`Settlement`), e.g. ``rec.reader_probe()``.
+``recovery="required"`` refuses calls that could not be undone (:class:`RecoveryRequired`).
 """
 
 from __future__ import annotations
