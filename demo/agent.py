@@ -6,7 +6,8 @@ Calls (step: tool): 0 payments.get_customer (read), 1 payments.create_charge, 2 
 (dependsOn step 1: the mug is held for this charge), 3 payments.capture (requires the charge; its
 undo needs approval), 4 inventory.reserve of a poster (times out: the effect is unknown, so the
 step is recorded uncertain), 5 email.send (irreversible), 6 inventory.get_stock (read),
-7 payments.create_charge of the shipping fee. Prints one line per call.
+7 payments.create_charge of the shipping fee. Prints one line per call. The calls run inside a
+recovery boundary (``Recorder.boundary``): if the agent crashes, what it did is rolled back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demo.downstream.client import Client, DownstreamError  # noqa: E402
-from reversi.sdk import Recorder  # noqa: E402
+from reversi.sdk import Boundary, Recorder  # noqa: E402
 
 
 def main() -> int:
@@ -33,11 +34,17 @@ def main() -> int:
 
     shop = Client(args.downstream, timeout=5)
     # an HTTP error answer means the shop refused the call: nothing happened (failed); anything
-    # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain)
-    rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
-                        scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
-                        failed_errors=(DownstreamError,))
-    order = args.order
+    # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain).
+    # The boundary: should the checkout itself crash, the calls it made are rolled back at once
+    # (and the crash re-raised, or RollbackIncomplete when not everything could be undone).
+    with Recorder.boundary(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
+                           scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
+                           failed_errors=(DownstreamError,)) as rec:
+        return checkout(rec, shop, args.order)
+
+
+def checkout(rec: Boundary, shop: Client, order: str) -> int:
+    """The agent's eight calls, recorded through ``rec``."""
 
     def say(step: int, text: str) -> None:
         print(f"  agent  step {step}: {text}", flush=True)

@@ -39,6 +39,7 @@ inventory
                                       -> the reservation with status: "released"; stock restored
                                       (409 if already released)
   GET  /inventory/reservations/{id}   -> the reservation
+  GET  /inventory/orders/{order_id}/reservation -> the newest reservation for that order (404: none)
   GET  /inventory/stock/{sku}         -> {sku, available, held}
 
 email (irreversible)
@@ -182,6 +183,13 @@ class Store:
             raise HTTPError(404, "not_found", f"{what} {key} not found")
         return item
 
+    def reservation_of(self, order_id: str) -> dict[str, Any]:
+        """The newest reservation made for ``order_id`` (a lookup by what the caller sent)."""
+        found = [r for r in self.state["reservations"].values() if r.get("order_id") == order_id]
+        if not found:
+            raise HTTPError(404, "not_found", f"no reservation for order {order_id}")
+        return max(found, key=lambda r: r.get("created", 0))
+
     # -- payments ---------------------------------------------------------------------------
 
     def create_charge(self, body: dict) -> dict:
@@ -290,6 +298,8 @@ ROUTES: list[Route] = [
      lambda s, g, b: s.release(g[0]), True),
     ("GET", re.compile(r"/inventory/reservations/([^/]+)"),
      lambda s, g, b: s._get("reservations", g[0], "reservation"), False),
+    ("GET", re.compile(r"/inventory/orders/([^/]+)/reservation"),
+     lambda s, g, b: s.reservation_of(g[0]), False),
     ("GET", re.compile(r"/inventory/stock/([^/]+)"),
      lambda s, g, b: s._get("stock", g[0], "sku"), False),
     ("POST", re.compile(r"/email/send"), lambda s, g, b: s.send_email(b), True),

@@ -61,6 +61,7 @@ TOOLS: dict[str, Tool] = {
     "payments.get_customer": Tool("read", "GET", "/payments/customers/{customer_id}"),
     "inventory.get_reservation": Tool("read", "GET", "/inventory/reservations/{reservation_id}"),
     "inventory.get_stock": Tool("read", "GET", "/inventory/stock/{sku}"),
+    "inventory.find_reservation": Tool("read", "GET", "/inventory/orders/{order_id}/reservation"),
 }
 
 

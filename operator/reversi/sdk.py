@@ -23,26 +23,39 @@ to another principal, a tool with no manifest entry in enforce mode, a forward d
 :class:`UnknownTool`, :class:`DuplicateCall`) is raised **before the call is made**, with the
 server's reason. When the outcome of a call that *was* made cannot be recorded,
 :class:`OutcomeNotRecorded` is raised and the step stays ``intended``.
+
+Recovery in code (issue 16): ``with Recorder.boundary(...) as b:`` rolls the run back when the
+block raises (re-raising the error when the rollback is complete, :class:`RollbackIncomplete`
+otherwise); ``b.rollback(reason=...)`` rolls back from inside the block and closes the run
+(later calls raise :class:`RunClosed`); ``rec.reconcile(probe)`` settles unknown outcomes with
+what ``probe(step)`` finds out (:class:`Settlement`), e.g. ``rec.reader_probe()``.
+``recovery="required"`` refuses calls that could not be undone (:class:`RecoveryRequired`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
+import inspect
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from .adapters.journal import step_body
+from .adapters.journal import list_objects, step_body
 from .models.runstep import MAX_RUN_STEPS, step_name
-from .models.toolmanifest import ToolManifestSpec
+from .models.toolmanifest import ToolManifestSpec, ToolSpec
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 JSON_PATCH = "application/json-patch+json"
 TIMEOUT = 30  # seconds per API request
+DEFAULT_TIMEOUT = 300.0  # seconds a boundary waits for its rollback
+POLL_SECONDS = 0.5  # between looks at a rollback's phase
+REASON_ANNOTATION = "reversi.dev/reason"
 T = TypeVar("T")
 
 #: By default no exception is taken to mean "the call had no effect": a timeout of any HTTP
@@ -92,7 +105,26 @@ class DuplicateCall(RecordingRefused):
     """An earlier standing step of the run has the same forward idempotency key."""
 
 
+class RunClosed(RecordingRefused):
+    """The run is closed to new steps: a rollback took it (``run is being rolled back by
+    RollbackRequest <name>``) or ended on it (``run was rolled back by RollbackRequest <name>``).
+    ``request`` names that RollbackRequest. Record further calls in a new Run."""
+
+    def __init__(self, message: str, reason: str = "", status: int = 0, request: str = ""):
+        super().__init__(message, reason=reason, status=status)
+        self.request = request or _closing_request(message)
+
+
+class RecoveryRequired(RecordingRefused):
+    """The run promises to be fully recoverable (``recovery="required"``) and the tool cannot be
+    undone: its manifest entry is irreversible, has no compensation, or there is none
+    (``recovery required: <tool> cannot be undone``)."""
+
+
 _KINDS: tuple[tuple[str, type[RecordingRefused]], ...] = (
+    ("run is being rolled back by", RunClosed),
+    ("run was rolled back by", RunClosed),
+    ("recovery required:", RecoveryRequired),
     ("kill switch:", Halted),
     ("belongs to another principal", NotYourRun),
     ("duplicate call:", DuplicateCall),
@@ -108,6 +140,13 @@ def _refusal(err: ApiException, what: str) -> RecordingRefused:
         message, reason = str(err.body or err.reason), ""
     kind = next((k for marker, k in _KINDS if marker in message), RecordingRefused)
     return kind(f"{what} refused: {message}", reason=reason, status=err.status)
+
+
+def _closing_request(message: str) -> str:
+    for marker in ("rolled back by RollbackRequest ", "rolled back by "):
+        if marker in message:
+            return message.split(marker, 1)[1].split(";", 1)[0].split()[0]
+    return ""
 
 
 def _reason(err: ApiException) -> str:
@@ -139,8 +178,14 @@ class Recorder:
     :meth:`attach` (continue only)."""
 
     def __init__(self, api: client.ApiClient, namespace: str, run: str,
-                 failed_errors: tuple[type[BaseException], ...] = FAILED_ERRORS):
+                 failed_errors: tuple[type[BaseException], ...] = FAILED_ERRORS, recovery: str = "bestEffort"):
+        if recovery not in ("bestEffort", "required"):
+            raise ValueError(f"recovery must be 'bestEffort' or 'required', not {recovery!r}")
         self.api = api
+        self.recovery = recovery
+        #: the RollbackRequest that closed the run, once this recorder knows of one: every later
+        #: :meth:`begin` raises :class:`RunClosed` without a call to the API server
+        self.closed_by: str | None = None
         self.custom = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.run = run
@@ -158,19 +203,22 @@ class Recorder:
     @classmethod
     def open(cls, namespace: str, run: str, *, manifest: str, mode: str = "enforce",
              scope: Mapping[str, str] | None = None, api: client.ApiClient | None = None,
-             kubeconfig: str | None = None, **kwargs: Any) -> "Recorder":
+             kubeconfig: str | None = None, recovery: str = "bestEffort", **kwargs: Any) -> "Recorder":
         """Create the Run ``namespace/run`` (or continue it if it exists) and return a recorder.
 
         ``manifest`` names the ToolManifest in the same namespace; ``mode`` is ``enforce`` or
-        ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``. The principal is
-        stamped by the API server from the authenticated user. Raises
-        :class:`RecordingRefused` when the server refuses the Run.
+        ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``; ``recovery``
+        (``bestEffort`` or ``required``) is the new Run's ``spec.recovery``: with ``required``
+        a call that cannot be undone raises :class:`RecoveryRequired` before it is made (checked
+        by the SDK and by admission). The principal is stamped by the API server from the
+        authenticated user. Raises :class:`RecordingRefused` when the server refuses the Run.
         """
         api = api or _default_api(kubeconfig)
-        rec = cls(api, namespace, run, **kwargs)
+        rec = cls(api, namespace, run, recovery=recovery, **kwargs)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run",
                 "metadata": {"name": run, "namespace": namespace},
-                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest}}}
+                "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
+                         "recovery": recovery}}
         try:
             rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body,
                                                        _request_timeout=TIMEOUT)
@@ -196,6 +244,8 @@ class Recorder:
         except ApiException as err:
             raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
         self._mode = obj["spec"].get("mode", "enforce")
+        if obj["spec"].get("recovery") == "required":
+            self.recovery = "required"  # the run's promise holds for every recorder of it
         self._manifest_name = obj["spec"]["manifestRef"]["name"]
         return obj
 
@@ -256,9 +306,15 @@ class Recorder:
         (read once per recorder; the admission webhook replaces it with the current entry).
 
         Raises :class:`UnknownTool` in enforce mode when the manifest has no entry,
-        :class:`RecordingRefused` (or :class:`Halted`, :class:`NotYourRun`,
-        :class:`DuplicateCall`) when the server refuses, e.g. past the run's size limit.
+        :class:`RecoveryRequired` with ``recovery="required"`` when the tool cannot be undone,
+        :class:`RunClosed` once a rollback took the run, :class:`RecordingRefused` (or
+        :class:`Halted`, :class:`NotYourRun`, :class:`DuplicateCall`) when the server refuses,
+        e.g. past the run's size limit.
         """
+        if self.closed_by:
+            raise RunClosed(f"recording {tool} in Run {self.namespace}/{self.run} refused: run was rolled back by "
+                            f"RollbackRequest {self.closed_by}; record further calls in a new Run",
+                            reason="Forbidden", request=self.closed_by)
         manifest = self.manifest()
         spec = manifest.tool(tool) if manifest else None
         if spec is None:  # maybe added since it was read: look once more before refusing
@@ -268,6 +324,12 @@ class Recorder:
             raise UnknownTool(
                 f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}; "
                 "add it to the manifest or open the run in observe mode", reason="UnknownTool")
+        if self.recovery == "required" and not _undoable(spec):
+            raise RecoveryRequired(f"recording {tool} in Run {self.namespace}/{self.run} refused: recovery required: "
+                                   f"{tool} cannot be undone (its manifest entry is "
+                                   f"{'missing' if spec is None else spec.effect + ' with no compensation'}); "
+                                   "call it outside this run, or open the run with recovery='bestEffort'",
+                                   reason="RecoveryRequired")
         value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended", "recordedAt": _now()}
         if depends_on:
             value["dependsOn"] = list(depends_on)
@@ -289,7 +351,10 @@ class Recorder:
                     self.index_conflicts += 1
                     self._next = self._first_free(index + 1)
                     continue
-                raise _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}") from err
+                refused = _refusal(err, f"recording {tool} in Run {self.namespace}/{self.run}")
+                if isinstance(refused, RunClosed):
+                    self.closed_by = refused.request or self.closed_by
+                raise refused from err
             self._next = index + 1
             return Step(index, tool, dict(args))
         raise RecordingRefused(f"recording {tool}: the run kept changing; try again", reason="Conflict")
@@ -345,6 +410,366 @@ class Recorder:
         with self.step(tool, args, depends_on) as s:
             s.result = fn(dict(args))
         return s.result
+
+
+    # ----- rolling back and settling from code (issue 16) -----------------------------------
+
+    def rollback(self, reason: str = "", *, timeout: float = DEFAULT_TIMEOUT, poll: float = POLL_SECONDS,
+                 spec: Mapping[str, Any] | None = None) -> "RollbackResult":
+        """Roll the run back now and wait for the verdict: creates a RollbackRequest for the run
+        (``reason`` kept in its ``reversi.dev/reason`` annotation; ``spec`` adds fields such as
+        ``retries`` or ``approveCompensations``) and polls its phase every ``poll`` seconds until
+        it is final or ``timeout`` seconds have passed.
+
+        The request closes the run when it takes its lock: from then on this recorder's
+        :meth:`begin` raises :class:`RunClosed` without reaching the API server (or the tool).
+        Returns a :class:`RollbackResult` — complete or not; check ``.complete``. Raises
+        :class:`RecordingRefused` when the request cannot be created.
+        """
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RollbackRequest",
+                "metadata": {"generateName": f"{self.run[:40]}-undo-",
+                             "annotations": {REASON_ANNOTATION: reason[:1024]} if reason else {}},
+                "spec": {**dict(spec or {}), "runRef": {"name": self.run}}}
+        try:
+            created = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "rollbackrequests",
+                                                                  body, _request_timeout=TIMEOUT)
+        except ApiException as err:
+            raise _refusal(err, f"rolling back Run {self.namespace}/{self.run}") from err
+        name = created["metadata"]["name"]
+        self.closed_by = name  # no later call of this recorder is made, whatever the request's fate
+        return self.wait_rollback(name, timeout=timeout, poll=poll)
+
+    def wait_rollback(self, request: str, *, timeout: float = DEFAULT_TIMEOUT,
+                      poll: float = POLL_SECONDS) -> "RollbackResult":
+        """Poll RollbackRequest ``request`` until its phase is final (``Succeeded``,
+        ``Incomplete``, ``Failed``) or ``timeout`` seconds pass; returns what it says then
+        (``timedOut`` true when it was not final)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "rollbackrequests",
+                                                               request, _request_timeout=TIMEOUT)
+            except ApiException as err:
+                if err.status != 404 or time.monotonic() >= deadline:
+                    raise _refusal(err, f"reading RollbackRequest {self.namespace}/{request}") from err
+                obj = {"status": {}}
+            status = obj.get("status") or {}
+            final = status.get("phase") in ("Succeeded", "Incomplete", "Failed")
+            if final or time.monotonic() >= deadline:
+                return RollbackResult.of(self.namespace, self.run, request, status, timed_out=not final)
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+    def unresolved(self) -> list[Step]:
+        """The run's steps whose outcome is unknown (intended or uncertain) and that no resolution
+        settles yet, oldest first (one paged LIST of the run's RunSteps). Each :class:`Step` has
+        the tool's manifest snapshot in ``extra["snapshot"]`` (None when unmanifested)."""
+        out = []
+        for obj in list_objects(self.custom, self.namespace, self.run):
+            spec = obj.get("spec") or {}
+            if spec.get("outcome") in ("intended", "uncertain") and not spec.get("resolution"):
+                out.append(Step(spec["index"], spec["tool"], dict(spec.get("args") or {}), spec.get("result"),
+                                spec["outcome"], spec.get("error"), {"snapshot": spec.get("snapshot")}))
+        return out
+
+    def reconcile(self, probe: Callable[[Step], "Settlement | None"], *, name: str = "") -> "Reconciled":
+        """Settle the run's unknown outcomes by asking ``probe``.
+
+        For each step of :meth:`unresolved`, calls ``probe(step)``: a :class:`Settlement`
+        (``succeeded`` with the call's real ``result``, or ``failed``) settles the step with its
+        RunStep's ``spec.resolution``, whose note says the probe settled it (``settled by probe
+        <name>: <settlement note>``; the actor is the authenticated user, stamped by the API
+        server, rule 7); ``None`` leaves it. A probe that raises leaves the step too (the error is
+        in ``errors``). Returns :class:`Reconciled`: what was settled and what was left. A
+        settled step with a result can then be undone by a rollback; one left stays unresolved.
+        """
+        label = name or getattr(probe, "__name__", "") or type(probe).__name__
+        done = Reconciled()
+        for step in self.unresolved():
+            try:
+                settlement = probe(step)
+            except Exception as err:  # noqa: BLE001 - a probe that fails leaves the step as it was
+                done.left.append(step.index)
+                done.errors[step.index] = f"{type(err).__name__}: {err}"
+                continue
+            if settlement is None:
+                done.left.append(step.index)
+                continue
+            resolution: dict[str, Any] = {"status": settlement.status,
+                                          "note": f"settled by probe {label}: {settlement.note or 'no note'}"[:1024]}
+            if settlement.result is not None:
+                resolution["result"] = settlement.result if isinstance(settlement.result, dict) else {
+                    "value": settlement.result}
+            try:
+                self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
+                                                           step_name(self.run, step.index),
+                                                           {"spec": {"resolution": resolution}},
+                                                           _request_timeout=TIMEOUT)
+            except ApiException as err:
+                done.left.append(step.index)
+                done.errors[step.index] = _refusal(err, f"settling step {step.index}").message
+                continue
+            done.settled[step.index] = settlement
+        return done
+
+    def reader_probe(self, *, timeout: float = 120.0, poll: float = POLL_SECONDS) -> Callable[[Step], "Settlement | None"]:
+        """A ready-made probe for :meth:`reconcile`: it runs the step's declared verification
+        reader (its manifest snapshot's ``verification``: tool, runner) as a reader Job, with the
+        arguments resolved from the call's ``args`` alone (the result is what is unknown), and
+        proposes ``succeeded`` with the reader's JSON answer as the result. It leaves the step
+        (``None``) when the tool declares no verification or runner, when the arguments need
+        ``$result``, or when the reader fails or prints no JSON (absence is not proof). The Job
+        (owned by the Run, named ``rv-<run>-<step>-c0-r<n>``) needs the right to create Jobs and
+        Secrets in the namespace; it is waited for up to ``timeout`` seconds, polled every
+        ``poll``."""
+        from .adapters import jobs as jobs_mod
+        from .adapters.kube import Kube
+        from .engine.templates import MissingValue, resolve
+        from .engine.verify import parse_answer
+
+        kube = Kube(self.api)
+        rec = self
+
+        def reader(step: Step) -> Settlement | None:
+            raw = step.extra.get("snapshot")
+            entry = ToolSpec.model_validate(raw) if isinstance(raw, dict) else None
+            check = entry.verification if entry is not None else None
+            manifest = rec.manifest()
+            runner = next((r for r in manifest.runners if check and r.name == check.runner), None) if manifest else None
+            if check is None or runner is None:
+                return None
+            try:
+                arguments = resolve(check.args, step.args, None)
+            except MissingValue:
+                return None
+            run_obj = rec._load()
+            uid = run_obj["metadata"]["uid"]
+            owner = jobs_mod.Owner(rec.namespace, rec.run, uid, kind="Run")
+            secret, job = jobs_mod.build_job(owner=owner, run_name=rec.run, run_uid=uid, step=step.index, attempt=0,
+                                             runner=runner, call=jobs_mod.reader_call(check.tool, arguments),
+                                             role="reader", read=int(time.time() * 10) % 10**8)
+            kube.create_job(secret, job)
+            name, deadline = job["metadata"]["name"], time.monotonic() + timeout
+            while True:
+                view = kube.job_view(kube.batch.read_namespaced_job(name, rec.namespace, _request_timeout=TIMEOUT),
+                                     reader=True)
+                if view.state != "running" or time.monotonic() >= deadline:
+                    break
+                time.sleep(poll)
+            if view.state != "succeeded":
+                return None
+            try:
+                answer = parse_answer(view.output or "")
+            except ValueError:
+                return None
+            if not isinstance(answer, dict):
+                return None
+            return Settlement("succeeded", result=answer,
+                              note=f"reader {check.tool} (Job {name}) found the call's effect: "
+                                   f"{json.dumps(answer, sort_keys=True)[:300]}")
+
+        return reader
+
+    # ----- boundaries -----------------------------------------------------------------------
+
+    @classmethod
+    def boundary(cls, namespace: str, run: str, *, manifest: str, timeout: float = DEFAULT_TIMEOUT,
+                 poll: float = POLL_SECONDS, rollback_spec: Mapping[str, Any] | None = None,
+                 **open_kwargs: Any) -> "Boundary":
+        """A recovery boundary: ``with Recorder.boundary(ns, run, manifest=...) as b:``.
+
+        Opens the run like :meth:`open` (same keyword arguments, plus ``recovery``) and yields a
+        :class:`Boundary`, which records like a recorder (``b.call``, ``b.step``). When the
+        block raises, the run is rolled back (a RollbackRequest, waited for up to ``timeout``
+        seconds); then the original error is re-raised when the rollback is complete, or
+        :class:`RollbackIncomplete` is raised (with the original error as ``__cause__``) when it
+        is not. ``b.rollback(reason=...)`` rolls back from inside the block. ``async with
+        Recorder.aboundary(...)`` is the async form.
+        """
+        return Boundary(cls.open(namespace, run, manifest=manifest, **open_kwargs), timeout=timeout, poll=poll,
+                        rollback_spec=rollback_spec)
+
+    @classmethod
+    def aboundary(cls, namespace: str, run: str, *, manifest: str, timeout: float = DEFAULT_TIMEOUT,
+                  poll: float = POLL_SECONDS, rollback_spec: Mapping[str, Any] | None = None,
+                  **open_kwargs: Any) -> "AsyncBoundary":
+        """The async form of :meth:`boundary`: ``async with Recorder.aboundary(...) as b:``; the
+        run is opened on entry (in a thread)."""
+        return AsyncBoundary(lambda: cls.open(namespace, run, manifest=manifest, **open_kwargs), timeout=timeout,
+                             poll=poll, rollback_spec=rollback_spec)
+
+
+@dataclass
+class Settlement:
+    """What a probe found out about a call whose outcome was unknown: ``status`` ``succeeded``
+    (with the call's real ``result``, a dict, so its undo can be resolved) or ``failed``
+    (nothing happened); ``note`` says how it knows."""
+
+    status: str
+    result: Any = None
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in ("succeeded", "failed"):
+            raise ValueError(f"a settlement is 'succeeded' or 'failed', not {self.status!r}")
+
+
+@dataclass
+class Reconciled:
+    """What :meth:`Recorder.reconcile` did: ``settled`` (step index -> its settlement),
+    ``left`` (indices the probe could not settle) and ``errors`` (index -> why, for a probe that
+    raised or a resolution the server refused)."""
+
+    settled: dict[int, Settlement] = field(default_factory=dict)
+    left: list[int] = field(default_factory=list)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class RollbackResult:
+    """The verdict of a rollback requested from code: ``request`` (the RollbackRequest's name),
+    ``phase`` (``Succeeded``, ``Incomplete``, ``Failed``, or the last phase seen when
+    ``timed_out``), ``complete``, the ``report`` (DESIGN §5, as in the request's status),
+    ``failed`` (``[{step, error}]``), ``residue`` (``[{step, residue: [...]}]``: what the
+    undone steps leave behind) and ``message`` (the request's verdict)."""
+
+    namespace: str
+    run: str
+    request: str
+    phase: str
+    complete: bool
+    report: dict[str, Any]
+    failed: list[dict[str, Any]]
+    residue: list[dict[str, Any]]
+    message: str
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, namespace: str, run: str, request: str, status: Mapping[str, Any],
+           timed_out: bool = False) -> "RollbackResult":
+        report = dict(status.get("report") or {})
+        complete_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Complete"), {})
+        phase = status.get("phase") or "Pending"
+        return cls(namespace, run, request, phase, phase == "Succeeded" and bool(report.get("complete")), report,
+                   list(report.get("failed") or []), list(report.get("residue") or []),
+                   str(complete_cond.get("message") or ""), timed_out)
+
+    def describe(self) -> str:
+        """One line for a person: which request, how it ended, what failed."""
+        what = f"RollbackRequest {self.namespace}/{self.request} of Run {self.namespace}/{self.run}"
+        if self.timed_out:
+            return f"{what} did not finish in time (phase {self.phase}); kubectl reversi describe run/{self.run}"
+        failed = ", ".join(f"step {f.get('step')}: {f.get('error')}" for f in self.failed)
+        return f"{what} ended {self.phase}: {self.message or 'incomplete'}" + (f" (failed: {failed})" if failed else "")
+
+
+class RollbackIncomplete(Exception):
+    """A boundary's rollback did not undo everything: ``result`` (:class:`RollbackResult`), and
+    as shortcuts ``request``, ``report``, ``failed``, ``residue``; the block's original error
+    is ``__cause__``."""
+
+    def __init__(self, result: RollbackResult):
+        super().__init__(result.describe())
+        self.result = result
+        self.request = result.request
+        self.report = result.report
+        self.failed = result.failed
+        self.residue = result.residue
+
+
+class Boundary:
+    """A recovery boundary around a :class:`Recorder` (see :meth:`Recorder.boundary`).
+
+    Records through the recorder (every recorder method works on it: ``call``, ``step``,
+    ``begin``, ``finish``, ``reconcile``). The rule on exit of a block that raised an
+    ``Exception``: unless the block already rolled back, roll the run back and wait; re-raise
+    the error when the rollback is complete, else raise :class:`RollbackIncomplete` from it. A
+    block that ends normally changes nothing. ``KeyboardInterrupt`` and other
+    ``BaseException`` kinds pass through without a rollback.
+    """
+
+    def __init__(self, recorder: Recorder, *, timeout: float = DEFAULT_TIMEOUT, poll: float = POLL_SECONDS,
+                 rollback_spec: Mapping[str, Any] | None = None):
+        self.recorder = recorder
+        self.timeout = timeout
+        self.poll = poll
+        self.rollback_spec = dict(rollback_spec or {})
+        #: the verdict of this boundary's rollback, once there was one
+        self.result: RollbackResult | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.recorder, name)
+
+    def rollback(self, reason: str = "") -> RollbackResult:
+        """Roll back from inside the block: closes the run (the request takes its lock), undoes
+        what ran, and returns the :class:`RollbackResult` (check ``.complete``). Every later call
+        in the block raises :class:`RunClosed` before it is made."""
+        self.result = self.recorder.rollback(reason, timeout=self.timeout, poll=self.poll, spec=self.rollback_spec)
+        return self.result
+
+    def __enter__(self) -> "Boundary":
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        if error is None or not isinstance(error, Exception) or self.result is not None:
+            return False
+        result = self.rollback(f"the block raised {type(error).__name__}: {error}")
+        if result.complete:
+            return False  # the original error goes on
+        raise RollbackIncomplete(result) from error
+
+
+class AsyncBoundary:
+    """The async form of :class:`Boundary` (``async with Recorder.aboundary(...) as b:``).
+    Blocking API calls run in threads. ``await b.call(tool, args, fn)`` records a call whose
+    ``fn(args)`` may return an awaitable; ``await b.rollback(reason)``; ``b.recorder`` for the
+    rest. Same rule on exit as :class:`Boundary`."""
+
+    def __init__(self, opener: Callable[[], Recorder], *, timeout: float = DEFAULT_TIMEOUT,
+                 poll: float = POLL_SECONDS, rollback_spec: Mapping[str, Any] | None = None):
+        self._opener = opener
+        self._options = dict(timeout=timeout, poll=poll, rollback_spec=rollback_spec)
+        self.sync: Boundary | None = None
+
+    @property
+    def recorder(self) -> Recorder:
+        assert self.sync is not None, "use inside 'async with'"
+        return self.sync.recorder
+
+    async def call(self, tool: str, args: Mapping[str, Any], fn: Callable[[dict[str, Any]], Any],
+                   depends_on: list[int] | None = None) -> Any:
+        rec = self.recorder
+        step = await asyncio.to_thread(rec.begin, tool, args, depends_on)
+        try:
+            result = fn(dict(args))
+            if inspect.isawaitable(result):
+                result = await result
+        except rec.failed_errors as err:
+            await asyncio.to_thread(rec.finish, step, "failed", None, f"{type(err).__name__}: {err}")
+            raise
+        except BaseException as err:
+            await asyncio.to_thread(rec.finish, step, "uncertain", None, f"{type(err).__name__}: {err}")
+            raise
+        await asyncio.to_thread(rec.finish, step, "succeeded", result)
+        return result
+
+    async def rollback(self, reason: str = "") -> RollbackResult:
+        assert self.sync is not None, "use inside 'async with'"
+        return await asyncio.to_thread(self.sync.rollback, reason)
+
+    async def __aenter__(self) -> "AsyncBoundary":
+        self.sync = Boundary(await asyncio.to_thread(self._opener), **self._options)  # type: ignore[arg-type]
+        return self
+
+    async def __aexit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        assert self.sync is not None
+        return await asyncio.to_thread(self.sync.__exit__, kind, error, tb)
+
+
+def _undoable(spec: ToolSpec | None) -> bool:
+    """Whether a call of a tool with this manifest entry can be undone or needs no undo."""
+    if spec is None or spec.effect == "irreversible":
+        return False
+    return spec.effect != "write" or spec.compensation is not None
 
 
 def _default_api(kubeconfig: str | None) -> client.ApiClient:

@@ -229,6 +229,15 @@ def test_tool_read_prints_json(ds, server, tmp_path):
     assert json.loads(done.stdout) == ds.get_charge(charge["id"])
 
 
+def test_tool_finds_a_reservation_by_its_order(ds, server, tmp_path):
+    held = ds.reserve("sku-mug", 1, "o-find")
+    done = run_tool(tmp_path, server.url, {"tool": "inventory.find_reservation", "arguments": {"order_id": "o-find"}})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["id"] == held["id"]
+    missing = run_tool(tmp_path, server.url, {"tool": "inventory.find_reservation", "arguments": {"order_id": "o-no"}})
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+
 def test_tool_read_of_missing_object_fails(server, tmp_path):
     done = run_tool(tmp_path, server.url,
                     {"tool": "inventory.get_reservation", "arguments": {"reservation_id": "res_x"}})

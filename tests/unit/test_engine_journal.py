@@ -86,3 +86,41 @@ def test_call_size_is_refused_by_name():
     refusal = rules.check_call_size(step, 64)
     assert refusal is not None and "result is" in refusal.message and "limit of 64 bytes" in refusal.message
     assert rules.check_call_size(step, 10_000) is None
+
+
+@given(st.integers(1, 40), st.integers(0, 45))
+def test_terminal_boundary_a_request_plans_the_run_as_it_stood_at_the_lock(size, count):
+    """Issue 9.1: ``upto(runSteps)`` keeps steps 0..runSteps-1, their resolutions and undo
+    state, and never a step that arrived later; a step below the count not yet read is missing."""
+    entries = [_entry(i, "uncertain", {"status": "failed", "note": "n"} if i % 3 == 0 else None,
+                      "compensated" if i % 2 else None) for i in range(size)]
+    journal = assemble(RUN, entries).upto(count)
+    assert [s.index for s in journal.spec.steps] == list(range(min(size, count)))
+    assert all(r.step < count for r in journal.spec.resolutions)
+    assert all(i < count for i in journal.undo)
+    assert journal.missing == list(range(size, count))[:5]
+
+
+def test_terminal_boundary_a_closed_run_refuses_new_steps_naming_the_request():
+    active = rules.check_run_open("undo-1", "undo-1", "Run shop/r", "payments.capture")
+    assert active is not None and active.reason == rules.RUN_CLOSED
+    assert "Run shop/r: run is being rolled back by RollbackRequest undo-1" in active.message
+    ended = rules.check_run_open(None, "undo-1", "Run shop/r")
+    assert ended is not None and "run was rolled back by RollbackRequest undo-1" in ended.message
+    assert rules.check_run_open(None, None, "Run shop/r") is None
+
+
+def test_recovery_required_refuses_a_step_that_cannot_be_undone():
+    from reversi.models.run import Step
+    from reversi.models.toolmanifest import ToolManifestSpec
+
+    manifest = ToolManifestSpec.model_validate({"tools": [
+        {"name": "e.send", "effect": "irreversible"}, {"name": "p.get", "effect": "read"}]})
+    strict = RUN.model_copy(update={"recovery": "required"})
+    send = Step(index=0, tool="e.send", outcome="intended")
+    refusal = rules.check_recovery(strict, [send], manifest)
+    assert refusal is not None and refusal.reason == rules.RECOVERY_REQUIRED
+    assert refusal.message.startswith("recovery required: e.send cannot be undone")
+    assert rules.check_recovery(strict, [Step(index=0, tool="x.unknown", outcome="intended")], manifest) is not None
+    assert rules.check_recovery(strict, [Step(index=0, tool="p.get", outcome="intended")], manifest) is None
+    assert rules.check_recovery(RUN, [send], manifest) is None  # bestEffort: the default, as before

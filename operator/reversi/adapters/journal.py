@@ -202,3 +202,40 @@ def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> 
                                                  {"status": {"movedSteps": len(spec.steps)}}, _request_timeout=TIMEOUT)
     log.info("Run %s/%s: moved %d inline steps into RunSteps", ns, run, len(spec.steps))
     return len(spec.steps)
+
+
+def count_steps(custom: client.CustomObjectsApi, namespace: str, run: str, hint: int = 0) -> int:
+    """The number of steps of ``run`` as the API server holds them now (consistent GETs, not a
+    cache): the first index from ``hint`` on with no RunStep, searched down when ``hint`` itself
+    is past the end. Steps are 0..n-1 with no gap, so this is one or two GETs when ``hint`` is
+    right (the size a watch has seen) and O(log n) otherwise."""
+
+    def recorded(index: int) -> bool:
+        try:
+            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "runsteps", step_name(run, index),
+                                                _request_timeout=TIMEOUT)
+            return True
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+
+    low, high = -1, None  # low: known recorded (or -1); high: known free
+    probe = max(hint, 0)
+    if probe > 0 and not recorded(probe - 1):
+        high = probe - 1
+    else:
+        low = probe - 1
+        jump = 1
+        while high is None:
+            if recorded(low + jump):
+                low, jump = low + jump, jump * 2
+            else:
+                high = low + jump
+    while high - low > 1:
+        mid = (low + high) // 2
+        if recorded(mid):
+            low = mid
+        else:
+            high = mid
+    return high

@@ -27,6 +27,8 @@ FOREIGN_PRINCIPAL = "foreignPrincipal"
 UNKNOWN_TOOL = "unknownTool"
 DUPLICATE = "duplicate"
 INVALID = "invalid"
+RUN_CLOSED = "runClosed"
+RECOVERY_REQUIRED = "recoveryRequired"
 
 
 @dataclass(frozen=True)
@@ -301,4 +303,34 @@ def check_forward_duplicate(step: Step, key: str, earlier: Iterable[tuple[int, s
             return Refusal(DUPLICATE, f"duplicate call: step {step.index} ({step.tool}) has idempotency key {key!r}, "
                            f"like step {index}, which still stands; the first call must be undone (or fail) before "
                            "it is repeated", step.tool)
+    return None
+
+
+def check_run_open(active_request: str | None, closed_by: str | None, run: str, tool: str = "") -> Refusal | None:
+    """A Run is closed to new steps from the moment a rollback takes its lock, and stays closed
+    after it ends (issue 9, terminal run boundary): ``active_request`` and ``closed_by`` are the
+    Run's ``status.activeRequest`` and ``status.closedBy``. Resolutions and approvals are not
+    steps and are not refused here."""
+    if active_request:
+        return Refusal(RUN_CLOSED, f"{run}: run is being rolled back by RollbackRequest {active_request}; it takes "
+                       "no new steps: record further calls in a new Run", tool)
+    if closed_by:
+        return Refusal(RUN_CLOSED, f"{run}: run was rolled back by RollbackRequest {closed_by}; it takes no new "
+                       "steps: record further calls in a new Run", tool)
+    return None
+
+
+def check_recovery(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None) -> Refusal | None:
+    """In a run with ``recovery: required``, refuse a new step whose tool cannot be undone: its
+    manifest entry is irreversible, a write with no compensation, or missing (issue 9 point 2),
+    so the call is never made."""
+    if spec.recovery != "required":
+        return None
+    for step in steps:
+        entry = _entry(spec, step, manifest)
+        if entry is None or entry.effect == "irreversible" or (entry.effect == "write" and entry.compensation is None):
+            why = "it has no manifest entry" if entry is None else f"its manifest entry is {entry.effect}"
+            return Refusal(RECOVERY_REQUIRED, f"recovery required: {step.tool} cannot be undone ({why}; step "
+                           f"{step.index}): this run refuses calls it could not undo; make the call in a run with "
+                           "recovery: bestEffort, or give the tool a compensation", step.tool)
     return None

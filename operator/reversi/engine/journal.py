@@ -46,6 +46,18 @@ class Journal:
         """Number of steps (the highest index + 1 when there is no gap)."""
         return len(self.spec.steps)
 
+    def upto(self, count: int) -> "Journal":
+        """The journal as it stood with ``count`` steps: steps ``0..count-1`` with their
+        resolutions and undo state (issue 9, terminal run boundary: a request plans the Run as it
+        stood when it took the lock, never a step that arrived later). ``missing`` also names the
+        indices below ``count`` not (yet) read."""
+        steps = [s for s in self.spec.steps if s.index < count]
+        spec = self.spec.model_copy(update={"steps": steps,
+                                            "resolutions": [r for r in self.spec.resolutions if r.step < count]})
+        have = {s.index for s in steps}
+        missing = [] if len(have) == count else [i for i in range(count) if i not in have][:MISSING_NAMED]
+        return Journal(spec=spec, undo={i: u for i, u in self.undo.items() if i < count}, missing=missing)
+
     def gap_message(self, run: str) -> str:
         """What to say about :attr:`missing`: ``Run ns/x: step 4 is missing ...``."""
         named = ", ".join(str(i) for i in self.missing)
@@ -90,6 +102,6 @@ def assemble(run_spec: RunSpec, entries: Iterable[Entry], legacy_undo: Iterable[
                 if len(missing) == MISSING_NAMED:
                     break
     spec = RunSpec.model_construct(
-        principal=run_spec.principal, mode=run_spec.mode, scope=run_spec.scope, manifest_ref=run_spec.manifest_ref,
+        principal=run_spec.principal, mode=run_spec.mode, recovery=run_spec.recovery, scope=run_spec.scope, manifest_ref=run_spec.manifest_ref,
         steps=ordered, snapshots=[], resolutions=[resolutions[i] for i in sorted(resolutions)])
     return Journal(spec=spec, undo=undo, missing=missing)

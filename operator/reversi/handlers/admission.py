@@ -235,6 +235,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         if refusal is None:
             manifest = _manifest(namespace, spec.manifest_ref.name)
             refusal = rules.check_tools(spec, added, manifest, f"{namespace}/{spec.manifest_ref.name}")
+            refusal = refusal or rules.check_recovery(spec, added, manifest)
             if refusal is None:
                 refusal = rules.check_duplicates(spec, added, set(), manifest)
     if refusal is not None:
@@ -260,7 +261,7 @@ def _refuse(refusal: rules.Refusal, namespace: str, user: str, what: str, dryrun
         if refusal.halt is not None:
             _count_refusal(*refusal.halt)
     log.info("%s: refused (%s) for %s: %s", what, refusal.reason, user, refusal.message)
-    codes = {rules.HALTED: 403, rules.FOREIGN_PRINCIPAL: 403}
+    codes = {rules.HALTED: 403, rules.FOREIGN_PRINCIPAL: 403, rules.RUN_CLOSED: 403}
     raise kopf.AdmissionError(refusal.message, code=codes.get(refusal.reason, 422))
 
 
@@ -447,6 +448,9 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
         raise kopf.AdmissionError(f"{what}: a step is recorded without spec.resolution; settle it afterwards "
                                   "(kubectl reversi resolve)", code=422)
     refusal = rules.check_step_principal(principal, user, run_ref, spec.tool)
+    run_status = run_obj.get("status") or {}
+    refusal = refusal or rules.check_run_open(run_status.get("activeRequest"), run_status.get("closedBy"), run_ref,
+                                              spec.tool)
     if refusal is not None:
         _refuse(refusal, namespace, user, run_ref, dryrun)
     previous = kube.get("runsteps", namespace, step_name(run, spec.index - 1)) if spec.index > 0 else None
@@ -465,6 +469,7 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     if refusal is None:
         manifest = _manifest(namespace, run_spec.manifest_ref.name)
         refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
+        refusal = refusal or rules.check_recovery(run_spec, [step], manifest)
     if refusal is None and spec.snapshot is not None and spec.snapshot.idempotency_key:
         since = previous["metadata"]["resourceVersion"] if previous else None
         refusal = _forward_duplicate(namespace, run, step, spec.snapshot.idempotency_key, since)

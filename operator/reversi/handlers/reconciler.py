@@ -146,6 +146,8 @@ class Reconciler:
             journal = self._load_journal(run_obj, memory)
         except jr.JournalError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+        if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (issue 9)
+            journal = journal.upto(req["status"]["runSteps"])
         if journal.missing:
             memory.gap_passes += 1
             if memory.gap_passes <= GAP_PASSES:
@@ -214,6 +216,12 @@ class Reconciler:
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
             return WAIT_SECONDS
+        if status.get("runSteps") is None:
+            # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
+            status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
+            self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
+            if status["runSteps"] != journal.size:
+                return self.settings.tick_seconds  # plan again, with exactly those steps
 
         # ---- per-step state ----
         old_entries = {e["step"]: e for e in status.get("steps") or []}
@@ -423,9 +431,12 @@ class Reconciler:
         conds = c.set_condition(run_status.get("conditions") or [], c.condition(
             c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
         conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
+        # taking the lock closes the run to new steps for good (issue 9): closedBy is never cleared
+        closed = {"closedBy": run_status.get("closedBy") or name}
         try:
             self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"],
-                                   {"activeRequest": name, "conditions": conds, "observedGeneration": run_gen},
+                                   {"activeRequest": name, "conditions": conds, "observedGeneration": run_gen,
+                                    **closed},
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             return False  # someone else changed the run: look again next pass

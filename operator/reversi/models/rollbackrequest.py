@@ -276,6 +276,11 @@ class RollbackRequestStatus(StatusModel):
         json_schema_extra=list_map("type"),
     )
     plan: Plan | None = Field(default=None, description="The plan (also the whole answer of a dry run).")
+    run_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Steps of the Run when this request took its lock: only steps 0..runSteps-1 are planned and undone.",
+    )
     steps: list[StepStatus] = Field(
         default_factory=list,
         description="One entry per compensate or defer action.",

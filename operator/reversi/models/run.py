@@ -50,6 +50,7 @@ from .toolmanifest import TOOL_RULES, ToolSpec
 
 Outcome = Literal["intended", "succeeded", "failed", "uncertain"]
 Mode = Literal["enforce", "observe"]
+Recovery = Literal["required", "bestEffort"]
 UndoState = Literal["compensating", "compensated", "compensationFailed"]
 VerificationState = Literal["verified", "unverified", "verificationFailed"]
 
@@ -249,6 +250,13 @@ class RunSpec(ReversiModel):
         description="enforce: calls need a manifest entry; observe: calls with none are admitted (unmanifested). Immutable.",
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.mode")]},
     )
+    recovery: Recovery = Field(
+        default="bestEffort",
+        description="required: a new step whose tool cannot be undone (irreversible, no compensation, or no manifest "
+        "entry) is refused before the call is made; bestEffort (the default): any call is admitted and the "
+        "report says what could not be undone. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [immutable("spec.recovery")]},
+    )
     scope: RunScope = Field(default_factory=RunScope, description="actor, tenant, environment. Immutable.")
     manifest_ref: ObjectRef = Field(
         description="The ToolManifest (same namespace) the steps' snapshots come from. Immutable.",
@@ -324,6 +332,10 @@ class RunStatus(StatusModel):
     active_request: str | None = Field(
         default=None,
         description="RollbackRequest currently working on the run (a lock: one request works at a time).",
+    )
+    closed_by: str | None = Field(
+        default=None,
+        description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step is admitted; resolutions still are.",
     )
     moved_steps: int | None = Field(
         default=None, ge=0,
