@@ -63,10 +63,12 @@ def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, op
     rv.request("again", "r")
     again = rv.wait_phase("again", "Succeeded", "Incomplete")
     assert again["status"]["report"]["compensated"] == [0] and again["status"]["report"]["unverified"] == [1]
-    # still incomplete (step 1 stays unverified): the gauge keeps counting the run, once
-    samples = scrape(operator.metrics_port)
+    # still incomplete (step 1 stays unverified): the gauge keeps counting the run, once (the
+    # counter moves just after the request's final status is written: wait for it)
+    samples = wait_for(lambda: (s := scrape(operator.metrics_port)) and
+                       value(s, "reversi_rollbacks_total", namespace=ns, verdict="incomplete") == 2 and s,
+                       timeout=30, what="the second incomplete rollback to be counted")
     assert value(samples, "reversi_incomplete_rollbacks", namespace=ns) == 1
-    assert value(samples, "reversi_rollbacks_total", namespace=ns, verdict="incomplete") == 2
 
 
 def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):
