@@ -16,7 +16,7 @@ Which types go where:
   ``Compensated``, ``Verified``.
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
   (a RollbackRequest holds the run: ``status.activeRequest``).
-- ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``.
+- ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``, ``MatchesNoTool``.
 
 This module imports only the standard library.
 """
@@ -50,6 +50,7 @@ LOCKED = "Locked"
 ACCEPTED = "Accepted"
 # Halt / ClusterHalt
 ACTIVE = "Active"
+MATCHES_NO_TOOL = "MatchesNoTool"  # True: scope.tool matches no tool of any ToolManifest in reach
 
 TYPES = frozenset(
     {
@@ -65,6 +66,7 @@ TYPES = frozenset(
         LOCKED,
         ACCEPTED,
         ACTIVE,
+        MATCHES_NO_TOOL,
     }
 )
 
@@ -113,6 +115,9 @@ MANIFEST_VALID = "ManifestValid"  # Accepted=True
 MANIFEST_INVALID = "ManifestInvalid"  # Accepted=False
 # Halt
 HALT_IN_EFFECT = "HaltInEffect"  # Active=True
+INVALID_PATTERN = "InvalidPattern"  # Active=False: a scope pattern can never match (stored before the rule)
+NO_TOOL_IN_REACH = "NoToolInReach"  # MatchesNoTool=True: no manifested tool in reach matches scope.tool
+TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the tools it matches
 
 REASONS = frozenset(
     {
@@ -154,6 +159,9 @@ REASONS = frozenset(
         MANIFEST_VALID,
         MANIFEST_INVALID,
         HALT_IN_EFFECT,
+        INVALID_PATTERN,
+        NO_TOOL_IN_REACH,
+        TOOLS_IN_REACH,
     }
 )
 

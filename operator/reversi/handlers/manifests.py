@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from .. import conditions as c
 from ..engine import admission as rules
 from ..models.toolmanifest import ToolManifestSpec
-from . import runtime
+from . import halts, runtime
 
 G, V = "reversi.dev", "v1alpha1"
 
@@ -37,11 +37,13 @@ def acceptance(spec: Any) -> tuple[bool, str]:
 @kopf.on.event(G, V, "toolmanifests")
 def tool_manifest_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
     if type == "DELETED":
+        halts.recheck_reach(namespace)  # a halt may now match no tool (MatchesNoTool)
         return
     gen = body["metadata"].get("generation")
     status = body.get("status") or {}
     if status.get("observedGeneration") == gen:
         return
+    halts.recheck_reach(namespace)  # its tools changed: halts that matched none may match one now
     ok, message = acceptance(body.get("spec"))
     cond = c.condition(c.ACCEPTED, c.TRUE if ok else c.FALSE, c.MANIFEST_VALID if ok else c.MANIFEST_INVALID,
                        message, gen)
