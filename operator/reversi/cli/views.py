@@ -488,8 +488,8 @@ def scope_text(scope: Mapping[str, Any] | None) -> str:
     shown as written (an empty pattern as ``tool=""``): a named field never reads as every call."""
     scope = {k: v for k, v in (scope or {}).items() if v is not None}
     order = [k for k in SCOPE_FIELDS if k in scope] + sorted(k for k in scope if k not in SCOPE_FIELDS)
-    fields = [f"{k}={scope[k]}" if scope[k] and " " not in str(scope[k]) else f"{k}={json.dumps(scope[k])}"
-              for k in order]
+    fields = [f"{k}={json.dumps(v)}" if not v or " " in v or v.startswith('"') else f"{k}={v}"
+              for k, v in ((k, str(scope[k])) for k in order)]
     return " ".join(fields) if fields else "<every call>"
 
 

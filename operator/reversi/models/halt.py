@@ -21,7 +21,7 @@ add``) with the reason :func:`pattern_problem` gives, and matches nothing if one
 - a space at either end;
 - in ``tool`` and ``namespace``: a character no tool name (letters, digits, ``.``, ``_``,
   ``:``, ``/``, ``-``, starting with a letter or digit) or namespace name (lowercase letters,
-  digits, ``-``) can hold.
+  digits, ``-``, starting and ending with a letter or digit) can hold there.
 """
 
 from __future__ import annotations
@@ -113,9 +113,11 @@ def pattern_problem(field: str, pattern: str) -> str | None:
         for ch, esc in literal:
             if (esc or ch not in "*?") and ch not in chars:
                 return f"{ch!r} can never match: {rule}"
-        first = literal[0]
+        first, last = literal[0], literal[-1]
         if (first[1] or first[0] not in "*?") and first[0] not in _ALNUM:
             return f"it starts with {first[0]!r}, which can never match: {rule}"
+        if field == "namespace" and (last[1] or last[0] not in "*?") and last[0] not in _ALNUM:
+            return f"it ends with {last[0]!r}, which can never match: a namespace name ends with a letter or digit"
     return None
 
 
