@@ -149,6 +149,9 @@ class Reconciler:
         self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
             return self._run_missing(req, spec.run_ref.name)
+        settle = self._run_settling(req, run_obj)
+        if settle:
+            return settle
         try:
             if not jr.inline_moved(run_obj):
                 jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
@@ -536,6 +539,16 @@ class Reconciler:
             if (req.get("status") or {}).get("phase") != "Pending":
                 self.kube.event(req, c.RUN_NOT_FOUND, message)
         return max(min(left, WAIT_SECONDS * 12), 0.1)
+
+    def _run_settling(self, req: dict, run_obj: dict) -> float | None:
+        """A request that waited for its Run (``RunNotFound``) gives the steps applied with the Run
+        (the same GitOps commit, a script creating both) ``run_settle_seconds`` after the Run's
+        creation to arrive before it plans; the seconds left, or None."""
+        cond = c.get_condition((req.get("status") or {}).get("conditions"), c.PLANNED) or {}
+        if cond.get("reason") != c.RUN_NOT_FOUND:
+            return None
+        left = (_epoch(run_obj["metadata"].get("creationTimestamp")) or 0) + self.settings.run_settle_seconds - time.time()
+        return left if left > 0 else None
 
     def _write(self, req: dict, status: dict) -> None:
         meta = req["metadata"]
