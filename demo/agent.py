@@ -7,6 +7,10 @@ Calls (step: tool): 0 payments.get_customer (read), 1 payments.create_charge, 2 
 undo needs approval), 4 inventory.reserve of a poster (times out: the effect is unknown, so the
 step is recorded uncertain), 5 email.send (irreversible), 6 inventory.get_stock (read),
 7 payments.create_charge of the shipping fee. Prints one line per call.
+
+When a halt refuses a call, or the shop refuses one (an order id used before, no stock), the agent
+stops with one line that says so (exit 1); a poster out of stock is recorded as failed and the
+agent goes on. A run refused before its first call is not left behind empty.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demo.downstream.client import Client, DownstreamError  # noqa: E402
-from reversi.sdk import Recorder  # noqa: E402
+from reversi.adapters.journal import list_objects  # noqa: E402
+from reversi.sdk import Halted, RecordingRefused, Recorder  # noqa: E402
 
 
 def main() -> int:
@@ -37,8 +42,31 @@ def main() -> int:
     rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
                         scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
                         failed_errors=(DownstreamError,))
-    order = args.order
+    try:
+        return calls(rec, shop, args.order)
+    except Halted as err:
+        print(f"  agent  halted, no further calls: {err}", flush=True)
+    except RecordingRefused as err:
+        print(f"  agent  the API server refused to record the next call: {err}", flush=True)
+    except DownstreamError as err:
+        print(f"  agent  the shop refused a call ({err}), recorded as failed; use a new --order for a new run",
+              flush=True)
+    if not list_objects(rec.custom, args.namespace, args.run):
+        forget_empty_run(args, rec)
+    return 1
 
+
+def forget_empty_run(args: argparse.Namespace, rec: Recorder) -> None:
+    """A run refused before its first call holds nothing: delete it, so the name can be used again."""
+    try:
+        rec.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", args.namespace, "runs", args.run)
+        print(f"  agent  Run {args.namespace}/{args.run} recorded no call and was removed", flush=True)
+    except Exception as err:  # noqa: BLE001 - no permission to delete: say so, leave it
+        print(f"  agent  Run {args.namespace}/{args.run} recorded no call; delete it with kubectl delete run "
+              f"{args.run} -n {args.namespace} ({type(err).__name__})", flush=True)
+
+
+def calls(rec: Recorder, shop: Client, order: str) -> int:
     def say(step: int, text: str) -> None:
         print(f"  agent  step {step}: {text}", flush=True)
 
@@ -62,6 +90,10 @@ def main() -> int:
         say(4, f"reserved a poster ({poster['id']})")
     except TimeoutError as err:
         say(4, f"reserving a poster timed out ({err}): recorded as uncertain")
+    except DownstreamError as err:
+        if err.status != 409 or "not enough stock" not in err.message:
+            raise
+        say(4, "no poster in stock: recorded as failed (nothing happened)")
     rec.call("email.send", {"to": "ada@example.com", "subject": f"Your order {order}"},
              lambda a: shop.send_email(a["to"], a["subject"]))
     say(5, "sent the order confirmation email")

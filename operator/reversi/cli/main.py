@@ -4,7 +4,7 @@
 
     plan RUN [--json]                 what undoing RUN would do (computed locally; exit 2: not fully reversible)
     rollback RUN [--wait] ...         create a RollbackRequest (exit 2 with --wait: not complete)
-    describe REQUEST | run/RUN        the report of a request, and what to do next
+    describe REQUEST | run/RUN | run RUN   the report of a request, and what to do next
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
