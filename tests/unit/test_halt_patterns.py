@@ -170,3 +170,20 @@ def test_a_halt_matching_no_tool_in_reach_says_so():
     assert rules.tools_matched("paymnets.*", rules.tools_in_reach(manifests, None, {})) == ["paymnets.refund"]
     msg = rules.no_tool_message("paymnets.*", rules.reach_text("shop", None), len(tools))
     assert msg.startswith("scope.tool 'paymnets.*' matches none of the 1 tools of the ToolManifests in namespace shop")
+
+
+def test_halt_conditions_say_active_or_invalid_and_whether_the_tool_pattern_matches_a_tool():
+    from reversi.handlers.halts import halt_conditions
+
+    def by_type(conds):
+        return {c["type"]: (c["status"], c["reason"]) for c in conds}
+
+    tools = ["payments.refund", "inventory.reserve"]
+    assert by_type(halt_conditions({"reason": "r", "scope": {"tool": "payments.*"}}, "shop", tools, [], 1)) == {
+        "Active": ("True", "HaltInEffect"), "MatchesNoTool": ("False", "ToolsInReach")}
+    assert by_type(halt_conditions({"reason": "r", "scope": {"tool": "paymnets.*"}}, "shop", tools, [], 1)) == {
+        "Active": ("True", "HaltInEffect"), "MatchesNoTool": ("True", "NoToolInReach")}
+    assert by_type(halt_conditions({"reason": "r", "scope": {"tool": ""}}, "shop", tools, [], 1)) == {
+        "Active": ("False", "InvalidPattern")}  # stored before the rule: it refuses nothing, and says so
+    assert by_type(halt_conditions({"reason": "r", "scope": {"actor": "a"}}, None, tools, [], 1)) == {
+        "Active": ("True", "HaltInEffect")}
