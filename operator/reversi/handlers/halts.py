@@ -83,9 +83,12 @@ def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck
     status = body.get("status") or {}
     meta = body["metadata"]
     gen = meta.get("generation")
-    if not recheck and status.get("observedGeneration") == gen and c.get_condition(status.get("conditions"), c.ACTIVE):
-        return
     spec = body.get("spec") or {}
+    has_tool = isinstance((spec.get("scope") or {}).get("tool"), str)
+    conditions = status.get("conditions")
+    if not recheck and status.get("observedGeneration") == gen and c.get_condition(conditions, c.ACTIVE) and (
+            not has_tool or c.get_condition(conditions, c.MATCHES_NO_TOOL) or not c.is_true(conditions, c.ACTIVE)):
+        return  # reported for this generation (a halt of an older operator gets its MatchesNoTool now)
     old = status.get("conditions") or []
     conds = halt_conditions(spec, namespace, _tools(namespace, spec.get("scope")), old, gen)
     active = c.is_true(conds, c.ACTIVE)
