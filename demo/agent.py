@@ -8,6 +8,11 @@ undo needs approval), 4 inventory.reserve of a poster (times out: the effect is 
 step is recorded uncertain), 5 email.send (irreversible), 6 inventory.get_stock (read),
 7 payments.create_charge of the shipping fee. Prints one line per call. The calls run inside a
 recovery boundary (``Recorder.boundary``): if the agent crashes, what it did is rolled back.
+
+When a halt refuses a call, or the shop refuses one (an order id used before, no stock), the agent
+stops with one line that says so (exit 1) and leaves the run as it is for on call to decide (no
+rollback: that is not a crash); a poster out of stock is recorded as failed and the agent goes
+on. A run refused before its first call is not left behind empty.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demo.downstream.client import Client, DownstreamError  # noqa: E402
-from reversi.sdk import Boundary, Recorder  # noqa: E402
+from reversi.adapters.journal import list_objects  # noqa: E402
+from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder  # noqa: E402
 
 
 def main() -> int:
@@ -36,16 +42,37 @@ def main() -> int:
     # an HTTP error answer means the shop refused the call: nothing happened (failed); anything
     # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain).
     # The boundary: should the checkout itself crash, the calls it made are rolled back at once
-    # (and the crash re-raised, or RollbackIncomplete when not everything could be undone).
+    # (and the crash re-raised, or RollbackIncomplete when not everything could be undone). A halt
+    # or a refusal is not a crash: the agent stops and leaves the run for on call to decide.
     with Recorder.boundary(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
                            scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
                            failed_errors=(DownstreamError,)) as rec:
-        return checkout(rec, shop, args.order)
+        try:
+            return checkout(rec, shop, args.order)
+        except Halted as err:
+            print(f"  agent  halted, no further calls: {err}", flush=True)
+        except RecordingRefused as err:
+            print(f"  agent  the API server refused to record the next call: {err}", flush=True)
+        except DownstreamError as err:
+            print(f"  agent  the shop refused a call ({err}), recorded as failed; use a new --order for a new run",
+                  flush=True)
+        if not list_objects(rec.custom, args.namespace, args.run):
+            forget_empty_run(args, rec)
+        return 1
+
+
+def forget_empty_run(args: argparse.Namespace, rec: Recorder) -> None:
+    """A run refused before its first call holds nothing: delete it, so the name can be used again."""
+    try:
+        rec.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", args.namespace, "runs", args.run)
+        print(f"  agent  Run {args.namespace}/{args.run} recorded no call and was removed", flush=True)
+    except Exception as err:  # noqa: BLE001 - no permission to delete: say so, leave it
+        print(f"  agent  Run {args.namespace}/{args.run} recorded no call; delete it with kubectl delete run "
+              f"{args.run} -n {args.namespace} ({type(err).__name__})", flush=True)
 
 
 def checkout(rec: Boundary, shop: Client, order: str) -> int:
     """The agent's eight calls, recorded through ``rec``."""
-
     def say(step: int, text: str) -> None:
         print(f"  agent  step {step}: {text}", flush=True)
 
@@ -69,6 +96,10 @@ def checkout(rec: Boundary, shop: Client, order: str) -> int:
         say(4, f"reserved a poster ({poster['id']})")
     except TimeoutError as err:
         say(4, f"reserving a poster timed out ({err}): recorded as uncertain")
+    except DownstreamError as err:
+        if err.status != 409 or "not enough stock" not in err.message:
+            raise
+        say(4, "no poster in stock: recorded as failed (nothing happened)")
     rec.call("email.send", {"to": "ada@example.com", "subject": f"Your order {order}"},
              lambda a: shop.send_email(a["to"], a["subject"]))
     say(5, "sent the order confirmation email")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,30 @@ ROLES = {
         {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
     ],
 }
+
+
+#: The walkthrough the demo prints at the end of ``--keep`` (README "Walkthrough", line for line;
+#: tests/unit/test_walkthrough.py checks it): ``{downstream}`` is this run's downstream URL.
+WALKTHROUGH = [
+    ('eval "$(reversi-devcluster env)"', "KUBECONFIG and the pinned kubectl for the local control plane"),
+    ("python demo/agent.py --namespace reversi-demo --run my-run --order o-4712 --downstream {downstream}",
+     "a new run: eight calls"),
+    ("kubectl get runsteps -l reversi.dev/run=my-run -n reversi-demo", "its steps: one RunStep per call"),
+    ("kubectl reversi plan my-run -n reversi-demo", "what a rollback would do (exit 2: not fully reversible)"),
+    ("kubectl reversi rollback my-run -n reversi-demo --name undo-my-run --wait",
+     "undo it with live progress; exit 2 while an undo waits for approval"),
+    ("kubectl reversi approve undo-my-run -n reversi-demo --all", 'approving needs the RBAC verb "approve"'),
+    ("kubectl reversi describe run my-run -n reversi-demo", "the report: undone, unchecked, impossible, what next"),
+    ("python demo/run_demo.py --stop && reversi-devcluster down",
+     "when you are done (with the same REVERSI_* settings, if you set any)"),
+]
+
+
+def walkthrough(downstream: str) -> list[str]:
+    """The walkthrough's lines, filled in: ``command   # comment``, comments aligned."""
+    commands = [(cmd.format(downstream=downstream), note) for cmd, note in WALKTHROUGH]
+    width = max(len(cmd) for cmd, _ in commands if len(cmd) <= 72)
+    return [f"{cmd:<{width}}  # {note}" if len(cmd) <= width else f"{cmd}  # {note}" for cmd, note in commands]
 
 
 def title(text: str) -> None:
@@ -323,20 +348,15 @@ class Demo:
     def teardown(self) -> None:
         if self.keep:
             state = {"operator": self.operator.proc.pid if self.operator and self.operator.proc else None,
-                     "downstream": self.downstream.pid if self.downstream else None}
+                     "downstream": self.downstream.pid if self.downstream else None, "work": str(self.work)}
             STATE_FILE(self.cluster).write_text(json.dumps(state))
-            print(f"""
-== Try it yourself (everything is still running)
-  export KUBECONFIG={self.cluster.paths.admin_kubeconfig}
-  kubectl get reversi -n {NS}                                  # the demo's manifest, run, steps and requests
-  kubectl get runsteps -l {LABEL_RUN}={RUN} -n {NS}         # the run's steps, one RunStep each
-  kubectl reversi describe run/{RUN} -n {NS}
-  python demo/agent.py --namespace {NS} --run my-run --order o-4712 --downstream {self.downstream_url}
-  kubectl reversi plan my-run -n {NS}                           # exit 2: not fully reversible (the email)
-  kubectl reversi rollback my-run -n {NS} --wait                # stops with exit 2 while step 3 waits for approval
-  kubectl reversi approve <request printed above> -n {NS} --all
-  The demo's ToolManifest, filled in for this machine: {self.manifest_file}
-  When you are done: python demo/run_demo.py --stop && reversi-devcluster down""")
+            print("\n== Try it yourself (everything is still running): the README walkthrough, filled in")
+            for line in walkthrough(self.downstream_url):
+                print(f"  {line}")
+            moved = sorted(k for k in os.environ if k.startswith("REVERSI_"))
+            if moved:
+                print(f"  (this shell sets {', '.join(moved)}: keep them set for every line above)")
+            print(f"  The demo's ToolManifest, filled in for this machine: {self.manifest_file}")
             return
         if self.operator:
             self.operator.stop()
@@ -346,6 +366,7 @@ class Demo:
             self.downstream.terminate()
         if self.started_cluster:
             self.cluster.down(quiet=True)
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def STATE_FILE(cluster: Cluster) -> Path:
@@ -361,7 +382,9 @@ def stop() -> int:
         return 0
     import signal
 
-    for name, pid in json.loads(path.read_text()).items():
+    left = json.loads(path.read_text())
+    work = left.pop("work", None)
+    for name, pid in left.items():
         if not pid:
             continue
         try:
@@ -370,6 +393,9 @@ def stop() -> int:
         except ProcessLookupError:
             pass
     path.unlink()
+    if work and Path(work).is_dir() and Path(work).name.startswith("reversi-demo-"):
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"removed the demo's temp folder {work}")
     if cluster.is_running():
         remove_webhook_configurations(config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig)))
         print("removed the demo operator's webhook configurations")

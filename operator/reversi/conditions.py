@@ -16,7 +16,7 @@ Which types go where:
   ``Compensated``, ``Verified``.
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
   (a RollbackRequest holds the run: ``status.activeRequest``).
-- ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``.
+- ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``, ``MatchesNoTool``.
 - Every kind, for GitOps tools (kstatus: Flux, ``kubectl wait``, cli-utils; Argo CD health
   checks): ``Ready``, ``Reconciling`` (True while work is in progress) and ``Stalled`` (True when
   it cannot progress without a person), next to ``status.observedGeneration``. Built by
@@ -58,6 +58,7 @@ ACTIVE = "Active"
 READY = "Ready"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
+MATCHES_NO_TOOL = "MatchesNoTool"  # True: scope.tool matches no tool of any ToolManifest in reach
 
 TYPES = frozenset(
     {
@@ -76,6 +77,7 @@ TYPES = frozenset(
         READY,
         RECONCILING,
         STALLED,
+        MATCHES_NO_TOOL,
     }
 )
 
@@ -129,6 +131,9 @@ NO_ROLLBACK = "NoRollback"  # Run Ready=True: no rollback has worked on the run 
 IDLE = "Idle"  # Reconciling=False / Stalled=False: nothing is in progress, nothing is stuck
 SCHEMA_OUTDATED = "SchemaOutdated"  # Event reason: the installed CRDs are older than the operator
 SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current again
+INVALID_PATTERN = "InvalidPattern"  # Active=False: a scope pattern can never match (stored before the rule)
+NO_TOOL_IN_REACH = "NoToolInReach"  # MatchesNoTool=True: no manifested tool in reach matches scope.tool
+TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the tools it matches
 
 REASONS = frozenset(
     {
@@ -172,6 +177,9 @@ REASONS = frozenset(
         HALT_IN_EFFECT,
         NO_ROLLBACK,
         IDLE,
+        INVALID_PATTERN,
+        NO_TOOL_IN_REACH,
+        TOOLS_IN_REACH,
     }
 )
 

@@ -46,6 +46,12 @@ class OperatorSettings(BaseSettings):
     peering: str | None = Field(None, description="kopf peering object name (standby replicas); unset: no peering.")
     status_detail_limit: int = Field(
         200, ge=10, le=2000, description="Most per-step entries and plan actions kept in a request's status.")
+    run_wait_seconds: float = Field(
+        300.0, ge=0, le=86400, description="How long a RollbackRequest whose Run does not exist yet waits for it "
+        "(phase Pending, reason RunNotFound) before it fails; it starts as soon as the Run is created.")
+    run_settle_seconds: float = Field(
+        2.0, ge=0, le=60, description="A request that waited for its Run plans this long after the Run's creation, "
+        "so the steps created with the Run (one GitOps apply) are in.")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

@@ -87,6 +87,8 @@ def operator(cluster, crds, admin_api):
     """The operator, running as a real process against the local control plane."""
     metrics_port = int(os.environ.get("REVERSI_TEST_METRICS_PORT", "18089"))
     webhook_port = int(os.environ.get("REVERSI_TEST_WEBHOOK_PORT", str(metrics_port + 1000)))
+    # a request for a Run that does not exist waits this long (default 300 s) before it fails
+    os.environ.setdefault("REVERSI_RUN_WAIT_SECONDS", "8")
     op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator.log",
                          metrics_port=metrics_port, webhook_port=webhook_port)
     op.start()

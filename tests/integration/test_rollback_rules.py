@@ -283,12 +283,13 @@ def test_rule8_compensation_needing_approval_waits_until_approved(rv):
     assert rv.get("rollbackrequests", "undo")["spec"]["approvals"][0]["approver"] == "reversi-admin"
 
 
-def test_request_for_a_missing_run_fails_with_a_clear_condition(rv):
-    rv.request("undo", "no-such-run")
-    req = rv.wait_phase("undo", "Failed", timeout=30)
+def test_request_for_a_missing_run_fails_with_a_clear_condition_after_the_wait(rv):
+    rv.request("undo", "no-such-run")  # waits REVERSI_RUN_WAIT_SECONDS (8 s in the tests) for the Run
+    req = rv.wait_phase("undo", "Failed", timeout=60)
     invalid = next(c for c in req["status"]["conditions"] if c["type"] == "Invalid")
     assert invalid["status"] == "True" and invalid["reason"] == "RunNotFound"
-    assert "create the Run or fix spec.runRef.name" in invalid["message"]
+    assert "not found (waited 8s for it to be created)" in invalid["message"]
+    assert "fix spec.runRef.name" in invalid["message"]
 
 
 def test_request_for_a_run_without_its_manifest_fails_with_a_clear_condition(rv):

@@ -50,6 +50,13 @@ def _kind(plural: str) -> str:
     return KINDS.get(plural, plural)
 
 
+def _details(err: ApiException) -> dict:
+    try:
+        return json.loads(err.body or "{}").get("details") or {}
+    except (TypeError, ValueError, AttributeError):
+        return {}
+
+
 def _not_found_is_object(err: ApiException, name: str) -> bool:
     """A 404 for the object itself (``details.name``), not for its kind (CRD not installed)."""
     try:
@@ -107,10 +114,12 @@ class Connection:
             return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
+                if ns:
+                    self.check_namespace(ns)  # a typo'd -n reads as a missing object otherwise
                 if missing is None:
                     return None
                 raise CliError(f"{self.where(plural, name, ns)} not found; {missing}") from err
-            raise self.api_error(err, f"reading {self.where(plural, name, ns)}") from err
+            raise self.api_error(err, f"reading {self.where(plural, name, ns)}", plural, ns) from err
 
     def list(self, plural: str, namespace: str | None = None, *, cluster: bool = False,
              all_namespaces: bool = False) -> list[dict]:
@@ -129,7 +138,8 @@ class Connection:
                         GROUP, VERSION, namespace or self.namespace, plural, **kwargs)
             except ApiException as err:
                 where = "all namespaces" if cluster or all_namespaces else f"namespace {namespace or self.namespace}"
-                raise self.api_error(err, f"listing {plural}.{GROUP} in {where}") from err
+                raise self.api_error(err, f"listing {plural}.{GROUP} in {where}", plural,
+                                     None if cluster or all_namespaces else namespace or self.namespace) from err
             items += resp.get("items") or []
             token = (resp.get("metadata") or {}).get("continue")
             if not token:
@@ -195,7 +205,7 @@ class Connection:
         except ApiException as err:
             if err.status == 409:
                 raise CliError(f"{self.where(plural, name, ns)} already exists; choose another name") from err
-            raise self.api_error(err, f"creating {self.where(plural, name, ns)}") from err
+            raise self.api_error(err, f"creating {self.where(plural, name, ns)}", plural, ns) from err
 
     def patch(self, plural: str, name: str, body: Any, *, json_patch: bool = False, cluster: bool = False,
               namespace: str | None = None) -> dict:
@@ -219,8 +229,10 @@ class Connection:
             return True
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
+                if ns:
+                    self.check_namespace(ns)
                 return False
-            raise self.api_error(err, f"deleting {self.where(plural, name, ns)}") from err
+            raise self.api_error(err, f"deleting {self.where(plural, name, ns)}", plural, ns) from err
 
     def whoami(self) -> str | None:
         """The authenticated user's name (SelfSubjectReview), or ``None`` when the server cannot tell."""
@@ -234,12 +246,48 @@ class Connection:
 
     # ---------------------------------------------------------------------- errors
 
-    def api_error(self, err: ApiException, what: str) -> CliError:
-        """An unexpected API answer as a :class:`CliError` naming the fix where one is known."""
+    def check_namespace(self, namespace: str | None = None) -> None:
+        """:class:`CliError` ``namespace … not found`` when the namespace does not exist; nothing
+        when it does or when the server will not tell (no permission to read namespaces)."""
+        ns = namespace or self.namespace
+        try:
+            self.core.read_namespace(ns)
+        except ApiException as err:
+            if err.status == 404:
+                raise CliError(f"namespace {ns} not found; check -n/--namespace "
+                               "(kubectl get namespaces lists them)") from err
+
+    def kind_known(self, plural: str) -> bool | None:
+        """Whether discovery lists ``plural`` in reversi.dev/v1alpha1 (None: discovery failed)."""
+        try:
+            resources = self.custom.get_api_resources(GROUP, VERSION)
+        except ApiException as err:
+            return False if err.status == 404 else None
+        names = {r.get("name") if isinstance(r, dict) else getattr(r, "name", None)
+                 for r in (resources.get("resources") if isinstance(resources, dict)
+                           else getattr(resources, "resources", None)) or []}
+        return plural in names
+
+    def api_error(self, err: ApiException, what: str, plural: str | None = None,
+                  namespace: str | None = None) -> CliError:
+        """An unexpected API answer as a :class:`CliError` naming the fix where one is known. A 404
+        is read for what it is: a missing namespace (the server's details, or a namespace check),
+        or the CRDs not installed only when discovery says so."""
         if err.status == 404:
-            return CliError(f"{what}: the server does not know reversi.dev/{VERSION} "
-                            "(the Reversi CRDs are not installed); install them with kubectl apply -f crds/ "
-                            "or the Helm chart")
+            details = _details(err)
+            if details.get("kind") == "namespaces":
+                return CliError(f"{what}: namespace {details.get('name') or namespace} not found; check "
+                                "-n/--namespace (kubectl get namespaces lists them)")
+            if namespace:
+                try:
+                    self.check_namespace(namespace)
+                except CliError as missing:
+                    return CliError(f"{what}: {missing}")
+            if plural is not None and self.kind_known(plural) is False:
+                return CliError(f"{what}: the server does not know {plural + '.' if plural else ''}{GROUP}/{VERSION} "
+                                "(the Reversi CRDs are not installed); install them with kubectl apply -f crds/ "
+                                "or the Helm chart")
+            return refused(err, what)
         if err.status == 403:
             return CliError(f"{what}: forbidden: {server_message(err)}; ask for RBAC access "
                             "(kubectl auth can-i --list shows what you may do)")

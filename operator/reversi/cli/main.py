@@ -4,7 +4,7 @@
 
     plan RUN [--json]                 what undoing RUN would do (computed locally; exit 2: not fully reversible)
     rollback RUN [--wait] ...         create a RollbackRequest (exit 2 with --wait: not complete)
-    describe REQUEST | run/RUN        the report of a request, and what to do next
+    describe REQUEST | run/RUN | run RUN   the report of a request, and what to do next
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
@@ -33,9 +33,11 @@ import click
 from kubernetes.client.rest import ApiException
 
 from ..adapters.journal import JournalError, inline_moved, load
+from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import Journal
 from ..engine.plan import build_plan
+from ..models.halt import pattern_problem
 from ..models.rollbackrequest import Plan
 from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
@@ -98,8 +100,9 @@ def remark(text: str) -> None:
 
 GROUP_HELP = """Plan, start, follow and settle rollbacks of Reversi Runs; halt new calls; export the record.
 
-Exit codes: 0 done (plan: fully reversible; rollback --wait: complete or planned), 1 an error (one
-line on stderr), 2 not fully reversible or not complete.
+Exit codes: 0 done (plan: fully reversible; rollback --wait: complete or planned; describe: the
+report was shown, whatever its verdict), 1 an error (one line on stderr), 2 plan: not fully
+reversible, or rollback --wait: not complete (or waiting for approval).
 
 The global options also work after the command: kubectl reversi plan order-9 -n shop"""
 
@@ -308,13 +311,18 @@ def describe_view(c: Connection, req: dict) -> str:
     return views.describe_request(req, run, events, now(), run_missing=missing, step_tools=step_tools)
 
 
-@cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN), "
-                  "and what to do next.")
-@click.argument("target", metavar="REQUEST|run/RUN")
+@cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN or run RUN), "
+                  "and what to do next. Exit 0 when the report is shown, whatever its verdict.")
+@click.argument("target", metavar="REQUEST|run/RUN|run RUN")
+@click.argument("run_name", metavar="", required=False)
 @global_options
-def describe(target: str) -> int:
+def describe(target: str, run_name: str | None) -> int:
     c = conn()
     lowered = target.lower()
+    if run_name is not None:  # kubectl style: describe run NAME
+        if lowered.rstrip("/") + "/" not in RUN_PREFIXES:
+            raise click.UsageError(f"describe takes one REQUEST, or run/RUN, or run RUN; got {target!r} {run_name!r}")
+        target, lowered = f"run/{run_name}", f"run/{run_name.lower()}"
     run_prefix = next((p for p in RUN_PREFIXES if lowered.startswith(p)), None)
     if run_prefix:
         run = target[len(run_prefix):]
@@ -323,6 +331,8 @@ def describe(target: str) -> int:
     else:
         req_prefix = next((p for p in REQUEST_PREFIXES if lowered.startswith(p)), "")
         name = target[len(req_prefix):]
+        if lowered.rstrip("/") + "/" in RUN_PREFIXES and not name.strip("/"):
+            raise click.UsageError("name the run: describe run/RUN or describe run RUN")
         req = c.get("rollbackrequests", name,
                     missing=f"list them with kubectl get rollbackrequests -n {c.namespace}, "
                             f"or describe the newest of a run with kubectl reversi describe run/RUN")
@@ -532,9 +542,8 @@ def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant
         raise click.UsageError("--namespace-glob needs --cluster (a Halt covers its own namespace only)")
     if not reason.strip():
         raise CliError("--reason is empty; say why calls are halted (refused calls quote it)")
+    scope = halt_scope(tool=tool, actor=actor, tenant=tenant, environment=environment, namespace=namespace_glob)
     c = conn()
-    scope = {k: v for k, v in (("tool", tool), ("actor", actor), ("tenant", tenant), ("environment", environment),
-                               ("namespace", namespace_glob)) if v}
     body = halt_body(name, None if cluster else c.namespace, reason, current_user(c), scope)
     plural = "clusterhalts" if cluster else "halts"
     try:
@@ -550,7 +559,32 @@ def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant
         "" if cluster else f"in namespace {c.namespace}")
     out(f"{where} created: new calls matching {views.scope_text(scope)} {reach} are refused "
         f"(\"kill switch: {reason}\"); rollbacks keep working.".replace("  ", " "))
+    if "tool" in scope:
+        warn_no_tool(c, scope, None if cluster else c.namespace)
     return 0
+
+
+def halt_scope(**fields: str | None) -> dict[str, str]:
+    """The scope of ``halt add``: every option given, an empty one included (refused here with the
+    same rule and message as the webhook: :func:`reversi.models.halt.pattern_problem`)."""
+    scope = {k: v for k, v in fields.items() if v is not None}
+    for field, pattern in scope.items():
+        why = pattern_problem(field, pattern)
+        if why:
+            option = "--namespace-glob" if field == "namespace" else f"--{field}"
+            raise CliError(f"{option} {pattern!r} can never match: {why}")
+    return scope
+
+
+def warn_no_tool(c: Connection, scope: dict[str, str], namespace: str | None) -> None:
+    """Say so when ``scope.tool`` matches no tool of the ToolManifests in reach (like the webhook)."""
+    try:
+        manifests = c.list("toolmanifests", namespace, all_namespaces=namespace is None)
+    except CliError:
+        return
+    tools = rules.tools_in_reach(manifests, namespace, scope)
+    if not rules.tools_matched(scope["tool"], tools):
+        remark("warning: " + rules.no_tool_message(scope["tool"], rules.reach_text(namespace, scope), len(tools)))
 
 
 @halt.command("list", help="Halts (of the namespace, or all) and ClusterHalts: reason, scope, active, refused, age.")
@@ -559,6 +593,8 @@ def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant
 def halt_list(all_namespaces: bool) -> int:
     c = conn()
     halts = c.list("halts", all_namespaces=all_namespaces)
+    if not halts and not all_namespaces:
+        c.check_namespace()
     for h in halts:
         h.setdefault("kind", "Halt")
     try:
@@ -575,6 +611,8 @@ def halt_list(all_namespaces: bool) -> int:
         out(f"No halts in {where} and no ClusterHalts: new calls are admitted.")
         return 0
     out(views.halt_rows(items, now(), all_namespaces))
+    for note in views.halt_notes(items):
+        out(note)
     return 0
 
 

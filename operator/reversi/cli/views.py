@@ -484,10 +484,12 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
 
 
 def scope_text(scope: Mapping[str, Any] | None) -> str:
-    """``tool=payments.* actor=checkout-agent``; no scope: ``<every call>``."""
-    scope = scope or {}
+    """``tool=payments.* actor=checkout-agent``; no scope: ``<every call>``. Every field named is
+    shown as written (an empty pattern as ``tool=""``): a named field never reads as every call."""
+    scope = {k: v for k, v in (scope or {}).items() if v is not None}
     order = [k for k in SCOPE_FIELDS if k in scope] + sorted(k for k in scope if k not in SCOPE_FIELDS)
-    fields = [f"{k}={scope[k]}" for k in order if scope[k]]
+    fields = [f"{k}={json.dumps(v)}" if not v or " " in v or v.startswith('"') else f"{k}={v}"
+              for k, v in ((k, str(scope[k])) for k in order)]
     return " ".join(fields) if fields else "<every call>"
 
 
@@ -508,6 +510,21 @@ def halt_rows(halts: Iterable[Mapping[str, Any]], now: dt.datetime, all_namespac
                 spec.get("by") or "-", age(meta.get("creationTimestamp"), now)]
         rows.append(row)
     return table(headers, rows)
+
+
+def halt_notes(halts: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Lines under the ``halt list`` table for halts whose conditions need a look: ``Active`` False
+    (a pattern that can never match) and ``MatchesNoTool`` True."""
+    notes = []
+    for h in halts:
+        meta, status = h.get("metadata") or {}, h.get("status") or {}
+        where = f"{h.get('kind', 'Halt')} " + (f"{meta['namespace']}/" if meta.get("namespace") else "") + \
+            meta.get("name", "")
+        for cond in status.get("conditions") or []:
+            if (cond.get("type"), cond.get("status")) in (("Active", "False"), ("MatchesNoTool", "True")):
+                notes.append(f"{where}: {cond.get('type')}={cond.get('status')} ({cond.get('reason')}): "
+                             f"{cond.get('message', '')}")
+    return notes
 
 
 def kill_switch_text(halt: Mapping[str, Any] | None, now: dt.datetime) -> str:

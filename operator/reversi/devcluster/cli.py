@@ -16,6 +16,7 @@ Exit status is non-zero on any failure, with the failing component and its log n
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 
 import click
@@ -93,8 +94,20 @@ def kubeconfig(user: str | None, groups: tuple[str, ...]) -> None:
 
 @cli.command()
 def env() -> None:
-    """Print a shell line that points KUBECONFIG at the local cluster."""
-    click.echo(f"export KUBECONFIG={Cluster().paths.admin_kubeconfig}")
+    """Print shell lines that point KUBECONFIG at the local cluster and put the pinned kubectl
+    (built with the control plane, within the supported version skew) first on PATH:
+    eval "$(reversi-devcluster env)"."""
+    for line in env_lines():
+        click.echo(line)
+
+
+def env_lines() -> list[str]:
+    """``export KUBECONFIG=...`` and, once kubectl is built, ``export PATH=<its folder>:$PATH``."""
+    lines = [f"export KUBECONFIG={shlex.quote(str(Cluster().paths.admin_kubeconfig))}"]
+    kubectl = build_mod.binary("kubernetes", "kubectl")
+    if kubectl.exists():
+        lines.append(f"export PATH={shlex.quote(str(kubectl.parent))}:\"$PATH\"")
+    return lines
 
 
 def main() -> None:

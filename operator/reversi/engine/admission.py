@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..models.halt import ClusterHaltScope, HaltScope
+from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
 from ..models.toolmanifest import ToolManifestSpec, ToolSpec
 from .keys import canonical_json, forward_key
@@ -94,6 +94,51 @@ def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: lis
             return Refusal(HALTED, f"kill switch: {halt.reason} ({where} refuses step {step.index}, {step.tool}; "
                            "deleting the halt lifts it)", step.tool, (halt.kind, halt.namespace, halt.name))
     return None
+
+
+def check_halt_scope(scope: HaltScope | ClusterHaltScope | None) -> Refusal | None:
+    """A halt pattern that can never match is refused, naming the field and why
+    (:func:`reversi.models.halt.pattern_problem`): a kill switch must not look active while it
+    lets every call through."""
+    for field, pattern, why in (scope.problems() if scope is not None else []):
+        return Refusal(INVALID, f"spec.scope.{field} {pattern!r} can never match: {why}")
+    return None
+
+
+def tools_matched(pattern: str, tools: Iterable[str]) -> list[str]:
+    """The tools (of the ToolManifests in a halt's reach) that the halt's ``tool`` glob matches."""
+    return sorted({t for t in tools if glob_match(pattern, t)})
+
+
+def reach_text(namespace: str | None, scope: dict | None) -> str:
+    """Where a halt's tools come from: ``in namespace shop``, ``in any namespace``."""
+    if namespace:
+        return f"in namespace {namespace}"
+    glob = (scope or {}).get("namespace")
+    return f"in namespaces matching {glob!r}" if glob else "in any namespace"
+
+
+def tools_in_reach(manifests: Iterable[dict], namespace: str | None, scope: dict | None) -> list[str]:
+    """Tool names of the ToolManifests a Halt (``namespace``) or ClusterHalt (None) reaches."""
+    glob = None if namespace else (scope or {}).get("namespace")
+    names: set[str] = set()
+    for m in manifests:
+        ns = (m.get("metadata") or {}).get("namespace", "")
+        if namespace and ns != namespace or glob and not glob_match(glob, ns):
+            continue
+        for tool in (m.get("spec") or {}).get("tools") or []:
+            if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                names.add(tool["name"])
+    return sorted(names)
+
+
+def no_tool_message(pattern: str, reach: str, count: int) -> str:
+    """The warning and ``MatchesNoTool`` message of a halt whose ``tool`` glob matches no tool
+    (``reach``: ``in namespace shop``, ``in any namespace``; ``count``: the tools there)."""
+    which = (f"none of the {count} tools of the ToolManifests {reach}" if count
+             else f"no tool: there is no ToolManifest with tools {reach}")
+    return (f"scope.tool {pattern!r} matches {which}; check its spelling "
+            "(the halt is in force and will refuse such a tool once a manifest names it)")
 
 
 def check_append_only(old: RunSpec, new: RunSpec) -> Refusal | None:

@@ -702,21 +702,36 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
 @kopf.on.validate(G, V, "halts", id="validate-halt", operations=OPS, persistent=True)
 @untrusted
 def validate_halt(body: Any, namespace: str, name: str, warnings: list[str], **_: Any) -> None:
-    spec = _parse(HaltSpec, body.get("spec"), f"Halt {namespace}/{name}")
-    _glob_warnings(spec, warnings)
+    what = f"Halt {namespace}/{name}"
+    spec = _parse(HaltSpec, body.get("spec"), what)
+    _check_halt(what, spec, namespace, warnings)
 
 
 @kopf.on.validate(G, V, "clusterhalts", id="validate-clusterhalt", operations=OPS, persistent=True)
 @untrusted
 def validate_cluster_halt(body: Any, name: str, warnings: list[str], **_: Any) -> None:
-    spec = _parse(ClusterHaltSpec, body.get("spec"), f"ClusterHalt {name}")
-    _glob_warnings(spec, warnings)
+    what = f"ClusterHalt {name}"
+    spec = _parse(ClusterHaltSpec, body.get("spec"), what)
+    _check_halt(what, spec, None, warnings)
 
 
-def _glob_warnings(spec: Any, warnings: list[str]) -> None:
-    """Halt globs have ``*``, ``?`` and ``\\`` only: say so when a pattern looks like it expects more."""
-    for field, pattern in (spec.scope.model_dump(exclude_none=True) if spec.scope else {}).items():
-        if any(ch in pattern for ch in "[]{}"):
-            warnings.append(f"scope.{field} {pattern!r}: halt globs have no [...] or {{...}}; those characters "
-                            "match only themselves (only * and ? are special)")
-
+def _check_halt(what: str, spec: Any, namespace: str | None, warnings: list[str]) -> None:
+    """Refuse a pattern that can never match (one rule with the CLI and matching:
+    :func:`reversi.models.halt.pattern_problem`); warn when ``scope.tool`` matches no tool of the
+    ToolManifests in reach (the halt is admitted: a manifest may come later; its status says
+    ``MatchesNoTool``)."""
+    refusal = rules.check_halt_scope(spec.scope)
+    if refusal is not None:
+        raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
+    pattern = spec.scope.tool if spec.scope is not None else None
+    if pattern is None:
+        return
+    scope = spec.scope.model_dump(exclude_none=True)
+    try:
+        manifests = runtime.state().kube.list("toolmanifests", namespace, cached=True)
+    except ApiException:
+        return  # cannot see the manifests in reach (a ClusterHalt, namespaced operator): no warning
+    tools = rules.tools_in_reach(manifests, namespace, scope)
+    if not rules.tools_matched(pattern, tools):
+        warnings.append(f"{what}: " + rules.no_tool_message(pattern, rules.reach_text(namespace, scope),
+                                                           len(tools)))

@@ -1,47 +1,126 @@
-"""Halt and ClusterHalt status: active, since when (refused calls are counted by the webhook).
+"""Halt and ClusterHalt status: active, since when, and whether the tool pattern matches any tool
+(refused calls are counted by the webhook).
 
 A halt is in force from the moment it exists — the webhook reads halts from the API on every
-write, so every replica sees the same halts; this handler only reports it. Lifting a halt is
-deleting it.
+write, so every replica sees the same halts; this handler only reports it:
+
+- ``Active``: True (``HaltInEffect``), or False (``InvalidPattern``) for a halt stored with a
+  pattern that can never match (admission refuses those; one may predate the rule);
+- ``MatchesNoTool`` (only for a halt with ``scope.tool``): True (``NoToolInReach``) when the
+  pattern matches no tool of any ToolManifest in the halt's reach, else False (``ToolsInReach``).
+  A ToolManifest change re-checks the halts that reach it;
+- ``Ready`` / ``Reconciling`` / ``Stalled`` (kstatus): Ready while in force; Stalled
+  (``InvalidPattern``) for a halt that refuses nothing.
+
+Lifting a halt is deleting it.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
 from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
 
 from .. import conditions as c
 from ..adapters import status as st
+from ..engine import admission as rules
+from ..engine.admission import reach_text, tools_in_reach
+from ..models.halt import ClusterHaltScope, HaltScope
 from . import runtime
 
 G, V = "reversi.dev", "v1alpha1"
+log = logging.getLogger("reversi.halts")
 
 
-def halt_status(body: Any) -> dict | None:
-    """The status a Halt or ClusterHalt should have (active since its creation, ``Active`` and
-    ``Ready`` True, observedGeneration current), or ``None`` when it already has it (pure)."""
+def halt_conditions(spec: Any, namespace: str | None, tools: list[str] | None, old: list[dict],
+                    generation: int | None) -> list[dict]:
+    """The halt's conditions (pure): ``Active`` and, with ``scope.tool``, ``MatchesNoTool``.
+    ``tools``: the tool names in reach, None when they could not be read (the condition is left
+    as it was)."""
+    spec = spec if isinstance(spec, dict) else {}
+    scope = spec.get("scope") if isinstance(spec.get("scope"), dict) else None
+    model = ClusterHaltScope if namespace is None else HaltScope
+    try:
+        parsed = model.model_validate(scope) if scope is not None else None
+    except ValidationError:
+        parsed = None
+    problems = parsed.problems() if parsed is not None else []
+    if problems:
+        field, pattern, why = problems[0]
+        active = c.condition(c.ACTIVE, c.FALSE, c.INVALID_PATTERN,
+                             f"scope.{field} {pattern!r} can never match, so this halt refuses nothing: {why}",
+                             generation)
+    else:
+        active = c.condition(c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT,
+                             f"refusing matching calls: kill switch: {spec.get('reason', '')}", generation)
+    conds = c.set_condition(old, active)
+    pattern = (scope or {}).get("tool")
+    if not isinstance(pattern, str) or problems:
+        return [x for x in conds if x.get("type") != c.MATCHES_NO_TOOL]
+    if tools is None:
+        return conds
+    matched = rules.tools_matched(pattern, tools)
+    if matched:
+        shown = ", ".join(matched[:5]) + (f" and {len(matched) - 5} more" if len(matched) > 5 else "")
+        cond = c.condition(c.MATCHES_NO_TOOL, c.FALSE, c.TOOLS_IN_REACH, f"scope.tool {pattern!r} matches {shown}",
+                           generation)
+    else:
+        cond = c.condition(c.MATCHES_NO_TOOL, c.TRUE, c.NO_TOOL_IN_REACH,
+                           rules.no_tool_message(pattern, reach_text(namespace, scope), len(tools)), generation)
+    return c.set_condition(conds, cond)
+
+
+def _tools(namespace: str | None, scope: dict | None) -> list[str] | None:
+    kube = runtime.state().kube
+    try:
+        return tools_in_reach(kube.list("toolmanifests", namespace, cached=True), namespace, scope)
+    except ApiException as err:  # e.g. a ClusterHalt while the operator watches some namespaces only
+        log.info("cannot list ToolManifests %s: %s", reach_text(namespace, scope), err.reason)
+        return None
+
+
+def halt_status(body: Any, namespace: str | None = None, tools: list[str] | None = None, *,
+                recheck: bool = False) -> dict | None:
+    """The status a Halt (``namespace`` set) or ClusterHalt should have, or ``None`` when it
+    already has it (pure): ``active`` and ``since``, ``Active`` and ``MatchesNoTool``
+    (:func:`halt_conditions`; ``tools`` in reach, None when unknown), ``Ready``/``Reconciling``/
+    ``Stalled`` and ``observedGeneration``. ``recheck``: the tools in reach may have changed."""
     status = body.get("status") or {}
     meta = body["metadata"]
     gen = meta.get("generation")
-    reason = (body.get("spec") or {}).get("reason", "")
-    message = f"refusing matching calls: kill switch: {reason}"
-    conds = st.summary_conditions(status.get("conditions") or [], gen, [
-        (c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT, message),
-        *st.readiness(st.READY_STATE, c.HALT_IN_EFFECT, message)])
-    if status.get("active") is True and status.get("observedGeneration") == gen and st.same_conditions(
-            conds, status.get("conditions") or []):
+    spec = body.get("spec") or {}
+    old = status.get("conditions") or []
+    conds = halt_conditions(spec, namespace, tools, old, gen)
+    active_cond = c.get_condition(conds, c.ACTIVE) or {}
+    active = c.is_true(conds, c.ACTIVE)
+    state = st.READY_STATE if active else st.STALLED_STATE
+    conds = st.summary_conditions(conds, gen, st.readiness(state, active_cond.get("reason", c.HALT_IN_EFFECT),
+                                                           active_cond.get("message", "")))
+    if status.get("observedGeneration") == gen and status.get("active") is active and st.same_conditions(conds, old):
         return None
-    return {"active": True, "since": status.get("since") or meta.get("creationTimestamp"),
+    return {"active": active, "since": (status.get("since") or meta.get("creationTimestamp")) if active else None,
             "observedGeneration": gen, "conditions": conds}
 
 
-def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
-    status = halt_status(body)
-    if status is None or not runtime.reconciling():
+def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck: bool = False) -> None:
+    if not runtime.reconciling():
         return
-    patch = {"status": status}
+    status = body.get("status") or {}
+    meta = body["metadata"]
+    spec = body.get("spec") or {}
+    has_tool = isinstance((spec.get("scope") or {}).get("tool"), str)
+    conditions = status.get("conditions")
+    if not recheck and status.get("observedGeneration") == meta.get("generation") and \
+            c.get_condition(conditions, c.READY) and (not has_tool or c.get_condition(conditions, c.MATCHES_NO_TOOL)
+                                                      or not c.is_true(conditions, c.ACTIVE)):
+        return  # reported for this generation (a halt of an older operator gets its conditions now)
+    update = halt_status(body, namespace, _tools(namespace, spec.get("scope")) if has_tool else [], recheck=recheck)
+    if update is None:
+        return
+    patch = {"status": update}
     custom = runtime.state().kube.custom
     try:
         if namespace:
@@ -53,6 +132,21 @@ def _report(body: Any, plural: str, namespace: str | None, name: str) -> None:
     except ApiException as err:
         if err.status != 404:  # lifted (deleted) meanwhile: nothing to report
             raise
+
+
+def recheck_reach(namespace: str) -> None:
+    """A ToolManifest in ``namespace`` changed: re-check ``MatchesNoTool`` of the halts that reach it."""
+    kube = runtime.state().kube
+    for obj in kube.list("halts", namespace, cached=True):
+        if ((obj.get("spec") or {}).get("scope") or {}).get("tool"):
+            _report(obj, "halts", namespace, obj["metadata"]["name"], recheck=True)
+    try:
+        cluster_halts = kube.list("clusterhalts", cached=True)
+    except ApiException:
+        return
+    for obj in cluster_halts:
+        if ((obj.get("spec") or {}).get("scope") or {}).get("tool"):
+            _report(obj, "clusterhalts", None, obj["metadata"]["name"], recheck=True)
 
 
 @kopf.on.event(G, V, "halts")

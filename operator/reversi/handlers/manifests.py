@@ -16,7 +16,7 @@ from .. import conditions as c
 from ..adapters import status as st
 from ..engine import admission as rules
 from ..models.toolmanifest import ToolManifestSpec
-from . import runtime
+from . import halts, runtime
 
 G, V = "reversi.dev", "v1alpha1"
 
@@ -55,8 +55,14 @@ def manifest_status(body: Any) -> dict | None:
 
 @kopf.on.event(G, V, "toolmanifests")
 def tool_manifest_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
-    if type == "DELETED" or not runtime.reconciling():
+    """Report the manifest's acceptance and readiness; its tools changed or went away, so re-check
+    the halts that reach it (one that matched no tool may match one now, or the other way)."""
+    if not runtime.reconciling():
+        return
+    if type == "DELETED":
+        halts.recheck_reach(namespace)
         return
     status = manifest_status(body)
     if status is not None:
+        halts.recheck_reach(namespace)
         runtime.state().kube.merge_status("toolmanifests", namespace, name, status)

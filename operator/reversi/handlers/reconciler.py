@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -87,6 +88,20 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.job_settings = jobs_mod.JobSettings(settings.job_ttl_seconds, settings.job_run_as_user)
+        self._run_waiters: dict[tuple[str, str], set[str]] = {}
+        self._waiters_lock = threading.Lock()
+
+    def waiting_for(self, namespace: str, run: str) -> list[str]:
+        """Requests waiting for Run ``namespace/run`` to be created (woken by its creation)."""
+        with self._waiters_lock:
+            return sorted(self._run_waiters.get((namespace, run), ()))
+
+    def _wait_for_run(self, namespace: str, run: str, request: str, waiting: bool) -> None:
+        with self._waiters_lock:
+            names = self._run_waiters.setdefault((namespace, run), set())
+            (names.add if waiting else names.discard)(request)
+            if not names:
+                del self._run_waiters[(namespace, run)]
 
     # ------------------------------------------------------------------------------ entry
 
@@ -137,8 +152,12 @@ class Reconciler:
         except ValidationError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
+        self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
-            raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} not found; create the Run or fix spec.runRef.name")
+            return self._run_missing(req, spec.run_ref.name)
+        settle = self._run_settling(req, run_obj)
+        if settle:
+            return settle
         try:
             if not jr.inline_moved(run_obj):
                 jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
@@ -524,6 +543,43 @@ class Reconciler:
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
+
+    def _run_missing(self, req: dict, run: str) -> float:
+        """The Run does not exist (yet): wait for it, phase ``Pending`` with ``Planned=False``
+        reason ``RunNotFound``, up to ``run_wait_seconds`` after the request was created (a GitOps
+        apply may create both at once, in any order); the Run's creation wakes the request
+        (:func:`reversi.handlers.rollback.run_event`). Then fail ``RunNotFound``."""
+        meta = req["metadata"]
+        ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
+        limit = self.settings.run_wait_seconds
+        created = _epoch(meta.get("creationTimestamp")) or time.time()
+        left = created + limit - time.time()
+        where = f"RollbackRequest {ns}/{name}: Run {ns}/{run}"
+        if left <= 0:
+            self._wait_for_run(ns, run, name, False)
+            raise Invalid(c.RUN_NOT_FOUND, f"{where} not found (waited {limit:g}s for it to be created); "
+                          "create the Run and a new request, or fix spec.runRef.name")
+        status = dict(req.get("status") or {})
+        message = (f"{where} not found; waiting for it to be created (up to {limit:g}s after the request, until "
+                   f"{st.iso(created + limit)}), then the request fails; check spec.runRef.name")
+        conds = st.summary_conditions(status.get("conditions") or [], gen, [
+            (c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message)])
+        if status.get("phase") != "Pending" or conds != status.get("conditions"):
+            status.update(phase="Pending", conditions=conds, observedGeneration=gen)
+            self._write(req, status)
+            if (req.get("status") or {}).get("phase") != "Pending":
+                self.kube.event(req, c.RUN_NOT_FOUND, message)
+        return max(min(left, WAIT_SECONDS * 12), 0.1)
+
+    def _run_settling(self, req: dict, run_obj: dict) -> float | None:
+        """A request that waited for its Run (``RunNotFound``) gives the steps applied with the Run
+        (the same GitOps commit, a script creating both) ``run_settle_seconds`` after the Run's
+        creation to arrive before it plans; the seconds left, or None."""
+        cond = c.get_condition((req.get("status") or {}).get("conditions"), c.PLANNED) or {}
+        if cond.get("reason") != c.RUN_NOT_FOUND:
+            return None
+        left = (_epoch(run_obj["metadata"].get("creationTimestamp")) or 0) + self.settings.run_settle_seconds - time.time()
+        return left if left > 0 else None
 
     def _write(self, req: dict, status: dict) -> None:
         meta = req["metadata"]

@@ -48,14 +48,19 @@ def rollback_job_event(body: Any, namespace: str, **kwargs: Any) -> None:
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
 def move_inline_journal(type: str, body: Any, **kwargs: Any) -> None:
-    """A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
+    """A Run was created or changed: wake the requests waiting for it to exist (no polling).
+    A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)
+    state = runtime.state()
+    if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
+        meta = body["metadata"]
+        for request in state.reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
+            state.workers.ensure(meta["namespace"], request)
     if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
         return
     if not runtime.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade
         return
-    state = runtime.state()
     try:
         jr.migrate_inline(state.kube.custom, dict(body))
     except jr.JournalError as err:

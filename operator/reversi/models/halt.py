@@ -9,6 +9,19 @@ case-sensitively; ``*`` matches any run of characters, empty included, **includi
 everything); ``?`` matches exactly one character; ``\`` makes the next character literal
 (``\*`` is a star); every other character, ``.``, ``/`` and ``[`` included, stands for itself
 (there are no character classes).
+
+A pattern that cannot match anything is refused everywhere (admission, ``kubectl reversi halt
+add``) with the reason :func:`pattern_problem` gives, and matches nothing if one is stored anyway:
+
+- an empty pattern (leave the field out to match every value, or write ``*``);
+- a lone trailing backslash (it escapes nothing; ``\\`` is a backslash);
+- regular-expression syntax: ``^`` at the start, an unescaped ``$`` at the end, or an unescaped
+  ``(``, ``)``, ``[``, ``]``, ``{``, ``}``, ``|`` or ``+`` (escape it with ``\`` to mean the
+  character itself, where the field allows it);
+- a space at either end;
+- in ``tool`` and ``namespace``: a character no tool name (letters, digits, ``.``, ``_``,
+  ``:``, ``/``, ``-``, starting with a letter or digit) or namespace name (lowercase letters,
+  digits, ``-``, starting and ending with a letter or digit) can hold there.
 """
 
 from __future__ import annotations
@@ -52,9 +65,61 @@ def _glob_tokens(pattern: str) -> tuple[str | None, ...]:
             tokens.append("")
         else:
             tokens.append(ch)
-    if escaped:  # a trailing backslash stands for itself
+    if escaped:  # a lone trailing backslash: refused (pattern_problem); it stands for itself here
         tokens.append("\\")
     return tuple(tokens)
+
+
+#: characters a value of each field can hold (None: any); see :func:`pattern_problem`
+ALPHABETS: dict[str, tuple[str, str]] = {
+    "tool": ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:/-",
+             "a tool name holds only letters, digits and . _ : / - and starts with a letter or digit"),
+    "namespace": ("abcdefghijklmnopqrstuvwxyz0123456789-",
+                  "a namespace name holds only lowercase letters, digits and - and starts with a letter or digit"),
+}
+_REGEX_ONLY = "()[]{}|+"
+_ALNUM = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+
+
+def pattern_problem(field: str, pattern: str) -> str | None:
+    """Why the halt glob ``pattern`` for scope ``field`` can never match what it seems to mean,
+    or None when it is a valid pattern. One rule for every entry point: the webhooks refuse such
+    a pattern, ``kubectl reversi halt add`` refuses it before sending, matching treats it as
+    matching nothing, and ``halt list`` shows it (module docstring)."""
+    if pattern == "":
+        return ("an empty pattern matches nothing; leave the field out to match every value, "
+                "or write * for any value")
+    trailing = len(pattern) - len(pattern.rstrip("\\"))
+    if trailing % 2 == 1:
+        return "a trailing backslash escapes nothing; write \\\\ for a backslash, or drop it"
+    if pattern != pattern.strip():
+        return "it starts or ends with a space, so it cannot match a value as written; remove the space"
+    literal, escaped = [], False
+    for position, ch in enumerate(pattern):
+        if escaped:
+            literal.append((ch, True))
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        else:
+            literal.append((ch, False))
+    unescaped = [ch for ch, esc in literal if not esc]
+    if pattern.startswith("^") or (literal and literal[-1] == ("$", False)) or any(
+            ch in _REGEX_ONLY for ch in unescaped):
+        return ("it looks like a regular expression, but halt patterns are globs that always match the whole "
+                "value: * is any run of characters, ? one character (payments.* matches every payments "
+                "tool); escape a character with \\ to mean it literally")
+    if field in ALPHABETS:
+        chars, rule = ALPHABETS[field]
+        for ch, esc in literal:
+            if (esc or ch not in "*?") and ch not in chars:
+                return f"{ch!r} can never match: {rule}"
+        first, last = literal[0], literal[-1]
+        if (first[1] or first[0] not in "*?") and first[0] not in _ALNUM:
+            return f"it starts with {first[0]!r}, which can never match: {rule}"
+        if field == "namespace" and (last[1] or last[0] not in "*?") and last[0] not in _ALNUM:
+            return f"it ends with {last[0]!r}, which can never match: a namespace name ends with a letter or digit"
+    return None
 
 
 def glob_match(pattern: str, value: str) -> bool:
@@ -97,13 +162,23 @@ class HaltScope(ReversiModel):
         """Whether a call matches every field named in this scope.
 
         ``call`` holds ``tool``, ``actor``, ``tenant``, ``environment`` (and ``namespace`` for a
-        ClusterHalt); a named field with no value in the call does not match.
+        ClusterHalt); a named field with no value in the call does not match, and neither does a
+        pattern that :func:`pattern_problem` refuses (it was stored before the rule, or around it).
         """
         for field, pattern in self.model_dump(exclude_none=True).items():
             value = call.get(field)
-            if value is None or not glob_match(pattern, value):
+            if value is None or pattern_problem(field, pattern) or not glob_match(pattern, value):
                 return False
         return True
+
+    def problems(self) -> list[tuple[str, str, str]]:
+        """``(field, pattern, why)`` for every pattern that can never match (:func:`pattern_problem`)."""
+        out = []
+        for field, pattern in self.model_dump(exclude_none=True).items():
+            why = pattern_problem(field, pattern)
+            if why:
+                out.append((field, pattern, why))
+        return out
 
 
 class ClusterHaltScope(HaltScope):
