@@ -101,7 +101,9 @@ VERIFYING = "Verifying"  # Verified=Unknown: the reader Job is running or waitin
 VERIFICATION_FAILED = "VerificationFailed"  # Verified=False: the answer does not contain expect
 VERIFICATION_ARGUMENTS_UNAVAILABLE = "VerificationArgumentsUnavailable"  # Verified=False
 READ_FAILED = "ReadFailed"  # Verified=False: reader exited non-zero or printed no JSON
-NO_READER = "NoReader"  # Verified=False: no verification declared: the step is unverified
+NO_READER = "NoReader"  # Verified=False: a read-back is declared but no reader ran: the step is unverified
+NO_READ_BACK_DECLARED = "NoReadBackDeclared"  # Verified=False: the manifest declares no read-back (complete)
+READ_BACK_REQUIRED = "ReadBackRequired"  # Verified=False: none declared, but spec.requireVerification: unverified
 # Summary verdicts (Complete condition, Run RolledBack)
 ALL_COMPENSATED = "AllCompensated"  # Complete=True / RolledBack=True
 INCOMPLETE = "Incomplete"  # Complete=False: the report lists what is not undone
@@ -147,6 +149,8 @@ REASONS = frozenset(
         VERIFICATION_ARGUMENTS_UNAVAILABLE,
         READ_FAILED,
         NO_READER,
+        NO_READ_BACK_DECLARED,
+        READ_BACK_REQUIRED,
         ALL_COMPENSATED,
         INCOMPLETE,
         HELD_BY_REQUEST,

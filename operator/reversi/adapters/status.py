@@ -81,6 +81,12 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
     if run.verification == "verified":
         ver = (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
+    elif run.verification == "none":
+        ver = (c.FALSE, c.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no verification "
+               "for this tool, so the undo counts as complete without a check")
+    elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
+        ver = (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
+               "sets requireVerification, so this undo is unverified")
     elif run.verification == "unverified":
         ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
     elif run.verification == "verificationFailed":
@@ -115,6 +121,7 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
             "compensationTool": action.compensation_tool,
             "stage": run.stage,
             "attempts": run.attempts,
+            "firstAttempt": run.first_attempt,
             "reads": run.reads,
             "idempotencyKey": keys.get(action.step) or action.idempotency_key,
             "blockedBy": blocked,

@@ -14,6 +14,9 @@ unresolved      ``unresolved``
 unmanifested    ``unmanifested``
 defer           ``deferred`` ``{step, blockedBy}``
 compensate      by outcome state: ``compensated`` + verification ``verified`` -> ``compensated``;
+                ``compensated`` + verification ``none`` (no read-back declared) -> ``compensated``
+                and also listed in ``noReadBack`` ("undone, no read-back declared"), or
+                ``unverified`` when the request sets ``requireVerification``;
                 ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
                 ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval``;
                 ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
@@ -37,6 +40,7 @@ from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLV
 from .schedule import AWAITING_APPROVAL, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
 
 VERIFIED = "verified"
+NO_READ_BACK = "none"
 UNVERIFIED = "unverified"
 VERIFICATION_FAILED = "verificationFailed"
 
@@ -57,8 +61,8 @@ class StepOutcome:
     """What happened to one step in a rollback.
 
     ``state``: pending, running, compensated, failed, awaitingApproval or deferred (see
-    ``schedule``); ``verification``: verified, unverified, verificationFailed or ``None`` (=
-    not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
+    ``schedule``); ``verification``: verified, none (no read-back declared), unverified,
+    verificationFailed or ``None`` (= not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
     """
 
     state: str
@@ -85,9 +89,13 @@ def _from_undo(entry: StepUndo) -> StepOutcome:
     return StepOutcome(RUNNING)
 
 
-def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None) -> Report:
+def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,
+                 require_verification: bool = False) -> Report:
     """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
     string is accepted for outcomes without detail). O(n).
+
+    ``require_verification`` (the request's ``spec.requireVerification``): an undo with no
+    read-back declared is ``unverified`` instead of compensated.
 
     ``plan`` is the full plan of ``build_plan`` (a ``compact_plan`` would drop steps: refused).
     See the module docstring for the buckets. Raises ``ValueError`` for an unknown state.
@@ -104,12 +112,16 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     deferred: list[StepBlocked] = []
     awaiting: list[int] = []
     unverified: list[int] = []
+    no_read_back: list[int] = []
     pending: list[int] = []
     residue: list[StepResidue] = []
 
     def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
         if outcome.verification == VERIFIED:
             compensated.append(step)
+        elif outcome.verification == NO_READ_BACK and not require_verification:
+            compensated.append(step)
+            no_read_back.append(step)
         elif outcome.verification == VERIFICATION_FAILED:
             failed.append(StepError(step=step, error=outcome.error or "verification failed"))
             return
@@ -164,6 +176,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         deferred=deferred,
         awaiting_approval=awaiting,
         unverified=unverified,
+        no_read_back=no_read_back,
         pending=pending,
         residue=residue,
         complete=False,
@@ -183,6 +196,7 @@ def report_message(report: Report) -> str:
             parts.append(f"{len(steps)} {name} ({shown}{detail})")
 
     add("compensated", report.compensated)
+    add("with no read-back declared", report.no_read_back)
     add("unverified", report.unverified)
     add("failed", [f.step for f in report.failed])
     add("unrecoverable", [u.step for u in report.unrecoverable])

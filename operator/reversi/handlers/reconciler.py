@@ -151,11 +151,6 @@ class Reconciler:
         run_uid = run_obj["metadata"]["uid"]
         mine = {u.step: u for u in undo_all if u.request == name}
         prior = [u for u in undo_all if u.request != name]
-        try:
-            graph = build_graph(run_spec)
-            plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph)
-        except InvalidRun as err:
-            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         indices = runtime.state().indices if runtime.initialised() else None
         if indices is not None and (ns, run_spec.manifest_ref.name) in indices.manifests:
             manifest = ix.manifest(indices, ns, run_spec.manifest_ref.name)
@@ -164,6 +159,12 @@ class Reconciler:
                               "fix it (kubectl apply shows what is wrong)")
         else:
             manifest = self._manifest(ref, ns, run_spec.manifest_ref.name)
+        try:
+            graph = build_graph(run_spec)
+            plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph,
+                              runner_names=[r.name for r in manifest.runners] if manifest else [])
+        except InvalidRun as err:
+            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
         now = time.time()
         status.setdefault("startTime", st.iso(now))
@@ -224,7 +225,8 @@ class Reconciler:
             runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by)
 
         deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
-        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command))
+        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
+                           require_verification=spec.require_verification)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
 
@@ -284,7 +286,7 @@ class Reconciler:
         finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
         deferred = deferred_steps(plan, graph, progress)
         outcomes = self._outcomes(plan, runs, deferred, prior, finished)
-        report = build_report(plan, outcomes)
+        report = build_report(plan, outcomes, require_verification=spec.require_verification)
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
         status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
@@ -351,14 +353,15 @@ class Reconciler:
         s = action.step
         if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
             run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
-                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"))
+                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
+                             first_attempt=entry.get("firstAttempt"))
         else:
             run = ex.StepRun(s)
         if journaled is not None:
             # the journal outranks the request's status: it is written first (rule 3)
             if journaled.state == "compensated":
                 return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
-                               error=None, reason="Verified" if journaled.verification == "verified" else "NoReader")
+                               error=None, reason=_verification_reason(journaled.verification))
             if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
                 return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
                                error=journaled.last_error)
@@ -519,6 +522,11 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def _verification_reason(verification: str | None) -> str:
+    """The Verified condition reason of a journaled verification."""
+    return {"verified": c.VERIFIED, "none": c.NO_READ_BACK_DECLARED}.get(verification or "", c.NO_READER)
 
 
 def _epoch(ts: str | None) -> float | None:

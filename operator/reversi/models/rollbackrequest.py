@@ -111,6 +111,10 @@ class RollbackRequestSpec(ReversiModel):
         max_length=64,
         description="Optional extra check run after each successful undo (in the compensation's runner).",
     )
+    require_verification: bool = Field(
+        default=False,
+        description="Count an undo whose tool declares no read-back as unverified (incomplete) instead of compensated.",
+    )
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
     )
@@ -187,7 +191,11 @@ class StepStatus(StatusModel):
         description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
         "verifying, rereading, compensated, failed or deferred.",
     )
-    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far.")
+    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
+    first_attempt: int | None = Field(
+        default=None, ge=1,
+        description="The first attempt this request ran: its retries budget counts from there (retries are per request).",
+    )
     reads: int = Field(default=0, ge=0, description="Read-backs of the current attempt so far (verification).")
     idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
@@ -232,7 +240,10 @@ class StepResidue(StatusModel):
 class Report(StatusModel):
     """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
 
-    compensated: list[int] = Field(default_factory=list, description="Undone and checked by a reader.")
+    compensated: list[int] = Field(
+        default_factory=list,
+        description="Undone: checked by a reader, or with no read-back declared (those are also in noReadBack).",
+    )
     skipped: list[int] = Field(
         default_factory=list, description="Needed no undo: read or idempotent, outcome failed, or already compensated."
     )
@@ -245,7 +256,14 @@ class Report(StatusModel):
     deferred: list[StepBlocked] = Field(default_factory=list, description="Not undone because dependents still stand.")
     awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval.")
     unverified: list[int] = Field(
-        default_factory=list, description="Undone but not checked (no reader): not in compensated."
+        default_factory=list,
+        description="Undone but not checked: a declared read-back could not run (no reader runner), or none is "
+        "declared and the request sets requireVerification. Not in compensated.",
+    )
+    no_read_back: list[int] = Field(
+        default_factory=list,
+        description="Compensated steps whose tool declares no read-back (verification none): undone, not checked. "
+        "Also in compensated; not a bucket of its own.",
     )
     pending: list[int] = Field(
         default_factory=list, description="Not settled yet (compensation pending or running), e.g. at a deadline."

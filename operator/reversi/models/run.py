@@ -50,7 +50,7 @@ from .toolmanifest import TOOL_RULES, ToolSpec
 Outcome = Literal["intended", "succeeded", "failed", "uncertain"]
 Mode = Literal["enforce", "observe"]
 UndoState = Literal["compensating", "compensated", "compensationFailed"]
-VerificationState = Literal["verified", "unverified", "verificationFailed"]
+VerificationState = Literal["verified", "none", "unverified", "verificationFailed"]
 
 STANDING_OUTCOMES = frozenset({"succeeded", "intended", "uncertain"})
 UNKNOWN_OUTCOMES = frozenset({"intended", "uncertain"})
@@ -303,7 +303,8 @@ class StepUndo(StatusModel):
     )
     last_error: str | None = Field(default=None, description="Error of the last failed attempt.")
     verification: VerificationState | None = Field(
-        default=None, description="verified, unverified (no check ran) or verificationFailed."
+        default=None,
+        description="verified, none (no read-back declared: compensated, complete), unverified (a declared read-back did not run) or verificationFailed.",
     )
     request: str | None = Field(default=None, description="RollbackRequest that last worked on the step.")
     updated_at: datetime | None = Field(default=None, description="When this entry last changed.")
