@@ -96,6 +96,7 @@ BLOCKED = "Blocked"  # Compensated=False: deferred, a dependent still stands (ru
 APPROVED_BY_USER = "ApprovedByUser"  # Approved=True: spec.approvals names the step
 APPROVED_FOR_ALL = "ApprovedForAll"  # Approved=True: spec.approveCompensations
 APPROVAL_NOT_REQUIRED = "ApprovalNotRequired"  # Approved=True: snapshot does not require it
+DENIED = "Denied"  # Approved=False / Compensated=False: spec.denials names the step: it is not undone
 # Per-step verification (Verified condition, rule 5); VERIFIED is also a reason
 VERIFYING = "Verifying"  # Verified=Unknown: the reader Job is running or waiting for backoff
 VERIFICATION_FAILED = "VerificationFailed"  # Verified=False: the answer does not contain expect
@@ -143,6 +144,7 @@ REASONS = frozenset(
         APPROVED_BY_USER,
         APPROVED_FOR_ALL,
         APPROVAL_NOT_REQUIRED,
+        DENIED,
         VERIFIED,
         VERIFYING,
         VERIFICATION_FAILED,

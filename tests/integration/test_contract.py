@@ -8,11 +8,15 @@ compensator Jobs per step, then compares the report with what happened.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from reversi.sdk import DuplicateCall, Recorder
 
+from tests.integration.test_admission import users  # noqa: F401  (fixture: oncall, approver)
 from tests.integration.test_plugin import kr
 
 pytestmark = pytest.mark.cluster
@@ -176,3 +180,50 @@ def subprocess_input(cluster, rv, answer: str):
     cmd = [sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig", str(cluster.paths.admin_kubeconfig),
            "-n", rv.ns, "halt", "lift", "--all"]
     return subprocess.run(cmd, input=answer, capture_output=True, text=True, timeout=60)
+
+
+def test_rule8_a_denied_compensation_is_not_undone_and_the_request_finishes(rv, cluster):
+    rv.apply_manifest()  # payments.capture requires approval; it requires the charge
+    s0, charge = _charge_step(rv, 0, "o-deny")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    asked = time.time()
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    denied = kr(cluster, "deny", "undo", "--step", "1", "--note", "the customer keeps the goods", namespace=rv.ns)
+    assert denied.returncode == 0, denied.stderr
+    req = rv.wait_phase("undo", "Incomplete", "Succeeded")
+    report = req["status"]["report"]
+    assert req["status"]["phase"] == "Incomplete"
+    assert report["awaitingApproval"] == [1]
+    assert report["denied"] == [{"step": 1, "reason": "denied by reversi-admin: the customer keeps the goods"}]
+    assert report["deferred"] == [{"step": 0, "blockedBy": [1]}]  # the charge stays: its capture stands
+    approved = rv.condition(rv.step_status(req, 1), "Approved")
+    assert approved["reason"] == "Denied" and "denied by reversi-admin" in approved["message"]
+    assert [d["actor"] for d in rv.get("rollbackrequests", "undo")["spec"]["denials"]] == ["reversi-admin"]
+    assert _jobs(rv, "compensator") == []
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] != "voided"
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
+    assert rv.downstream.calls("/payments/", since=asked) == [], "no undo call reached the payments API"
+    described = kr(cluster, "describe", "undo", namespace=rv.ns).stdout
+    assert "denied by reversi-admin: the customer keeps the goods" in described
+
+
+def test_rule8_denying_needs_the_approve_permission_and_records_the_actor(rv, users, namespace):  # noqa: F811
+    rv.apply_manifest()
+    s0, charge = _charge_step(rv, 0, "o-deny-rbac")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    deny = {"spec": {"denials": [{"step": 1, "note": "no", "actor": "someone-else"}]}}
+    oncall = client.CustomObjectsApi(users["oncall"])
+    with pytest.raises(ApiException) as err:
+        oncall.patch_namespaced_custom_object("reversi.dev", "v1alpha1", namespace, "rollbackrequests", "undo", deny)
+    assert err.value.status == 403 and "oncall may not deny step(s) [1]" in err.value.body
+    approver = client.CustomObjectsApi(users["approver"])
+    approver.patch_namespaced_custom_object("reversi.dev", "v1alpha1", namespace, "rollbackrequests", "undo", deny)
+    req = rv.wait_phase("undo", "Incomplete", "Succeeded")
+    assert req["spec"]["denials"][0]["actor"] == "approver", "the actor is stamped, never taken from the request"
+    assert req["status"]["report"]["denied"] == [{"step": 1, "reason": "denied by approver: no"}]
+    assert _jobs(rv, "compensator") == []

@@ -198,3 +198,10 @@ def test_rule5_no_read_back_declared_is_compensated_and_complete_unless_required
     assert report.complete is True
     required = build_report(plan, outcome, require_verification=True)
     assert required.compensated == [] and required.unverified == [0] and required.complete is False
+
+
+def test_rule8_a_denied_step_stays_in_awaiting_approval_and_says_why():
+    plan = Plan(fully_reversible=True, actions=[PlanAction(step=0, tool="t", kind="compensate", reason="r")])
+    report = build_report(plan, {0: StepOutcome(AWAITING_APPROVAL, error="denied by ana: keep it")})
+    assert report.awaiting_approval == [0] and report.complete is False
+    assert [(d.step, d.reason) for d in report.denied] == [(0, "denied by ana: keep it")]

@@ -57,6 +57,9 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
                     blocked_by: list[int], limit: int) -> list[dict]:
     """``Approved``, ``Compensated`` and ``Verified`` of one step (DESIGN §3)."""
     conds = approval_condition(action, approved, approved_all_by, generation, old)
+    if run.reason == c.DENIED and run.stage == "awaitingApproval":
+        conds = c.set_condition(conds, c.condition(c.APPROVED, c.FALSE, c.DENIED, cut(run.error, limit) or "denied",
+                                                   generation))
     stage = run.stage
     error = cut(run.error, limit) or ""
     if stage == "compensated":
@@ -74,6 +77,8 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
         comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
     elif stage == "deferred" or blocked_by:
         comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
+    elif stage == "awaitingApproval" and run.reason == c.DENIED:
+        comp = (c.FALSE, c.DENIED, f"not undone: {error}")
     elif stage == "awaitingApproval":
         comp = (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
     else:

@@ -7,6 +7,7 @@
     describe REQUEST | run/RUN        the report of a request, and what to do next
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
+    deny REQUEST --step N --note T    deny a compensation that awaits approval (it is not undone)
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
     kill-switch on|off|status         refuse every new call everywhere
     export RUN                        the journal, undo state and transitions as JSON lines
@@ -453,6 +454,50 @@ def check_approval(req: dict, namespace: str, steps: tuple[int, ...]) -> None:
         if action is None and plan and not plan.get("omitted"):
             raise CliError(f"{where} has no step {s} in its plan; see which steps wait with "
                            f"kubectl reversi describe {meta['name']} -n {namespace}")
+
+
+@cli.command(help="Deny the compensation of a step that awaits approval: it is not undone, the report says "
+             "\"denied by <you>: <note>\" under awaitingApproval, and the request finishes. Needs the RBAC verb approve.")
+@click.argument("request")
+@click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, required=True,
+              help="Step to deny (repeatable).")
+@click.option("--note", required=True, help="Why, for the record.")
+@global_options
+def deny(request: str, steps: tuple[int, ...], note: str) -> int:
+    if not note.strip():
+        raise click.UsageError("--note must say why")
+    c = conn()
+    where = f"RollbackRequest {c.namespace}/{request}"
+    missing = f"list them with kubectl get rollbackrequests -n {c.namespace}"
+    try:
+        def attempt() -> dict | None:
+            req = c.get("rollbackrequests", request, missing=missing)
+            check_approval(req, c.namespace, steps)
+            have = {d.get("step") for d in (req.get("spec") or {}).get("denials") or []}
+            new = [s for s in dict.fromkeys(steps) if s not in have]
+            if not new:
+                return None
+            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                "value": req["metadata"]["resourceVersion"]}]
+            if (req.get("spec") or {}).get("denials") is None:
+                ops.append({"op": "add", "path": "/spec/denials", "value": [{"step": s, "note": note} for s in new]})
+            else:
+                ops += [{"op": "add", "path": "/spec/denials/-", "value": {"step": s, "note": note}} for s in new]
+            return c.patch("rollbackrequests", request, ops, json_patch=True)
+
+        updated = retry_conflicts(attempt, f"denying in {where}")
+    except ApiException as err:
+        hint = ""
+        if err.status == 403 and 'verb "approve"' not in server_message(err):
+            hint = "; denying needs the RBAC verbs patch and approve on rollbackrequests.reversi.dev"
+        raise CliError(f"{refused(err, f'denying in {where}')}{hint}") from err
+    if updated is None:
+        out(f"{where}: step(s) {views.steps_text(list(steps))} already denied; nothing to do.")
+        return 0
+    by = {d.get("step"): d.get("actor") for d in (updated.get("spec") or {}).get("denials") or []}
+    for s in dict.fromkeys(steps):
+        out(f"{where}: step {s} denied{f' by {by[s]}' if by.get(s) else ''}: it will not be undone.")
+    return 0
 
 
 @cli.command(help="Approve compensations of a RollbackRequest: --step N (repeatable) or --all.")

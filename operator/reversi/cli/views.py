@@ -130,6 +130,7 @@ REPORT_JSON_FIELDS = (
     ("complete", "complete"),
     ("pending", "pending"),
     ("noReadBack", "no_read_back"),
+    ("denied", "denied"),
     ("residue", "residue"),
 )
 
@@ -335,13 +336,16 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
-def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str]) -> list[str]:
+def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
+                  notes: Mapping[int, str] | None = None) -> list[str]:
     out = []
     for item in items[:BUCKET_LIMIT]:
         step = item["step"] if isinstance(item, Mapping) else item
         head = f"  step {step}  {tools.get(step, '')}".rstrip()
         if name == "noReadBack":
             head += ": undone, no read-back declared"
+        if notes and step in notes:
+            head += f": {notes[step]}"
         if name == "failed":
             head += f": {item.get('error', '')}"
         elif name == "unrecoverable":
@@ -495,7 +499,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                 items = [s for s in items if s not in unchecked]
             if items:
                 lines.append(f" {label}: {len(items)}")
-                lines += _bucket_lines(key, items, tools)
+                notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []} \
+                    if key == "awaitingApproval" else None
+                lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         residue = report.get("residue") or []
         if residue:

@@ -18,7 +18,8 @@ compensate      by outcome state: ``compensated`` + verification ``verified`` ->
                 and also listed in ``noReadBack`` ("undone, no read-back declared"), or
                 ``unverified`` when the request sets ``requireVerification``;
                 ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
-                ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval``;
+                ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval`` (a denied
+                step too, with ``denied by <actor>: <note>`` in ``denied``);
                 ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
 ============== ===========================================================================
 
@@ -111,6 +112,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     unmanifested: list[int] = []
     deferred: list[StepBlocked] = []
     awaiting: list[int] = []
+    denied: list[StepReason] = []
     unverified: list[int] = []
     no_read_back: list[int] = []
     pending: list[int] = []
@@ -157,6 +159,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
                 failed.append(StepError(step=step, error=(outcome.error if outcome else None) or "compensation failed"))
             elif state == AWAITING_APPROVAL:
                 awaiting.append(step)
+                if outcome is not None and outcome.error:  # denied: still not undone, and why
+                    denied.append(StepReason(step=step, reason=outcome.error))
             elif state == DEFERRED:
                 deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
             elif state in (PENDING, RUNNING):
@@ -175,6 +179,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         unmanifested=unmanifested,
         deferred=deferred,
         awaiting_approval=awaiting,
+        denied=denied,
         unverified=unverified,
         no_read_back=no_read_back,
         pending=pending,

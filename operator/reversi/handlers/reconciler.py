@@ -212,6 +212,7 @@ class Reconciler:
         old_entries = {e["step"]: e for e in status.get("steps") or []}
         approved = {a.step: (a.approver or "an unknown approver") for a in spec.approvals}
         approved_all_by = (spec.approved_by or "an unknown approver") if spec.approve_compensations else None
+        denied = {d.step: f"denied by {d.actor or 'an unknown user'}: {d.note}" for d in spec.denials}
         steps_by_index = {s.index: s for s in run_spec.steps}
         resolutions = {r.step: r for r in run_spec.resolutions}
         runs: dict[int, ex.StepRun] = {}
@@ -222,7 +223,7 @@ class Reconciler:
             res = resolutions.get(s)
             args, result = step.args, (res.result if res and res.result is not None else step.result)
             verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names)
-            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by)
+            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by, denied)
 
         deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
@@ -282,7 +283,7 @@ class Reconciler:
 
         # ---- report ----
         running = any(r.stage in ex.ACTIVE_STAGES for r in runs.values())
-        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval")
+        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
         finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
         deferred = deferred_steps(plan, graph, progress)
         outcomes = self._outcomes(plan, runs, deferred, prior, finished)
@@ -348,7 +349,8 @@ class Reconciler:
                 self.metrics.observe_verification(ns, tool, now - started)
 
     def _step_run(self, action, entry: dict | None, journaled: StepUndo | None,
-                  approved: dict[int, str], approved_all_by: str | None) -> ex.StepRun:
+                  approved: dict[int, str], approved_all_by: str | None,
+                  denied: dict[int, str] | None = None) -> ex.StepRun:
         """Rebuild a step's progress from status (in-flight detail) and the Run's journal."""
         s = action.step
         if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
@@ -371,6 +373,8 @@ class Reconciler:
         if run.stage in ("pending", "awaitingApproval"):
             needs = action.needs_approval and s not in approved and approved_all_by is None
             run = replace(run, stage="awaitingApproval" if needs else "pending")
+            if denied and s in denied:  # a denial of a step not started: it is not undone, for good
+                run = replace(run, stage="awaitingApproval", reason=c.DENIED, error=denied[s])
         return run
 
     def _outcomes(self, plan, runs: dict[int, ex.StepRun], deferred: dict[int, list[int]], prior: list[StepUndo],
@@ -385,7 +389,7 @@ class Reconciler:
             elif r.stage == "failed":
                 out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
             elif r.stage == "awaitingApproval":
-                out[s] = StepOutcome("awaitingApproval")
+                out[s] = StepOutcome("awaitingApproval", error=r.error if r.reason == c.DENIED else None)
             elif finished and s in deferred:
                 out[s] = StepOutcome("deferred", blocked_by=tuple(deferred[s]))
             elif r.stage in ex.ACTIVE_STAGES:

@@ -64,6 +64,30 @@ class Approval(ReversiModel):
     approved_at: datetime | None = Field(default=None, description="When it was approved.")
 
 
+class Denial(ReversiModel):
+    """Denial of one step's compensation that awaits approval (RBAC verb approve): the step is not
+    undone, the report lists it under awaitingApproval with ``denied by <actor>: <note>``, and the
+    request finishes."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.actor) || (has(self.actor) && self.actor == oldSelf.actor)",
+                    "a denial's actor cannot change",
+                )
+            ]
+        }
+    )
+
+    step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step whose compensation is denied.")
+    note: str = Field(min_length=1, max_length=1024, description="Why it is denied, for the record.")
+    actor: str | None = Field(
+        default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated user)."
+    )
+    denied_at: datetime | None = Field(default=None, description="When it was denied (stamped at admission).")
+
+
 class RollbackRequestSpec(ReversiModel):
     """Which run to undo and how: dry run, approvals, retries, backoff, parallelism, deadline."""
 
@@ -95,6 +119,13 @@ class RollbackRequestSpec(ReversiModel):
         default_factory=list,
         max_length=MAX_STEPS,
         description="Per-step approvals, keyed by step (RBAC verb approve).",
+        json_schema_extra=list_map("step"),
+    )
+    denials: list[Denial] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="Per-step denials of compensations that await approval, keyed by step (RBAC verb approve): "
+        "the step is not undone and the request finishes.",
         json_schema_extra=list_map("step"),
     )
     approved_by: str | None = Field(
@@ -254,7 +285,11 @@ class Report(StatusModel):
     unresolved: list[int] = Field(default_factory=list, description="Outcome intended or uncertain: settle with a resolution.")
     unmanifested: list[int] = Field(default_factory=list, description="No manifest entry (observe mode).")
     deferred: list[StepBlocked] = Field(default_factory=list, description="Not undone because dependents still stand.")
-    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval.")
+    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval, or denied (see denied).")
+    denied: list[StepReason] = Field(
+        default_factory=list,
+        description="Steps of awaitingApproval whose compensation was denied: denied by <actor>: <note>. Not a bucket of its own.",
+    )
     unverified: list[int] = Field(
         default_factory=list,
         description="Undone but not checked: a declared read-back could not run (no reader runner), or none is "
