@@ -227,3 +227,56 @@ def test_rule8_denying_needs_the_approve_permission_and_records_the_actor(rv, us
     assert req["spec"]["denials"][0]["actor"] == "approver", "the actor is stamped, never taken from the request"
     assert req["status"]["report"]["denied"] == [{"step": 1, "reason": "denied by approver: no"}]
     assert _jobs(rv, "compensator") == []
+
+
+def _reconfigure(rv, **kwargs):
+    """Change the ToolManifest's runners and tools now (the steps keep their snapshots)."""
+    from tests.integration.conftest import manifest_body
+    rv.patch("toolmanifests", "payments", {"spec": manifest_body(rv.downstream.url, **kwargs)["spec"]})
+
+
+def test_rule5_a_later_request_reverifies_an_unverified_undo_without_undoing_it_again(rv):
+    rv.apply_manifest(reader=False)  # a read-back is declared, but no reader runner
+    s0, charge = _charge_step(rv, 0, "o-reverify")
+    s1, other = _charge_step(rv, 1, "o-reverify-bad")
+    rv.run("r", [s0, s1])
+    rv.request("first", "r")
+    first = rv.wait_phase("first", "Incomplete")
+    assert first["status"]["report"]["unverified"] == [0, 1]
+    assert _jobs(rv, "reader") == [] and len(_jobs(rv, "compensator")) == 2
+    _reconfigure(rv)  # a reader runner is configured now
+    rv.request("second", "r")
+    second = rv.wait_phase("second", "Succeeded", "Incomplete")
+    assert second["status"]["phase"] == "Succeeded", json.dumps([second["status"]["report"], second["status"]["steps"], rv.undo("r")])
+    assert second["status"]["report"]["compensated"] == [0, 1] and second["status"]["report"].get("unverified", []) == []
+    assert len(_jobs(rv, "compensator")) == 2, "no compensator ran again"
+    readers = _jobs(rv, "reader")
+    assert sorted(int(j.metadata.labels["reversi.dev/step"]) for j in readers) == [0, 1]
+    assert {j.metadata.owner_references[0].name for j in readers} == {"second"}
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 2  # one refund per charge, ever
+    undo = {u["step"]: u for u in rv.undo("r")}
+    assert undo[0]["verification"] == "verified" and undo[0]["request"] == "first"
+    assert undo[0]["verifiedBy"] == "second" and undo[0]["verifiedAt"]
+    assert rv.get("rollbackrequests", "first")["status"]["report"]["unverified"] == [0, 1], "never rewritten"
+    assert rv.condition(rv.step_status(second, 0), "Verified")["reason"] == "Verified"
+
+
+def test_rule5_a_reverify_that_fails_is_journaled_as_verification_failed(rv):
+    rv.apply_manifest(reader=False)
+    s0, charge = _charge_step(rv, 0, "o-reverify-fail")
+    rv.run("r", [s0])
+    rv.request("first", "r")
+    assert rv.wait_phase("first", "Incomplete")["status"]["report"]["unverified"] == [0]
+    _reconfigure(rv, reader_command=["sh", "-c", "echo this is not json"])
+    rv.request("second", "r")
+    second = rv.wait_phase("second", "Succeeded", "Incomplete")
+    report = second["status"]["report"]
+    assert second["status"]["phase"] == "Incomplete" and [f["step"] for f in report["failed"]] == [0], report
+    assert "read failed" in report["failed"][0]["error"]
+    [undo] = rv.undo("r")
+    assert undo["state"] == "compensationFailed" and undo["verification"] == "verificationFailed"
+    assert undo["verifiedBy"] == "second" and undo["request"] == "first"
+    assert len(_jobs(rv, "compensator")) == 1, "a re-verify never runs the compensator"
+    assert len(_jobs(rv, "reader")) == 2  # the declared retries: 2 read-backs
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+

@@ -209,3 +209,14 @@ def test_rule6_property_each_request_gets_its_full_retries_budget(before, retrie
     assert started == list(range(before + 1, before + retries + 1)), "attempt numbers continue: Job names stay unique"
     assert run.attempts == before + retries, "the journal keeps the total"
     assert run.attempts_here() == retries
+
+
+def test_rule5_a_reader_configured_since_the_step_was_recorded_is_used_for_its_read_back():
+    snapshot = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
+        "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"},
+        "verification": {"tool": "r", "args": {}, "expect": {"ok": True}}})
+    assert ex.verify_plan(snapshot, {}, {}, {"cli"}).mode == "noReader"
+    later = ex.verify_plan(snapshot, {}, {}, {"cli", "reader"}, readers={"r": "reader"})
+    assert later.mode == "reader" and later.runner == "reader" and later.tool == "r" and later.expect == {"ok": True}
+    assert ex.verify_plan(snapshot, {}, {}, {"cli"}, readers={"r": "gone"}).mode == "noReader"
+    assert ex.verify_plan(snapshot, {}, {}, {"cli", "reader"}, readers={"other": "reader"}).mode == "noReader"

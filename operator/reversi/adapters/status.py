@@ -142,6 +142,30 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
     return sorted(keep, key=lambda e: e["step"])
 
 
+def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[int, str | None], generation: int,
+                     old_entries: dict[int, dict], message_limit: int) -> list[dict]:
+    """``status.steps`` entries of steps undone by an earlier request whose declared read-back
+    this request runs (re-verify, rule 5): their stage, reads and ``Verified`` condition."""
+    out = []
+    for s, run in sorted(runs.items()):
+        action = plan.actions[s]
+        error = cut(run.error, message_limit)
+        if run.verification == "verified":
+            ver = (c.TRUE, c.VERIFIED, f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
+        elif run.verification == "verificationFailed":
+            ver = (c.FALSE, c.READ_FAILED if (error or "").startswith("verification failed: read failed")
+                   else c.VERIFICATION_FAILED, error or "verification failed")
+        else:
+            ver = (c.UNKNOWN, c.VERIFYING, f"re-verifying an earlier undo: read-back {run.reads}"
+                   + (f": {error}" if error else ""))
+        conds = c.set_condition((old_entries.get(s) or {}).get("conditions") or [],
+                                c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+        entry = {"step": s, "tool": action.tool, "stage": run.stage, "attempts": run.attempts, "reads": run.reads,
+                 "lastError": error, "nextAttemptAt": iso(run.next_at), "conditions": conds}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
+
+
 def plan_status(plan: Plan, limit: int) -> dict[str, Any]:
     """``status.plan``: ``fullyReversible`` and at most ``limit`` actions (skips left out first),
     with ``omitted`` counting what was left out."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from ..models.run import StepUndo
 from ..models.toolmanifest import ToolSpec
@@ -78,16 +78,22 @@ class VerifyPlan:
 
 
 def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | None,
-                runner_names: set[str] | frozenset[str]) -> VerifyPlan:
+                runner_names: set[str] | frozenset[str], readers: Mapping[str, str] | None = None) -> VerifyPlan:
     """Decide how a step's undo is checked from its manifest snapshot (rule 5).
 
     ``args``/``result``: the original call's (after any resolution, rule 7); ``runner_names``:
-    runners the ToolManifest defines now. Never raises: missing pieces give ``none``,
+    runners the ToolManifest defines now; ``readers``: ``{read-back tool: runner}`` the
+    ToolManifest gives now. What is read and expected always comes from the snapshot; the reader
+    *runner* is the snapshot's when the manifest still defines it, else the one the manifest now
+    gives the same read-back tool (a reader configured since). Never raises: missing pieces give ``none``,
     ``noReader`` or ``unavailable``.
     """
     v = snapshot.verification if snapshot is not None else None
     if v is None:
         return VerifyPlan("none", detail="the manifest declares no verification for this tool")
+    later = (readers or {}).get(v.tool)
+    if (not v.runner or v.runner not in runner_names) and later and later in runner_names:
+        v = v.model_copy(update={"runner": later})
     if not v.runner or v.runner not in runner_names:
         what = f"runner {v.runner!r} is not defined in the ToolManifest" if v.runner else "no reader runner is configured"
         return VerifyPlan("noReader", tool=v.tool, detail=what)

@@ -72,6 +72,7 @@ def build_plan(
     run_id: str,
     graph: Graph | None = None,
     runner_names: Iterable[str] | None = None,
+    readers: Mapping[str, str] | None = None,
 ) -> Plan:
     """Plan the rollback of a run (DESIGN §4 rule 2).
 
@@ -79,7 +80,9 @@ def build_plan(
     ``{step: StepUndo}`` mapping); ``run_id``: the Run's ``metadata.uid`` (compensation keys are
     derived from it); ``graph``: a prebuilt :func:`build_graph` of the same spec (optional);
     ``runner_names``: the runners the ToolManifest defines now, when known: a compensate action
-    is ``verified`` only when its reader runner is among them (``None``: only that one is named).
+    is ``verified`` only when its reader runner is among them (``None``: only that one is named),
+    or when ``readers`` (``{read-back tool: runner}`` that the ToolManifest gives now, each among
+    ``runner_names``) has a runner for its read-back tool.
 
     Returns a :class:`~reversi.models.Plan` with one action per step, in step order
     (``plan.actions[i].step == i``). Raises :class:`~reversi.engine.graph.InvalidRun` for broken
@@ -91,7 +94,7 @@ def build_plan(
     runners = frozenset(runner_names) if runner_names is not None else None
     actions: list[PlanAction] = [
         _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id,
-                     runners)
+                     runners, readers or {})
         for step in run_spec.steps
     ]
     # newest first: a compensate step with a blocking dependent is deferred (rule 1)
@@ -135,6 +138,7 @@ def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
 def _base_action(
     step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str,
     runners: frozenset[str] | None = None,
+    readers: Mapping[str, str] | None = None,
 ) -> PlanAction:
     outcome, result = effective_outcome(step, resolution)
     settled = ""
@@ -188,10 +192,13 @@ def _base_action(
             residue=list(compensation.residue),
         )
     verification = snapshot.verification
-    verified = verification is not None and verification.runner is not None and (
-        runners is None or verification.runner in runners)
+    verified = verification is not None and (
+        (verification.runner is not None and (runners is None or verification.runner in runners))
+        or verification.tool in (readers or {}))
     if verification is None:
         check = "no read-back declared: the undo will not be checked (verification none)"
+    elif verified:
+        check = f"checked with {verification.tool}"
     elif verification.runner is None:
         check = "no reader runner configured: the undo will be unverified"
     elif not verified:

@@ -151,6 +151,9 @@ class Reconciler:
         run_uid = run_obj["metadata"]["uid"]
         mine = {u.step: u for u in undo_all if u.request == name}
         prior = [u for u in undo_all if u.request != name]
+        # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
+        planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
+                         if u.verified_by == name else u for u in prior]
         indices = runtime.state().indices if runtime.initialised() else None
         if indices is not None and (ns, run_spec.manifest_ref.name) in indices.manifests:
             manifest = ix.manifest(indices, ns, run_spec.manifest_ref.name)
@@ -161,8 +164,9 @@ class Reconciler:
             manifest = self._manifest(ref, ns, run_spec.manifest_ref.name)
         try:
             graph = build_graph(run_spec)
-            plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph,
-                              runner_names=[r.name for r in manifest.runners] if manifest else [])
+            plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
+                              runner_names=[r.name for r in manifest.runners] if manifest else [],
+                              readers=current_readers(manifest))  # the plan's verified: a reader exists now
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
@@ -194,6 +198,7 @@ class Reconciler:
                           "cannot change), then create a new RollbackRequest")
         runners = {r.name: r for r in manifest.runners} if manifest else {}
         runner_names = set(runners)
+        readers_now = current_readers(manifest)
         missing = sorted(needed_runners - runner_names)
         if missing:
             raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
@@ -222,8 +227,32 @@ class Reconciler:
             step = steps_by_index[s]
             res = resolutions.get(s)
             args, result = step.args, (res.result if res and res.result is not None else step.result)
-            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names)
+            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names,
+                                             readers_now)
             runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by, denied)
+
+        # re-verify (rule 5): an undo left unverified by an earlier request, whose declared reader can run now
+        reverify: dict[int, ex.StepRun] = {}
+        for u in prior:
+            if u.state != "compensated" or u.verification != "unverified" or u.verified_by not in (None, name):
+                continue
+            step = steps_by_index.get(u.step)
+            snapshot = run_spec.snapshot_of(step) if step is not None else None
+            if snapshot is None or snapshot.verification is None:
+                continue
+            res = resolutions.get(u.step)
+            vp = ex.verify_plan(snapshot, step.args, res.result if res and res.result is not None else step.result,
+                                runner_names, readers_now)
+            if vp.mode != "reader":
+                continue
+            verify_plans[u.step] = vp
+            entry = old_entries.get(u.step) or {}
+            if entry.get("stage") in ("verifying", "rereading"):
+                reverify[u.step] = ex.StepRun(u.step, stage=entry["stage"], attempts=u.attempts,
+                                              reads=entry.get("reads", 1), next_at=_epoch(entry.get("nextAttemptAt")),
+                                              error=entry.get("lastError"))
+            else:
+                reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
 
         deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
@@ -254,6 +283,14 @@ class Reconciler:
                 runs[s] = new
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
+        for s, run in list(reverify.items()):
+            if deadline_passed and run.stage == "rereading":
+                new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
+            else:
+                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now,
+                                      memory.rng)
+            reverify[s] = new
+            effects += eff
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
         if not deadline_passed:
             journaled = undo_by_step(undo_all)
@@ -265,7 +302,8 @@ class Reconciler:
                 effects += eff
 
         # ---- act: journal first, then Jobs, then Events (rule 3) ----
-        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory)
+        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory,
+                      reverified={u.step: u for u in prior if u.step in reverify})
         for e in effects:
             if isinstance(e, ex.StartJob):
                 try:
@@ -282,16 +320,19 @@ class Reconciler:
                 self.kube.event(req, e.reason, e.message, e.warning)
 
         # ---- report ----
-        running = any(r.stage in ex.ACTIVE_STAGES for r in runs.values())
+        running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
         awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
         finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
         deferred = deferred_steps(plan, graph, progress)
-        outcomes = self._outcomes(plan, runs, deferred, prior, finished)
+        outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
         report = build_report(plan, outcomes, require_verification=spec.require_verification)
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
         status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
                                           old_entries, verify_tools, limit, mlimit)
+        if reverify:
+            status["steps"] = sorted(status["steps"] + st.reverify_entries(plan, reverify, verify_tools, gen, old_entries,
+                                                                           mlimit), key=lambda e: e["step"])
         status["progress"] = progress_text(plan, progress)
         status["report"] = st.report_status(report, mlimit)
         verdict = report_message(report)
@@ -378,11 +419,16 @@ class Reconciler:
         return run
 
     def _outcomes(self, plan, runs: dict[int, ex.StepRun], deferred: dict[int, list[int]], prior: list[StepUndo],
-                  finished: bool) -> dict[int, StepOutcome]:
+                  finished: bool, reverify: dict[int, ex.StepRun] | None = None) -> dict[int, StepOutcome]:
         out: dict[int, StepOutcome] = {}
         for u in prior:  # settled by earlier requests (rule 6): reported, never redone
             if u.state == "compensated":
                 out[u.step] = StepOutcome("compensated", verification=u.verification)
+            elif u.state == "compensationFailed" and u.verification == "verificationFailed" and u.verified_by:
+                out[u.step] = StepOutcome("compensated", verification=u.verification, error=u.last_error)
+        for s, r in (reverify or {}).items():  # read back in this pass (the journal just written)
+            if r.stage in ("compensated", "failed"):
+                out[s] = StepOutcome("compensated", verification=r.verification, error=r.error)
         for s, r in runs.items():
             if r.stage == "compensated":
                 out[s] = StepOutcome("compensated", verification=r.verification)
@@ -437,15 +483,24 @@ class Reconciler:
             self._release(ns, run_name, name, complete)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
-                 memory: "Memory | None" = None) -> None:
+                 memory: "Memory | None" = None, reverified: dict[int, StepUndo] | None = None) -> None:
         """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
         for j in entries:
             action = plan.actions[j.step]
-            value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
-                             idempotency_key=action.idempotency_key, last_error=st.cut(j.error, self.settings.message_limit),
-                             verification=j.verification, request=request, updated_at=st.iso(time.time()))
+            earlier = (reverified or {}).get(j.step)
+            if earlier is not None:  # a re-verify: the undo stays the earlier request's; the check is this one's
+                at = st.iso(time.time())
+                value = StepUndo(step=j.step, state=j.state, attempts=earlier.attempts,
+                                 idempotency_key=earlier.idempotency_key, verification=j.verification,
+                                 last_error=st.cut(j.error, self.settings.message_limit), request=earlier.request,
+                                 updated_at=at, verified_by=request, verified_at=at)
+            else:
+                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
+                                 idempotency_key=action.idempotency_key,
+                                 last_error=st.cut(j.error, self.settings.message_limit),
+                                 verification=j.verification, request=request, updated_at=st.iso(time.time()))
             try:
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
@@ -526,6 +581,15 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:
+    """``{read-back tool: runner}`` the ToolManifest gives now (runners it defines)."""
+    if manifest is None:
+        return {}
+    names = {r.name for r in manifest.runners}
+    return {t.verification.tool: t.verification.runner for t in manifest.tools
+            if t.verification is not None and t.verification.runner in names}
 
 
 def _verification_reason(verification: str | None) -> str:

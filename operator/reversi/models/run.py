@@ -308,6 +308,12 @@ class StepUndo(StatusModel):
     )
     request: str | None = Field(default=None, description="RollbackRequest that last worked on the step.")
     updated_at: datetime | None = Field(default=None, description="When this entry last changed.")
+    verified_by: str | None = Field(
+        default=None,
+        description="A later RollbackRequest that ran the declared read-back of this unverified undo "
+        "(re-verify: no compensator ran again); the result is in verification.",
+    )
+    verified_at: datetime | None = Field(default=None, description="When that read-back gave its result.")
 
 
 class RunStatus(StatusModel):
