@@ -234,7 +234,16 @@ class Reconciler:
         # re-verify (rule 5): an undo left unverified by an earlier request, whose declared reader can run now
         reverify: dict[int, ex.StepRun] = {}
         for u in prior:
-            if u.state != "compensated" or u.verification != "unverified" or u.verified_by not in (None, name):
+            if u.verified_by == name:  # read back by this request in an earlier pass: keep showing it
+                done_step = steps_by_index.get(u.step)
+                done_snap = run_spec.snapshot_of(done_step) if done_step is not None else None
+                verify_plans[u.step] = ex.VerifyPlan("reader", tool=done_snap.verification.tool
+                                                     if done_snap is not None and done_snap.verification else None)
+                reverify[u.step] = ex.StepRun(u.step, stage="compensated" if u.state == "compensated" else "failed",
+                                              attempts=u.attempts, reads=(old_entries.get(u.step) or {}).get("reads", 1),
+                                              verification=u.verification, error=u.last_error)
+                continue
+            if u.state != "compensated" or u.verification != "unverified" or u.verified_by is not None:
                 continue
             step = steps_by_index.get(u.step)
             snapshot = run_spec.snapshot_of(step) if step is not None else None
