@@ -109,12 +109,15 @@ BLOCKED = "Blocked"  # Compensated=False: deferred, a dependent still stands (ru
 APPROVED_BY_USER = "ApprovedByUser"  # Approved=True: spec.approvals names the step
 APPROVED_FOR_ALL = "ApprovedForAll"  # Approved=True: spec.approveCompensations
 APPROVAL_NOT_REQUIRED = "ApprovalNotRequired"  # Approved=True: snapshot does not require it
+DENIED = "Denied"  # Approved=False / Compensated=False: spec.denials names the step: it is not undone
 # Per-step verification (Verified condition, rule 5); VERIFIED is also a reason
 VERIFYING = "Verifying"  # Verified=Unknown: the reader Job is running or waiting for backoff
 VERIFICATION_FAILED = "VerificationFailed"  # Verified=False: the answer does not contain expect
 VERIFICATION_ARGUMENTS_UNAVAILABLE = "VerificationArgumentsUnavailable"  # Verified=False
 READ_FAILED = "ReadFailed"  # Verified=False: reader exited non-zero or printed no JSON
-NO_READER = "NoReader"  # Verified=False: no verification declared: the step is unverified
+NO_READER = "NoReader"  # Verified=False: a read-back is declared but no reader ran: the step is unverified
+NO_READ_BACK_DECLARED = "NoReadBackDeclared"  # Verified=False: the manifest declares no read-back (complete)
+READ_BACK_REQUIRED = "ReadBackRequired"  # Verified=False: none declared, but spec.requireVerification: unverified
 # Summary verdicts (Complete condition, Run RolledBack)
 ALL_COMPENSATED = "AllCompensated"  # Complete=True / RolledBack=True
 INCOMPLETE = "Incomplete"  # Complete=False: the report lists what is not undone
@@ -162,12 +165,15 @@ REASONS = frozenset(
         APPROVED_BY_USER,
         APPROVED_FOR_ALL,
         APPROVAL_NOT_REQUIRED,
+        DENIED,
         VERIFIED,
         VERIFYING,
         VERIFICATION_FAILED,
         VERIFICATION_ARGUMENTS_UNAVAILABLE,
         READ_FAILED,
         NO_READER,
+        NO_READ_BACK_DECLARED,
+        READ_BACK_REQUIRED,
         ALL_COMPENSATED,
         INCOMPLETE,
         HELD_BY_REQUEST,

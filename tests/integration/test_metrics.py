@@ -39,9 +39,10 @@ def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, op
         rv.step(0, "payments.create_charge", {"order_id": "o-m-a", "amount": 700, "customer": "cus_9"}, a),
         rv.step(1, "payments.create_charge_unchecked", {"order_id": "o-m-b"}, b),
     ])
-    # newest first: step 1's refund goes through (unverified: no check declared), step 0's fails
+    # newest first: step 1's refund goes through (unverified: no check declared, and the request
+    # requires one), step 0's fails
     rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "error", "skip": 1, "times": 1})
-    rv.request("undo", "r", retries=1)
+    rv.request("undo", "r", retries=1, requireVerification=True)
     req = rv.wait_phase("undo", "Incomplete")
     assert [f["step"] for f in req["status"]["report"]["failed"]] == [0]
     assert req["status"]["report"]["unverified"] == [1]

@@ -99,7 +99,7 @@ def test_plan_of_the_design_example_matches_the_operators_dry_run_and_exits_2(rv
 
     # the same plan as the operator's own dry run (same keys, args, blockers)
     dry = kr(cluster, "rollback", "order-4711", "--dry-run", "--name", "plan-only", "--wait", namespace=rv.ns)
-    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert dry.returncode == 2, dry.stdout + dry.stderr  # planned, and not fully reversible
     assert dry.stdout.splitlines()[0] == "plan-only"
     assert "Phase:        Planned" in dry.stdout and "Plan (NOT fully reversible" in dry.stdout
     theirs = {a["step"]: a for a in rv.get("rollbackrequests", "plan-only")["status"]["plan"]["actions"]}

@@ -78,15 +78,24 @@ def test_rule1_dependents_are_undone_first_newest_first(rv):
                  rv.step(2, "inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-order"}, reservation,
                          depends_on=[0])])
     started = time.time()
-    rv.request("undo", "r", parallelism=3)
+    rv.request("undo", "r")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
     assert req["status"]["report"]["compensated"] == [0, 1, 2], req["status"]["report"]
     calls = [c for c in rv.downstream.state()["calls"] if c["at"] > started and not c["replayed"]]
-    refund_at = next(c["at"] for c in calls if c["path"] == "/payments/refunds")
-    void_at = next(c["at"] for c in calls if c["path"].endswith("/void"))
-    release_at = next(c["at"] for c in calls if c["path"].endswith("/release"))
-    # the charge (0) is undone only after both of its dependents (1 requires it, 2 dependsOn it)
-    assert refund_at > void_at and refund_at > release_at
+
+    def undone(path):  # the step each undo call belongs to
+        if path.endswith("/release"):
+            return 2
+        if path.endswith("/void"):
+            return 1
+        return 0 if path == "/payments/refunds" else None
+
+    order = [undone(c["path"]) for c in calls if undone(c["path"]) is not None]
+    # every step named, in order: newest first (2, then 1), and the charge (0) only after both of
+    # its dependents (1 requires it, 2 dependsOn it); one real undo call per step
+    assert order == [2, 1, 0], calls
+    jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    assert sorted(int(j.metadata.labels["reversi.dev/step"]) for j in jobs) == [0, 1, 2]
 
 
 def test_rule1_step_is_deferred_while_dependent_stands(rv):
@@ -226,6 +235,18 @@ def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     rv.run("r", steps)
     rv.request("a", "r")
     rv.request("b", "r")
+
+    def one_works_the_other_waits():
+        phases = {n: (rv.get("rollbackrequests", n).get("status") or {}).get("phase") for n in ("a", "b")}
+        waiting = [n for n, p in phases.items() if p == "Waiting"]
+        working = [n for n, p in phases.items() if p in ("Running", "AwaitingApproval")]
+        return (working[0], waiting[0]) if waiting and working else None
+
+    first, second = wait_for(one_works_the_other_waits, timeout=60, interval=0.05,
+                             what="one request Running while the other is Waiting")
+    waiting = rv.get("rollbackrequests", second)
+    assert rv.condition(waiting["status"], "Running")["reason"] == "WaitingForRun"
+    assert first in rv.condition(waiting["status"], "Running")["message"]
     a = rv.wait_phase("a", "Succeeded", "Incomplete")
     b = rv.wait_phase("b", "Succeeded", "Incomplete")
     assert a["status"]["phase"] == b["status"]["phase"] == "Succeeded"
@@ -233,9 +254,8 @@ def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 3
     jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
     assert len(jobs) == 3
-    events = rv.core.list_namespaced_event(rv.ns).items
-    waited = [e for e in events if e.involved_object.name in ("a", "b")]
-    assert waited  # both requests reported what they did
+    assert {j.metadata.owner_references[0].name for j in jobs} == {first}, "only the request that worked ran compensators"
+    assert {u["request"] for u in rv.undo("r")} == {first}
 
 
 def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv):

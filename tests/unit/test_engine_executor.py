@@ -162,3 +162,61 @@ def test_property_attempts_never_exceed_retries_and_every_final_state_is_journal
     finals = [j for j in journal if j.state != "compensating"]
     assert len(finals) == (1 if run.stage in ex.FINAL_STAGES else 0)
     assert journal[0].state == "compensating"
+
+
+# ------------------------------------------------------------------- issue 10: none, per-request retries
+
+NO_CHECK = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
+    "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"}})
+
+
+def test_rule5_no_read_back_declared_is_compensated_with_verification_none():
+    plan = ex.verify_plan(NO_CHECK, {}, {}, {"cli"})
+    assert plan.mode == "none"
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    done, effects = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), plan, POLICY, now=0)
+    assert done.stage == "compensated" and done.verification == "none" and done.reason == "NoReadBackDeclared"
+    assert effects_of(ex.Journal, effects)[0].verification == "none"
+    assert not effects_of(ex.StartJob, effects), "no reader runs when none is declared"
+
+
+def test_rule5_require_verification_makes_an_undo_without_read_back_unverified():
+    plan = ex.verify_plan(NO_CHECK, {}, {}, {"cli"})
+    policy = ex.Policy(retries=3, base_ms=100, max_ms=1000, require_verification=True)
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    done, effects = ex.advance(run, jobs(compensator_1=ex.JobView("succeeded")), plan, policy, now=0)
+    assert done.stage == "compensated" and done.verification == "unverified" and done.reason == "ReadBackRequired"
+    assert effects_of(ex.Journal, effects)[0].verification == "unverified"
+
+
+@given(before=st.integers(min_value=0, max_value=20), retries=st.integers(min_value=1, max_value=10))
+def test_rule6_property_each_request_gets_its_full_retries_budget(before, retries):
+    """Whatever attempts earlier requests made, a request runs exactly ``retries`` attempts of a
+    compensation that always fails, numbered on from the journal's total, then fails the step."""
+    policy = ex.Policy(retries=retries, base_ms=1, max_ms=1)
+    journaled = StepUndo(step=0, state="compensationFailed", attempts=before, idempotency_key=KEY) if before else None
+    run, effects = ex.start(ex.StepRun(0), journaled)
+    started = [e.attempt for e in effects_of(ex.StartJob, effects)]
+    now = 0.0
+    for _ in range(100):
+        if run.stage == "failed":
+            break
+        observe = lambda role, attempt, read: ex.JobView("failed", "boom")  # noqa: E731
+        run, effects = ex.advance(run, observe, READER, policy, now=now, rng=random.Random(0))
+        started += [e.attempt for e in effects_of(ex.StartJob, effects)]
+        now += 10.0
+    assert run.stage == "failed"
+    assert started == list(range(before + 1, before + retries + 1)), "attempt numbers continue: Job names stay unique"
+    assert run.attempts == before + retries, "the journal keeps the total"
+    assert run.attempts_here() == retries
+
+
+def test_rule5_a_reader_configured_since_the_step_was_recorded_is_used_for_its_read_back():
+    snapshot = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
+        "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"},
+        "verification": {"tool": "r", "args": {}, "expect": {"ok": True}}})
+    assert ex.verify_plan(snapshot, {}, {}, {"cli"}).mode == "noReader"
+    later = ex.verify_plan(snapshot, {}, {}, {"cli", "reader"}, readers={"r": "reader"})
+    assert later.mode == "reader" and later.runner == "reader" and later.tool == "r" and later.expect == {"ok": True}
+    assert ex.verify_plan(snapshot, {}, {}, {"cli"}, readers={"r": "gone"}).mode == "noReader"
+    assert ex.verify_plan(snapshot, {}, {}, {"cli", "reader"}, readers={"other": "reader"}).mode == "noReader"

@@ -346,3 +346,10 @@ def test_compact_plan_drops_skips_first_then_the_oldest_and_counts_them():
     assert smaller.to_wire()["omitted"] == 3
     with pytest.raises(ValueError, match="full plan"):
         build_report(smaller)
+
+
+def test_rule2_plan_says_verified_only_when_the_reader_runner_exists_now():
+    spec = run_spec([step(0, tool("a"))])
+    assert build_plan(spec, run_id=RUN_ID).action(0).verified is True
+    assert build_plan(spec, run_id=RUN_ID, runner_names=[]).action(0).verified is False
+    assert "not defined in the ToolManifest" in build_plan(spec, run_id=RUN_ID, runner_names=[]).action(0).reason

@@ -117,7 +117,7 @@ def test_outcomes_from_undo_maps_states():
 
 KINDS = ["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
 STATES = [None, PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED]
-CHECKS = [None, "verified", "unverified", "verificationFailed"]
+CHECKS = [None, "verified", "none", "unverified", "verificationFailed"]
 
 
 @st.composite
@@ -179,6 +179,29 @@ def test_property_report_never_claims_a_check_that_did_not_happen(case):
     plan, outcomes = case
     report = build_report(plan, outcomes)
     for s in report.compensated:
-        assert outcomes[s].state == COMPENSATED and outcomes[s].verification == "verified"
+        # checked by a reader, or openly listed as having no read-back declared
+        assert outcomes[s].state == COMPENSATED and outcomes[s].verification in ("verified", "none")
+        assert (outcomes[s].verification == "none") is (s in report.no_read_back)
+    assert set(report.no_read_back) <= set(report.compensated)
+    required = build_report(plan, outcomes, require_verification=True)
+    for s in required.compensated:
+        assert outcomes[s].verification == "verified", "requireVerification: only a read-back counts"
     residue_steps = {r.step for r in report.residue}
     assert residue_steps <= set(report.compensated) | set(report.unverified)
+
+
+def test_rule5_no_read_back_declared_is_compensated_and_complete_unless_required():
+    plan = Plan(fully_reversible=True, actions=[PlanAction(step=0, tool="t", kind="compensate", reason="r")])
+    outcome = {0: StepOutcome(COMPENSATED, "none")}
+    report = build_report(plan, outcome)
+    assert report.compensated == [0] and report.no_read_back == [0] and report.unverified == []
+    assert report.complete is True
+    required = build_report(plan, outcome, require_verification=True)
+    assert required.compensated == [] and required.unverified == [0] and required.complete is False
+
+
+def test_rule8_a_denied_step_stays_in_awaiting_approval_and_says_why():
+    plan = Plan(fully_reversible=True, actions=[PlanAction(step=0, tool="t", kind="compensate", reason="r")])
+    report = build_report(plan, {0: StepOutcome(AWAITING_APPROVAL, error="denied by ana: keep it")})
+    assert report.awaiting_approval == [0] and report.complete is False
+    assert [(d.step, d.reason) for d in report.denied] == [(0, "denied by ana: keep it")]

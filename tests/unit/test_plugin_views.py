@@ -23,8 +23,9 @@ def _example_plan(**changes):
 
 
 def test_plan_json_has_exactly_the_snake_case_fields_of_the_contract():
-    data = views.plan_json(_example_plan())
-    assert set(data) == {"fully_reversible", "actions"}
+    data = views.plan_json(_example_plan(), run_id=RUN_ID)
+    assert set(data) == {"run_id", "fully_reversible", "actions"}
+    assert data["run_id"] == RUN_ID
     assert data["fully_reversible"] is False
     for action in data["actions"]:
         assert set(action) == {"step", "tool", "kind", "compensation_tool", "args", "idempotency_key",
@@ -311,3 +312,28 @@ def test_plan_of_an_undone_run_skips_what_is_compensated():
     data = views.plan_json(build_plan(spec, status, run_id=RUN_ID))
     assert data["fully_reversible"] is True
     assert data["actions"][0]["kind"] == "skip" and "already compensated" in data["actions"][0]["reason"]
+
+
+def test_report_json_uses_the_contract_field_names():
+    request = {"metadata": {"name": "undo", "namespace": "shop"},
+               "spec": {"runRef": {"name": "r"}},
+               "status": {"phase": "Incomplete", "report": {
+                   "compensated": [4], "noReadBack": [4], "unverified": [5],
+                   "failed": [{"step": 6, "error": "refund failed: 502"}],
+                   "deferred": [{"step": 1, "blockedBy": [2]}], "awaitingApproval": [3], "complete": False}}}
+    data = views.report_json(request)
+    for name in ("compensated", "skipped", "failed", "unrecoverable", "unresolved", "unmanifested", "deferred",
+                 "awaiting_approval", "unverified", "complete"):
+        assert name in data
+    assert data["deferred"] == [{"step": 1, "blocked_by": [2]}]
+    assert data["awaiting_approval"] == [3] and data["no_read_back"] == [4] and data["complete"] is False
+    assert data["request"] == "shop/undo" and data["run"] == "shop/r" and data["phase"] == "Incomplete"
+    json.dumps(data)
+
+
+def test_describe_says_undone_no_read_back_declared_apart_from_checked_undos():
+    status = {"phase": "Succeeded", "report": {"compensated": [1, 2], "noReadBack": [2], "complete": True}}
+    text = views.describe_request(_request(status), None, [], NOW, step_tools={1: "tool1", 2: "tool2"})
+    assert "Compensated (undone and checked by a reader): 1\n  step 1  tool1" in text
+    assert "step 2  tool2: undone, no read-back declared" in text
+    assert "step 2  tool2\n" not in text.split("no read-back declared (")[0]

@@ -57,6 +57,9 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
                     blocked_by: list[int], limit: int) -> list[dict]:
     """``Approved``, ``Compensated`` and ``Verified`` of one step (DESIGN §3)."""
     conds = approval_condition(action, approved, approved_all_by, generation, old)
+    if run.reason == c.DENIED and run.stage == "awaitingApproval":
+        conds = c.set_condition(conds, c.condition(c.APPROVED, c.FALSE, c.DENIED, cut(run.error, limit) or "denied",
+                                                   generation))
     stage = run.stage
     error = cut(run.error, limit) or ""
     if stage == "compensated":
@@ -74,6 +77,8 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
         comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
     elif stage == "deferred" or blocked_by:
         comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
+    elif stage == "awaitingApproval" and run.reason == c.DENIED:
+        comp = (c.FALSE, c.DENIED, f"not undone: {error}")
     elif stage == "awaitingApproval":
         comp = (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
     else:
@@ -81,6 +86,12 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
     if run.verification == "verified":
         ver = (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
+    elif run.verification == "none":
+        ver = (c.FALSE, c.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no verification "
+               "for this tool, so the undo counts as complete without a check")
+    elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
+        ver = (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
+               "sets requireVerification, so this undo is unverified")
     elif run.verification == "unverified":
         ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
     elif run.verification == "verificationFailed":
@@ -115,6 +126,7 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
             "compensationTool": action.compensation_tool,
             "stage": run.stage,
             "attempts": run.attempts,
+            "firstAttempt": run.first_attempt,
             "reads": run.reads,
             "idempotencyKey": keys.get(action.step) or action.idempotency_key,
             "blockedBy": blocked,
@@ -128,6 +140,30 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
     rest = sorted((e for e in chosen if e[0] != 0), key=lambda t: (t[0], -t[1]))
     keep += [e for _, _, e in rest[: max(0, limit - len(keep))]]
     return sorted(keep, key=lambda e: e["step"])
+
+
+def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[int, str | None], generation: int,
+                     old_entries: dict[int, dict], message_limit: int) -> list[dict]:
+    """``status.steps`` entries of steps undone by an earlier request whose declared read-back
+    this request runs (re-verify, rule 5): their stage, reads and ``Verified`` condition."""
+    out = []
+    for s, run in sorted(runs.items()):
+        action = plan.actions[s]
+        error = cut(run.error, message_limit)
+        if run.verification == "verified":
+            ver = (c.TRUE, c.VERIFIED, f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
+        elif run.verification == "verificationFailed":
+            ver = (c.FALSE, c.READ_FAILED if (error or "").startswith("verification failed: read failed")
+                   else c.VERIFICATION_FAILED, error or "verification failed")
+        else:
+            ver = (c.UNKNOWN, c.VERIFYING, f"re-verifying an earlier undo: read-back {run.reads}"
+                   + (f": {error}" if error else ""))
+        conds = c.set_condition((old_entries.get(s) or {}).get("conditions") or [],
+                                c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+        entry = {"step": s, "tool": action.tool, "stage": run.stage, "attempts": run.attempts, "reads": run.reads,
+                 "lastError": error, "nextAttemptAt": iso(run.next_at), "conditions": conds}
+        out.append({k: v for k, v in entry.items() if v is not None})
+    return out
 
 
 def plan_status(plan: Plan, limit: int) -> dict[str, Any]:

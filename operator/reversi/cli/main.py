@@ -7,6 +7,7 @@
     describe REQUEST | run/RUN | run RUN   the report of a request, and what to do next
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
+    deny REQUEST --step N --note T    deny a compensation that awaits approval (it is not undone)
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
     kill-switch on|off|status         refuse every new call everywhere
     export RUN                        the journal, undo state and transitions as JSON lines
@@ -170,7 +171,7 @@ def plan(run: str, as_json: bool) -> int:
     with no_cyclic_gc():
         p = plan_of(c, obj)
         if as_json:
-            out(json.dumps(views.plan_json(p), indent=2))
+            out(json.dumps(views.plan_json(p, run_id=obj["metadata"].get("uid")), indent=2))
         else:
             out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
             out(views.plan_table(p) if p.actions else "  no steps recorded")
@@ -201,9 +202,16 @@ def request_name(run: str) -> str:
               help="With --wait: give up after this many seconds (0: no limit); exit 1.")
 @click.option("--approval-grace", type=click.FloatRange(min=0), default=5.0, hidden=True,
               help="With --wait: seconds AwaitingApproval must last before giving up.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --wait: print only the final report as JSON (contract field names); progress goes to stderr.")
+@click.option("--require-verification", is_flag=True,
+              help="Count an undo whose tool declares no read-back as unverified (incomplete).")
 @global_options
 def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: bool, retries: int | None,
-             parallelism: int | None, wait: bool, timeout: float, approval_grace: float) -> int:
+             parallelism: int | None, wait: bool, timeout: float, approval_grace: float, as_json: bool,
+             require_verification: bool) -> int:
+    if as_json and not wait:
+        raise CliError("--json needs --wait (the report is printed when the request ends)")
     c = conn()
     load_run(c, run)
     name = name or request_name(run)
@@ -212,20 +220,25 @@ def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: b
         spec["retries"] = retries
     if parallelism is not None:
         spec["parallelism"] = parallelism
+    if require_verification:
+        spec["requireVerification"] = True
     body = {"apiVersion": API_VERSION, "kind": "RollbackRequest",
             "metadata": {"name": name, "namespace": c.namespace}, "spec": spec}
     c.create("rollbackrequests", body)
-    out(name)
+    (remark if as_json else out)(name)
     if not wait:
         remark(f"RollbackRequest {c.namespace}/{name} created; follow it with "
              f"kubectl reversi describe {name} -n {c.namespace}")
         return 0
-    return follow(c, name, timeout, approval_grace)
+    return follow(c, name, timeout, approval_grace, as_json)
 
 
-def follow(c: Connection, name: str, timeout: float, approval_grace: float) -> int:
+def follow(c: Connection, name: str, timeout: float, approval_grace: float, as_json: bool = False) -> int:
     """Print progress of a request until its phase is final (or it waits for approval for
-    ``approval_grace`` seconds), then the describe view. Returns the exit code."""
+    ``approval_grace`` seconds), then the describe view (``as_json``: progress on stderr, then
+    only the report as JSON). Returns the exit code: 0 complete (a dry run: fully reversible),
+    2 not complete (a dry run: not fully reversible), 1 an error."""
+    emit = remark if as_json else out
     started = time.monotonic()
     shown_phase = None
     shown: dict[int, tuple] = {}
@@ -237,25 +250,31 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float) -> i
         status = req.get("status") or {}
         line = views.phase_line(req)
         if line != shown_phase:
-            out(line)
+            emit(line)
             shown_phase = line
         for entry in status.get("steps") or []:
             key = views.progress_key(entry)
             if shown.get(entry.get("step")) != key:
-                out("  " + views.progress_line(entry))
+                emit("  " + views.progress_line(entry))
                 shown[entry.get("step")] = key
         phase = status.get("phase")
         if phase in views.FINAL_EXIT:
-            out("")
-            out(describe_view(c, req))
+            emit("")
+            emit(describe_view(c, req))
+            if as_json:
+                click.echo(json.dumps(views.report_json(req), indent=2))
+            if phase == "Planned":
+                return 0 if (status.get("plan") or {}).get("fullyReversible") else 2
             return views.FINAL_EXIT[phase]
         if phase == "AwaitingApproval":
             awaiting_since = awaiting_since or time.monotonic()
             if time.monotonic() - awaiting_since >= approval_grace:
-                out("")
-                out(describe_view(c, req))
-                out("")
-                out("Stopped waiting: " + views.approval_hint(req))
+                emit("")
+                emit(describe_view(c, req))
+                emit("")
+                emit("Stopped waiting: " + views.approval_hint(req))
+                if as_json:
+                    click.echo(json.dumps(views.report_json(req), indent=2))
                 return 2
         else:
             awaiting_since = None
@@ -447,6 +466,50 @@ def check_approval(req: dict, namespace: str, steps: tuple[int, ...]) -> None:
                            f"kubectl reversi describe {meta['name']} -n {namespace}")
 
 
+@cli.command(help="Deny the compensation of a step that awaits approval: it is not undone, the report says "
+             "\"denied by <you>: <note>\" under awaitingApproval, and the request finishes. Needs the RBAC verb approve.")
+@click.argument("request")
+@click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, required=True,
+              help="Step to deny (repeatable).")
+@click.option("--note", required=True, help="Why, for the record.")
+@global_options
+def deny(request: str, steps: tuple[int, ...], note: str) -> int:
+    if not note.strip():
+        raise click.UsageError("--note must say why")
+    c = conn()
+    where = f"RollbackRequest {c.namespace}/{request}"
+    missing = f"list them with kubectl get rollbackrequests -n {c.namespace}"
+    try:
+        def attempt() -> dict | None:
+            req = c.get("rollbackrequests", request, missing=missing)
+            check_approval(req, c.namespace, steps)
+            have = {d.get("step") for d in (req.get("spec") or {}).get("denials") or []}
+            new = [s for s in dict.fromkeys(steps) if s not in have]
+            if not new:
+                return None
+            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                "value": req["metadata"]["resourceVersion"]}]
+            if (req.get("spec") or {}).get("denials") is None:
+                ops.append({"op": "add", "path": "/spec/denials", "value": [{"step": s, "note": note} for s in new]})
+            else:
+                ops += [{"op": "add", "path": "/spec/denials/-", "value": {"step": s, "note": note}} for s in new]
+            return c.patch("rollbackrequests", request, ops, json_patch=True)
+
+        updated = retry_conflicts(attempt, f"denying in {where}")
+    except ApiException as err:
+        hint = ""
+        if err.status == 403 and 'verb "approve"' not in server_message(err):
+            hint = "; denying needs the RBAC verbs patch and approve on rollbackrequests.reversi.dev"
+        raise CliError(f"{refused(err, f'denying in {where}')}{hint}") from err
+    if updated is None:
+        out(f"{where}: step(s) {views.steps_text(list(steps))} already denied; nothing to do.")
+        return 0
+    by = {d.get("step"): d.get("actor") for d in (updated.get("spec") or {}).get("denials") or []}
+    for s in dict.fromkeys(steps):
+        out(f"{where}: step {s} denied{f' by {by[s]}' if by.get(s) else ''}: it will not be undone.")
+    return 0
+
+
 @cli.command(help="Approve compensations of a RollbackRequest: --step N (repeatable) or --all.")
 @click.argument("request")
 @click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, help="Step to approve (repeatable).")
@@ -616,13 +679,20 @@ def halt_list(all_namespaces: bool) -> int:
     return 0
 
 
-@halt.command("lift", help="Delete a Halt (or a ClusterHalt with --cluster): calls are admitted again.")
-@click.argument("name")
+@halt.command("lift", help="Delete a Halt (or a ClusterHalt with --cluster): calls are admitted again. "
+              "--all lifts every Halt of the namespace (with --cluster: every ClusterHalt) after a confirmation.")
+@click.argument("name", required=False)
 @click.option("--cluster", is_flag=True, help="Lift a ClusterHalt.")
+@click.option("--all", "lift_all", is_flag=True, help="Lift every Halt of the namespace (--cluster: every ClusterHalt).")
+@click.option("--yes", "-y", is_flag=True, help="With --all: do not ask for confirmation.")
 @global_options
-def halt_lift(name: str, cluster: bool) -> int:
+def halt_lift(name: str | None, cluster: bool, lift_all: bool, yes: bool) -> int:
     c = conn()
     plural = "clusterhalts" if cluster else "halts"
+    if lift_all or not name:
+        if name or not lift_all:
+            raise CliError("name one halt to lift, or lift them all with --all (not both)")
+        return lift_every_halt(c, plural, cluster, yes)
     where = f"ClusterHalt {name}" if cluster else f"Halt {c.namespace}/{name}"
     if name == KILL_SWITCH and cluster:
         remark("note: this is the kill switch; kubectl reversi kill-switch off does the same")
@@ -631,6 +701,25 @@ def halt_lift(name: str, cluster: bool) -> int:
         other = "" if cluster else " (a ClusterHalt? add --cluster)"
         raise CliError(f"{where} not found{other}; list halts with {listing}")
     out(f"{where} lifted.")
+    return 0
+
+
+def lift_every_halt(c: Connection, plural: str, cluster: bool, yes: bool) -> int:
+    """``halt lift --all``: list what would be lifted, ask (unless ``yes``), delete each."""
+    items = c.list(plural, cluster=cluster)
+    kind, where = ("ClusterHalt", "the cluster") if cluster else ("Halt", f"namespace {c.namespace}")
+    names = sorted(h["metadata"]["name"] for h in items)
+    if not names:
+        out(f"No {kind}s in {where}: nothing to lift.")
+        return 0
+    out(f"{len(names)} {kind}(s) in {where}: {', '.join(names)}")
+    if not yes and not click.confirm(f"Lift all {len(names)}? New calls they refuse will be admitted again",
+                                     default=False, err=True):
+        out("Nothing lifted.")
+        return 1
+    for halt_name in names:
+        c.delete(plural, halt_name, cluster=cluster)
+        out(f"{kind} {halt_name if cluster else f'{c.namespace}/{halt_name}'} lifted.")
     return 0
 
 

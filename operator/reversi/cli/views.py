@@ -39,6 +39,7 @@ BUCKET_LIMIT = 50
 #: Label of each report bucket in ``describe``, in the order they are printed.
 BUCKETS = (
     ("compensated", "Compensated (undone and checked by a reader)"),
+    ("noReadBack", "Compensated, no read-back declared (undone; the manifest declares no check)"),
     ("unverified", "Unverified (undone, NOT checked: no reader ran)"),
     ("failed", "Failed"),
     ("unrecoverable", "Unrecoverable (cannot be undone)"),
@@ -104,12 +105,58 @@ def ns_flag(namespace: str) -> str:
 # -------------------------------------------------------------------------------------- plan
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    """``plan --json``: ``{"fully_reversible", "actions": [{PLAN_JSON_FIELDS...}]}``."""
+def plan_json(plan: Plan, run_id: str | None = None) -> dict[str, Any]:
+    """``plan --json``: ``{"run_id", "fully_reversible", "actions": [{PLAN_JSON_FIELDS...}]}``;
+    ``run_id`` is the Run's uid (the compensation idempotency keys are derived from it)."""
     return {
+        "run_id": run_id,
         "fully_reversible": bool(plan.fully_reversible),
         "actions": [{name: _plain(getattr(action, name)) for name in PLAN_JSON_FIELDS} for action in plan.actions],
     }
+
+
+#: ``rollback --wait --json``: the report's fields with the contract's names (DESIGN §5), in order,
+#: then this project's additions.
+REPORT_JSON_FIELDS = (
+    ("compensated", "compensated"),
+    ("skipped", "skipped"),
+    ("failed", "failed"),
+    ("unrecoverable", "unrecoverable"),
+    ("unresolved", "unresolved"),
+    ("unmanifested", "unmanifested"),
+    ("deferred", "deferred"),
+    ("awaitingApproval", "awaiting_approval"),
+    ("unverified", "unverified"),
+    ("complete", "complete"),
+    ("pending", "pending"),
+    ("noReadBack", "no_read_back"),
+    ("denied", "denied"),
+    ("residue", "residue"),
+)
+
+
+def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``rollback --wait --json``: the final report of ``request`` with the contract's field
+    names (snake_case: ``awaiting_approval``, ``deferred[].blocked_by``), plus ``request``,
+    ``run``, ``phase``, ``dry_run`` and, for a dry run, ``fully_reversible``."""
+    meta = request.get("metadata") or {}
+    spec = request.get("spec") or {}
+    status = request.get("status") or {}
+    report = status.get("report") or {}
+    doc: dict[str, Any] = {
+        "request": f"{meta.get('namespace')}/{meta.get('name')}",
+        "run": f"{meta.get('namespace')}/{(spec.get('runRef') or {}).get('name')}",
+        "phase": status.get("phase"),
+        "dry_run": bool(spec.get("dryRun")),
+    }
+    for wire, name in REPORT_JSON_FIELDS:
+        value = report.get(wire, False if wire == "complete" else [])
+        if wire == "deferred":
+            value = [{"step": d.get("step"), "blocked_by": list(d.get("blockedBy") or [])} for d in value]
+        doc[name] = value
+    if spec.get("dryRun"):
+        doc["fully_reversible"] = bool((status.get("plan") or {}).get("fullyReversible"))
+    return doc
 
 
 def _plain(value: Any) -> Any:
@@ -289,11 +336,16 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
-def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str]) -> list[str]:
+def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
+                  notes: Mapping[int, str] | None = None) -> list[str]:
     out = []
     for item in items[:BUCKET_LIMIT]:
         step = item["step"] if isinstance(item, Mapping) else item
         head = f"  step {step}  {tools.get(step, '')}".rstrip()
+        if name == "noReadBack":
+            head += ": undone, no read-back declared"
+        if notes and step in notes:
+            head += f": {notes[step]}"
         if name == "failed":
             head += f": {item.get('error', '')}"
         elif name == "unrecoverable":
@@ -440,11 +492,16 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if report is not None:
         lines.append("")
         lines.append(f"Report ({'complete' if report.get('complete') else 'NOT complete'}):")
+        unchecked = set(report.get("noReadBack") or [])
         for key, label in BUCKETS:
             items = report.get(key) or []
+            if key == "compensated":  # the undos with no read-back declared are listed on their own
+                items = [s for s in items if s not in unchecked]
             if items:
                 lines.append(f" {label}: {len(items)}")
-                lines += _bucket_lines(key, items, tools)
+                notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []} \
+                    if key == "awaitingApproval" else None
+                lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         residue = report.get("residue") or []
         if residue:

@@ -238,6 +238,13 @@ def new_approvals(old: dict | None, new: dict) -> tuple[list[int], bool]:
     return [s for s in steps if isinstance(s, int)], all_now
 
 
+def new_denials(old: dict | None, new: dict) -> list[int]:
+    """Steps a RollbackRequest write newly denies (``spec.denials``; wire dicts)."""
+    before = {d.get("step") for d in (old or {}).get("denials") or [] if isinstance(d, dict)}
+    return [d.get("step") for d in new.get("denials") or []
+            if isinstance(d, dict) and isinstance(d.get("step"), int) and d.get("step") not in before]
+
+
 def check_templates(manifest: ToolManifestSpec) -> Refusal | None:
     """Every ``$``-string in a manifest's templates is a valid reference: a typo such as
     ``$reslt.id`` would otherwise reach a compensator as a literal string."""

@@ -12,19 +12,23 @@ Stages of a step (``StepRun.stage``)::
        │                        (attempts < retries)               (reads < verification.retries)
        └─ awaitingApproval (needs approval)           out of attempts or reads ─> failed
 
-    no verification declared, or no reader runner: compensated (unverified)
+    no read-back declared: compensated, verification ``none`` (complete; ``unverified`` when the
+        request sets ``requireVerification``)
+    a read-back declared but no reader runner: compensated (unverified)
     verification arguments missing: failed ("cannot verify: arguments unavailable")
 
-Attempts count across requests (the run's ``status.undo``): a re-run continues the count with the
-same idempotency key (rule 6). A step journaled ``compensating`` is resumed at that attempt, and
-its Job, whose name is deterministic, is adopted instead of started again (rule 3).
+Retries are per request (rule 6): each request gives a step its full ``retries`` budget, counted
+starting at the attempt it started at (``StepRun.first_attempt``). Attempt numbers keep increasing across
+requests (the run's ``status.undo`` keeps the total), so Job names stay unique, and the
+idempotency key is the same on every attempt. A step journaled ``compensating`` is resumed at that
+attempt, and its Job, whose name is deterministic, is adopted instead of started again (rule 3).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from ..models.run import StepUndo
 from ..models.toolmanifest import ToolSpec
@@ -58,7 +62,7 @@ class VerifyPlan:
     """How a compensated step is checked (rule 5).
 
     ``mode``: ``reader`` (a reader Job runs ``tool`` with ``args`` and must answer ``expect``),
-    ``none`` (the manifest declares no verification: unverified), ``noReader`` (declared, but no
+    ``none`` (the manifest declares no verification: compensated with verification ``none``), ``noReader`` (declared, but no
     reader runner is configured: unverified) or ``unavailable`` (arguments cannot be resolved:
     the step fails). ``retries`` read-backs, ``backoff_ms`` doubling between them.
     """
@@ -74,16 +78,22 @@ class VerifyPlan:
 
 
 def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | None,
-                runner_names: set[str] | frozenset[str]) -> VerifyPlan:
+                runner_names: set[str] | frozenset[str], readers: Mapping[str, str] | None = None) -> VerifyPlan:
     """Decide how a step's undo is checked from its manifest snapshot (rule 5).
 
     ``args``/``result``: the original call's (after any resolution, rule 7); ``runner_names``:
-    runners the ToolManifest defines now. Never raises: missing pieces give ``none``,
+    runners the ToolManifest defines now; ``readers``: ``{read-back tool: runner}`` the
+    ToolManifest gives now. What is read and expected always comes from the snapshot; the reader
+    *runner* is the snapshot's when the manifest still defines it, else the one the manifest now
+    gives the same read-back tool (a reader configured since). Never raises: missing pieces give ``none``,
     ``noReader`` or ``unavailable``.
     """
     v = snapshot.verification if snapshot is not None else None
     if v is None:
         return VerifyPlan("none", detail="the manifest declares no verification for this tool")
+    later = (readers or {}).get(v.tool)
+    if (not v.runner or v.runner not in runner_names) and later and later in runner_names:
+        v = v.model_copy(update={"runner": later})
     if not v.runner or v.runner not in runner_names:
         what = f"runner {v.runner!r} is not defined in the ToolManifest" if v.runner else "no reader runner is configured"
         return VerifyPlan("noReader", tool=v.tool, detail=what)
@@ -98,8 +108,9 @@ def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | Non
 @dataclass(frozen=True)
 class StepRun:
     """One step's progress inside one request. ``attempts`` counts compensator runs (across
-    requests), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
-    waiting stage moves on; ``verification`` verified, unverified or verificationFailed."""
+    requests), ``first_attempt`` the first attempt this request ran (its ``retries`` budget starts
+    there), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
+    waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed."""
 
     step: int
     stage: Stage = "pending"
@@ -109,6 +120,12 @@ class StepRun:
     error: str | None = None
     verification: str | None = None
     reason: str | None = None
+    first_attempt: int | None = None
+
+    def attempts_here(self) -> int:
+        """Attempts made by this request (its ``retries`` budget counts these)."""
+        first = self.first_attempt if self.first_attempt is not None else 1
+        return max(self.attempts - first + 1, 0)
 
 
 @dataclass(frozen=True)
@@ -148,25 +165,29 @@ Effect = StartJob | Journal | Note
 @dataclass(frozen=True)
 class Policy:
     """The request's retry policy: ``retries`` attempts, backoff ``base_ms`` doubling to ``max_ms``;
-    ``check`` whether ``verifyCommand`` runs after each successful undo."""
+    ``check`` whether ``verifyCommand`` runs after each successful undo; ``require_verification``
+    whether an undo with no read-back declared counts as unverified (``spec.requireVerification``)."""
 
     retries: int
     base_ms: int
     max_ms: int
     check: bool = False
+    require_verification: bool = False
 
 
 def start(run: StepRun, journaled: StepUndo | None) -> tuple[StepRun, list[Effect]]:
     """Start a pending step (the scheduler chose it, rule 1).
 
     A step the run journaled ``compensating`` resumes at that attempt (its Job is adopted);
-    otherwise the next attempt after those journaled so far starts (rule 6: same key).
+    otherwise the next attempt after those journaled so far starts (rule 6: same key). The
+    request's ``retries`` budget counts from the attempt started here.
     """
     if journaled is not None and journaled.state == "compensating":
         attempt = max(journaled.attempts, 1)
     else:
         attempt = max(run.attempts, journaled.attempts if journaled else 0) + 1
-    new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None)
+    first = run.first_attempt if run.first_attempt is not None else attempt
+    new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None, first_attempt=first)
     return new, [Journal(run.step, "compensating", attempt),
                  StartJob(run.step, "compensator", attempt),
                  Note(run.step, "CompensationStarted", f"step {run.step}: compensation attempt {attempt} started")]
@@ -194,17 +215,18 @@ def advance(
             return run, []
         if job.state == "failed":
             error = job.message or "the compensator exited non-zero"
-            if run.attempts < policy.retries:
-                wait = delay_seconds(run.attempts, policy.base_ms, policy.max_ms, rng)
+            here = run.attempts_here()
+            if here < policy.retries:
+                wait = delay_seconds(here, policy.base_ms, policy.max_ms, rng)
                 return replace(run, stage="retrying", next_at=now + wait, error=error), [
                     Note(s, "CompensationRetrying",
-                         f"step {s}: attempt {run.attempts} of {policy.retries} failed: {error}; "
+                         f"step {s}: attempt {here} of {policy.retries} failed: {error}; "
                          f"retrying in {wait:.1f}s with the same idempotency key", warning=True)]
-            return _fail(run, f"compensation failed after {run.attempts} attempts: {error}", None,
+            return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}", None,
                          "CompensationFailed")
         if policy.check:
             return replace(run, stage="checking", reads=0, error=None), [StartJob(s, "check", run.attempts, 0)]
-        return _begin_verification(replace(run, error=None), verify)
+        return _begin_verification(replace(run, error=None), verify, policy)
     if run.stage == "retrying":
         if run.next_at is not None and now < run.next_at:
             return run, []
@@ -220,7 +242,7 @@ def advance(
         if job.state == "failed":
             return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
                          "verificationFailed", "VerificationFailed")
-        return _begin_verification(run, verify)
+        return _begin_verification(run, verify, policy)
     if run.stage == "verifying":
         job = observe("reader", run.attempts, run.reads)
         if job is None:
@@ -256,7 +278,7 @@ def give_up(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
     """End a step that waits for another attempt or read-back (e.g. the request's deadline
     passed): it fails with ``why`` and its last error; other stages are returned unchanged."""
     if run.stage == "retrying":
-        return _fail(run, f"compensation failed after {run.attempts} attempts: {why}; last error: {run.error}",
+        return _fail(run, f"compensation failed after {_attempts_text(run)}: {why}; last error: {run.error}",
                      None, "CompensationFailed")
     if run.stage == "rereading":
         return _fail(run, f"verification failed: {why}; last read: {run.error}", "verificationFailed",
@@ -264,13 +286,25 @@ def give_up(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
     return run, []
 
 
-def _begin_verification(run: StepRun, verify: VerifyPlan) -> tuple[StepRun, list[Effect]]:
+def _attempts_text(run: StepRun) -> str:
+    here = run.attempts_here()
+    text = f"{here} attempt{'s' if here != 1 else ''}"
+    if run.attempts != here:
+        text += f" in this request ({run.attempts} in all)"
+    return text
+
+
+def _begin_verification(run: StepRun, verify: VerifyPlan, policy: Policy) -> tuple[StepRun, list[Effect]]:
     s = run.step
     if verify.mode == "reader":
         return replace(run, stage="verifying", reads=1, next_at=None), [StartJob(s, "reader", run.attempts, 1)]
     if verify.mode == "unavailable":
         return _fail(run, verify.detail or UNAVAILABLE, "verificationFailed", "VerificationArgumentsUnavailable")
-    reason = "NoReader"
+    if verify.mode == "none" and not policy.require_verification:
+        done = replace(run, stage="compensated", verification="none", reason="NoReadBackDeclared", error=None)
+        return done, [Journal(s, "compensated", run.attempts, "none"),
+                      Note(s, "Compensated", f"step {s}: undone, no read-back declared")]
+    reason = "ReadBackRequired" if verify.mode == "none" else "NoReader"
     done = replace(run, stage="compensated", verification="unverified", reason=reason,
                    error=None)
     return done, [Journal(s, "compensated", run.attempts, "unverified"),

@@ -71,12 +71,18 @@ def build_plan(
     *,
     run_id: str,
     graph: Graph | None = None,
+    runner_names: Iterable[str] | None = None,
+    readers: Mapping[str, str] | None = None,
 ) -> Plan:
     """Plan the rollback of a run (DESIGN §4 rule 2).
 
     ``run_spec``: the Run's spec; ``undo_state``: its ``status.undo`` (or ``RunStatus``, or a
     ``{step: StepUndo}`` mapping); ``run_id``: the Run's ``metadata.uid`` (compensation keys are
-    derived from it); ``graph``: a prebuilt :func:`build_graph` of the same spec (optional).
+    derived from it); ``graph``: a prebuilt :func:`build_graph` of the same spec (optional);
+    ``runner_names``: the runners the ToolManifest defines now, when known: a compensate action
+    is ``verified`` only when its reader runner is among them (``None``: only that one is named),
+    or when ``readers`` (``{read-back tool: runner}`` that the ToolManifest gives now, each among
+    ``runner_names``) has a runner for its read-back tool.
 
     Returns a :class:`~reversi.models.Plan` with one action per step, in step order
     (``plan.actions[i].step == i``). Raises :class:`~reversi.engine.graph.InvalidRun` for broken
@@ -85,8 +91,10 @@ def build_plan(
     graph = graph if graph is not None else build_graph(run_spec)
     undo = undo_by_step(undo_state)
     resolutions = {res.step: res for res in run_spec.resolutions}
+    runners = frozenset(runner_names) if runner_names is not None else None
     actions: list[PlanAction] = [
-        _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id)
+        _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id,
+                     runners, readers or {})
         for step in run_spec.steps
     ]
     # newest first: a compensate step with a blocking dependent is deferred (rule 1)
@@ -128,7 +136,9 @@ def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
 
 
 def _base_action(
-    step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str
+    step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str,
+    runners: frozenset[str] | None = None,
+    readers: Mapping[str, str] | None = None,
 ) -> PlanAction:
     outcome, result = effective_outcome(step, resolution)
     settled = ""
@@ -182,11 +192,17 @@ def _base_action(
             residue=list(compensation.residue),
         )
     verification = snapshot.verification
-    verified = verification is not None and verification.runner is not None
+    verified = verification is not None and (
+        (verification.runner is not None and (runners is None or verification.runner in runners))
+        or verification.tool in (readers or {}))
     if verification is None:
-        check = "no verification declared: the undo will be unverified"
+        check = "no read-back declared: the undo will not be checked (verification none)"
+    elif verified:
+        check = f"checked with {verification.tool}"
     elif verification.runner is None:
         check = "no reader runner configured: the undo will be unverified"
+    elif not verified:
+        check = f"reader runner {verification.runner!r} is not defined in the ToolManifest: the undo will be unverified"
     else:
         check = f"checked with {verification.tool}"
     retry = ""

@@ -14,8 +14,12 @@ unresolved      ``unresolved``
 unmanifested    ``unmanifested``
 defer           ``deferred`` ``{step, blockedBy}``
 compensate      by outcome state: ``compensated`` + verification ``verified`` -> ``compensated``;
+                ``compensated`` + verification ``none`` (no read-back declared) -> ``compensated``
+                and also listed in ``noReadBack`` ("undone, no read-back declared"), or
+                ``unverified`` when the request sets ``requireVerification``;
                 ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
-                ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval``;
+                ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval`` (a denied
+                step too, with ``denied by <actor>: <note>`` in ``denied``);
                 ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
 ============== ===========================================================================
 
@@ -37,6 +41,7 @@ from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLV
 from .schedule import AWAITING_APPROVAL, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
 
 VERIFIED = "verified"
+NO_READ_BACK = "none"
 UNVERIFIED = "unverified"
 VERIFICATION_FAILED = "verificationFailed"
 
@@ -57,8 +62,8 @@ class StepOutcome:
     """What happened to one step in a rollback.
 
     ``state``: pending, running, compensated, failed, awaitingApproval or deferred (see
-    ``schedule``); ``verification``: verified, unverified, verificationFailed or ``None`` (=
-    not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
+    ``schedule``); ``verification``: verified, none (no read-back declared), unverified,
+    verificationFailed or ``None`` (= not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
     """
 
     state: str
@@ -85,9 +90,13 @@ def _from_undo(entry: StepUndo) -> StepOutcome:
     return StepOutcome(RUNNING)
 
 
-def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None) -> Report:
+def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,
+                 require_verification: bool = False) -> Report:
     """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
     string is accepted for outcomes without detail). O(n).
+
+    ``require_verification`` (the request's ``spec.requireVerification``): an undo with no
+    read-back declared is ``unverified`` instead of compensated.
 
     ``plan`` is the full plan of ``build_plan`` (a ``compact_plan`` would drop steps: refused).
     See the module docstring for the buckets. Raises ``ValueError`` for an unknown state.
@@ -103,13 +112,18 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     unmanifested: list[int] = []
     deferred: list[StepBlocked] = []
     awaiting: list[int] = []
+    denied: list[StepReason] = []
     unverified: list[int] = []
+    no_read_back: list[int] = []
     pending: list[int] = []
     residue: list[StepResidue] = []
 
     def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
         if outcome.verification == VERIFIED:
             compensated.append(step)
+        elif outcome.verification == NO_READ_BACK and not require_verification:
+            compensated.append(step)
+            no_read_back.append(step)
         elif outcome.verification == VERIFICATION_FAILED:
             failed.append(StepError(step=step, error=outcome.error or "verification failed"))
             return
@@ -145,6 +159,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
                 failed.append(StepError(step=step, error=(outcome.error if outcome else None) or "compensation failed"))
             elif state == AWAITING_APPROVAL:
                 awaiting.append(step)
+                if outcome is not None and outcome.error:  # denied: still not undone, and why
+                    denied.append(StepReason(step=step, reason=outcome.error))
             elif state == DEFERRED:
                 deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
             elif state in (PENDING, RUNNING):
@@ -163,7 +179,9 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         unmanifested=unmanifested,
         deferred=deferred,
         awaiting_approval=awaiting,
+        denied=denied,
         unverified=unverified,
+        no_read_back=no_read_back,
         pending=pending,
         residue=residue,
         complete=False,
@@ -183,6 +201,7 @@ def report_message(report: Report) -> str:
             parts.append(f"{len(steps)} {name} ({shown}{detail})")
 
     add("compensated", report.compensated)
+    add("with no read-back declared", report.no_read_back)
     add("unverified", report.unverified)
     add("failed", [f.step for f in report.failed])
     add("unrecoverable", [u.step for u in report.unrecoverable])

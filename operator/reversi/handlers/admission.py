@@ -572,6 +572,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
         patch.spec["approvedBy"] = None  # only the server says who approved
     now = _now()
     old = {a.get("step"): a for a in old_spec.get("approvals") or [] if isinstance(a, dict)}
+    old_denials = {d.get("step"): d for d in old_spec.get("denials") or [] if isinstance(d, dict)}
 
     def stamp(raw: dict) -> None:
         for approval in (raw.get("spec") or {}).get("approvals") or []:
@@ -582,6 +583,14 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
             else:
                 approval["approver"] = user
                 approval["approvedAt"] = now
+        for denial in (raw.get("spec") or {}).get("denials") or []:
+            if not isinstance(denial, dict):
+                continue
+            if denial.get("step") in old_denials:
+                _carry(old_denials[denial["step"]], denial, ("actor", "deniedAt"))
+            else:
+                denial["actor"] = user
+                denial["deniedAt"] = now
 
     patch.fns.append(stamp)
 
@@ -593,6 +602,22 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
     what = f"RollbackRequest {namespace}/{name}"
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})
+    denied = rules.new_denials((old or {}).get("spec"), body.get("spec") or {})
+    if not steps and not all_now and not denied:
+        return
+    if denied:
+        run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
+        if run is not None:
+            run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
+            indices = ix.capture(kwargs) or runtime.state().indices
+            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, denied)
+            refusal = rules.check_approvals(recorded, denied)
+            if refusal is not None:
+                raise kopf.AdmissionError(f"{what}: {refusal.message.replace('approval of', 'denial of')}", code=422)
+        if not _may_approve(userinfo, namespace, name):
+            raise kopf.AdmissionError(
+                f"{_user(userinfo)} may not deny step(s) {denied} of {what}: denying needs the RBAC verb \"approve\" "
+                f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
     if not steps and not all_now:
         return
     if steps:

@@ -178,11 +178,9 @@ class Reconciler:
         run_uid = run_obj["metadata"]["uid"]
         mine = {u.step: u for u in undo_all if u.request == name}
         prior = [u for u in undo_all if u.request != name]
-        try:
-            graph = build_graph(run_spec)
-            plan = build_plan(run_spec, prior, run_id=run_uid, graph=graph)
-        except InvalidRun as err:
-            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
+        # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
+        planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
+                         if u.verified_by == name else u for u in prior]
         indices = runtime.state().indices if runtime.initialised() else None
         if indices is not None and (ns, run_spec.manifest_ref.name) in indices.manifests:
             manifest = ix.manifest(indices, ns, run_spec.manifest_ref.name)
@@ -191,6 +189,13 @@ class Reconciler:
                               "fix it (kubectl apply shows what is wrong)")
         else:
             manifest = self._manifest(ref, ns, run_spec.manifest_ref.name)
+        try:
+            graph = build_graph(run_spec)
+            plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
+                              runner_names=[r.name for r in manifest.runners] if manifest else [],
+                              readers=current_readers(manifest))  # the plan's verified: a reader exists now
+        except InvalidRun as err:
+            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
         now = time.time()
         status.setdefault("startTime", st.iso(now))
@@ -221,6 +226,7 @@ class Reconciler:
                           "cannot change), then create a new RollbackRequest")
         runners = {r.name: r for r in manifest.runners} if manifest else {}
         runner_names = set(runners)
+        readers_now = current_readers(manifest)
         missing = sorted(needed_runners - runner_names)
         if missing:
             raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
@@ -246,6 +252,7 @@ class Reconciler:
         old_entries = {e["step"]: e for e in status.get("steps") or []}
         approved = {a.step: (a.approver or "an unknown approver") for a in spec.approvals}
         approved_all_by = (spec.approved_by or "an unknown approver") if spec.approve_compensations else None
+        denied = {d.step: f"denied by {d.actor or 'an unknown user'}: {d.note}" for d in spec.denials}
         steps_by_index = {s.index: s for s in run_spec.steps}
         resolutions = {r.step: r for r in run_spec.resolutions}
         runs: dict[int, ex.StepRun] = {}
@@ -255,11 +262,45 @@ class Reconciler:
             step = steps_by_index[s]
             res = resolutions.get(s)
             args, result = step.args, (res.result if res and res.result is not None else step.result)
-            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names)
-            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by)
+            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names,
+                                             readers_now)
+            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by, denied)
+
+        # re-verify (rule 5): an undo left unverified by an earlier request, whose declared reader can run now
+        reverify: dict[int, ex.StepRun] = {}
+        for u in prior:
+            if u.verified_by == name:  # read back by this request in an earlier pass: keep showing it
+                done_step = steps_by_index.get(u.step)
+                done_snap = run_spec.snapshot_of(done_step) if done_step is not None else None
+                verify_plans[u.step] = ex.VerifyPlan("reader", tool=done_snap.verification.tool
+                                                     if done_snap is not None and done_snap.verification else None)
+                reverify[u.step] = ex.StepRun(u.step, stage="compensated" if u.state == "compensated" else "failed",
+                                              attempts=u.attempts, reads=(old_entries.get(u.step) or {}).get("reads", 1),
+                                              verification=u.verification, error=u.last_error)
+                continue
+            if u.state != "compensated" or u.verification != "unverified" or u.verified_by is not None:
+                continue
+            step = steps_by_index.get(u.step)
+            snapshot = run_spec.snapshot_of(step) if step is not None else None
+            if snapshot is None or snapshot.verification is None:
+                continue
+            res = resolutions.get(u.step)
+            vp = ex.verify_plan(snapshot, step.args, res.result if res and res.result is not None else step.result,
+                                runner_names, readers_now)
+            if vp.mode != "reader":
+                continue
+            verify_plans[u.step] = vp
+            entry = old_entries.get(u.step) or {}
+            if entry.get("stage") in ("verifying", "rereading"):
+                reverify[u.step] = ex.StepRun(u.step, stage=entry["stage"], attempts=u.attempts,
+                                              reads=entry.get("reads", 1), next_at=_epoch(entry.get("nextAttemptAt")),
+                                              error=entry.get("lastError"))
+            else:
+                reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
 
         deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
-        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command))
+        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
+                           require_verification=spec.require_verification)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
 
@@ -286,6 +327,14 @@ class Reconciler:
                 runs[s] = new
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
+        for s, run in list(reverify.items()):
+            if deadline_passed and run.stage == "rereading":
+                new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
+            else:
+                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now,
+                                      memory.rng)
+            reverify[s] = new
+            effects += eff
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
         if not deadline_passed:
             journaled = undo_by_step(undo_all)
@@ -297,7 +346,8 @@ class Reconciler:
                 effects += eff
 
         # ---- act: journal first, then Jobs, then Events (rule 3) ----
-        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory)
+        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory,
+                      reverified={u.step: u for u in prior if u.step in reverify})
         for e in effects:
             if isinstance(e, ex.StartJob):
                 try:
@@ -314,16 +364,19 @@ class Reconciler:
                 self.kube.event(req, e.reason, e.message, e.warning)
 
         # ---- report ----
-        running = any(r.stage in ex.ACTIVE_STAGES for r in runs.values())
-        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval")
+        running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
+        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
         finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
         deferred = deferred_steps(plan, graph, progress)
-        outcomes = self._outcomes(plan, runs, deferred, prior, finished)
-        report = build_report(plan, outcomes)
+        outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
+        report = build_report(plan, outcomes, require_verification=spec.require_verification)
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
         status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
                                           old_entries, verify_tools, limit, mlimit)
+        if reverify:
+            status["steps"] = sorted(status["steps"] + st.reverify_entries(plan, reverify, verify_tools, gen, old_entries,
+                                                                           mlimit), key=lambda e: e["step"])
         status["progress"] = progress_text(plan, progress)
         status["report"] = st.report_status(report, mlimit)
         verdict = report_message(report)
@@ -389,19 +442,21 @@ class Reconciler:
                 self.metrics.observe_verification(ns, tool, now - started)
 
     def _step_run(self, action, entry: dict | None, journaled: StepUndo | None,
-                  approved: dict[int, str], approved_all_by: str | None) -> ex.StepRun:
+                  approved: dict[int, str], approved_all_by: str | None,
+                  denied: dict[int, str] | None = None) -> ex.StepRun:
         """Rebuild a step's progress from status (in-flight detail) and the Run's journal."""
         s = action.step
         if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
             run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
-                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"))
+                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
+                             first_attempt=entry.get("firstAttempt"))
         else:
             run = ex.StepRun(s)
         if journaled is not None:
             # the journal outranks the request's status: it is written first (rule 3)
             if journaled.state == "compensated":
                 return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
-                               error=None, reason="Verified" if journaled.verification == "verified" else "NoReader")
+                               error=None, reason=_verification_reason(journaled.verification))
             if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
                 return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
                                error=journaled.last_error)
@@ -411,21 +466,28 @@ class Reconciler:
         if run.stage in ("pending", "awaitingApproval"):
             needs = action.needs_approval and s not in approved and approved_all_by is None
             run = replace(run, stage="awaitingApproval" if needs else "pending")
+            if denied and s in denied:  # a denial of a step not started: it is not undone, for good
+                run = replace(run, stage="awaitingApproval", reason=c.DENIED, error=denied[s])
         return run
 
     def _outcomes(self, plan, runs: dict[int, ex.StepRun], deferred: dict[int, list[int]], prior: list[StepUndo],
-                  finished: bool) -> dict[int, StepOutcome]:
+                  finished: bool, reverify: dict[int, ex.StepRun] | None = None) -> dict[int, StepOutcome]:
         out: dict[int, StepOutcome] = {}
         for u in prior:  # settled by earlier requests (rule 6): reported, never redone
             if u.state == "compensated":
                 out[u.step] = StepOutcome("compensated", verification=u.verification)
+            elif u.state == "compensationFailed" and u.verification == "verificationFailed" and u.verified_by:
+                out[u.step] = StepOutcome("compensated", verification=u.verification, error=u.last_error)
+        for s, r in (reverify or {}).items():  # read back in this pass (the journal just written)
+            if r.stage in ("compensated", "failed"):
+                out[s] = StepOutcome("compensated", verification=r.verification, error=r.error)
         for s, r in runs.items():
             if r.stage == "compensated":
                 out[s] = StepOutcome("compensated", verification=r.verification)
             elif r.stage == "failed":
                 out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
             elif r.stage == "awaitingApproval":
-                out[s] = StepOutcome("awaitingApproval")
+                out[s] = StepOutcome("awaitingApproval", error=r.error if r.reason == c.DENIED else None)
             elif finished and s in deferred:
                 out[s] = StepOutcome("deferred", blocked_by=tuple(deferred[s]))
             elif r.stage in ex.ACTIVE_STAGES:
@@ -480,15 +542,24 @@ class Reconciler:
             self._release(ns, run_name, name, complete)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
-                 memory: "Memory | None" = None) -> None:
+                 memory: "Memory | None" = None, reverified: dict[int, StepUndo] | None = None) -> None:
         """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
         for j in entries:
             action = plan.actions[j.step]
-            value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
-                             idempotency_key=action.idempotency_key, last_error=st.cut(j.error, self.settings.message_limit),
-                             verification=j.verification, request=request, updated_at=st.iso(time.time()))
+            earlier = (reverified or {}).get(j.step)
+            if earlier is not None:  # a re-verify: the undo stays the earlier request's; the check is this one's
+                at = st.iso(time.time())
+                value = StepUndo(step=j.step, state=j.state, attempts=earlier.attempts,
+                                 idempotency_key=earlier.idempotency_key, verification=j.verification,
+                                 last_error=st.cut(j.error, self.settings.message_limit), request=earlier.request,
+                                 updated_at=at, verified_by=request, verified_at=at)
+            else:
+                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
+                                 idempotency_key=action.idempotency_key,
+                                 last_error=st.cut(j.error, self.settings.message_limit),
+                                 verification=j.verification, request=request, updated_at=st.iso(time.time()))
             try:
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
@@ -607,6 +678,20 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:
+    """``{read-back tool: runner}`` the ToolManifest gives now (runners it defines)."""
+    if manifest is None:
+        return {}
+    names = {r.name for r in manifest.runners}
+    return {t.verification.tool: t.verification.runner for t in manifest.tools
+            if t.verification is not None and t.verification.runner in names}
+
+
+def _verification_reason(verification: str | None) -> str:
+    """The Verified condition reason of a journaled verification."""
+    return {"verified": c.VERIFIED, "none": c.NO_READ_BACK_DECLARED}.get(verification or "", c.NO_READER)
 
 
 def _epoch(ts: str | None) -> float | None:

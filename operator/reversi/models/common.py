@@ -62,7 +62,8 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #: reconcile against older CRDs: the API server would prune the status fields it writes.
 #: 1: before the annotation existed. 2: Ready/Reconciling/Stalled, status defaults (kstatus).
 #: 3: the sliced journal (RunSteps; Run.status.movedSteps; object names in references are DNS names),
-#:    closed runs (Run.status.closedBy, RollbackRequest.status.runSteps), Run.spec.recovery.
+#:    closed runs (Run.status.closedBy, RollbackRequest.status.runSteps), Run.spec.recovery, denials,
+#:    requireVerification, per-request attempts and re-verify fields.
 SCHEMA_VERSION = 3
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 

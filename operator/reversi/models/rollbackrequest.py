@@ -65,6 +65,30 @@ class Approval(ReversiModel):
     approved_at: datetime | None = Field(default=None, description="When it was approved.")
 
 
+class Denial(ReversiModel):
+    """Denial of one step's compensation that awaits approval (RBAC verb approve): the step is not
+    undone, the report lists it under awaitingApproval with ``denied by <actor>: <note>``, and the
+    request finishes."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.actor) || (has(self.actor) && self.actor == oldSelf.actor)",
+                    "a denial's actor cannot change",
+                )
+            ]
+        }
+    )
+
+    step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step whose compensation is denied.")
+    note: str = Field(min_length=1, max_length=1024, description="Why it is denied, for the record.")
+    actor: str | None = Field(
+        default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated user)."
+    )
+    denied_at: datetime | None = Field(default=None, description="When it was denied (stamped at admission).")
+
+
 class RollbackRequestSpec(ReversiModel):
     """Which run to undo and how: dry run, approvals, retries, backoff, parallelism, deadline."""
 
@@ -98,6 +122,13 @@ class RollbackRequestSpec(ReversiModel):
         description="Per-step approvals, keyed by step (RBAC verb approve).",
         json_schema_extra=list_map("step"),
     )
+    denials: list[Denial] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="Per-step denials of compensations that await approval, keyed by step (RBAC verb approve): "
+        "the step is not undone and the request finishes.",
+        json_schema_extra=list_map("step"),
+    )
     approved_by: str | None = Field(
         default=None,
         max_length=MAX_NAME * 2,
@@ -111,6 +142,10 @@ class RollbackRequestSpec(ReversiModel):
         min_length=1,
         max_length=64,
         description="Optional extra check run after each successful undo (in the compensation's runner).",
+    )
+    require_verification: bool = Field(
+        default=False,
+        description="Count an undo whose tool declares no read-back as unverified (incomplete) instead of compensated.",
     )
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
@@ -188,7 +223,11 @@ class StepStatus(StatusModel):
         description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
         "verifying, rereading, compensated, failed or deferred.",
     )
-    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far.")
+    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
+    first_attempt: int | None = Field(
+        default=None, ge=1,
+        description="The first attempt this request ran: its retries budget counts from there (retries are per request).",
+    )
     reads: int = Field(default=0, ge=0, description="Read-backs of the current attempt so far (verification).")
     idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
@@ -233,7 +272,10 @@ class StepResidue(StatusModel):
 class Report(StatusModel):
     """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
 
-    compensated: list[int] = Field(default_factory=list, description="Undone and checked by a reader.")
+    compensated: list[int] = Field(
+        default_factory=list,
+        description="Undone: checked by a reader, or with no read-back declared (those are also in noReadBack).",
+    )
     skipped: list[int] = Field(
         default_factory=list, description="Needed no undo: read or idempotent, outcome failed, or already compensated."
     )
@@ -244,9 +286,20 @@ class Report(StatusModel):
     unresolved: list[int] = Field(default_factory=list, description="Outcome intended or uncertain: settle with a resolution.")
     unmanifested: list[int] = Field(default_factory=list, description="No manifest entry (observe mode).")
     deferred: list[StepBlocked] = Field(default_factory=list, description="Not undone because dependents still stand.")
-    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval.")
+    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval, or denied (see denied).")
+    denied: list[StepReason] = Field(
+        default_factory=list,
+        description="Steps of awaitingApproval whose compensation was denied: denied by <actor>: <note>. Not a bucket of its own.",
+    )
     unverified: list[int] = Field(
-        default_factory=list, description="Undone but not checked (no reader): not in compensated."
+        default_factory=list,
+        description="Undone but not checked: a declared read-back could not run (no reader runner), or none is "
+        "declared and the request sets requireVerification. Not in compensated.",
+    )
+    no_read_back: list[int] = Field(
+        default_factory=list,
+        description="Compensated steps whose tool declares no read-back (verification none): undone, not checked. "
+        "Also in compensated; not a bucket of its own.",
     )
     pending: list[int] = Field(
         default_factory=list, description="Not settled yet (compensation pending or running), e.g. at a deadline."

@@ -52,7 +52,7 @@ Outcome = Literal["intended", "succeeded", "failed", "uncertain"]
 Mode = Literal["enforce", "observe"]
 Recovery = Literal["required", "bestEffort"]
 UndoState = Literal["compensating", "compensated", "compensationFailed"]
-VerificationState = Literal["verified", "unverified", "verificationFailed"]
+VerificationState = Literal["verified", "none", "unverified", "verificationFailed"]
 
 STANDING_OUTCOMES = frozenset({"succeeded", "intended", "uncertain"})
 UNKNOWN_OUTCOMES = frozenset({"intended", "uncertain"})
@@ -312,10 +312,17 @@ class StepUndo(StatusModel):
     )
     last_error: str | None = Field(default=None, description="Error of the last failed attempt.")
     verification: VerificationState | None = Field(
-        default=None, description="verified, unverified (no check ran) or verificationFailed."
+        default=None,
+        description="verified, none (no read-back declared: compensated, complete), unverified (a declared read-back did not run) or verificationFailed.",
     )
     request: str | None = Field(default=None, description="RollbackRequest that last worked on the step.")
     updated_at: datetime | None = Field(default=None, description="When this entry last changed.")
+    verified_by: str | None = Field(
+        default=None,
+        description="A later RollbackRequest that ran the declared read-back of this unverified undo "
+        "(re-verify: no compensator ran again); the result is in verification.",
+    )
+    verified_at: datetime | None = Field(default=None, description="When that read-back gave its result.")
 
 
 class RunStatus(StatusModel):
