@@ -184,15 +184,17 @@ def test_rule9_rollback_finishes_while_a_total_halt_is_active(rv, admin_api):
     _cluster_halt(admin_api, name, "total stop")
     try:
         rv.request("undo", "r")
-        # at that moment the halt is in force: a new step of the same run is refused before the call
-        rec = Recorder.attach(rv.ns, "r", api=admin_api)
+        # at that moment the halt is in force: a new step of another run is refused before the call
+        # (a new step of the run being rolled back is refused anyway: the rollback closed it)
+        rec = Recorder.open(rv.ns, "r2", manifest="payments", api=admin_api, scope={"actor": "test-agent"})
         called = []
         with pytest.raises(Halted, match="kill switch: total stop"):
             rec.call("payments.create_charge", {"order_id": "o-total-2", "amount": 700, "customer": "cus_9"},
                      lambda a: called.append(rv.charge(a["order_id"])))
         assert not called and not [ch for ch in rv.downstream.state()["charges"].values()
                                    if ch["order_id"] == "o-total-2"], "the downstream never saw the call"
-        assert [s["spec"]["index"] for s in rv.steps("r")] == [0], "the refused step was not recorded"
+        assert rv.steps("r2") == [] and [s["spec"]["index"] for s in rv.steps("r")] == [0], \
+            "the refused step was not recorded"
         req = rv.wait_phase("undo", "Succeeded", "Incomplete")
         assert req["status"]["phase"] == "Succeeded"
         assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
