@@ -205,3 +205,16 @@ def test_rule8_a_denied_step_stays_in_awaiting_approval_and_says_why():
     report = build_report(plan, {0: StepOutcome(AWAITING_APPROVAL, error="denied by ana: keep it")})
     assert report.awaiting_approval == [0] and report.complete is False
     assert [(d.step, d.reason) for d in report.denied] == [(0, "denied by ana: keep it")]
+
+
+def test_the_summary_names_a_denied_step_denied_not_awaiting():
+    """A denied compensation stays in the awaitingApproval bucket (the contract), but the one-line
+    summary says what happened to it: a person said no, nothing waits any more."""
+    from reversi.models.rollbackrequest import Report, StepReason
+
+    report = Report.model_construct(
+        compensated=[0], skipped=[], failed=[], unrecoverable=[], unresolved=[], unmanifested=[], deferred=[],
+        awaiting_approval=[3, 4], unverified=[], pending=[], no_read_back=[],
+        denied=[StepReason.model_construct(step=3, reason="denied by oncall: keep it")], residue=[], complete=False)
+    text = report_message(report)
+    assert "1 awaiting approval (4)" in text and "1 denied (3)" in text

@@ -212,7 +212,9 @@ def report_message(report: Report) -> str:
             f"{d.step} blocked by {', '.join(str(b) for b in d.blocked_by) or 'a dependent'}" for d in report.deferred[:10]
         )
         parts.append(f"{len(report.deferred)} deferred ({shown}{', ...' if len(report.deferred) > 10 else ''})")
-    add("awaiting approval", report.awaiting_approval)
+    denied = {d.step for d in report.denied}
+    add("awaiting approval", [s for s in report.awaiting_approval if s not in denied])
+    add("denied", [s for s in report.awaiting_approval if s in denied])  # not undone: a person said no
     add("pending", report.pending)
     if report.skipped:
         parts.append(f"{len(report.skipped)} skipped")
