@@ -487,12 +487,7 @@ def deny(request: str, steps: tuple[int, ...], note: str) -> int:
             new = [s for s in dict.fromkeys(steps) if s not in have]
             if not new:
                 return None
-            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                "value": req["metadata"]["resourceVersion"]}]
-            if (req.get("spec") or {}).get("denials") is None:
-                ops.append({"op": "add", "path": "/spec/denials", "value": [{"step": s, "note": note} for s in new]})
-            else:
-                ops += [{"op": "add", "path": "/spec/denials/-", "value": {"step": s, "note": note}} for s in new]
+            ops = append_to_spec_list(req, "denials", [{"step": s, "note": note} for s in new])
             return c.patch("rollbackrequests", request, ops, json_patch=True)
 
         updated = retry_conflicts(attempt, f"denying in {where}")
@@ -508,6 +503,15 @@ def deny(request: str, steps: tuple[int, ...], note: str) -> int:
     for s in dict.fromkeys(steps):
         out(f"{where}: step {s} denied{f' by {by[s]}' if by.get(s) else ''}: it will not be undone.")
     return 0
+
+
+def append_to_spec_list(obj: dict, field: str, entries: list[dict]) -> list[dict]:
+    """A JSON patch that appends ``entries`` to ``spec.<field>`` of ``obj`` (creating the list when
+    absent), guarded by a ``test`` of the resourceVersion read: a lost race is a 409, retried."""
+    ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]}]
+    if (obj.get("spec") or {}).get(field) is None:
+        return ops + [{"op": "add", "path": f"/spec/{field}", "value": entries}]
+    return ops + [{"op": "add", "path": f"/spec/{field}/-", "value": entry} for entry in entries]
 
 
 @cli.command(help="Approve compensations of a RollbackRequest: --step N (repeatable) or --all.")
@@ -539,12 +543,7 @@ def approve(request: str, steps: tuple[int, ...], approve_all: bool) -> int:
             new = [s for s in dict.fromkeys(steps) if s not in have]
             if not new:
                 return None
-            ops: list[dict] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                "value": req["metadata"]["resourceVersion"]}]
-            if (req.get("spec") or {}).get("approvals") is None:
-                ops.append({"op": "add", "path": "/spec/approvals", "value": [{"step": s} for s in new]})
-            else:
-                ops += [{"op": "add", "path": "/spec/approvals/-", "value": {"step": s}} for s in new]
+            ops = append_to_spec_list(req, "approvals", [{"step": s} for s in new])
             return c.patch("rollbackrequests", request, ops, json_patch=True)
 
         updated = retry_conflicts(attempt, f"approving {where}")

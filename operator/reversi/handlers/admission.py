@@ -605,34 +605,27 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
     denied = rules.new_denials((old or {}).get("spec"), body.get("spec") or {})
     if not steps and not all_now and not denied:
         return
-    if denied:
+    named = [*steps, *denied]
+    if named:  # one Run read: approvals and denials must name steps whose compensation asks for approval
         run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
         if run is not None:
             run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
             indices = ix.capture(kwargs) or runtime.state().indices
-            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, denied)
-            refusal = rules.check_approvals(recorded, denied)
-            if refusal is not None:
-                raise kopf.AdmissionError(f"{what}: {refusal.message.replace('approval of', 'denial of')}", code=422)
-        if not _may_approve(userinfo, namespace, name):
-            raise kopf.AdmissionError(
-                f"{_user(userinfo)} may not deny step(s) {denied} of {what}: denying needs the RBAC verb \"approve\" "
-                f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
-    if not steps and not all_now:
-        return
-    if steps:
-        run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
-        if run is not None:
-            run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
-            indices = ix.capture(kwargs) or runtime.state().indices
-            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, steps)
-            refusal = rules.check_approvals(recorded, steps)
-            if refusal is not None:
-                raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
-    if not _may_approve(userinfo, namespace, name):
-        which = "all compensations (approveCompensations)" if all_now else f"step(s) {steps}"
+            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, named)
+            for group, word in ((steps, "approval"), (denied, "denial")):
+                refusal = rules.check_approvals(recorded, group) if group else None
+                if refusal is not None:
+                    raise kopf.AdmissionError(f"{what}: {refusal.message.replace('approval of', f'{word} of')}",
+                                              code=422)
+    if not _may_approve(userinfo, namespace, name):  # one SubjectAccessReview for both
+        parts = (["all compensations (approveCompensations)"] if all_now else []) + \
+                ([f"step(s) {steps}"] if steps else [])
+        doing = " and ".join(x for x in (f"approve {' and '.join(parts)}" if parts else "",
+                                          f"deny step(s) {denied}" if denied else "") if x)
+        needs = {(True, False): "approving needs", (False, True): "denying needs"}.get(
+            (bool(parts), bool(denied)), "approving and denying need")
         raise kopf.AdmissionError(
-            f"{_user(userinfo)} may not approve {which} of {what}: approving needs the RBAC verb \"approve\" "
+            f"{_user(userinfo)} may not {doing} of {what}: {needs} the RBAC verb \"approve\" "
             f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
 
 
