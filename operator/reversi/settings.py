@@ -52,6 +52,11 @@ class OperatorSettings(BaseSettings):
     run_settle_seconds: float = Field(
         2.0, ge=0, le=60, description="A request that waited for its Run plans this long after the Run's creation, "
         "so the steps created with the Run (one GitOps apply) are in.")
+    journal_idle_seconds: float = Field(
+        120.0, gt=0, description="A run's RunSteps are watched while requests read them; the watch stops after this "
+                                 "many seconds unread.")
+    journal_sync_seconds: float = Field(
+        30.0, gt=0, description="How long a pass waits for a run's RunSteps to be listed before it tries again.")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

@@ -80,8 +80,16 @@ def entry_of(obj: dict[str, Any]) -> Entry:
 
 def list_objects(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[dict[str, Any]]:
     """Every RunStep of ``run`` (dicts), paged; ordered by index."""
+    return list_objects_and_version(custom, namespace, run)[0]
+
+
+def list_objects_and_version(custom: client.CustomObjectsApi, namespace: str,
+                             run: str) -> tuple[list[dict[str, Any]], str]:
+    """Every RunStep of ``run`` (dicts, paged, ordered by index) and the LIST's resourceVersion
+    (a WATCH from it sees every later change)."""
     items: list[dict[str, Any]] = []
     token: str | None = None
+    version = ""
     while True:
         kwargs: dict[str, Any] = {"label_selector": f"{LABEL_RUN}={run}", "limit": PAGE,
                                   "_request_timeout": TIMEOUT, "_preload_content": False}
@@ -90,11 +98,13 @@ def list_objects(custom: client.CustomObjectsApi, namespace: str, run: str) -> l
         resp = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, STEPS, **kwargs)
         page = json.loads(resp.data)
         items.extend(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue")
+        meta = page.get("metadata") or {}
+        version = version or meta.get("resourceVersion") or ""  # a paged LIST is one snapshot: the first page's
+        token = meta.get("continue")
         if not token:
             break
     items.sort(key=lambda o: (o.get("spec") or {}).get("index", -1))
-    return items
+    return items, version
 
 
 def list_entries(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[Entry]:

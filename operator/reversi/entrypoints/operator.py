@@ -153,7 +153,10 @@ def rollbacks_probe(**_: Any) -> int:
 def cleanup(**_: Any) -> None:
     _stop.set()
     try:
-        runtime.state().workers.stop_all()
+        state = runtime.state()
+        state.workers.stop_all()
+        if state.journals is not None:
+            state.journals.stop_all()
     except RuntimeError:
         pass
 

@@ -610,8 +610,8 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
         run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
         if run is not None:
             run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
-            indices = ix.capture(kwargs) or runtime.state().indices
-            recorded = _approved_steps(indices, namespace, spec.run_ref.name, run_spec, named)
+            ix.capture(kwargs)
+            recorded = _approved_steps(namespace, spec.run_ref.name, run_spec, named)
             for group, word in ((steps, "approval"), (denied, "denial")):
                 refusal = rules.check_approvals(recorded, group) if group else None
                 if refusal is not None:
@@ -629,9 +629,9 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
             f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
 
 
-def _approved_steps(indices: Any, namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
+def _approved_steps(namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
     """The run's journal with just the approved ``steps`` (their RunSteps, or inline steps of 0.1)."""
-    entries = [ix.step_entry(indices, namespace, run, i) for i in steps
+    entries = [ix.step_entry(namespace, run, i) for i in steps
                if isinstance(i, int) and 0 <= i < MAX_RUN_STEPS]
     return assemble(run_spec, [e for e in entries if e is not None]).spec
 

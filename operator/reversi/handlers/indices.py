@@ -1,21 +1,18 @@
-"""kopf indices: the operator's in-memory view of RunSteps, Runs and ToolManifests.
+"""The operator's in-memory view of ToolManifests (a kopf index) and of run journals.
 
-One watch per kind feeds each index (kopf fills them before any handler runs), so a reconcile
-pass or an admission review reads a run's steps, its Run and its manifest from memory instead of
-a LIST or GET per pass. An index lags the API by the watch's delay: where that matters (a step
-just created, a Run just opened) the lookups fall back to one GET on a miss.
+One watch of ToolManifests feeds ``manifest_specs`` (kopf fills it before any handler runs), so a
+reconcile pass or an admission review reads a manifest from memory instead of a GET per pass;
+a miss falls back to one GET. kopf passes the index to every handler as the keyword argument
+``manifest_specs``: ``(namespace, name)`` -> :class:`~reversi.models.toolmanifest.ToolManifestSpec`
+(``None`` when invalid).
 
-Indices (kopf passes each to every handler as a keyword argument named after the function):
-
-- ``journal_steps``: ``(namespace, run, index)`` -> :class:`~reversi.engine.journal.Entry`;
-- ``journal_sizes``: ``(namespace, run)`` -> the index of each of its RunSteps;
-- ``manifest_specs``: ``(namespace, name)`` -> :class:`~reversi.models.toolmanifest.ToolManifestSpec`
-  (``None`` when invalid).
+RunSteps are not a kopf index: a cluster holds far more of them than kopf's per-object workers
+handle (see :mod:`reversi.adapters.stepwatch`). A run's journal comes from the operator's
+per-run informer (:func:`journal`), and a single step from one GET (:func:`step_entry`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,30 +28,6 @@ from ..models.toolmanifest import ToolManifestSpec
 from . import runtime
 
 G, V = "reversi.dev", "v1alpha1"
-log = logging.getLogger("reversi.indices")
-
-
-@kopf.index(G, V, "runsteps")
-def journal_steps(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str, int], Entry]:
-    """Each RunStep, parsed once per change, keyed by its run and index."""
-    spec = body.get("spec") or {}
-    run, index = (spec.get("runRef") or {}).get("name"), spec.get("index")
-    try:
-        entry = jr.entry_of(dict(body))
-    except jr.JournalError as err:  # admission refuses invalid steps; never fail the watch on one
-        log.warning("%s", err)
-        return {}
-    return {(namespace, run, index): entry}
-
-
-@kopf.index(G, V, "runsteps")
-def journal_sizes(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], int]:
-    """The index of each RunStep, keyed by its run (the run's size is the highest + 1)."""
-    spec = body.get("spec") or {}
-    run, index = (spec.get("runRef") or {}).get("name"), spec.get("index")
-    if not isinstance(run, str) or not isinstance(index, int):
-        return {}
-    return {(namespace, run): index}
 
 
 @kopf.index(G, V, "toolmanifests")
@@ -71,16 +44,14 @@ def manifest_specs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
 class Indices:
     """The live kopf indices (see the module docstring), captured from a handler's kwargs."""
 
-    steps: Mapping[Any, Any]
-    sizes: Mapping[Any, Any]
     manifests: Mapping[Any, Any]
 
 
 def capture(kwargs: Mapping[str, Any]) -> Indices | None:
     """Keep the indices kopf passed to a handler for code that runs outside handlers (workers)."""
-    if "journal_steps" not in kwargs:
+    if "manifest_specs" not in kwargs:
         return None
-    found = Indices(kwargs["journal_steps"], kwargs["journal_sizes"], kwargs["manifest_specs"])
+    found = Indices(kwargs["manifest_specs"])
     state = runtime.state()
     if state.indices is None:
         state.indices = found
@@ -93,11 +64,8 @@ def _first(store: Any) -> Any:
     return next(iter(store), None)
 
 
-def step_entry(indices: Indices | None, namespace: str, run: str, index: int) -> Entry | None:
-    """The RunStep of step ``index`` from the index, else from the API (one GET), else None."""
-    entry = _first(indices.steps.get((namespace, run, index))) if indices is not None else None
-    if entry is not None:
-        return entry
+def step_entry(namespace: str, run: str, index: int) -> Entry | None:
+    """The RunStep of step ``index`` from the API (one GET), or None when it does not exist."""
     obj = runtime.state().kube.get(jr.STEPS, namespace, step_name(run, index))
     return jr.entry_of(obj) if obj is not None else None
 
@@ -117,19 +85,16 @@ def manifest(indices: Indices | None, namespace: str, name: str | None) -> ToolM
         return None
 
 
-def journal(indices: Indices, namespace: str, run: str, run_spec: RunSpec,
-            legacy_undo: list[StepUndo] | None = None, overlay: Mapping[int, StepUndo] | None = None) -> Journal:
-    """The run's journal from the indices (no API call): its RunSteps merged with any inline
-    journal. ``overlay``: undo state this process wrote and may not have seen come back yet
+def journal(entries: Mapping[int, Entry], run_spec: RunSpec, legacy_undo: list[StepUndo] | None = None,
+            overlay: Mapping[int, StepUndo] | None = None) -> Journal:
+    """The run's journal from its RunSteps by index (a run informer's view, see
+    :class:`reversi.adapters.stepwatch.RunJournals`) merged with any inline journal.
+    ``overlay``: undo state this process wrote and may not have seen come back yet
     (read-your-writes for the request holding the run's lock)."""
-    sizes = indices.sizes.get((namespace, run))
-    top = max(sizes, default=-1) if sizes is not None else -1
-    entries = []
-    for i in range(top + 1):
-        entry = _first(indices.steps.get((namespace, run, i)))
-        if entry is None:
-            continue
+    merged = []
+    for i in sorted(entries):
+        entry = entries[i]
         if overlay and i in overlay and entry.undo != overlay[i]:
             entry = Entry(entry.spec, overlay[i])
-        entries.append(entry)
-    return assemble(run_spec, entries, legacy_undo or [])
+        merged.append(entry)
+    return assemble(run_spec, merged, legacy_undo or [])

@@ -165,6 +165,9 @@ class Reconciler:
             journal = self._load_journal(run_obj, memory)
         except jr.JournalError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+        if journal is None:
+            log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
+            return self.settings.tick_seconds
         if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (issue 9)
             journal = journal.upto(req["status"]["runSteps"])
         if journal.missing:
@@ -571,14 +574,18 @@ class Reconciler:
                 memory.written[j.step] = value
 
     def _load_journal(self, run_obj: dict, memory: "Memory"):
-        """The run's journal: from the RunStep index when the operator runs (no API call), else one
-        paged LIST (a reconciler used on its own, e.g. in a test)."""
+        """The run's journal: from the run's informer when the operator runs (no API call after
+        its first LIST; None while that LIST is not in), else one paged LIST (a reconciler used on
+        its own, e.g. in a test)."""
         meta = run_obj["metadata"]
-        indices = runtime.state().indices if runtime.initialised() else None
-        if indices is None:
+        journals = runtime.state().journals if runtime.initialised() else None
+        if journals is None:
             return jr.load(self.kube.custom, run_obj)
+        entries = journals.entries(meta["namespace"], meta["name"], wait=self.settings.journal_sync_seconds)
+        if entries is None:
+            return None
         spec, legacy = jr.inline_journal(run_obj)
-        return ix.journal(indices, meta["namespace"], meta["name"], spec, legacy, overlay=memory.written)
+        return ix.journal(entries, spec, legacy, overlay=memory.written)
 
     def _manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         manifest_obj = self.kube.get(MANIFESTS, ns, name)

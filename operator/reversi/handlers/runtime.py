@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..adapters.kube import Kube
+from ..adapters.stepwatch import RunJournals
 from ..settings import OperatorSettings
 from .reconciler import Reconciler
 from .workers import Workers
@@ -18,6 +19,8 @@ class State:
     reconciler: Reconciler
     workers: Workers
     metrics: Any = None
+    #: the RunSteps of the runs being worked on, one informer per run (made by :func:`init`)
+    journals: RunJournals | None = None
     indices: Any = None  # the live kopf indices (reversi.handlers.indices.Indices), once a handler saw them
     #: the last schema check (``reversi.schema.SchemaCheck``); None until the first one
     schema: Any = None
@@ -30,7 +33,8 @@ def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     """Build the shared objects once; handlers reach them through :func:`state`."""
     global _state
     reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
-    _state = State(settings, kube, reconciler, Workers(reconciler, settings.tick_seconds), metrics)
+    _state = State(settings, kube, reconciler, Workers(reconciler, settings.tick_seconds), metrics,
+                   journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
     return _state
 
 
