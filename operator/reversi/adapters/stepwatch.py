@@ -135,7 +135,7 @@ class RunJournals:
     def _list_with_retries(self, w: _RunWatch) -> str | None:
         """List until it works (backing off) or the informer goes idle; the LIST's resourceVersion."""
         retrying = tenacity.Retrying(
-            wait=tenacity.wait_exponential_jitter(initial=0.5, max=30),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=30),
             stop=lambda _state: self._idle(w),
             retry=tenacity.retry_if_exception_type(Exception),
             before_sleep=lambda state: log.warning("RunSteps of %s/%s: list failed (%s); retrying", w.namespace,

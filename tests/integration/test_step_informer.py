@@ -1,0 +1,73 @@
+"""The per-run RunStep informer (reversi.adapters.stepwatch) against the real API server: it
+lists a run's steps once, follows creates, status writes, resolutions and deletes from its watch,
+sees only its own run, and stops when no one reads it."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from reversi.adapters.journal import step_body
+from reversi.adapters.stepwatch import RunJournals
+from reversi.models.runstep import step_name
+
+from tests.helpers import wait_for
+
+G, V = "reversi.dev", "v1alpha1"
+pytestmark = pytest.mark.cluster
+
+
+def _steps(rv, run: str, indexes: range, uncertain: tuple[int, ...] = ()) -> None:
+    for i in indexes:
+        outcome = "uncertain" if i in uncertain else "succeeded"
+        rv.create("runsteps", step_body(rv.ns, run, rv.step(i, "payments.get_customer", {"id": f"c{i}"},
+                                                            None if i in uncertain else {"id": "x"}, outcome)))
+
+
+def test_the_informer_lists_a_run_once_then_follows_it_from_the_watch(rv):
+    rv.apply_manifest()
+    rv.run("watched", [])
+    rv.run("other", [])
+    _steps(rv, "watched", range(3), uncertain=(1,))
+    _steps(rv, "other", range(2))
+    journals = RunJournals(client.CustomObjectsApi(rv.api), idle_seconds=60, watch_seconds=5)
+    try:
+        first = journals.entries(rv.ns, "watched", wait=30)
+        assert first is not None and sorted(first) == [0, 1, 2], "the first read waits for the LIST"
+        assert journals.watching() == [(rv.ns, "watched")], "only the run that was read is watched"
+
+        _steps(rv, "watched", range(3, 5))  # new steps
+        rv.resolve("watched", 1, status="failed", note="the lookup never happened")  # a resolution
+        rv.custom.patch_namespaced_custom_object_status(  # an undo state write
+            G, V, rv.ns, "runsteps", step_name("watched", 2),
+            {"status": {"undo": {"step": 2, "state": "compensated", "attempts": 1, "idempotencyKey": "0" * 64}}})
+
+        def caught_up():
+            now = journals.entries(rv.ns, "watched")
+            if now is None or sorted(now) != [0, 1, 2, 3, 4]:
+                return None
+            if now[1].spec.resolution is None or now[2].undo is None:
+                return None
+            return now
+
+        now = wait_for(caught_up, timeout=30, what="the informer to see the new steps, the resolution and the undo")
+        assert now[1].spec.resolution.status == "failed"
+        assert now[2].undo.state == "compensated"
+        assert all(e.spec.run_ref.name == "watched" for e in now.values()), "steps of other runs never enter"
+    finally:
+        journals.stop_all()
+
+
+def test_an_unread_informer_stops_and_a_later_read_lists_again(rv):
+    rv.apply_manifest()
+    rv.run("brief", [])
+    _steps(rv, "brief", range(2))
+    journals = RunJournals(client.CustomObjectsApi(rv.api), idle_seconds=1, watch_seconds=2)
+    try:
+        assert sorted(journals.entries(rv.ns, "brief", wait=30) or {}) == [0, 1]
+        wait_for(lambda: journals.watching() == [], timeout=30, what="the idle informer to stop")
+        _steps(rv, "brief", range(2, 3))  # recorded while nobody watched
+        again = journals.entries(rv.ns, "brief", wait=30)
+        assert again is not None and sorted(again) == [0, 1, 2], "a new read lists the run again"
+    finally:
+        journals.stop_all()
