@@ -148,3 +148,17 @@ def test_record_size_counts_the_json_so_a_huge_runner_can_be_refused():
     assert rs.record_size(rs.record(live, needs)) > rs.RECORD_LIMIT_BYTES
     small = _manifest(_runner("cli"), tools=[tool("a", reader=False)])
     assert rs.record_size(rs.record({r.name: r for r in small.runners}, needs)) < 1024
+
+
+def test_describe_names_the_recorded_runners_in_one_line():
+    import datetime as dt
+
+    from reversi.cli import views
+
+    request = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}},
+               "status": {"phase": "Running", "runners": [{**_runner("cli"), "readBackTools": []}]}}
+    now = dt.datetime.now(dt.timezone.utc)
+    text = views.describe_request(request, None, [], now)
+    assert "Runners:      cli (registry.example/cli:1), as recorded at the lock (status.runners)" in text
+    del request["status"]["runners"]
+    assert "Runners:" not in views.describe_request(request, None, [], now)
