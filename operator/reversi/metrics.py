@@ -7,7 +7,7 @@ Labels are ``namespace`` and ``tool`` (and a small closed set such as ``verdict`
 metric                                      type    meaning
 =========================================== ======= ==========================================
 reversi_rollbacks_total                     counter finished requests by ``verdict``: complete,
-                                                    incomplete, invalid, dryRun
+                                                    incomplete, cancelled, invalid, dryRun
 reversi_rollback_steps_total                counter steps of finished rollbacks by report
                                                     ``bucket`` and ``tool``
 reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
