@@ -96,6 +96,8 @@ NOT_STARTED = "NotStarted"  # Running=False before the first compensation starts
 IN_PROGRESS = "InProgress"  # Running=True
 FINISHED = "Finished"  # Running=False after the last compensation settled
 DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.deadlineSeconds passed; the rest is reported
+CANCELLED = "Cancelled"  # spec.cancel: Complete=False (request), Compensated=False (a step not started)
+REQUEST_DELETED = "RequestDeleted"  # Locked=False: the request holding the run was deleted mid-way
 NOTHING_TO_UNDO = "NothingToUndo"  # Complete=True: no standing step needs an undo
 RECONCILE_ERROR = "ReconcileError"  # Running=Unknown: the operator keeps failing on this request; it retries
 # Per-step compensation (Compensated condition)
@@ -154,6 +156,8 @@ REASONS = frozenset(
         IN_PROGRESS,
         FINISHED,
         DEADLINE_EXCEEDED,
+        CANCELLED,
+        REQUEST_DELETED,
         NOTHING_TO_UNDO,
         RECONCILE_ERROR,
         PENDING,

@@ -7,7 +7,7 @@ Labels are ``namespace`` and ``tool`` (and a small closed set such as ``verdict`
 metric                                      type    meaning
 =========================================== ======= ==========================================
 reversi_rollbacks_total                     counter finished requests by ``verdict``: complete,
-                                                    incomplete, invalid, dryRun
+                                                    incomplete, cancelled, invalid, dryRun
 reversi_rollback_steps_total                counter steps of finished rollbacks by report
                                                     ``bucket`` and ``tool``
 reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
@@ -44,7 +44,7 @@ log = logging.getLogger("reversi.metrics")
 #: what could not be undone (an email read, say) has been handled by hand.
 ACKNOWLEDGED = "reversi.dev/acknowledged"
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
-           "deferred", "awaiting_approval", "pending", "skipped")
+           "deferred", "awaiting_approval", "pending", "cancelled", "skipped")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 

@@ -629,8 +629,8 @@ class RollbackResult:
     """The verdict of a rollback requested from code: ``request`` (the RollbackRequest's name),
     ``phase`` (``Succeeded``, ``Incomplete``, ``Failed``, or the last phase seen when
     ``timed_out``), ``complete``, the ``report`` (DESIGN §5, as in the request's status),
-    ``failed`` (``[{step, error}]``), ``residue`` (``[{step, residue: [...]}]``: what the
-    undone steps leave behind) and ``message`` (the request's verdict)."""
+    ``failed`` (``[{step, error}]``), ``residue`` (typed: ``[{step, type, text}]``, type
+    declared, failed, notAttempted or unknown: what the rollback leaves behind) and ``message`` (the request's verdict)."""
 
     namespace: str
     run: str

@@ -120,12 +120,14 @@ def test_rollback_end_to_end_through_the_installed_operator(undone, downstream):
     assert downstream.get(f"/inventory/reservations/{reservation['id']}")["status"] == "released"
     # the mutating webhook, reached through the chart's Service, stamped the principal
     assert rv.get("runs", "run-o-chart-1")["spec"]["principal"] == "reversi-admin"
-    # compensator and reader Jobs, owned by the request (the owner reference with
-    # blockOwnerDeletion needs rollbackrequests/finalizers update)
+    # compensator and reader Jobs, owned by the Run and annotated with the request that started
+    # them (the owner reference with blockOwnerDeletion needs runs/finalizers update)
     jobs = rv.batch.list_namespaced_job(rv.ns).items
     roles = sorted(j.metadata.labels["reversi.dev/role"] for j in jobs)
     assert roles.count("compensator") == 2 and "reader" in roles, roles
-    assert all(j.metadata.owner_references[0].name == "undo-o-chart-1" for j in jobs)
+    assert all(j.metadata.owner_references[0].kind == "Run" and j.metadata.owner_references[0].name == "run-o-chart-1"
+               for j in jobs)
+    assert all(j.metadata.annotations["reversi.dev/request"] == "undo-o-chart-1" for j in jobs)
 
 
 def test_validating_webhook_refuses_a_halted_call(release, admin_api, namespace, downstream):

@@ -56,7 +56,8 @@ def test_rule5_compensated_step_is_verified_by_a_reader_job(rv):
     assert req["status"]["phase"] == "Succeeded", req["status"]
     report = req["status"]["report"]
     assert report["compensated"] == [0] and report["complete"] is True
-    assert report["residue"] == [{"step": 0, "residue": ["the charge stays visible on the customer's statement"]}]
+    assert report["residue"] == [{"step": 0, "type": "declared",
+                                  "text": "the charge stays visible on the customer's statement"}]
     entry = rv.step_status(req, 0)
     assert rv.condition(entry, "Compensated")["status"] == "True"
     assert rv.condition(entry, "Verified")["reason"] == "Verified"
@@ -254,7 +255,7 @@ def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 3
     jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
     assert len(jobs) == 3
-    assert {j.metadata.owner_references[0].name for j in jobs} == {first}, "only the request that worked ran compensators"
+    assert {j.metadata.annotations["reversi.dev/request"] for j in jobs} == {first}, "only the request that worked ran compensators"
     assert {u["request"] for u in rv.undo("r")} == {first}
 
 

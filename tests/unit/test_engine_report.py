@@ -18,7 +18,7 @@ from reversi.engine import (
     outcomes_from_undo,
     report_message,
 )
-from reversi.engine.report import INCOMPLETE_BUCKETS
+from reversi.engine.report import INCOMPLETE_BUCKETS, residue_type
 from reversi.models import Plan, PlanAction, RunStatus, StepUndo
 from reversi_testkit import RUN_ID, example_run_spec, run_spec, step, tool
 
@@ -42,7 +42,7 @@ def test_report_complete_when_every_standing_step_is_compensated_and_verified():
     report = build_report(plan, {1: StepOutcome(COMPENSATED, "verified")})
     assert report.compensated == [1]
     assert report.skipped == [0, 2]
-    assert [(r.step, r.residue) for r in report.residue] == [(1, ["a log line stays"])]
+    assert [(r.step, r.type, r.text) for r in report.residue] == [(1, "declared", "a log line stays")]
     assert report.complete is True
     assert report_message(report).startswith("complete: 1 compensated (1)")
 
@@ -53,7 +53,8 @@ def test_rule5_unverified_undo_is_only_in_unverified_and_the_report_is_incomplet
         report = build_report(plan, {0: StepOutcome(COMPENSATED, verification)})
         assert report.unverified == [0]
         assert report.compensated == []
-        assert [r.step for r in report.residue] == [0]  # it was undone: its residue stays
+        # undone but not checked: whether the effect is gone is unknown (the manifest's lines are not claimed)
+        assert [(r.step, r.type) for r in report.residue] == [(0, "unknown")]
         assert report.complete is False
 
 
@@ -61,7 +62,10 @@ def test_rule5_verification_failure_is_a_failed_step():
     plan = build_plan(run_spec([step(0, W)]), run_id=RUN_ID)
     report = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed", error='status is "x", expected "y"')})
     assert [(f.step, f.error) for f in report.failed] == [(0, 'status is "x", expected "y"')]
-    assert report.residue == []
+    assert [(r.step, r.type) for r in report.residue] == [(0, "failed")]  # the effect may remain
+    read = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed",
+                                              error="verification failed: read failed: exit code 1")})
+    assert [(r.step, r.type) for r in read.residue] == [(0, "unknown")]  # nobody knows whether it is gone
 
 
 def test_report_failed_awaiting_deferred_and_pending_buckets():
@@ -116,7 +120,7 @@ def test_outcomes_from_undo_maps_states():
 # ----------------------------------------------------------------------------- properties
 
 KINDS = ["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
-STATES = [None, PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED]
+STATES = [None, PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED, "cancelled"]
 CHECKS = [None, "verified", "none", "unverified", "verificationFailed"]
 
 
@@ -133,7 +137,8 @@ def plans_and_outcomes(draw):
         if state is not None and kind in ("compensate", "skip", "defer"):
             if kind == "skip" and state != COMPENSATED:
                 continue
-            outcomes[i] = StepOutcome(state, draw(st.sampled_from(CHECKS)), error=draw(st.sampled_from([None, "e"])))
+            outcomes[i] = StepOutcome(state, draw(st.sampled_from(CHECKS)),
+                                     error=draw(st.sampled_from([None, "e", "verification failed: read failed: x"])))
     return Plan(fully_reversible=False, actions=actions), outcomes
 
 
@@ -149,6 +154,7 @@ def buckets(report):
         "awaiting_approval": report.awaiting_approval,
         "unverified": report.unverified,
         "pending": report.pending,
+        "cancelled": report.cancelled,
     }
     return out
 
@@ -186,8 +192,30 @@ def test_property_report_never_claims_a_check_that_did_not_happen(case):
     required = build_report(plan, outcomes, require_verification=True)
     for s in required.compensated:
         assert outcomes[s].verification == "verified", "requireVerification: only a read-back counts"
-    residue_steps = {r.step for r in report.residue}
-    assert residue_steps <= set(report.compensated) | set(report.unverified)
+    declared_steps = {r.step for r in report.residue if r.type == "declared"}
+    assert declared_steps <= set(report.compensated), "declared residue only for undone (and checked) steps"
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans_and_outcomes())
+def test_property_complete_exactly_when_only_declared_residue(case):
+    """Issue 9 point 7: complete <=> every residue entry is declared; every step of a bucket other
+    than compensated and skipped has exactly one residue entry, of the type its status maps to."""
+    plan, outcomes = case
+    report = build_report(plan, outcomes)
+    assert report.complete is all(r.type == "declared" for r in report.residue)
+    not_declared = [r.step for r in report.residue if r.type != "declared"]
+    assert len(not_declared) == len(set(not_declared)), "one non-declared entry per step"
+    for name, steps in buckets(report).items():
+        for s in steps:
+            types = [r.type for r in report.residue if r.step == s and r.type != "declared"]
+            if name in ("compensated", "skipped"):
+                assert types == []
+            else:
+                errors = {f.step: f.error for f in report.failed}
+                assert types == [residue_type(name, errors.get(s))], (name, s)
+    for r in report.residue:
+        assert r.type in ("declared", "failed", "notAttempted", "unknown") and r.text
 
 
 def test_rule5_no_read_back_declared_is_compensated_and_complete_unless_required():

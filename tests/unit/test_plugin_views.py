@@ -115,6 +115,28 @@ def test_describe_lists_every_bucket_with_tools_errors_reasons_and_residue():
     assert "Awaiting approval" not in text and "Pending (not settled yet)" not in text
 
 
+def test_describe_groups_typed_residue_by_type_and_reads_the_old_shape_as_declared():
+    typed = json.loads(json.dumps(INCOMPLETE))
+    typed["report"]["cancelled"] = [8]
+    typed["report"]["residue"] = [
+        {"step": 4, "type": "declared", "text": "stays on the statement"},
+        {"step": 6, "type": "failed", "text": "the undo of tool6 failed, so its effect may remain: 502"},
+        {"step": 8, "type": "notAttempted", "text": "tool8 was not undone: the request was cancelled"},
+        {"step": 2, "type": "unknown", "text": "the outcome of tool2 is uncertain"},
+        {"step": 3, "type": "notAttempted", "text": "tool3 was not undone: irreversible"},
+    ]
+    text = views.describe_request(_request(typed), {"spec": {}}, [], NOW, step_tools={i: f"tool{i}" for i in range(9)})
+    assert "Cancelled (not started: the request was cancelled): 1\n  step 8  tool8" in text
+    section = text[text.index("Residue (what the rollback leaves behind), by type:"):]
+    assert section.index("declared (") < section.index("failed (") < section.index("not attempted (") \
+        < section.index("unknown (")
+    assert "not attempted (not undone: the effect remains): 2\n    step 8: tool8 was not undone" in section
+    assert views.residue_entries([{"step": 4, "residue": ["a", "b"]}]) == [
+        {"step": 4, "type": "declared", "text": "a"}, {"step": 4, "type": "declared", "text": "b"}]
+    doc = views.report_json(_request(typed))
+    assert doc["cancelled"] == [8] and doc["residue"][1]["type"] == "failed"
+
+
 def test_describe_names_tools_of_a_run_of_0_1_not_moved_yet_and_without_the_journal_what_status_says():
     inline = {"spec": {"manifestRef": {"name": "payments"}, "steps": [{"index": i, "tool": f"tool{i}"} for i in range(8)]}}
     assert "step 4  tool4" in views.describe_request(_request(INCOMPLETE), inline, [], NOW)

@@ -8,12 +8,18 @@ Shapes:
 - compensator call JSON: ``{"run_id", "step", "tool", "original_tool", "args",
   "idempotency_key"}``; reader call JSON: ``{"tool", "arguments"}``.
 - The call reaches the container as the file ``/var/run/reversi/call.json`` (``REVERSI_CALL_FILE``)
-  and the variable ``REVERSI_CALL``, both from a Secret owned by the RollbackRequest; the
+  and the variable ``REVERSI_CALL``, both from a Secret owned, like the Job, by the Run; the
   compensation idempotency key is also in ``REVERSI_IDEMPOTENCY_KEY``. Nothing of the call is
   plain text in the Job spec.
 - Names are deterministic (≤ 63 characters) from the run's uid, the step, the attempt and the
   read-back number, so a restarted operator finds (adopts) the Job it already created instead of
   starting another (rule 3). The Secret has the Job's name.
+- Ownership (issue 9 point 6): a Job and its Secret are owned by the **Run**, not the request, so
+  deleting a RollbackRequest mid-way never garbage-collects a compensator in the middle of its
+  call; the Job finishes and its outcome is journaled (by the handler of its Job events, or by the
+  next request on the Run, which adopts it by its deterministic name). Deleting the Run deletes
+  them. The request that started a Job is named by the annotation ``reversi.dev/request`` and the
+  label ``reversi.dev/request-uid``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ _ROLE_LETTER = {"compensator": "c", "reader": "r", "check": "x"}
 
 @dataclass(frozen=True)
 class Owner:
-    """The RollbackRequest that owns a Job and its Secret."""
+    """An object a Job refers to: the Run that owns it (``kind="Run"``), or the RollbackRequest
+    that started it (the default kind)."""
 
     namespace: str
     name: str
@@ -142,6 +149,7 @@ def build_job(
     command: list[str] | None = None,
     deadline_seconds: int | None = None,
     settings: JobSettings = JobSettings(),
+    request: Owner | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(secret, job)`` for one compensator, reader or check run.
 
@@ -149,12 +157,15 @@ def build_job(
     deadline (``deadline_seconds`` overrides it when smaller: the request's own deadline).
     ``command`` replaces the runner's command and args (``verifyCommand``). The Job has
     ``backoffLimit: 0`` (Reversi owns retries, rule 4), ``activeDeadlineSeconds``,
-    ``ttlSecondsAfterFinished``, an owner reference to the request, and a pod that meets the
-    ``restricted`` Pod Security Standard.
+    ``ttlSecondsAfterFinished``, an owner reference to ``owner`` (the Run: a deleted request never
+    takes a running compensator with it), and a pod that meets the ``restricted`` Pod Security
+    Standard. ``request`` (the RollbackRequest that starts it; default ``owner``) is named in the
+    annotation ``reversi.dev/request`` and the label ``reversi.dev/request-uid``.
     """
+    request = request or owner
     name = job_name(run_uid, step, attempt, role, read)
-    labels = _labels(owner, run_uid, step, attempt, role, read)
-    annotations = {ANNOTATION_RUN: run_name, ANNOTATION_REQUEST: owner.name}
+    labels = _labels(request, run_uid, step, attempt, role, read)
+    annotations = {ANNOTATION_RUN: run_name, ANNOTATION_REQUEST: request.name}
     secret = call_secret(name, owner, labels, call, idempotency_key)
     env: list[dict[str, Any]] = [
         {"name": "REVERSI_CALL_FILE", "value": CALL_FILE},

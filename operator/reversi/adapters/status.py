@@ -17,7 +17,7 @@ from ..engine.plan import compact_plan
 from ..models.rollbackrequest import Plan, PlanAction, Report
 
 _PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "rereading": 0,
-             "failed": 1, "awaitingApproval": 2, "deferred": 3, "pending": 4, "compensated": 5}
+             "failed": 1, "awaitingApproval": 2, "deferred": 3, "cancelled": 4, "pending": 4, "compensated": 5}
 
 
 def iso(ts: float | None) -> str | None:
@@ -75,6 +75,8 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
                 f"attempt {run.attempts} failed: {error}; next attempt at {iso(run.next_at)}")
     elif stage in ("checking", "verifying", "rereading"):
         comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
+    elif stage == "cancelled":
+        comp = (c.FALSE, c.CANCELLED, f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
     elif stage == "deferred" or blocked_by:
         comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
     elif stage == "awaitingApproval" and run.reason == c.DENIED:
@@ -92,6 +94,9 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
         ver = (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
                "sets requireVerification, so this undo is unverified")
+    elif run.verification == "unverified" and run.reason == c.CANCELLED:
+        ver = (c.FALSE, c.CANCELLED, "undone but not checked: the request was cancelled before the read-back started; "
+               "a later request on the run runs it (never the compensator again)")
     elif run.verification == "unverified":
         ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
     elif run.verification == "verificationFailed":

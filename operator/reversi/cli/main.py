@@ -8,6 +8,7 @@
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
     deny REQUEST --step N --note T    deny a compensation that awaits approval (it is not undone)
+    cancel REQUEST                    stop a rollback: nothing new starts, running Jobs finish, the Run is released
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
     kill-switch on|off|status         refuse every new call everywhere
     export RUN                        the journal, undo state and transitions as JSON lines
@@ -558,6 +559,41 @@ def approve(request: str, steps: tuple[int, ...], approve_all: bool) -> int:
     approvers = {a.get("step"): a.get("approver") for a in (updated.get("spec") or {}).get("approvals") or []}
     done = ", ".join(f"{s}" + (f" (by {approvers[s]})" if approvers.get(s) else "") for s in dict.fromkeys(steps))
     out(f"{where}: approved step(s) {done}.")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ cancel
+
+
+@cli.command(help="Cancel a RollbackRequest (spec.cancel): no new compensator or reader Job starts; running Jobs "
+             "finish and their outcome is recorded; every step not started is reported cancelled; the Run is "
+             "released and the request ends Incomplete (Complete=False, reason Cancelled). A request that has "
+             "ended is left as it is. Needs the RBAC verb patch on rollbackrequests (as deleting needs delete).")
+@click.argument("request")
+@global_options
+def cancel(request: str) -> int:
+    c = conn()
+    where = f"RollbackRequest {c.namespace}/{request}"
+    missing = f"list them with kubectl get rollbackrequests -n {c.namespace}"
+    try:
+        req = c.get("rollbackrequests", request, missing=missing)
+        spec, status = req.get("spec") or {}, req.get("status") or {}
+        phase = status.get("phase")
+        if phase in ("Planned", "Succeeded", "Incomplete", "Failed"):
+            out(f"{where} has already ended ({phase}): cancelling it changes nothing.")
+            return 0
+        if spec.get("cancel"):
+            by = f" by {spec['cancelledBy']}" if spec.get("cancelledBy") else ""
+            out(f"{where} is already cancelled{by}: it ends once its running Jobs finish.")
+            return 0
+        updated = c.patch("rollbackrequests", request, {"spec": {"cancel": True}})
+    except ApiException as err:
+        hint = "; cancelling needs the RBAC verb patch on rollbackrequests.reversi.dev" if err.status == 403 else ""
+        raise CliError(f"{refused(err, f'cancelling {where}')}{hint}") from err
+    by = (updated.get("spec") or {}).get("cancelledBy")
+    out(f"{where}: cancelled{f' by {by}' if by else ''}. No new compensation starts; running ones finish and are "
+        f"recorded; steps not started are reported cancelled. Follow it: kubectl reversi describe {request} "
+        f"-n {c.namespace}")
     return 0
 
 

@@ -48,6 +48,14 @@ BUCKETS = (
     ("deferred", "Deferred (a dependent still stands)"),
     ("awaitingApproval", "Awaiting approval"),
     ("pending", "Pending (not settled yet)"),
+    ("cancelled", "Cancelled (not started: the request was cancelled)"),
+)
+#: Residue types (issue 9 point 7) in the order ``describe`` groups them, with their headings.
+RESIDUE_GROUPS = (
+    ("declared", "declared (the manifest says the undo cannot take this back)"),
+    ("failed", "failed (the undo failed: the effect may remain)"),
+    ("notAttempted", "not attempted (not undone: the effect remains)"),
+    ("unknown", "unknown (nobody knows whether the effect is gone)"),
 )
 
 
@@ -129,6 +137,7 @@ REPORT_JSON_FIELDS = (
     ("unverified", "unverified"),
     ("complete", "complete"),
     ("pending", "pending"),
+    ("cancelled", "cancelled"),
     ("noReadBack", "no_read_back"),
     ("denied", "denied"),
     ("residue", "residue"),
@@ -153,6 +162,8 @@ def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
         value = report.get(wire, False if wire == "complete" else [])
         if wire == "deferred":
             value = [{"step": d.get("step"), "blocked_by": list(d.get("blockedBy") or [])} for d in value]
+        if wire == "residue":
+            value = residue_entries(value)
         doc[name] = value
     if spec.get("dryRun"):
         doc["fully_reversible"] = bool((status.get("plan") or {}).get("fullyReversible"))
@@ -336,6 +347,38 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
+def residue_entries(residue: list[Any]) -> list[dict[str, Any]]:
+    """Typed residue ``[{step, type, text}]`` from a report's ``residue``; a report written
+    before typed residue (``[{step, residue: [lines]}]``) reads as one ``declared`` entry per line."""
+    out: list[dict[str, Any]] = []
+    for item in residue:
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") or item.get("text"):
+            out.append({"step": item.get("step"), "type": item.get("type") or "declared", "text": item.get("text") or ""})
+        else:
+            out += [{"step": item.get("step"), "type": "declared", "text": line} for line in item.get("residue") or []]
+    return out
+
+
+def residue_lines(residue: list[Any]) -> list[str]:
+    """``describe``'s residue section: entries grouped by type (declared, failed, notAttempted,
+    unknown), at most ``BUCKET_LIMIT`` per group."""
+    entries = residue_entries(residue)
+    if not entries:
+        return []
+    lines = [" Residue (what the rollback leaves behind), by type:"]
+    for kind, heading in RESIDUE_GROUPS:
+        group = [e for e in entries if e["type"] == kind]
+        if not group:
+            continue
+        lines.append(f"  {heading}: {len(group)}")
+        lines += [f"    step {e['step']}: {e['text']}" for e in group[:BUCKET_LIMIT]]
+        if len(group) > BUCKET_LIMIT:
+            lines.append(f"    ... and {len(group) - BUCKET_LIMIT} more (all of them: kubectl get rollbackrequest -o yaml)")
+    return lines
+
+
 def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
                   notes: Mapping[int, str] | None = None) -> list[str]:
     out = []
@@ -506,12 +549,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                     if key == "awaitingApproval" else None
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
-        residue = report.get("residue") or []
-        if residue:
-            lines.append(" Residue (what the undo could not take back):")
-            for item in residue[:BUCKET_LIMIT]:
-                for text in item.get("residue") or []:
-                    lines.append(f"  step {item['step']}: {text}")
+        lines += residue_lines(report.get("residue") or [])
 
     entries = status.get("steps") or []
     if entries and status.get("phase") not in ("Planned", "Failed"):

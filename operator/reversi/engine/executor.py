@@ -17,6 +17,12 @@ Stages of a step (``StepRun.stage``)::
     a read-back declared but no reader runner: compensated (unverified)
     verification arguments missing: failed ("cannot verify: arguments unavailable")
 
+Cancel (issue 9 point 6, ``Policy.stop``): no new Job starts. A running Job finishes and its true
+outcome is recorded: a failed attempt is not retried (failed); a successful undo whose check or
+read-back has not started is compensated but ``unverified`` (reason ``Cancelled``; a later request
+runs the read-back); a mismatching read-back is not read again (failed). A step not started is
+``cancelled`` (:func:`cancel`).
+
 Retries are per request (rule 6): each request gives a step its full ``retries`` budget, counted
 starting at the attempt it started at (``StepRun.first_attempt``). Attempt numbers keep increasing across
 requests (the run's ``status.undo`` keeps the total), so Job names stay unique, and the
@@ -37,9 +43,9 @@ from .templates import MissingValue, resolve
 from .verify import first_mismatch, parse_answer
 
 Stage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
-                "rereading", "compensated", "failed", "deferred"]
+                "rereading", "compensated", "failed", "deferred", "cancelled"]
 STAGES: tuple[str, ...] = ("pending", "awaitingApproval", "compensating", "retrying", "checking",
-                           "verifying", "rereading", "compensated", "failed", "deferred")
+                           "verifying", "rereading", "compensated", "failed", "deferred", "cancelled")
 ACTIVE_STAGES = frozenset({"compensating", "retrying", "checking", "verifying", "rereading"})
 FINAL_STAGES = frozenset({"compensated", "failed"})
 Role = Literal["compensator", "reader", "check"]
@@ -166,13 +172,15 @@ Effect = StartJob | Journal | Note
 class Policy:
     """The request's retry policy: ``retries`` attempts, backoff ``base_ms`` doubling to ``max_ms``;
     ``check`` whether ``verifyCommand`` runs after each successful undo; ``require_verification``
-    whether an undo with no read-back declared counts as unverified (``spec.requireVerification``)."""
+    whether an undo with no read-back declared counts as unverified (``spec.requireVerification``);
+    ``stop`` why no new Job may start (``spec.cancel``), or None."""
 
     retries: int
     base_ms: int
     max_ms: int
     check: bool = False
     require_verification: bool = False
+    stop: str | None = None  # why no new Job may start (the request was cancelled), else None
 
 
 def start(run: StepRun, journaled: StepUndo | None) -> tuple[StepRun, list[Effect]]:
@@ -216,14 +224,17 @@ def advance(
         if job.state == "failed":
             error = job.message or "the compensator exited non-zero"
             here = run.attempts_here()
-            if here < policy.retries:
+            if here < policy.retries and not policy.stop:
                 wait = delay_seconds(here, policy.base_ms, policy.max_ms, rng)
                 return replace(run, stage="retrying", next_at=now + wait, error=error), [
                     Note(s, "CompensationRetrying",
                          f"step {s}: attempt {here} of {policy.retries} failed: {error}; "
                          f"retrying in {wait:.1f}s with the same idempotency key", warning=True)]
-            return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}", None,
+            not_retried = f"; not retried: {policy.stop}" if policy.stop and here < policy.retries else ""
+            return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}{not_retried}", None,
                          "CompensationFailed")
+        if policy.stop and (policy.check or verify.mode == "reader"):
+            return _unchecked(run, policy.stop)
         if policy.check:
             return replace(run, stage="checking", reads=0, error=None), [StartJob(s, "check", run.attempts, 0)]
         return _begin_verification(replace(run, error=None), verify, policy)
@@ -242,6 +253,8 @@ def advance(
         if job.state == "failed":
             return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
                          "verificationFailed", "VerificationFailed")
+        if policy.stop and verify.mode == "reader":
+            return _unchecked(run, policy.stop)
         return _begin_verification(run, verify, policy)
     if run.stage == "verifying":
         job = observe("reader", run.attempts, run.reads)
@@ -260,7 +273,7 @@ def advance(
             done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
             return done, [Journal(s, "compensated", run.attempts, "verified"),
                           Note(s, "Verified", f"step {s}: undone and verified by {verify.tool}")]
-        if run.reads < verify.retries:
+        if run.reads < verify.retries and not policy.stop:
             wait = ceiling_ms(run.reads, verify.backoff_ms, 2**31) / 1000.0
             return replace(run, stage="rereading", next_at=now + wait, error=problem), [
                 Note(s, "VerificationRetrying",
@@ -272,6 +285,26 @@ def advance(
         reads = run.reads + 1
         return replace(run, stage="verifying", reads=reads, next_at=None), [StartJob(s, "reader", run.attempts, reads)]
     return run, []
+
+
+CANCELLED_REASON = "Cancelled"
+
+
+def cancel(run: StepRun, why: str) -> StepRun:
+    """A step the cancelled request has not started (pending, or awaiting an approval it did not
+    get) becomes ``cancelled`` (final: no compensator ran for it in this request). A denied step
+    stays denied; every other stage is returned unchanged (running Jobs finish, see ``Policy.stop``)."""
+    if run.stage == "pending" or (run.stage == "awaitingApproval" and run.reason != "Denied"):
+        return replace(run, stage="cancelled", reason=CANCELLED_REASON, error=why, next_at=None)
+    return run
+
+
+def _unchecked(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
+    s = run.step
+    done = replace(run, stage="compensated", verification="unverified", reason=CANCELLED_REASON, error=None)
+    return done, [Journal(s, "compensated", run.attempts, "unverified"),
+                  Note(s, "Unverified", f"step {s}: undone but not checked: {why}; a later request runs the read-back",
+                       warning=True)]
 
 
 def give_up(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:

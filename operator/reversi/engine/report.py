@@ -20,14 +20,23 @@ compensate      by outcome state: ``compensated`` + verification ``verified`` ->
                 ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
                 ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval`` (a denied
                 step too, with ``denied by <actor>: <note>`` in ``denied``);
-                ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
+                ``deferred`` -> ``deferred``; ``cancelled`` (not started: the request was
+                cancelled) -> ``cancelled``; no outcome, ``pending`` or ``running`` -> ``pending``
 ============== ===========================================================================
 
 ``pending`` is a bucket beyond DESIGN §5 (steps not settled yet, e.g. at a deadline), so that a
-report made before the end never claims more than happened. ``residue`` lists the residue of
-every step undone by this or an earlier request (compensated or unverified). ``complete`` is true
-exactly when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval,
-unverified and pending are all empty.
+report made before the end never claims more than happened; ``cancelled`` too (issue 9 point 6).
+
+``residue`` is typed (issue 9 point 7, :func:`typed_residue`): ``{step, type, text}`` with type
+``declared`` (each residue line the manifest states, for a step undone by this or an earlier
+request), ``failed`` (the undo failed: the effect may remain), ``notAttempted`` (not undone:
+irreversible, unmanifested, deferred, not approved or denied, deadline, cancelled, expired,
+handler unavailable, conflict) or ``unknown`` (uncertain outcome, an undo not checked, a failed
+read-back). Every step of a bucket other than compensated and skipped has exactly one entry that
+is not ``declared``; the one mapping from a step status to its type is :func:`residue_type`.
+``complete`` is true exactly when every residue entry is ``declared`` -- the same as: failed,
+unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified, cancelled and
+pending are all empty.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ from dataclasses import dataclass
 from ..models.rollbackrequest import Plan, Report, StepBlocked, StepError, StepReason, StepResidue
 from ..models.run import StepUndo
 from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED, UndoStateInput, undo_by_step
-from .schedule import AWAITING_APPROVAL, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
+from .schedule import AWAITING_APPROVAL, CANCELLED, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
 
 VERIFIED = "verified"
 NO_READ_BACK = "none"
@@ -54,6 +63,7 @@ INCOMPLETE_BUCKETS = (
     "awaiting_approval",
     "unverified",
     "pending",
+    "cancelled",
 )
 
 
@@ -116,7 +126,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     unverified: list[int] = []
     no_read_back: list[int] = []
     pending: list[int] = []
-    residue: list[StepResidue] = []
+    cancelled: list[int] = []
 
     def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
         if outcome.verification == VERIFIED:
@@ -129,8 +139,6 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             return
         else:
             unverified.append(step)
-        if lines:
-            residue.append(StepResidue(step=step, residue=list(lines)))
 
     for action in plan.actions:
         step = action.step
@@ -161,6 +169,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
                 awaiting.append(step)
                 if outcome is not None and outcome.error:  # denied: still not undone, and why
                     denied.append(StepReason(step=step, reason=outcome.error))
+            elif state == CANCELLED:
+                cancelled.append(step)
             elif state == DEFERRED:
                 deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
             elif state in (PENDING, RUNNING):
@@ -183,11 +193,112 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         unverified=unverified,
         no_read_back=no_read_back,
         pending=pending,
-        residue=residue,
+        cancelled=cancelled,
         complete=False,
     )
-    report.complete = all(not getattr(report, bucket) for bucket in INCOMPLETE_BUCKETS)
+    report.residue = typed_residue(plan, report)
+    report.complete = all(entry.type == DECLARED for entry in report.residue)
     return report
+
+
+# ------------------------------------------------------------------------------ typed residue
+
+DECLARED = "declared"
+RESIDUE_FAILED = "failed"
+NOT_ATTEMPTED = "notAttempted"
+UNKNOWN = "unknown"
+
+#: step status (report bucket, camelCase) -> residue type. ``expired``, ``handlerUnavailable``,
+#: ``conflict`` and ``alreadyRecovered`` are the statuses of issue 9 point 5: mapped here by name so
+#: the one rule holds wherever they are reported. ``skipped`` leaves nothing behind.
+RESIDUE_TYPES: dict[str, str] = {
+    "compensated": DECLARED,
+    "alreadyRecovered": DECLARED,
+    "failed": RESIDUE_FAILED,
+    "unrecoverable": NOT_ATTEMPTED,
+    "unmanifested": NOT_ATTEMPTED,
+    "deferred": NOT_ATTEMPTED,
+    "awaitingApproval": NOT_ATTEMPTED,
+    "pending": NOT_ATTEMPTED,
+    "cancelled": NOT_ATTEMPTED,
+    "expired": NOT_ATTEMPTED,
+    "handlerUnavailable": NOT_ATTEMPTED,
+    "conflict": NOT_ATTEMPTED,
+    "unresolved": UNKNOWN,
+    "unverified": UNKNOWN,
+}
+
+_NOT_ATTEMPTED_WHY = {
+    "unmanifested": "it has no manifest entry (recorded in observe mode)",
+    "awaitingApproval": "its compensation was not approved",
+    "pending": "the rollback ended before its undo started or settled (deadline)",
+    "cancelled": "the request was cancelled before its undo started",
+    "expired": "the window in which it could be undone has passed",
+    "handlerUnavailable": "no runner could run its compensator",
+    "conflict": "the state it would restore has changed since (precondition no longer holds)",
+}
+
+
+def residue_type(status: str, error: str | None = None) -> str:
+    """The residue type of a step reported with ``status`` (a report bucket, camelCase or
+    snake_case): see :data:`RESIDUE_TYPES`. A ``failed`` step whose undo ran but whose read-back
+    failed, or could not be made (``error`` says ``read failed`` / ``cannot verify``), is
+    ``unknown``: nobody knows whether the effect is gone. Raises ``KeyError`` for a status with no
+    residue (``skipped``) or an unknown one."""
+    status = _camel(status)
+    if status == "failed" and error and ("read failed" in error or "cannot verify" in error):
+        return UNKNOWN
+    return RESIDUE_TYPES[status]
+
+
+def typed_residue(plan: Plan, report: Report) -> list[StepResidue]:
+    """The typed residue of ``report`` (``{step, type, text}``), in step order: each residue line
+    of an undone step (``declared``) and one entry for every step of any other bucket but
+    ``skipped``, typed by :func:`residue_type`, its text saying what stays and why. Every bucket of
+    :data:`RESIDUE_TYPES` present on the report is read, by name. O(n + residue lines)."""
+    out: list[StepResidue] = []
+    denied = {d.step: d.reason for d in report.denied}
+    for field_name in type(report).model_fields:
+        status = _camel(field_name)
+        if status not in RESIDUE_TYPES:
+            continue
+        for item in getattr(report, field_name) or []:
+            step = item if isinstance(item, int) else item.step
+            action = plan.action(step)
+            kind = residue_type(status, getattr(item, "error", None))
+            if kind == DECLARED:
+                out += [StepResidue(step=step, type=DECLARED, text=line) for line in action.residue]
+                continue
+            out.append(StepResidue(step=step, type=kind, text=_residue_text(status, kind, action, item, denied)))
+    out.sort(key=lambda e: e.step)
+    return out
+
+
+def _residue_text(status: str, kind: str, action, item, denied: dict[int, str]) -> str:
+    tool = action.tool
+    detail = getattr(item, "error", None) or getattr(item, "reason", None) or ""
+    if kind == RESIDUE_FAILED:
+        return f"the undo of {tool} failed, so its effect may remain: {detail or 'compensation failed'}"
+    if kind == UNKNOWN:
+        if status == "unresolved":
+            return f"the outcome of {tool} is uncertain: whether it had an effect is unknown (settle it with a resolution)"
+        if status == "unverified":
+            return f"{tool} was undone but the undo was not checked: whether its effect is gone is unknown"
+        return f"the undo of {tool} ran but could not be checked, so whether its effect is gone is unknown: {detail}"
+    if status == "unrecoverable":
+        return f"{tool} was not undone: {detail or 'it cannot be undone'}"
+    if status == "deferred":
+        blockers = ", ".join(str(b) for b in getattr(item, "blocked_by", []) or []) or "a dependent"
+        return f"{tool} was not undone: steps {blockers} that depend on it still stand"
+    if status == "awaitingApproval" and action.step in denied:
+        return f"{tool} was not undone: its compensation was {denied[action.step]}"
+    why = _NOT_ATTEMPTED_WHY.get(status, status)
+    return f"{tool} was not undone: {why}" + (f" ({detail})" if detail else "")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 def report_message(report: Report) -> str:
@@ -216,6 +327,7 @@ def report_message(report: Report) -> str:
     add("awaiting approval", [s for s in report.awaiting_approval if s not in denied])
     add("denied", [s for s in report.awaiting_approval if s in denied])  # not undone: a person said no
     add("pending", report.pending)
+    add("cancelled", report.cancelled)
     if report.skipped:
         parts.append(f"{len(report.skipped)} skipped")
     verdict = "complete" if report.complete else "incomplete"

@@ -6,7 +6,8 @@ Progress is a mapping ``{step: state}`` for the plan's compensate actions (a mis
 - ``pending``: not started; ``running``: its compensator (or reader) Job runs, or it waits for the
   backoff between attempts; ``compensated``: undone (checked or not); ``failed``: retries used up,
   or verification failed (final); ``awaitingApproval``: needs approval it does not have (rule 8);
-  ``deferred``: finally blocked (set by the caller from :func:`deferred_steps` at the end).
+  ``deferred``: finally blocked (set by the caller from :func:`deferred_steps` at the end);
+  ``cancelled``: never started because the request was cancelled (final).
 
 A step is *unsettled* while it stands and is not compensated: a compensate action in any state but
 ``compensated``, and every standing step the plan will not undo (unrecoverable, unresolved,
@@ -29,7 +30,8 @@ COMPENSATED = "compensated"
 FAILED = "failed"
 AWAITING_APPROVAL = "awaitingApproval"
 DEFERRED = "deferred"
-STATES = frozenset({PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED})
+CANCELLED = "cancelled"  # not started: the request was cancelled (issue 9 point 6)
+STATES = frozenset({PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED, CANCELLED})
 
 Progress = Mapping[int, str]
 

@@ -556,8 +556,8 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
 @untrusted
 def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, namespace: str,
                             name: str | None = None, **_: Any) -> None:
-    """Stamp who approved: new approvals' approver and time, approvedBy for approveCompensations
-    (of a valid spec only: a malformed one is refused here, with the field)."""
+    """Stamp who approved: new approvals' approver and time, approvedBy for approveCompensations,
+    cancelledBy when spec.cancel is set (of a valid spec only: a malformed one is refused here, with the field)."""
     _parse(RollbackRequestSpec, body.get("spec"),
            f"RollbackRequest {namespace}/{name or body.get('metadata', {}).get('generateName', '')}")
     user = _user(userinfo)
@@ -570,6 +570,12 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
         patch.spec["approvedBy"] = user
     elif "approvedBy" in spec:
         patch.spec["approvedBy"] = None  # only the server says who approved
+    if old_spec.get("cancelledBy"):
+        patch.spec["cancelledBy"] = old_spec["cancelledBy"]
+    elif spec.get("cancel") and not old_spec.get("cancel"):
+        patch.spec["cancelledBy"] = user  # who cancelled, for the record (issue 9 point 6)
+    elif "cancelledBy" in spec:
+        patch.spec["cancelledBy"] = None  # only the server says who cancelled
     now = _now()
     old = {a.get("step"): a for a in old_spec.get("approvals") or [] if isinstance(a, dict)}
     old_denials = {d.get("step"): d for d in old_spec.get("denials") or [] if isinstance(d, dict)}

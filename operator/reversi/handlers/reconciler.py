@@ -17,6 +17,12 @@ where it was (rule 3). The pass:
 5. carries out the effects: journal on the Run first, then Jobs, then Events;
 6. when nothing can move any more, writes the report (§5), releases the lock and ends
    ``Succeeded`` (complete) or ``Incomplete``.
+
+Cancel (``spec.cancel``, issue 9 point 6): no new Job starts (``Policy.stop``); the steps whose
+Jobs run are advanced until those Jobs finish and their true outcome is journaled; every step not
+started becomes ``cancelled``; then the report is written and the lock released as above, phase
+``Incomplete`` with ``Complete=False`` reason ``Cancelled`` (``Succeeded`` only when nothing was
+left to stop). A cancelled request that does not hold the lock never takes it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import executor as ex
+from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
 from ..engine import runners as rs
 from ..engine.plan import COMPENSATE, build_plan, undo_by_step
@@ -158,6 +165,8 @@ class Reconciler:
         run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
         self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
+            if spec.cancel:
+                return self._cancelled_before_planning(req, spec, f"its Run {ns}/{spec.run_ref.name} does not exist")
             return self._run_missing(req, spec.run_ref.name)
         settle = self._run_settling(req, run_obj)
         if settle:
@@ -239,7 +248,12 @@ class Reconciler:
                           f"{', '.join(missing)}; add it to spec.runners")
 
         # ---- the lock (rule 6) ----
-        if not self._lock(run_obj, name, ns):
+        cancelling = spec.cancel
+        stop = f"the request was cancelled by {spec.cancelled_by or 'an unknown user'}" if cancelling else None
+        holding = (run_obj.get("status") or {}).get("activeRequest") == name
+        if cancelling and not holding:
+            pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
+        elif not self._lock(run_obj, name, ns):
             holder = (run_obj.get("status") or {}).get("activeRequest")
             waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends"
             status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
@@ -247,7 +261,7 @@ class Reconciler:
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
             return WAIT_SECONDS
-        if status.get("runSteps") is None:
+        if status.get("runSteps") is None and not (cancelling and not holding):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
@@ -310,7 +324,7 @@ class Reconciler:
 
         deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
-                           require_verification=spec.require_verification)
+                           require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
 
@@ -327,8 +341,8 @@ class Reconciler:
             return view
 
         for s, run in list(runs.items()):
-            if deadline_passed and run.stage in ("retrying", "rereading"):
-                new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
+            if (deadline_passed or cancelling) and run.stage in ("retrying", "rereading"):
+                new, eff = ex.give_up(run, stop or f"the request's deadline ({spec.deadline_seconds}s) passed")
                 runs[s] = new
                 effects += eff
                 continue
@@ -338,15 +352,20 @@ class Reconciler:
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
         for s, run in list(reverify.items()):
-            if deadline_passed and run.stage == "rereading":
-                new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
+            if cancelling and run.stage == "verifying" and observe("reader", run.attempts, run.reads, s) is None:
+                del reverify[s]  # its read-back has not started: no new Job; the undo stays unverified
+                continue
+            if (deadline_passed or cancelling) and run.stage == "rereading":
+                new, eff = ex.give_up(run, stop or f"the request's deadline ({spec.deadline_seconds}s) passed")
             else:
                 new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now,
                                       memory.rng)
             reverify[s] = new
             effects += eff
+        if cancelling:
+            runs = {s: ex.cancel(r, stop or "") for s, r in runs.items()}
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
-        if not deadline_passed:
+        if not deadline_passed and not cancelling:
             journaled = undo_by_step(undo_all)
             for s in ready_steps(plan, graph, progress, spec.parallelism):
                 new, eff = ex.start(runs[s], journaled.get(s))
@@ -376,7 +395,7 @@ class Reconciler:
         # ---- report ----
         running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
         awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
-        finished = (not running) and (deadline_passed or is_finished(plan, graph, progress))
+        finished = (not running) and (deadline_passed or cancelling or is_finished(plan, graph, progress))
         deferred = deferred_steps(plan, graph, progress)
         outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
         report = build_report(plan, outcomes, require_verification=spec.require_verification)
@@ -395,6 +414,10 @@ class Reconciler:
             complete_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
             if report.complete and not plan.of_kind(COMPENSATE):
                 complete_reason = c.NOTHING_TO_UNDO
+            if cancelling:
+                verdict = (f"cancelled by {spec.cancelled_by or 'an unknown user'}"
+                           + ("; nothing was left to stop: " if report.complete else ": ") + verdict)
+                complete_reason = complete_reason if report.complete else c.CANCELLED
             unapproved = f"steps {awaiting} were not approved before the deadline"
             # stalled on approvals that came too late: say so, the rest of the verdict follows
             ready_reason, ready_message = ((c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting
@@ -409,10 +432,11 @@ class Reconciler:
             # between only means the next pass finishes the request again, from the journal)
             self._release(ns, spec.run_ref.name, name, report.complete)
             self._write(req, status)
-            self.kube.event(req, "RollbackComplete" if report.complete else "RollbackIncomplete", verdict,
-                            warning=not report.complete)
+            self.kube.event(req, "RollbackComplete" if report.complete else (
+                "RollbackCancelled" if cancelling else "RollbackIncomplete"), verdict, warning=not report.complete)
             if self.metrics:
-                self.metrics.request_finished(ns, "complete" if report.complete else "incomplete", report, plan)
+                self.metrics.request_finished(ns, "complete" if report.complete else (
+                    "cancelled" if cancelling else "incomplete"), report, plan)
                 self.metrics.refresh_runs(self.kube)
             return None
         if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
@@ -498,6 +522,8 @@ class Reconciler:
                 out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
             elif r.stage == "awaitingApproval":
                 out[s] = StepOutcome("awaitingApproval", error=r.error if r.reason == c.DENIED else None)
+            elif r.stage == "cancelled":
+                out[s] = StepOutcome("cancelled", error=r.error)
             elif finished and s in deferred:
                 out[s] = StepOutcome("deferred", blocked_by=tuple(deferred[s]))
             elif r.stage in ex.ACTIVE_STAGES:
@@ -533,23 +559,89 @@ class Reconciler:
             return False  # someone else changed the run: look again next pass
         return True
 
-    def _release(self, ns: str, run_name: str, name: str, complete: bool) -> None:
+    def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False) -> None:
         run_obj = self.kube.get(RUNS, ns, run_name)
         if run_obj is None or (run_obj.get("status") or {}).get("activeRequest") != name:
             return
-        conds = c.set_condition((run_obj.get("status") or {}).get("conditions") or [], c.condition(
-            c.LOCKED, c.FALSE, c.RELEASED, f"RollbackRequest {name} finished", run_obj["metadata"].get("generation")))
         run_gen = run_obj["metadata"].get("generation")
+        if deleted:
+            locked = (c.REQUEST_DELETED, f"RollbackRequest {name} was deleted before it finished; the lock is released")
+            rolled = f"last rollback: RollbackRequest {name} was deleted mid-way (incomplete): create a new request"
+        else:
+            locked = (c.RELEASED, f"RollbackRequest {name} finished")
+            rolled = f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})"
+        conds = c.set_condition((run_obj.get("status") or {}).get("conditions") or [], c.condition(
+            c.LOCKED, c.FALSE, locked[0], locked[1], run_gen))
         conds = c.set_condition(conds, c.condition(
             c.ROLLED_BACK, c.TRUE if complete else c.FALSE, c.ALL_COMPENSATED if complete else c.INCOMPLETE,
-            f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})", run_gen))
+            rolled, run_gen))
         conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
         try:
             self.kube.merge_status(RUNS, ns, run_name,
                                    {"activeRequest": None, "conditions": conds, "observedGeneration": run_gen},
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
-            self._release(ns, run_name, name, complete)
+            self._release(ns, run_name, name, complete, deleted)
+
+    # ------------------------------------------------------------------ a request deleted mid-way
+
+    def request_deleted(self, namespace: str, name: str, run_name: str | None) -> None:
+        """RollbackRequest ``namespace/name`` of Run ``run_name`` is gone (issue 9 point 6): its
+        compensator Jobs, owned by the Run, keep running; every ``compensating`` entry it left
+        whose Job has finished is settled from the Job's true outcome
+        (:func:`reversi.engine.orphans.settle`), and the Run's lock is released if it still names
+        the request (``Locked=False`` reason ``RequestDeleted``). Entries whose Job still runs are
+        settled when it finishes (:meth:`job_finished`). Idempotent; raises ``ApiException``."""
+        if not run_name:
+            return
+        run_obj = self.kube.get(RUNS, namespace, run_name)
+        if run_obj is None:
+            return
+        self._settle_orphans(run_obj, name)
+        if (run_obj.get("status") or {}).get("activeRequest") == name:
+            self._release(namespace, run_name, name, complete=False, deleted=True)
+
+    def job_finished(self, namespace: str, job: dict) -> None:
+        """A compensator Job finished: when the request that started it no longer exists (deleted
+        mid-way, also while the operator was down), settle what it left (:meth:`request_deleted`)."""
+        meta = job.get("metadata") or {}
+        request = (meta.get("annotations") or {}).get(jobs_mod.ANNOTATION_REQUEST)
+        run_name = (meta.get("annotations") or {}).get(jobs_mod.ANNOTATION_RUN)
+        if not request or not run_name:
+            return
+        req = self.kube.get(REQUESTS, namespace, request)
+        if req is not None and req["metadata"].get("uid") == (meta.get("labels") or {}).get(jobs_mod.LABEL_REQUEST_UID) \
+                and not req["metadata"].get("deletionTimestamp"):
+            return  # its request lives: its worker records the outcome
+        self.request_deleted(namespace, request, run_name)
+
+    def _settle_orphans(self, run_obj: dict, request: str) -> None:
+        meta = run_obj["metadata"]
+        ns, run_name, run_uid = meta["namespace"], meta["name"], meta["uid"]
+        try:
+            journal = self._load_journal(run_obj, Memory())
+        except jr.JournalError as err:
+            log.warning("Run %s/%s: cannot read its journal to settle what %s left: %s", ns, run_name, request, err)
+            return
+        left = [u for u in journal.undo.values() if u.state == "compensating" and u.request == request]
+        if not left:
+            return
+        jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid},{jobs_mod.LABEL_ROLE}=compensator")
+        steps = {s.index: s for s in journal.spec.steps}
+        for entry in left:
+            job = jobs.get(jobs_mod.job_name(run_uid, entry.step, entry.attempts))
+            if job is None:
+                continue  # never created (or gone): the next request adopts or creates it (rule 3)
+            step = steps.get(entry.step)
+            snapshot = journal.spec.snapshot_of(step) if step is not None else None
+            settled = orphans.settle(entry, request=request, attempt=entry.attempts,
+                                     job=self.kube.job_view(job, reader=False),
+                                     readback_declared=snapshot is not None and snapshot.verification is not None,
+                                     now=st.iso(time.time()) or "")
+            if settled is not None:
+                jr.write_undo(self.kube.custom, ns, run_name, settled)
+                log.info("Run %s/%s: step %d left compensating by deleted RollbackRequest %s settled %s from Job %s",
+                         ns, run_name, entry.step, request, settled.state, job.metadata.name)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
                  memory: "Memory | None" = None, reverified: dict[int, StepUndo] | None = None) -> None:
@@ -641,12 +733,14 @@ class Reconciler:
         """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6).
         ``runners``: the request's recorded runners (``status.runners``), never the live ToolManifest's."""
         meta = req["metadata"]
-        owner = jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"])
+        run_meta = run_obj["metadata"]
+        # owned by the Run: deleting the request never kills a compensator mid-call (issue 9 point 6)
+        owner = jobs_mod.Owner(meta["namespace"], run_meta["name"], run_meta["uid"], kind="Run")
         action = plan.actions[e.step]
         step = steps_by_index[e.step]
-        run_meta = run_obj["metadata"]
         common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
-                      deadline_seconds=spec.deadline_seconds, settings=self.job_settings)
+                      deadline_seconds=spec.deadline_seconds, settings=self.job_settings,
+                      request=jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"]))
         if e.role == "reader":
             vp = verify_plans[e.step]
             runner = runners[vp.runner]
@@ -689,6 +783,25 @@ class Reconciler:
             if (req.get("status") or {}).get("phase") != "Pending":
                 self.kube.event(req, c.RUN_NOT_FOUND, message)
         return max(min(left, WAIT_SECONDS * 12), 0.1)
+
+    def _cancelled_before_planning(self, req: dict, spec: RollbackRequestSpec, why: str) -> None:
+        """A request cancelled before it could plan (its Run missing): it ends ``Incomplete`` with
+        ``Complete=False`` reason ``Cancelled`` and no report; nothing ran, no lock was taken."""
+        meta = req["metadata"]
+        gen = meta.get("generation", 1)
+        status = dict(req.get("status") or {})
+        message = f"cancelled by {spec.cancelled_by or 'an unknown user'} before anything was planned ({why}): nothing was undone"
+        status.update(phase="Incomplete", observedGeneration=gen, completionTime=st.iso(time.time()),
+                      conditions=st.summary_conditions(status.get("conditions") or [], gen, [
+                          (c.RUNNING, c.FALSE, c.FINISHED, "no compensation ran"),
+                          (c.COMPLETE, c.FALSE, c.CANCELLED, message),
+                          *st.request_readiness("Incomplete", c.CANCELLED, message)]))
+        self._wait_for_run(meta["namespace"], spec.run_ref.name, meta["name"], False)
+        self._write(req, status)
+        self.kube.event(req, "RollbackCancelled", message, warning=True)
+        if self.metrics:
+            self.metrics.request_finished(meta["namespace"], "cancelled")
+        return None
 
     def _run_settling(self, req: dict, run_obj: dict) -> float | None:
         """A request that waited for its Run (``RunNotFound``) gives the steps applied with the Run

@@ -5,16 +5,19 @@ The work happens in :mod:`reversi.handlers.reconciler`, driven by :mod:`reversi.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
 
 from ..adapters import journal as jr
 from ..adapters import status as st
-from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY
+from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY, LABEL_ROLE
 from ..models.rollbackrequest import TERMINAL_PHASES
 from . import indices as ix
 from . import runtime
+
+log = logging.getLogger("reversi.rollback")
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "rollbackrequests")
@@ -24,6 +27,12 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kw
     workers = runtime.state().workers
     if type == "DELETED":
         workers.stop(namespace, name)
+        if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (issue 9)
+            run_name = ((body.get("spec") or {}).get("runRef") or {}).get("name")
+            try:
+                runtime.state().reconciler.request_deleted(namespace, name, run_name)
+            except Exception as err:  # noqa: BLE001 - the next request, or the Job's event, settles it
+                log.warning("RollbackRequest %s/%s deleted: Run %s not settled now: %s", namespace, name, run_name, err)
         return
     if not runtime.reconciling():
         return
@@ -38,12 +47,18 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kw
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
-def rollback_job_event(body: Any, namespace: str, **kwargs: Any) -> None:
-    """A compensator or reader Job changed: wake its request's worker at once."""
+def rollback_job_event(body: Any, namespace: str, type: str = "", **kwargs: Any) -> None:
+    """A compensator or reader Job changed: wake its request's worker at once. A compensator
+    that finished after its request was deleted is settled here (the Job is the Run's)."""
     ix.capture(kwargs)
     request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
     if request:
         runtime.state().workers.ensure(namespace, request)
+    labels = body.get("metadata", {}).get("labels") or {}
+    finished = any(cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True"
+                   for cond in (body.get("status") or {}).get("conditions") or [])
+    if finished and labels.get(LABEL_ROLE) == "compensator" and type != "DELETED" and runtime.reconciling():
+        runtime.state().reconciler.job_finished(namespace, dict(body))
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")

@@ -41,7 +41,7 @@ from .toolmanifest import Runner
 
 Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
 StepStage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
-                    "rereading", "compensated", "failed", "deferred"]
+                    "rereading", "compensated", "failed", "deferred", "cancelled"]
 ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
 
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
@@ -104,6 +104,16 @@ class RollbackRequestSpec(ReversiModel):
                     "spec.approvedBy is immutable once set",
                     fieldPath=".approvedBy",
                 ),
+                rule(
+                    "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)",
+                    "spec.cancel cannot be undone: a cancelled request stays cancelled; create a new request",
+                    fieldPath=".cancel",
+                ),
+                rule(
+                    "!has(oldSelf.cancelledBy) || (has(self.cancelledBy) && self.cancelledBy == oldSelf.cancelledBy)",
+                    "spec.cancelledBy is immutable once set",
+                    fieldPath=".cancelledBy",
+                ),
             ]
         }
     )
@@ -153,6 +163,18 @@ class RollbackRequestSpec(ReversiModel):
     )
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
+    )
+
+    cancel: bool = Field(
+        default=False,
+        description="Stop the request (kubectl reversi cancel): no new Job starts; running Jobs finish and are "
+        "recorded with their true outcome; every step not started is cancelled; the Run is released; the request "
+        "ends Incomplete with Complete=False reason Cancelled. Cannot be set back to false; a no-op on a finished request.",
+    )
+    cancelled_by: str | None = Field(
+        default=None,
+        max_length=MAX_NAME * 2,
+        description="Who set cancel (stamped at admission). Immutable once set.",
     )
 
     def approved_steps(self) -> set[int]:
@@ -225,7 +247,7 @@ class StepStatus(StatusModel):
     stage: StepStage | None = Field(
         default=None,
         description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
-        "verifying, rereading, compensated, failed or deferred.",
+        "verifying, rereading, compensated, failed, deferred or cancelled (not started: the request was cancelled).",
     )
     attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
     first_attempt: int | None = Field(
@@ -266,11 +288,29 @@ class StepBlocked(StatusModel):
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep it from being undone.")
 
 
+ResidueType = Literal["declared", "failed", "notAttempted", "unknown"]
+RESIDUE_TYPES: tuple[str, ...] = ("declared", "failed", "notAttempted", "unknown")
+
+
 class StepResidue(StatusModel):
-    """What the undo of a step could not take back."""
+    """One thing a rollback leaves behind (typed residue, issue 9 point 7): ``type`` declared (a
+    residue line the manifest states for an undone step), failed (the undo failed: the effect may
+    remain), notAttempted (the step was not undone: irreversible, deadline, cancel, deferred,
+    approval, ...: the effect remains) or unknown (uncertain outcome, an unchecked undo, a failed
+    read). ``residue`` is the shape of reports written before typed residue (read as declared)."""
 
     step: int = Field(ge=0, description="Index of the step.")
-    residue: list[str] = Field(default_factory=list, description="Residue lines from the manifest.")
+    type: ResidueType = Field(
+        default="declared",
+        description="declared (stated in the manifest, for an undone step), failed (the undo failed: the effect may "
+        "remain), notAttempted (not undone: the effect remains) or unknown (uncertain outcome, unchecked undo, failed read).",
+    )
+    text: str = Field(default="", description="What is left behind, for a person.")
+    residue: list[str] | None = Field(
+        default=None,
+        description="Deprecated: the manifest's residue lines of a report written before typed residue "
+        "(read as type declared); new reports use type and text.",
+    )
 
 
 class Report(StatusModel):
@@ -308,12 +348,19 @@ class Report(StatusModel):
     pending: list[int] = Field(
         default_factory=list, description="Not settled yet (compensation pending or running), e.g. at a deadline."
     )
+    cancelled: list[int] = Field(
+        default_factory=list,
+        description="Not started because the request was cancelled (spec.cancel): no compensator ran for them in this request.",
+    )
     residue: list[StepResidue] = Field(
-        default_factory=list, description="Residue of every compensated (or unverified) step."
+        default_factory=list,
+        description="Typed residue {step, type, text}: declared lines of undone steps, and one entry per step not "
+        "(surely) undone: failed, notAttempted or unknown.",
     )
     complete: bool = Field(
         default=False,
-        description="True only when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified and pending are all empty.",
+        description="True only when every residue entry is declared (failed, unrecoverable, unresolved, unmanifested, "
+        "deferred, awaitingApproval, unverified, cancelled and pending are all empty).",
     )
 
 
