@@ -129,7 +129,7 @@ def test_a_rerun_still_reports_the_residue_of_earlier_undos(rv):
     second = rv.wait_phase("second", "Succeeded", "Incomplete")
     assert second["status"]["report"]["compensated"] == [0]
     assert second["status"]["report"]["residue"] == [
-        {"step": 0, "residue": ["the charge stays visible on the customer's statement"]}]
+        {"step": 0, "type": "declared", "text": "the charge stays visible on the customer's statement"}]
 
 
 def test_many_waiting_requests_back_off(rv, operator):

@@ -30,7 +30,8 @@ def _container(job) -> dict:
 
 
 def _owned(rv, role: str, request: str) -> list:
-    return [j for j in _jobs(rv, role) if j.metadata.owner_references[0].name == request]
+    """Jobs of ``role`` started by ``request`` (Jobs are owned by the Run; the request is an annotation)."""
+    return [j for j in _jobs(rv, role) if (j.metadata.annotations or {}).get("reversi.dev/request") == request]
 
 
 def test_a_toolmanifest_edited_mid_rollback_changes_nothing_until_the_next_request(rv, operator):
