@@ -44,15 +44,18 @@ import collections
 import json
 import os
 import random
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters.journal import step_body
+from tests.integration.conftest import manifest_body
 
 pytestmark = pytest.mark.cluster
 
@@ -66,6 +69,7 @@ FINAL_BOUND_SECONDS = 150.0
 KINDS = ("operator", "watches", "control-plane", "node-agent")
 WEIGHTS = (5, 2, 2, 2)
 FINAL = ("Succeeded", "Incomplete", "Failed")
+COUNTER = Path(__file__).with_name("chaos_counter.py")
 
 
 @dataclass
@@ -205,6 +209,20 @@ def chaos_cluster(cluster, operator):
     assert cluster.is_running(), "the control plane did not come back after the chaos test"
 
 
+def apply_counting_manifest(rv, executions: Path) -> None:
+    """The test ToolManifest, with compensators and readers run by ``chaos_counter.py``, which
+    writes a line to ``executions`` for every execution (its Job and pod, from the downward API)."""
+    body = manifest_body(rv.downstream.url)
+    runner = body["spec"]["runners"][0]
+    runner["command"] = [sys.executable, str(COUNTER)]
+    runner["env"] += [
+        {"name": "REVERSI_CHAOS_EXEC_LOG", "value": str(executions)},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "JOB_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['job-name']"}}},
+    ]
+    rv.manifest = rv.create("toolmanifests", body)
+
+
 def make_workload(rv, rng: random.Random) -> list[Rollback]:
     """ROLLBACKS runs of 1-3 steps (charges and reservations, independent), recorded before any fault."""
     rollbacks = []
@@ -245,11 +263,13 @@ def test_rollbacks_survive_killed_operators_restarted_control_plane_lost_pods_an
     rng = random.Random(SEED)
     workload_rng, fault_rng = random.Random(rng.random()), random.Random(rng.random())
     rv.downstream.post("/_reset", {"stock": {"sku-mug": 10 * ROLLBACKS + 10}})
-    rv.apply_manifest()
+    executions = chaos_cluster.paths.root / "chaos" / f"{rv.ns}.jsonl"  # not under /tmp: pods mount their own
+    executions.parent.mkdir(exist_ok=True)
+    executions.unlink(missing_ok=True)
+    apply_counting_manifest(rv, executions)
     rollbacks = make_workload(rv, workload_rng)
     # refunds answer after 1 s (the effect happens at once): compensations stay in flight
     rv.downstream.fault("/payments/refunds", "timeout", times=10 * ROLLBACKS, delay_s=1)
-    by_request = {f"undo-{r.run}": r for r in rollbacks}
     pending = list(rollbacks)
     active: dict[str, Rollback] = {}
     monkey = Monkey(fault_rng, chaos_cluster, operator, lambda: len(active),
@@ -295,41 +315,44 @@ def test_rollbacks_survive_killed_operators_restarted_control_plane_lost_pods_an
     after = max((r.final_at - faults_end for r in rollbacks if r.final_at), default=0.0)
     wall = time.monotonic() - started
 
-    checks = check_invariants(rv, rollbacks, by_request)
-    summary(log, rollbacks, monkey.faults, checks, setup, wall, max(after, 0.0))
+    runs = [json.loads(line) for line in executions.read_text().splitlines()] if executions.exists() else []
+    checks = check_invariants(rv, rollbacks, runs)
+    summary(log, rollbacks, monkey.faults, checks, setup, wall, max(after, 0.0), runs)
     assert not checks.failures, (f"{len(checks.failures)} invariant failures (replay with REVERSI_CHAOS_SEED={SEED} "
                                  f"REVERSI_CHAOS_ROLLBACKS={ROLLBACKS}):\n" + "\n".join(checks.failures[:40]))
     kinds = collections.Counter(f.kind for f in monkey.faults if f.in_flight)
     assert all(kinds[k] for k in KINDS), f"not every kind of fault hit a rollback in flight: {dict(kinds)}"
 
 
-def check_invariants(rv, rollbacks: list[Rollback], by_request: dict[str, Rollback]) -> Checks:
+def check_invariants(rv, rollbacks: list[Rollback], runs: list[dict]) -> Checks:
+    """Check every invariant of the module docstring; ``runs`` are the counting tool's lines."""
     checks = Checks()
     state = rv.downstream.state()
     calls = collections.defaultdict(list)  # (path, key) -> [replayed?]
     for call in state.get("calls", []):
         calls[(call["path"], call["key"])].append(call["replayed"])
+    ran = collections.defaultdict(collections.Counter)  # Job -> {pod: executions}
+    for line in runs:
+        ran[line["job"]][line["pod"]] += 1
     jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
     attempts = collections.defaultdict(list)  # (run uid, step) -> [attempt]
-    for job in jobs:
-        labels = job.metadata.labels
-        attempts[(labels["reversi.dev/run-uid"], int(labels["reversi.dev/step"]))].append(
-            int(labels["reversi.dev/attempt"]))
+    executed = collections.Counter()  # (run uid, step) -> executions of its compensators
     pods = collections.defaultdict(list)
     for pod in rv.core.list_namespaced_pod(rv.ns).items:
         pods[(pod.metadata.labels or {}).get("job-name")].append(pod)
-    twice = []  # Jobs whose controller started a second pod (see the module docstring)
-    pods_of_step = collections.Counter()
     for job in jobs:
-        name = job.metadata.name
-        labels = job.metadata.labels
-        pods_of_step[(labels["reversi.dev/run-uid"], int(labels["reversi.dev/step"]))] += len(pods[name])
-        if len(pods[name]) > 1:
-            twice.append(f"Job {name}: {[describe_pod(p) for p in pods[name]]}")
+        name, labels = job.metadata.name, job.metadata.labels
+        step = (labels["reversi.dev/run-uid"], int(labels["reversi.dev/step"]))
+        attempts[step].append(int(labels["reversi.dev/attempt"]))
+        executed[step] += sum(ran[name].values())
+        checks.check("no pod ran its program twice", all(n == 1 for n in ran[name].values()),
+                     lambda: f"Job {name}: executions by pod {dict(ran[name])}")
         checks.check("no container restarted", all(cs.restart_count == 0 for p in pods[name]
                                                     for cs in p.status.container_statuses or []),
                      lambda: f"Job {name} has pods {[describe_pod(p) for p in pods[name]]}")
-    checks.twice = twice
+        if len(ran[name]) > 1:
+            checks.twice.append(f"Job {name}: run by pods {sorted(ran[name])}; pods now "
+                                f"{[describe_pod(p) for p in pods[name]]}")
     for r in rollbacks:
         req = rv.get("rollbackrequests", r.request)
         status = req.get("status") or {}
@@ -355,15 +378,17 @@ def check_invariants(rv, rollbacks: list[Rollback], by_request: dict[str, Rollba
             n = int(u.get("attempts") or 0)
             checks.check("one Job per attempt, attempts 1..n", tried == list(range(1, n + 1)),
                          lambda: f"{where}: compensator Jobs for attempts {tried}, journal says {n}")
-            started = pods_of_step[(run_uid, s.index)]
-            checks.check("at most one downstream call per compensator pod", len(made) <= started,
-                         lambda: f"{where}: {len(made)} calls with its key from {started} pods")
+            runs_of_step = executed[(run_uid, s.index)]
+            checks.check("downstream calls with its key <= executions of its compensators", len(made) <= runs_of_step,
+                         lambda: f"{where}: {len(made)} calls with its key, {runs_of_step} executions")
             checks.check("at most one real effect per step", real <= 1,
                          lambda: f"{where}: {real} real (not replayed) effects")
             if u.get("state") == "compensated":
                 compensated.append(s.index)
-                checks.check("compensated => its compensator ran (one real effect, own key)", real == 1 and undone,
-                             lambda: f"{where}: compensated, but {real} real effects, downstream undone={undone}")
+                checks.check("compensated => its compensator ran (one real effect, own key)",
+                             real == 1 and undone and runs_of_step >= 1,
+                             lambda: f"{where}: compensated, but {real} real effects, downstream undone={undone}, "
+                                     f"{runs_of_step} executions")
                 checks.check("compensated => verified by its reader", u.get("verification") == "verified",
                              lambda: f"{where}: verification {u.get('verification')}")
             else:
@@ -410,7 +435,9 @@ def describe_pod(pod) -> str:
 
 
 def summary(log, rollbacks: list[Rollback], faults: list[Fault], checks: Checks, setup: float, wall: float,
-            after: float) -> None:
+            after: float, runs: list[dict]) -> None:
+    roles = collections.Counter(line["role"] for line in runs)
+    executions = f"{roles['compensator']:>6} / {roles['reader']}"
     phases = collections.Counter(r.phase for r in rollbacks)
     kinds = collections.Counter(f.kind for f in faults)
     hit = collections.Counter(f.kind for f in faults if f.in_flight)
@@ -427,7 +454,8 @@ def summary(log, rollbacks: list[Rollback], faults: list[Fault], checks: Checks,
         log(f"    {kind:<56} {kinds[kind]:>6}   ({hit[kind]} with rollbacks in flight)")
     log(f"  {'every request final, seconds after the last fault':<58} {after:>6.1f}   (bound {FINAL_BOUND_SECONDS:.0f})")
     log(f"  {'set-up / wall time (s)':<58} {setup:>6.1f} / {wall:.1f}")
-    log(f"  {'Jobs whose controller started a second pod (a replay)':<58} {len(checks.twice):>6}")
+    log(f"  {'executions of compensators / readers (counting tool)':<58} {executions}")
+    log(f"  {'compensator Jobs run by two pods (Kubernetes; a replay)':<58} {len(checks.twice):>6}")
     for line in checks.twice:
         log(f"    {line}")
     log("  invariant checks (passed / run):")
