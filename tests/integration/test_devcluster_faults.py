@@ -129,3 +129,70 @@ def _exists(read, *args):
         return True
     except ApiException:
         return False
+
+
+def test_restarted_components_keep_the_cluster_state_and_a_restarted_node_agent_never_reruns_a_pod(tmp_path, cluster):
+    """Cluster.restart SIGKILLs components and starts them on the same state: etcd's objects
+    survive; the node agent kills what its predecessor left running, marks that pod Failed
+    (NodeAgentRestarted, its container ContainerStatusUnknown 137) so its Job fails instead of
+    running it twice, and still serves the log of a pod that finished before the restart."""
+    from kubernetes import client, config
+
+    from tests.helpers import wait_for
+
+    c = _second_cluster(tmp_path)
+    c.up(log=lambda *_: None)
+    try:
+        api = config.new_client_from_config(config_file=str(c.paths.admin_kubeconfig))
+        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        wait_for(lambda: _exists(core.read_namespaced_service_account, "default", "default"), what="default SA")
+        core.create_namespaced_config_map("default", {"metadata": {"name": "kept"}, "data": {"k": "v"}})
+        marks = tmp_path / "marks"
+
+        def job(name: str, script: str) -> None:
+            batch.create_namespaced_job("default", {"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x",
+                                                                    "command": ["sh", "-c", script]}]}}}})
+
+        def verdict(name: str):
+            conds = batch.read_namespaced_job_status(name, "default").status.conditions or []
+            return next((x.type for x in conds if x.status == "True" and x.type in ("Complete", "Failed")), None)
+
+        def pod_of(name: str):
+            pods = core.list_namespaced_pod("default", label_selector=f"job-name={name}").items
+            return pods[0] if len(pods) == 1 else None
+
+        job("done", "echo hello from before")
+        assert wait_for(lambda: verdict("done"), what="the first Job") == "Complete"
+        job("long", f"echo $$$$ >> {marks}; sleep 60")  # $$ is an escaped $ for kubelet
+        wait_for(lambda: marks.exists() and marks.read_text().strip()
+                 and (pod_of("long") and pod_of("long").status.phase == "Running"), what="the long pod running")
+        pid = int(marks.read_text().split()[0])
+
+        took = c.restart(["node-agent"], log=lambda *_: None)
+        assert took < 30
+        assert not _alive_pid(pid), "the pod's process outlived the restart"
+        assert wait_for(lambda: verdict("long"), what="the long Job to end") == "Failed"
+        pod = pod_of("long")
+        assert pod.status.reason == "NodeAgentRestarted"
+        term = pod.status.container_statuses[0].state.terminated
+        assert (term.exit_code, term.reason) == (137, "ContainerStatusUnknown")
+        assert marks.read_text().split() == [str(pid)], "the pod ran again"
+        log = core.read_namespaced_pod_log(pod_of("done").metadata.name, "default", container="main")
+        assert log.strip() == "hello from before"
+
+        c.restart(["etcd", "kube-apiserver"], log=lambda *_: None)
+        assert core.read_namespaced_config_map("kept", "default").data == {"k": "v"}
+        assert c.is_running()
+        assert c.start_stopped(log=lambda *_: None) == []
+    finally:
+        c.down(quiet=True)
+    _no_process_left(c)
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"

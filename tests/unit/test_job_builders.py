@@ -117,3 +117,23 @@ def test_pod_truth_a_failed_job_whose_container_exited_0_succeeded():
     assert pod_verdict("failed", []) == "failed", "no pod: the Job's verdict stands"
     assert pod_verdict("succeeded", [1]) == "succeeded"
     assert pod_verdict("running", [0]) == "running"
+
+
+def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while():
+    """A reader's log that the API server cannot fetch (the kubelet restarting: 5xx, or 429) is
+    read again on a later pass for READER_LOG_GRACE_SECONDS after the Job finished; any other
+    error, or a later one, is a failed read (a new reader runs)."""
+    import datetime as dt
+
+    from reversi.adapters.kube import READER_LOG_GRACE_SECONDS, reader_log_pending
+
+    done = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    soon = done + dt.timedelta(seconds=5)
+    late = done + dt.timedelta(seconds=READER_LOG_GRACE_SECONDS + 1)
+    assert reader_log_pending(500, done, soon) and reader_log_pending(503, done, soon)
+    assert reader_log_pending(429, done, soon)
+    assert reader_log_pending(502, None, late), "no finish time: keep looking"
+    assert not reader_log_pending(500, done, late), "the kubelet stays away: the read failed"
+    assert not reader_log_pending(404, done, soon), "the log is gone: the read failed"
+    assert not reader_log_pending(403, done, soon)
+    assert not reader_log_pending(None, done, soon)

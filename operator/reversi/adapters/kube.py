@@ -155,13 +155,16 @@ class Kube:
         (and, for a reader, its stdout)."""
         state = "running"
         job_message = ""
+        finished_at = None
         for cond in job.status.conditions or []:
             if cond.status != "True":
                 continue
             if cond.type == "Complete":
                 state = "succeeded"
+                finished_at = cond.last_transition_time
             elif cond.type == "Failed":
                 state = "failed"
+                finished_at = cond.last_transition_time
                 job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
         if state == "running":
             return JobView("running")
@@ -190,8 +193,11 @@ class Kube:
                                                              _preload_content=False, _request_timeout=self.timeout)
                     output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:
-                    output = None
-                    message = f"cannot read the reader's output: {err.reason}"
+                    if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.timezone.utc)):
+                        log.info("Job %s/%s: its reader's log cannot be read yet (%s %s); looking again later",
+                                 ns, name, err.status, api_message(err))
+                        return JobView("running")
+                    return JobView("failed", message=f"cannot read the reader's output: {api_message(err)}")
         if state == "failed" and not message:
             message = job_message
         if state == "failed" and job_message.startswith("DeadlineExceeded"):
@@ -230,6 +236,22 @@ def pod_verdict(job_state: str, exit_codes: list[int | None]) -> str:
     if job_state == "failed" and exit_codes and all(code == 0 for code in exit_codes):
         return "succeeded"
     return job_state
+
+
+#: seconds after a reader Job finished during which a log read that fails on the way (the API
+#: server or the node's kubelet down or restarting: 5xx, 429) is tried again on the next pass
+READER_LOG_GRACE_SECONDS = 120.0
+
+
+def reader_log_pending(status: int | None, finished_at: dt.datetime | None, now: dt.datetime) -> bool:
+    """Whether a reader's log that could not be read (HTTP ``status``) should be read again later
+    rather than count as a failed read: the error is one on the way (5xx or 429: the API server
+    cannot reach the kubelet, e.g. while the node agent restarts) and the Job finished less than
+    :data:`READER_LOG_GRACE_SECONDS` ago (or has no finish time). Any other error, or a later one,
+    is a failed read (the reader runs again, rule 5). Pure."""
+    if status is None or not (status >= 500 or status == 429):
+        return False
+    return finished_at is None or (now - finished_at).total_seconds() < READER_LOG_GRACE_SECONDS
 
 
 #: what the API server answers when a JSON-patch ``test`` operation fails (422, no causes)

@@ -21,6 +21,7 @@ every process it started, whatever state ``up`` reached.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -205,26 +206,12 @@ class Cluster:
                 )
         certs = self._prepare_pki()
         admin = self.kubeconfig_for("reversi-admin", ("system:masters",), name="admin")
-        kcm = self.kubeconfig_for("system:kube-controller-manager", name="controller-manager")
-        node = self.kubeconfig_for(
-            f"system:node:{NODE_NAME}", ("system:nodes", "system:masters"), name="node-agent"
-        )
         started = time.monotonic()
         try:
-            self._start("etcd", self._etcd_cmd())
-            self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{s.etcd_port}/health"))
-            self._start("kube-apiserver", self._apiserver_cmd(certs))
-            self._wait("kube-apiserver", self._apiserver_ready)
-            self._start("kube-controller-manager", self._kcm_cmd(certs, kcm))
-            self._start("node-agent", [
-                sys.executable, "-m", "reversi.devcluster.nodeagent",
-                "--kubeconfig", str(node), "--node-name", NODE_NAME,
-                "--state-dir", str(self.paths.node), "--port", str(s.kubelet_port),
-                "--tls-cert", str(certs["kubelet"].cert), "--tls-key", str(certs["kubelet"].key),
-                "--client-ca", str(certs["ca"].cert),
-                "--apiserver-host", "127.0.0.1", "--apiserver-port", str(s.apiserver_port),
-            ], env={"PYTHONPATH": _package_root()})
-            self._wait("node-agent", self._node_ready)
+            for comp in COMPONENTS:
+                self._start(comp, *self._command(comp, certs))
+                if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
+                    self._wait(comp, self._ready_check(comp, first=True))
             self._wait("kube-controller-manager", self._default_serviceaccount_exists)
         except BaseException:
             self.down(quiet=True)
@@ -275,6 +262,112 @@ class Cluster:
     def is_running(self) -> bool:
         """True when every component is alive and the API server answers ``/readyz``."""
         return all(c["running"] for c in self.status().values()) and self._apiserver_ready()
+
+    def restart(self, components, *, kill: bool = True, down_seconds: float = 0.0, log=print) -> float:
+        """Stop the named components and start them again with the same command, state and ports;
+        return when each is ready again, with the seconds the restart took.
+
+        ``components``: names from :data:`COMPONENTS`, in any order (an unknown name raises
+        :class:`ClusterError` before anything is stopped). They are stopped in reverse start order
+        — ``kill=True`` sends SIGKILL to each process group, like a crash; ``kill=False`` SIGTERM,
+        then SIGKILL after a grace period — kept down ``down_seconds``, then started in start
+        order, each waited for: etcd answers ``/health`` (its data folder is kept, so the cluster's
+        objects survive), kube-apiserver ``/readyz``, kube-controller-manager has started its job
+        controller, the node agent has posted a fresh heartbeat. The node agent keeps its state
+        folder: at start it kills the pod processes its killed predecessor left running and marks
+        the pods that were running ``Failed`` (reason ``NodeAgentRestarted``), so they are lost,
+        as on a node that crashed, and never run twice. The other components are not touched:
+        kube-apiserver alone restarted cuts every watch and connection of every client.
+        Raises :class:`ClusterError` when the cluster is not up or a component does not come back.
+        """
+        names = set(components)
+        unknown = sorted(names - set(COMPONENTS))
+        if unknown:
+            raise ClusterError(f"no component {', '.join(unknown)}; the components are {', '.join(COMPONENTS)}")
+        if not self.paths.admin_kubeconfig.exists():
+            raise ClusterError(f"the control plane in {self.paths.root} is not up; run `reversi-devcluster up` first")
+        started = time.monotonic()
+        order = [comp for comp in COMPONENTS if comp in names]
+        for comp in reversed(order):
+            self._stop(comp, kill=kill)
+            log(f"{'killed' if kill else 'stopped'} {comp}")
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        self.start_stopped(order, log=log)
+        return time.monotonic() - started
+
+    def start_stopped(self, components=COMPONENTS, *, log=print) -> list[str]:
+        """Start those of ``components`` that are not running (same command, state and ports as
+        ``up``; etcd's data kept) in start order, each waited for as in :meth:`restart`; return
+        their names. What a test that kills components calls in its ``finally``, so the cluster is
+        whole again for the tests after it. Raises :class:`ClusterError` like :meth:`restart`."""
+        certs = self._prepare_pki()
+        status = self.status()
+        stopped = [comp for comp in COMPONENTS if comp in components and not status[comp]["running"]]
+        for comp in stopped:  # what is left of a dead one goes first (its pid file, a child)
+            self._stop(comp, kill=True)
+        started = []
+        for comp in stopped:
+            since = time.time()
+            offset = self.paths.log(comp).stat().st_size if self.paths.log(comp).exists() else 0
+            self._start(comp, *self._command(comp, certs))
+            self._wait(comp, self._ready_check(comp, first=False, since=since, log_offset=offset))
+            log(f"started {comp} (pid {self.paths.pid(comp).read_text().strip()})")
+            started.append(comp)
+        return started
+
+    def _stop(self, comp: str, *, kill: bool) -> None:
+        pidfile = self.paths.pid(comp)
+        if not pidfile.exists():
+            return
+        pid = int(pidfile.read_text().strip() or 0)
+        if pid and _alive(pid) and self._ours(pid):
+            if kill:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                deadline = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            else:
+                _terminate_group(pid, grace=10.0 if comp == "node-agent" else 5.0)
+        pidfile.unlink(missing_ok=True)
+
+    def _command(self, comp: str, certs: dict[str, pki.KeyPair]) -> tuple[list[str], dict[str, str] | None]:
+        """The command line (and extra environment) that starts ``comp``."""
+        s = self.settings
+        if comp == "etcd":
+            return self._etcd_cmd(), None
+        if comp == "kube-apiserver":
+            return self._apiserver_cmd(certs), None
+        if comp == "kube-controller-manager":
+            kcm = self.kubeconfig_for("system:kube-controller-manager", name="controller-manager")
+            return self._kcm_cmd(certs, kcm), None
+        node = self.kubeconfig_for(
+            f"system:node:{NODE_NAME}", ("system:nodes", "system:masters"), name="node-agent"
+        )
+        return [
+            sys.executable, "-m", "reversi.devcluster.nodeagent",
+            "--kubeconfig", str(node), "--node-name", NODE_NAME,
+            "--state-dir", str(self.paths.node), "--port", str(s.kubelet_port),
+            "--tls-cert", str(certs["kubelet"].cert), "--tls-key", str(certs["kubelet"].key),
+            "--client-ca", str(certs["ca"].cert),
+            "--apiserver-host", "127.0.0.1", "--apiserver-port", str(s.apiserver_port),
+        ], {"PYTHONPATH": _package_root()}
+
+    def _ready_check(self, comp: str, *, first: bool, since: float = 0.0, log_offset: int = 0):
+        """A callable that says whether ``comp`` is ready: on first start (``first``) or after a
+        restart at epoch ``since`` (its log then read from ``log_offset``)."""
+        if comp == "etcd":
+            return lambda: _http_ok(f"http://127.0.0.1:{self.settings.etcd_port}/health")
+        if comp == "kube-apiserver":
+            return self._apiserver_ready
+        if comp == "kube-controller-manager":
+            return lambda: b"Starting job controller" in _read_from(self.paths.log(comp), log_offset)
+        if first:
+            return self._node_ready
+        return lambda: self._node_ready(since=since)
 
     # ----- commands ---------------------------------------------------------------------
 
@@ -393,12 +486,14 @@ class Cluster:
         except (OSError, ssl.SSLError):
             return False
 
-    def _node_ready(self) -> bool:
+    def _node_ready(self, since: float = 0.0) -> bool:
+        """The node is Ready, with a heartbeat posted at or after epoch ``since`` (whole seconds)."""
         code, body = self._get(f"/api/v1/nodes/{NODE_NAME}")
         if code != 200:
             return False
         conds = json.loads(body).get("status", {}).get("conditions", [])
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   and _epoch(c.get("lastHeartbeatTime")) >= int(since) for c in conds)
 
     def _default_serviceaccount_exists(self) -> bool:
         return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
@@ -456,6 +551,22 @@ def _terminate_group(pid: int, grace: float) -> None:
             if not _alive(pid):
                 return
             time.sleep(0.1)
+
+
+def _epoch(timestamp: str | None) -> float:
+    """Epoch seconds of an RFC 3339 time of the API (``2024-01-01T00:00:00Z``); 0 when absent."""
+    if not timestamp:
+        return 0.0
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -25,7 +25,11 @@ subresource: no scheduler runs), and runs each container of those pods **as a lo
   finishes the deletion; stopping the agent kills every pod process it started.
 - Container logs are served over HTTPS (client certificates from the cluster CA) at kubelet's
   ``/containerLogs/{namespace}/{pod}/{container}`` so ``kubectl logs`` works (``follow``,
-  ``tailLines``, ``limitBytes``, ``previous``).
+  ``tailLines``, ``limitBytes``, ``previous``), also for containers an earlier agent process ran.
+- A restarted agent (its state folder kept) kills the pod processes its predecessor left and
+  marks the pods that may have started ``Failed`` (reason ``NodeAgentRestarted``, containers
+  ``ContainerStatusUnknown`` with exit code 137): a pod is never run twice. Status writes are
+  retried until the API server takes them.
 
 Pods run concurrently, one thread per pod and one per container process.
 """
@@ -168,7 +172,32 @@ class PodWorker(threading.Thread):
         self.conditions[ctype] = cond
 
     def report(self) -> None:
-        """Write the pod's status through the ``status`` subresource."""
+        """Write the pod's status through the ``status`` subresource, as it is when written.
+
+        Retried (every 0.5 s, doubling to 5 s) until the API server takes it, the pod is gone
+        (404) or the agent stops: a status lost while the API server is down would leave the pod
+        ``Running`` for good, and its Job to fail on its deadline although the container exited 0.
+        Each try sends the status as it is then, so a retry never overwrites a newer one."""
+        wait = 0.5
+        while True:
+            try:
+                self.agent.core.patch_namespaced_pod_status(
+                    self.meta["name"], self.meta["namespace"], {"status": self._status()}, _request_timeout=10
+                )
+                return
+            except ApiException as err:
+                if err.status == 404:
+                    return
+                problem = f"HTTP {err.status} {err.reason}"
+            except Exception as err:  # noqa: BLE001 - the API server is unreachable: try again
+                problem = f"{type(err).__name__}: {err}"
+            log.warning("status of %s/%s not written (%s); retrying in %.1fs",
+                        self.meta["namespace"], self.meta["name"], problem, wait)
+            if self.agent.stopping.wait(wait):
+                return
+            wait = min(wait * 2, 5.0)
+
+    def _status(self) -> dict:
         with self.lock:
             inits_done = all(
                 "terminated" in r.state and r.state["terminated"]["exitCode"] == 0
@@ -195,13 +224,7 @@ class PodWorker(threading.Thread):
                 status["reason"] = self.reason
             if self.message:
                 status["message"] = self.message
-        try:
-            self.agent.core.patch_namespaced_pod_status(
-                self.meta["name"], self.meta["namespace"], {"status": status}
-            )
-        except ApiException as err:
-            if err.status != 404:
-                log.warning("status of %s/%s: %s", self.meta["namespace"], self.meta["name"], err.reason)
+        return status
 
     # ----- the pod's life ---------------------------------------------------------------
 
@@ -376,24 +399,28 @@ class PodWorker(threading.Thread):
 
     def _get_secret(self, name: str, optional: bool = False) -> dict[str, bytes] | None:
         try:
-            s = self.agent.core.read_namespaced_secret(name, self.meta["namespace"])
+            s = self.agent.core.read_namespaced_secret(name, self.meta["namespace"], _request_timeout=10)
         except ApiException as err:
             if err.status == 404:
                 if optional:
                     return None
                 raise ConfigError(f'secret "{name}" not found') from err
-            raise
+            raise ConfigError(f'secret "{name}" not read: HTTP {err.status} {err.reason}') from err
+        except Exception as err:  # noqa: BLE001 - the API server is unreachable: retried
+            raise ConfigError(f'secret "{name}" not read: {type(err).__name__}') from err
         return {k: base64.b64decode(v) for k, v in (s.data or {}).items()}
 
     def _get_configmap(self, name: str, optional: bool = False) -> dict[str, bytes] | None:
         try:
-            cm = self.agent.core.read_namespaced_config_map(name, self.meta["namespace"])
+            cm = self.agent.core.read_namespaced_config_map(name, self.meta["namespace"], _request_timeout=10)
         except ApiException as err:
             if err.status == 404:
                 if optional:
                     return None
                 raise ConfigError(f'configmap "{name}" not found') from err
-            raise
+            raise ConfigError(f'configmap "{name}" not read: HTTP {err.status} {err.reason}') from err
+        except Exception as err:  # noqa: BLE001 - the API server is unreachable: retried
+            raise ConfigError(f'configmap "{name}" not read: {type(err).__name__}') from err
         data = {k: v.encode() for k, v in (cm.data or {}).items()}
         data.update({k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()})
         return data
@@ -587,7 +614,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
         if follow:
             sent = path.stat().st_size if "tailLines" not in query else len(path.read_bytes())
             while True:
-                alive = run.proc is not None and run.proc.poll() is None
+                alive = run is not None and run.proc is not None and run.proc.poll() is None
                 size = path.stat().st_size
                 if size > sent:
                     with path.open("rb") as fh:
@@ -726,8 +753,9 @@ class NodeAgent:
             if phase in ("Succeeded", "Failed"):
                 self.finished.add(uid)
                 return
-            if phase == "Running":
-                # Started by an earlier agent process that is gone: never run it twice.
+            if phase == "Running" or self.started_before(uid):
+                # Started by an earlier agent process that is gone: never run it twice (a container
+                # may start before its pod's status says Running).
                 self.finished.add(uid)
                 threading.Thread(target=self._orphaned, args=(pod,), daemon=True).start()
                 return
@@ -735,14 +763,36 @@ class NodeAgent:
             self.workers[uid] = worker
         worker.start()
 
+    def started_before(self, uid: str) -> bool:
+        """Whether an earlier agent process may have started a container of pod ``uid``: it
+        writes the container's spec file just before starting it."""
+        return any((self.state_dir / "pods" / uid).glob("*.spec.json"))
+
     def _orphaned(self, pod: dict) -> None:
+        """Mark a pod an earlier agent process ran ``Failed`` (reason ``NodeAgentRestarted``), each
+        container terminated with exit code 137 and reason ``ContainerStatusUnknown``, as kubelet
+        reports containers it lost; retried until written (or the pod is gone)."""
         meta = pod["metadata"]
-        body = {"status": {"phase": "Failed", "reason": "NodeAgentRestarted",
+        at = now()
+        lost = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": at,
+                               "message": "The container could not be located when the pod was terminated"}}
+        statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+                     "started": False, "restartCount": 0, "state": lost, "lastState": {}}
+                    for c in pod["spec"].get("containers") or []]
+        body = {"status": {"phase": "Failed", "reason": "NodeAgentRestarted", "containerStatuses": statuses,
                            "message": "the node agent restarted while this pod ran; it is not run again"}}
-        try:
-            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
-        except ApiException:
-            pass
+        wait = 0.5
+        while not self.stopping.is_set():
+            try:
+                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body, _request_timeout=10)
+                return
+            except ApiException as err:
+                if err.status == 404:
+                    return
+            except Exception:  # noqa: BLE001 - the API server is unreachable: try again
+                pass
+            self.stopping.wait(wait)
+            wait = min(wait * 2, 5.0)
 
     def _delete(self, pod: dict) -> None:
         meta = pod["metadata"]
@@ -778,7 +828,26 @@ class NodeAgent:
                         return None
                     path = w._log_path(r, restart)
                     return (path, w, r) if path.exists() else None
+        if not candidates:
+            return self._earlier_log(ns, name, container, previous)
         return None
+
+    def _earlier_log(self, ns: str, name: str, container: str, previous: bool):
+        """The log of a container an earlier agent process ran (it is on disk, in the pod's
+        folder, until the pod is deleted, as kubelet keeps an exited container's log)."""
+        try:
+            uid = self.core.read_namespaced_pod(name, ns, _request_timeout=10).metadata.uid
+        except Exception:  # noqa: BLE001 - no such pod, or the API is away: no log
+            return None
+        runs = []
+        for path in (self.state_dir / "pods" / uid).glob(f"{container}-*.log"):
+            number = path.name[len(container) + 1:-len(".log")]
+            if number.isdigit():
+                runs.append((int(number), path))
+        runs.sort()
+        if not runs or (previous and len(runs) < 2):
+            return None
+        return runs[-2 if previous else -1][1], None, None
 
     def watch_pods(self) -> None:
         """List and watch all pods forever, re-listing after errors or expired versions."""

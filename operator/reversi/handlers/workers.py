@@ -38,7 +38,10 @@ class Workers:
         self._wake: dict[str, threading.Event] = {}
 
     def ensure(self, namespace: str, name: str) -> None:
-        """Start a worker for the request unless one runs; wake it up if it does."""
+        """Start a worker for the request unless one runs; wake it up if it does. Safe to call
+        from many threads at once (kopf's request and Job handlers do, right after a start): the
+        thread is started under the lock, so a second caller never sees a registered worker that
+        is not alive yet and starts another one for the same request."""
         key = f"{namespace}/{name}"
         with self._lock:
             current = self._threads.get(key)
@@ -50,7 +53,7 @@ class Workers:
                                       name=f"rollback-{key}")
             self._threads[key] = (thread, stop)
             self._wake[key] = wake
-        thread.start()
+            thread.start()
 
     def stop(self, namespace: str, name: str) -> None:
         """Stop the request's worker (the request was deleted)."""
