@@ -49,26 +49,32 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from kubernetes import client, config, watch  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+from reversi.adapters import jobs as jobs_mod
+from reversi.adapters.journal import step_body
+from reversi.devcluster.cluster import Cluster
+from reversi.devcluster.localop import (
+    OperatorProcess,
+    apply_crds,
+    free_port,
+    remove_webhook_configurations,
+)
+from reversi.engine.keys import compensation_key
+from reversi.models.toolmanifest import Runner
+from reversi.settings import OperatorSettings
 
-from demo.downstream.client import Client as Downstream  # noqa: E402
-from reversi.adapters import jobs as jobs_mod  # noqa: E402
-from reversi.adapters.journal import step_body  # noqa: E402
-from reversi.devcluster.cluster import Cluster  # noqa: E402
-from reversi.devcluster.localop import OperatorProcess, apply_crds, free_port, remove_webhook_configurations  # noqa: E402
-from reversi.engine.keys import compensation_key  # noqa: E402
-from reversi.models.toolmanifest import Runner  # noqa: E402
-from reversi.settings import OperatorSettings  # noqa: E402
+from demo.downstream.client import Client as Downstream
 
 G, V = "reversi.dev", "v1alpha1"
 TOOL = ROOT / "demo" / "downstream" / "tool.py"
@@ -108,11 +114,12 @@ def manifest(downstream_url: str) -> dict:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def load() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def verdict(ok: bool) -> str:
@@ -399,7 +406,6 @@ def ratio_bench(bench: Bench, key: str, steps: int, parallelism: int, rounds: in
 
 def p3(steps: int, repeat: int) -> dict:
     import plan_bench  # benchmarks/plan_bench.py: the same runs
-
     from reversi.engine import build_plan
     from reversi.models import RunSpec
 
@@ -407,7 +413,7 @@ def p3(steps: int, repeat: int) -> dict:
     for n in (steps // 10, steps):
         spec = RunSpec.model_validate(plan_bench.make_run(n))
         gc.collect()
-        times[n] = plan_bench.median_seconds(lambda: build_plan(spec, None, run_id="bench-uid"), repeat)
+        times[n] = plan_bench.median_seconds(lambda spec=spec: build_plan(spec, None, run_id="bench-uid"), repeat)
     ratio = times[steps] / times[steps // 10]
     ok_t, ok_r = times[steps] <= 0.2, ratio <= 11
     print(f"P3  build_plan of {steps} steps: {times[steps] * 1000:.0f} ms (median of {repeat}) "
