@@ -6,7 +6,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install build test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway
+.PHONY: install build test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway bench-rollback
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -35,6 +35,10 @@ chaos: build
 # recording cost at step 100 and step 5,000 of one run (the journal's O(1) claim)
 bench-record: build
 	$(PYTHON) benchmarks/record_bench.py --steps 5000
+
+# the operator's cost next to the bare work (issue 11): P1-P6 with their targets (ONLY=P1,P4 for a subset)
+bench-rollback: build
+	$(PYTHON) benchmarks/rollback_bench.py $(if $(ONLY),--only $(ONLY),)
 
 unit: install
 	$(PYTHON) -m pytest -q tests/unit
