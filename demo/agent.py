@@ -23,9 +23,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from demo.downstream.client import Client, DownstreamError  # noqa: E402
-from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder  # noqa: E402
+from demo.downstream.client import Client, DownstreamError
+from reversi.adapters.journal import list_objects
+from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ operator ignores what it does not know. This module imports only the models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 from .models import ALL_CRDS
 from .models.common import SCHEMA_VERSION, SCHEMA_VERSION_ANNOTATION

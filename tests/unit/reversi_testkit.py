@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import yaml
 
@@ -142,7 +143,7 @@ def step(
     *,
     tool_name: str | None = None,
     args: dict[str, Any] | None = None,
-    result: dict[str, Any] | None | str = "auto",
+    result: dict[str, Any] | str | None = "auto",
     depends_on: Iterable[int] = (),
 ) -> dict[str, Any]:
     """A step (wire dict). ``result="auto"`` gives ``{"id": "r<index>"}`` for succeeded steps."""

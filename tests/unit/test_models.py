@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 from pydantic import ValidationError
@@ -148,8 +148,8 @@ def test_halt_scope_matches_every_field_named():
 
 # ---------------------------------------------------------------------------------- conditions
 
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
-T1 = datetime(2025, 1, 2, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+T1 = datetime(2025, 1, 2, tzinfo=UTC)
 
 
 def test_condition_builds_the_wire_shape():

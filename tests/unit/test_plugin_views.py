@@ -12,7 +12,7 @@ from reversi.models import RunStatus
 
 from reversi_testkit import RUN_ID, example_run_dict, example_run_spec, run_spec, snapshot, step, tool
 
-NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 def _example_plan(**changes):

@@ -43,7 +43,7 @@ class Conflict(Exception):
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Kube:
@@ -203,7 +203,7 @@ class Kube:
     def event(self, obj: dict, reason: str, message: str, warning: bool = False) -> None:
         """Post a Kubernetes Event about ``obj`` (a custom object dict). Never raises."""
         meta = obj["metadata"]
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         body = {
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),

@@ -9,7 +9,8 @@ buckets are step numbers (small), with error texts cut to a limit.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from .. import conditions as c
 from ..engine.executor import ACTIVE_STAGES, StepRun
@@ -24,7 +25,7 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds as an RFC 3339 UTC timestamp (None stays None)."""
     if ts is None:
         return None
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cut(text: str | None, limit: int) -> str | None:

@@ -12,7 +12,8 @@ import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -301,8 +302,8 @@ def _rfc3339(moment: Any) -> str | None:
         import datetime as dt
 
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.timezone.utc)
-        text = moment.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+            moment = moment.replace(tzinfo=dt.UTC)
+        text = moment.astimezone(dt.UTC).isoformat(timespec="microseconds")
         return text.replace("+00:00", "Z")
     return str(moment)
 

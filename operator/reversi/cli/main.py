@@ -28,7 +28,8 @@ import secrets
 import string
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import click
 from kubernetes.client.rest import ApiException
@@ -84,7 +85,7 @@ def conn() -> Connection:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def out(text: str = "") -> None:
@@ -873,7 +874,7 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 1
-    except Exception as err:  # noqa: BLE001 - connection failures come in many types
+    except Exception as err:  # connection failures come in many types
         if not _is_connection_error(err):
             raise
         host = _server()

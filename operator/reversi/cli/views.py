@@ -62,7 +62,7 @@ def parse_time(value: str | None) -> dt.datetime | None:
         moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def age(value: str | None, now: dt.datetime) -> str:
@@ -599,7 +599,7 @@ def kill_switch_text(halt: Mapping[str, Any] | None, now: dt.datetime) -> str:
 
 
 def _time_key(value: str | None) -> dt.datetime:
-    return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], transitions: Iterable[Mapping[str, Any]],

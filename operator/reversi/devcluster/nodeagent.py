@@ -63,7 +63,7 @@ _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -137,7 +137,7 @@ class ContainerRun:
 class PodWorker(threading.Thread):
     """Runs one pod to completion (or until it is deleted)."""
 
-    def __init__(self, agent: "NodeAgent", pod: dict):
+    def __init__(self, agent: NodeAgent, pod: dict):
         super().__init__(daemon=True, name=f"pod-{pod['metadata']['namespace']}/{pod['metadata']['name']}")
         self.agent = agent
         self.pod = pod
@@ -208,7 +208,7 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception:  # noqa: BLE001 - a pod must never take the agent down
+        except Exception:  # a pod must never take the agent down
             log.exception("pod %s/%s failed in the node agent", self.meta["namespace"], self.meta["name"])
             self.phase, self.reason, self.message = "Failed", "NodeAgentError", "see node-agent log"
             self.report()
@@ -552,12 +552,12 @@ class PodWorker(threading.Thread):
 class LogHandler(http.server.BaseHTTPRequestHandler):
     """Serves ``/containerLogs/{ns}/{pod}/{container}`` and ``/healthz`` for the API server."""
 
-    agent: "NodeAgent"
+    agent: NodeAgent
 
     def log_message(self, fmt, *args):  # quieter than the default stderr line per request
         log.debug("kubelet api: " + fmt, *args)
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):  # http.server's naming
         url = urllib.parse.urlparse(self.path)
         query = urllib.parse.parse_qs(url.query)
         parts = [p for p in url.path.split("/") if p]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
@@ -124,7 +125,7 @@ def tools_in_reach(manifests: Iterable[dict], namespace: str | None, scope: dict
     names: set[str] = set()
     for m in manifests:
         ns = (m.get("metadata") or {}).get("namespace", "")
-        if namespace and ns != namespace or glob and not glob_match(glob, ns):
+        if (namespace and ns != namespace) or (glob and not glob_match(glob, ns)):
             continue
         for tool in (m.get("spec") or {}).get("tools") or []:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Callable, Mapping
 
 from ..models.run import StepUndo
 from ..models.toolmanifest import ToolSpec

@@ -46,7 +46,7 @@ class Journal:
         """Number of steps (the highest index + 1 when there is no gap)."""
         return len(self.spec.steps)
 
-    def upto(self, count: int) -> "Journal":
+    def upto(self, count: int) -> Journal:
         """The journal as it stood with ``count`` steps: steps ``0..count-1`` with their
         resolutions and undo state (issue 9, terminal run boundary: a request plans the Run as it
         stood when it took the lock, never a step that arrived later). ``missing`` also names the

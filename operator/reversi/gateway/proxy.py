@@ -24,7 +24,8 @@ import json
 import logging
 import threading
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
+from collections.abc import AsyncIterator
 
 import anyio
 import mcp_types as types
@@ -181,7 +182,7 @@ class Gateway:
         try:
             result = await upstream.call_tool(name, args, read_timeout_seconds=self.settings.call_timeout_seconds,
                                               meta=_forwarded_meta(ctx.meta))
-        except BaseException as err:  # noqa: BLE001 - every way a made call can end without an answer
+        except BaseException as err:  # every way a made call can end without an answer
             if not isinstance(err, MCPError):
                 self.upstream.broken(upstream)
             outcome = calls.outcome_of_exception(err)

@@ -54,7 +54,7 @@ class GatewaySettings(BaseSettings):
     connect_timeout_seconds: float = Field(10.0, gt=0, le=600, description="How long to wait for the upstream.")
 
     @model_validator(mode="after")
-    def _one_upstream(self) -> "GatewaySettings":
+    def _one_upstream(self) -> GatewaySettings:
         if bool(self.upstream_url) == bool(self.upstream_command):
             raise ValueError("set exactly one upstream: upstream_url (streamable HTTP) or upstream_command (stdio)")
         if self.listen == "stdio" and self.identity != "self":

@@ -28,7 +28,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import kopf
 from kubernetes import client
@@ -71,7 +72,7 @@ OPS = ["CREATE", "UPDATE"]
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _user(userinfo: dict | None) -> str:
@@ -112,7 +113,7 @@ def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
         except ApiException as err:
             raise kopf.AdmissionError(f"the operator could not check this object: the API server answered "
                                       f"{err.status} ({api_message(err)}); try again", code=503) from err
-        except Exception as err:  # noqa: BLE001 - a bug must not show the client a Python error
+        except Exception as err:  # a bug must not show the client a Python error
             log.exception("webhook %s failed", fn.__name__)
             raise kopf.AdmissionError("the operator could not check this object because of an error of its own "
                                       "(logged with its traceback by the operator); please report it", code=500) from err

@@ -24,7 +24,8 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
@@ -40,7 +41,7 @@ from ..engine.plan import COMPENSATE, build_plan, undo_by_step
 from ..engine.report import StepOutcome, build_report, report_message
 from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
-from ..models.run import RunSpec, StepUndo
+from ..models.run import StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
@@ -545,7 +546,7 @@ class Reconciler:
             self._release(ns, run_name, name, complete)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
-                 memory: "Memory | None" = None, reverified: dict[int, StepUndo] | None = None) -> None:
+                 memory: Memory | None = None, reverified: dict[int, StepUndo] | None = None) -> None:
         """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
@@ -573,7 +574,7 @@ class Reconciler:
             if memory is not None:
                 memory.written[j.step] = value
 
-    def _load_journal(self, run_obj: dict, memory: "Memory"):
+    def _load_journal(self, run_obj: dict, memory: Memory):
         """The run's journal: from the run's informer when the operator runs (no API call after
         its first LIST; None while that LIST is not in), else one paged LIST (a reconciler used on
         its own, e.g. in a test)."""

@@ -59,7 +59,7 @@ def check_now(state: runtime.State) -> schema.SchemaCheck:
 def _crd_event(kube: Any, crd: dict, reason: str, message: str, warning: bool) -> None:
     """An Event about a CRD (cluster-scoped: the Event lives in ``default``). Never raises."""
     meta = crd["metadata"]
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     body = {
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
         "involvedObject": {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

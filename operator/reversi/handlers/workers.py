@@ -79,7 +79,7 @@ class Workers:
             try:
                 delay = self.reconciler.reconcile(namespace, name, memory)
                 failures = 0
-            except Exception as err:  # noqa: BLE001 - log, back off, try again: never crash the operator
+            except Exception as err:  # log, back off, try again: never crash the operator
                 failures += 1
                 log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name, failures)
                 if failures >= 3:

@@ -152,7 +152,7 @@ class Step(StepBase):
     )
 
     @model_validator(mode="after")
-    def _one_snapshot(self) -> "Step":
+    def _one_snapshot(self) -> Step:
         if self.snapshot is not None and self.snapshot_id is not None:
             raise ValueError(
                 f"step {self.index}: set snapshot or snapshotId, not both (snapshotId names an entry of spec.snapshots)"
@@ -292,7 +292,7 @@ class RunSpec(ReversiModel):
         return None
 
     @model_validator(mode="after")
-    def _unique_resolutions(self) -> "RunSpec":
+    def _unique_resolutions(self) -> RunSpec:
         seen: set[int] = set()
         for res in self.resolutions:
             if res.step in seen:
