@@ -103,14 +103,14 @@ def main() -> int:
     plan_times = {}
     for n in (1_000, 10_000):
         raw = make_run(n)
-        validate = median_seconds(lambda: RunSpec.model_validate(raw), max(3, args.repeat // 2))
+        validate = median_seconds(lambda raw=raw: RunSpec.model_validate(raw), max(3, args.repeat // 2))
         spec = RunSpec.model_validate(raw)
-        plan_s = median_seconds(lambda: build_plan(spec, None, run_id="bench-uid"), args.repeat)
+        plan_s = median_seconds(lambda spec=spec: build_plan(spec, None, run_id="bench-uid"), args.repeat)
         graph = build_graph(spec)
         plan = build_plan(spec, None, run_id="bench-uid", graph=graph)
         progress = initial_progress(plan)
-        schedule_s = median_seconds(lambda: ready_steps(plan, graph, progress, parallelism=8), args.repeat)
-        report_s = median_seconds(lambda: build_report(plan, {}), args.repeat)
+        schedule_s = median_seconds(lambda plan=plan, graph=graph, progress=progress: ready_steps(plan, graph, progress, parallelism=8), args.repeat)
+        report_s = median_seconds(lambda plan=plan: build_report(plan, {}), args.repeat)
         size_kib = len(json.dumps(raw, separators=(",", ":"))) / 1024
         kinds: dict[str, int] = {}
         for action in plan.actions:

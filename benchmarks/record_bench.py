@@ -54,7 +54,7 @@ MANIFEST = {
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def record(api: client.ApiClient, namespace: str, steps: int, progress_every: int) -> list[float]:

@@ -237,8 +237,8 @@ def _reconfigure(rv, **kwargs):
 
 def test_rule5_a_later_request_reverifies_an_unverified_undo_without_undoing_it_again(rv):
     rv.apply_manifest(reader=False)  # a read-back is declared, but no reader runner
-    s0, charge = _charge_step(rv, 0, "o-reverify")
-    s1, other = _charge_step(rv, 1, "o-reverify-bad")
+    s0, _charge = _charge_step(rv, 0, "o-reverify")
+    s1, _other = _charge_step(rv, 1, "o-reverify-bad")
     rv.run("r", [s0, s1])
     rv.request("first", "r")
     first = rv.wait_phase("first", "Incomplete")

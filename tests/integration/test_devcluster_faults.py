@@ -64,7 +64,7 @@ def test_a_component_that_dies_later_shows_in_status_and_down_cleans_up(tmp_path
         out = subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "status"],
                              capture_output=True, text=True, env=env, timeout=30)
         assert out.returncode == 1
-        line = next(l for l in out.stdout.splitlines() if l.startswith("kube-controller-manager"))
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("kube-controller-manager"))
         assert "stopped" in line and str(c.paths.log("kube-controller-manager")) in line
     finally:
         c.down(quiet=True)

@@ -151,7 +151,7 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
 
     assert set(seen) == set(EXPECTED)
     verdicts = kstatus(list(seen.values()))
-    got = {phase: (v["status"], argocd_health(obj)["status"]) for (phase, obj), v in zip(seen.items(), verdicts)}
+    got = {phase: (v["status"], argocd_health(obj)["status"]) for (phase, obj), v in zip(seen.items(), verdicts, strict=True)}
     assert got == EXPECTED, {p: (got[p], EXPECTED[p], seen[p].get("status")) for p in got if got[p] != EXPECTED[p]}
     # Stalled says why and what to do
     assert _cond(seen["rollbackrequest-incomplete"], "Stalled")["reason"] == "Incomplete"

@@ -30,7 +30,7 @@ def _subset(small, big):
     if isinstance(small, dict):
         return isinstance(big, dict) and all(k in big and _subset(v, big[k]) for k, v in small.items())
     if isinstance(small, list):
-        return isinstance(big, list) and len(small) == len(big) and all(_subset(a, b) for a, b in zip(small, big))
+        return isinstance(big, list) and len(small) == len(big) and all(_subset(a, b) for a, b in zip(small, big, strict=True))
     return small == big
 
 

@@ -569,7 +569,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
         found = self.agent.find_log(ns, pod, container, previous=query.get("previous", ["false"])[0] == "true")
         if found is None:
             return self._send(404, f"no logs for {ns}/{pod}/{container}".encode())
-        path, worker, run = found
+        path, _worker, run = found
         data = path.read_bytes()
         if "tailLines" in query:
             n = int(query["tailLines"][0])

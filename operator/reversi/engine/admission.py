@@ -64,7 +64,7 @@ def steps_changed(old: RunSpec, new: RunSpec) -> bool:
     """Whether the journal changed at all (a step added, or an outcome or result set)."""
     if len(old.steps) != len(new.steps):
         return True
-    return any(a != b for a, b in zip(old.steps, new.steps))
+    return any(a != b for a, b in zip(old.steps, new.steps, strict=True))
 
 
 def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str, scope: dict[str, str | None]) -> HaltView | None:

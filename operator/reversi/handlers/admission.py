@@ -564,7 +564,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     user = _user(userinfo)
     spec = body.get("spec") or {}
     old_spec = _valid_or_empty((old or {}).get("spec"))
-    steps, all_now = rules.new_approvals(old_spec, spec)
+    _steps, all_now = rules.new_approvals(old_spec, spec)
     if old_spec.get("approvedBy"):
         patch.spec["approvedBy"] = old_spec["approvedBy"]
     elif all_now:

@@ -95,7 +95,7 @@ def pattern_problem(field: str, pattern: str) -> str | None:
     if pattern != pattern.strip():
         return "it starts or ends with a space, so it cannot match a value as written; remove the space"
     literal, escaped = [], False
-    for position, ch in enumerate(pattern):
+    for ch in pattern:
         if escaped:
             literal.append((ch, True))
             escaped = False
