@@ -512,7 +512,8 @@ class Recorder:
             done.settled[step.index] = settlement
         return done
 
-    def reader_probe(self, *, timeout: float = 120.0, poll: float = POLL_SECONDS) -> Callable[[Step], Settlement | None]:
+    def reader_probe(self, *, timeout: float = 120.0,
+                     poll: float = POLL_SECONDS) -> Callable[[Step], Settlement | None]:
         """A ready-made probe for :meth:`reconcile`: it runs the step's declared verification
         reader (its manifest snapshot's ``verification``: tool, runner) as a reader Job, with the
         arguments resolved from the call's ``args`` alone (the result is what is unknown), and

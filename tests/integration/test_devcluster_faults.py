@@ -102,7 +102,8 @@ def test_volumes_work_when_the_cluster_folder_is_under_tmp(tmp_path, cluster):
         # at /tmp must not hide it
         script = tmp_path / "job.sh"
         script.write_text("cat /secret/k > /dev/termination-log; touch /tmp/ok\n")
-        batch.create_namespaced_job("default", {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
+        batch.create_namespaced_job("default",
+                                    {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
             "spec": {"restartPolicy": "Never", "containers": [{
                 "name": "main", "image": "x", "command": ["sh", str(script)],
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "s", "mountPath": "/secret"}]}],

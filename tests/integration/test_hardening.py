@@ -100,7 +100,8 @@ def test_manifest_deleted_mid_rollback_fails_the_request_and_releases_the_run(rv
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-del")
     capture = rv.capture(charge["id"])
-    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-del", "amount": 700, "customer": "cus_9"}, charge),
+    rv.run("r",
+           [rv.step(0, "payments.create_charge", {"order_id": "o-del", "amount": 700, "customer": "cus_9"}, charge),
                  rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
     rv.request("undo", "r")
     rv.wait_phase("undo", "AwaitingApproval")

@@ -254,7 +254,8 @@ def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 3
     jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
     assert len(jobs) == 3
-    assert {j.metadata.owner_references[0].name for j in jobs} == {first}, "only the request that worked ran compensators"
+    assert {j.metadata.owner_references[0].name
+            for j in jobs} == {first}, "only the request that worked ran compensators"
     assert {u["request"] for u in rv.undo("r")} == {first}
 
 

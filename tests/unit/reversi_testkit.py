@@ -57,7 +57,8 @@ spec:
   manifestRef: {name: payments}
   steps:
   - {index: 0, tool: payments.get_customer, args: {id: cus_9}, outcome: succeeded, result: {id: cus_9}}
-  - {index: 1, tool: payments.create_charge, args: {order_id: o-4711, amount: 700}, outcome: succeeded, result: {id: ch_o9}}
+  - {index: 1, tool: payments.create_charge, args: {order_id: o-4711, amount: 700}, outcome: succeeded,
+     result: {id: ch_o9}}
   - {index: 2, tool: payments.capture, args: {charge_id: ch_o9}, outcome: uncertain}
   - {index: 3, tool: email.send, args: {to: "customer"}, outcome: succeeded}
 ---

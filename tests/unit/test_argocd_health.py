@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from reversi.models import ALL_CRDS
-from tests.gitops import ARGOCD_SNIPPET, FIXTURES, HEALTH_KEY, REPO, argocd_health, health_checks, kstatus, kstatus_binary
+from tests.gitops import (ARGOCD_SNIPPET, FIXTURES, HEALTH_KEY, REPO, argocd_health, health_checks, kstatus,
+                          kstatus_binary)
 
 PHASES = sorted(FIXTURES.glob("*.json"))
 

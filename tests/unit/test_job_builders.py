@@ -48,7 +48,8 @@ def test_job_contract_fields():
     assert job["metadata"]["ownerReferences"] == [OWNER.reference()]
     assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
     labels = job["metadata"]["labels"]
-    assert labels[jobs.LABEL_STEP] == "3" and labels[jobs.LABEL_ATTEMPT] == "2" and labels[jobs.LABEL_ROLE] == "compensator"
+    assert labels[jobs.LABEL_STEP] == "3" and labels[jobs.LABEL_ATTEMPT] == "2"
+    assert labels[jobs.LABEL_ROLE] == "compensator"
     assert labels[jobs.LABEL_RUN_UID] == "run-uid-1"
 
 

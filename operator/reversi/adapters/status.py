@@ -152,7 +152,8 @@ def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[in
         action = plan.actions[s]
         error = cut(run.error, message_limit)
         if run.verification == "verified":
-            ver = (c.TRUE, c.VERIFIED, f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
+            ver = (c.TRUE, c.VERIFIED,
+                   f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
         elif run.verification == "verificationFailed":
             ver = (c.FALSE, c.READ_FAILED if (error or "").startswith("verification failed: read failed")
                    else c.VERIFICATION_FAILED, error or "verification failed")

@@ -106,7 +106,8 @@ class OperatorProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
-                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); see {self.log}:\n{tail}")
+                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); "
+                                   f"see {self.log}:\n{tail}")
             if self._ready():
                 time.sleep(1.0)  # kopf registers the webhook configuration right after serving
                 return

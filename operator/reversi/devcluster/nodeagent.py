@@ -520,7 +520,8 @@ class PodWorker(threading.Thread):
                 if data is None or ref["key"] not in data:
                     if ref.get("optional"):
                         continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in Secret {self.meta['namespace']}/{ref['name']}")
+                    raise ConfigError(f"couldn't find key {ref['key']} in Secret "
+                                      f"{self.meta['namespace']}/{ref['name']}")
                 env[e["name"]] = data[ref["key"]].decode(errors="replace")
             elif vf.get("configMapKeyRef"):
                 ref = vf["configMapKeyRef"]
@@ -528,7 +529,8 @@ class PodWorker(threading.Thread):
                 if data is None or ref["key"] not in data:
                     if ref.get("optional"):
                         continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in ConfigMap {self.meta['namespace']}/{ref['name']}")
+                    raise ConfigError(f"couldn't find key {ref['key']} in ConfigMap "
+                                      f"{self.meta['namespace']}/{ref['name']}")
                 env[e["name"]] = data[ref["key"]].decode(errors="replace")
             elif vf.get("fieldRef"):
                 env[e["name"]] = self._field(vf["fieldRef"]["fieldPath"])
@@ -707,7 +709,8 @@ class NodeAgent:
                 threading.Thread(target=worker.kill, args=(0.0,), daemon=True).start()
             return
         if not spec.get("nodeName"):
-            if not meta.get("deletionTimestamp") and spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+            scheduler = spec.get("schedulerName", "default-scheduler")
+            if not meta.get("deletionTimestamp") and scheduler == "default-scheduler":
                 self.bind(pod)
             return
         if spec["nodeName"] != self.node_name:

@@ -67,7 +67,8 @@ def steps_changed(old: RunSpec, new: RunSpec) -> bool:
     return any(a != b for a, b in zip(old.steps, new.steps, strict=True))
 
 
-def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str, scope: dict[str, str | None]) -> HaltView | None:
+def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str,
+                  scope: dict[str, str | None]) -> HaltView | None:
     """The first halt that refuses a call of ``tool`` in a run with ``scope`` in ``namespace``
     (rule 9): every field a halt's scope names must match; no scope matches everything."""
     call = {"tool": tool, "actor": scope.get("actor"), "tenant": scope.get("tenant"),
@@ -172,7 +173,8 @@ def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal 
     return None
 
 
-def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None, manifest_name: str) -> Refusal | None:
+def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None,
+                manifest_name: str) -> Refusal | None:
     """In enforce mode every new step's tool needs a manifest entry (DESIGN §3, ``mode``)."""
     if spec.mode != "enforce":
         return None
@@ -344,7 +346,8 @@ def standing_after(outcome: str, resolution: Any | None, undo_state: str | None)
     return effective != "failed" and undo_state != "compensated"
 
 
-def check_forward_duplicate(step: Step, key: str, earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
+def check_forward_duplicate(step: Step, key: str,
+                            earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
     """Refuse ``step`` when an earlier call of the same tool with the same forward idempotency
     ``key`` still stands (DESIGN §2). ``earlier``: ``(index, tool, outcome, resolution,
     undo state)`` of the run's steps that carry the same key label (the label is a hash: the

@@ -102,6 +102,7 @@ def assemble(run_spec: RunSpec, entries: Iterable[Entry], legacy_undo: Iterable[
                 if len(missing) == MISSING_NAMED:
                     break
     spec = RunSpec.model_construct(
-        principal=run_spec.principal, mode=run_spec.mode, recovery=run_spec.recovery, scope=run_spec.scope, manifest_ref=run_spec.manifest_ref,
+        principal=run_spec.principal, mode=run_spec.mode, recovery=run_spec.recovery, scope=run_spec.scope,
+        manifest_ref=run_spec.manifest_ref,
         steps=ordered, snapshots=[], resolutions=[resolutions[i] for i in sorted(resolutions)])
     return Journal(spec=spec, undo=undo, missing=missing)

@@ -5,7 +5,8 @@ Kinds, decided per step in this order:
 1. resolutions apply first (rule 7): a resolved step is planned as if it had the resolution's
    outcome and result (the resolution's result, else the recorded one);
 2. outcome ``failed`` (not standing): **skip**;
-3. no snapshot (inline ``snapshot`` or ``snapshotId`` into ``spec.snapshots``): **unmanifested** (recorded in observe mode; Reversi cannot undo it);
+3. no snapshot (inline ``snapshot`` or ``snapshotId`` into ``spec.snapshots``): **unmanifested** (recorded in
+   observe mode; Reversi cannot undo it);
 4. effect ``read`` / ``idempotent``: **skip**;
 5. effect ``irreversible``: **unrecoverable**, the reason states the residue;
 6. already ``compensated`` in the run's undo state: **skip** (rule 6);

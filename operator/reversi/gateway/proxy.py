@@ -142,7 +142,8 @@ class Gateway:
             raise
         except Exception as err:  # noqa: BLE001 - the connection broke: reconnect, say so
             self.upstream.broken(upstream)
-            raise MCPError(types.INTERNAL_ERROR, f"upstream {self.upstream.describe}: {type(err).__name__}: {err}") from None
+            raise MCPError(types.INTERNAL_ERROR,
+                           f"upstream {self.upstream.describe}: {type(err).__name__}: {err}") from None
         tools = listed.tools
         if self.settings.filter_tools and self.settings.mode == "enforce":
             try:

@@ -116,7 +116,8 @@ def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
         except Exception as err:  # a bug must not show the client a Python error
             log.exception("webhook %s failed", fn.__name__)
             raise kopf.AdmissionError("the operator could not check this object because of an error of its own "
-                                      "(logged with its traceback by the operator); please report it", code=500) from err
+                                      "(logged with its traceback by the operator); please report it",
+                                      code=500) from err
 
     return guarded
 
@@ -312,7 +313,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     user = _user(userinfo)
     spec = body.get("spec")
     index = spec.get("index") if isinstance(spec, dict) else None
-    run = ((spec.get("runRef") or {}) if isinstance(spec, dict) and isinstance(spec.get("runRef"), dict) else {}).get("name")
+    run = ((spec.get("runRef") or {}) if isinstance(spec, dict) and isinstance(spec.get("runRef"), dict)
+           else {}).get("name")
     if isinstance(index, int) and not isinstance(index, bool) and index >= MAX_RUN_STEPS:
         raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
                                   f"(step {index} refused): open a new Run for further calls", code=422)

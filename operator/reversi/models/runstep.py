@@ -153,7 +153,8 @@ CRD = CrdInfo(
     plural="runsteps",
     singular="runstep",
     short_names=["rvstep"],
-    description="One recorded call of a Run (its journal is sliced into one RunStep per step), append-only, with its undo state.",
+    description="One recorded call of a Run (its journal is sliced into one RunStep per step), append-only, with its "
+                "undo state.",
     spec_model=RunStepSpec,
     status_model=RunStepStatus,
     reconciled=False,
