@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable
 
 import kopf
@@ -68,7 +68,7 @@ WEBHOOKS = {
     "validate-halt": ("halts", "validating"),
     "validate-clusterhalt": ("clusterhalts", "validating"),
 }
-OPS = ["CREATE", "UPDATE"]
+OPS: list[kopf.Operation] = ["CREATE", "UPDATE"]
 
 
 def _now() -> str:
@@ -126,6 +126,12 @@ def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
     return ix.manifest(runtime.state().indices, namespace, name)
 
 
+def _raw(fn: Callable[[dict], None]) -> Callable[[kopf.RawBody], None]:
+    """A patch function for ``patch.fns``: kopf calls it with the object as a plain dict (its
+    ``RawBody`` type lists fewer metadata fields than these functions set, e.g. ownerReferences)."""
+    return cast(Callable[[kopf.RawBody], None], fn)
+
+
 # ------------------------------------------------------------------------------------- runs
 
 @kopf.on.mutate(G, V, "runs", id="mutate-run", operations=OPS, persistent=True)
@@ -142,8 +148,8 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         patch.spec["principal"] = user
     elif old_spec.get("principal") and not spec.get("principal"):
         patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
-    manifest_ref = spec.get("manifestRef") if isinstance(spec.get("manifestRef"), dict) else {}
-    manifest = _manifest(namespace, manifest_ref.get("name"))
+    manifest_ref = spec.get("manifestRef")
+    manifest = _manifest(namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
     old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
     known_steps, known_res = set(old_steps), set(old_res)
@@ -182,7 +188,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                 res["actor"] = user
                 res["resolvedAt"] = now
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 def _valid_or_empty(spec: Any) -> dict:
@@ -348,14 +354,14 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
                 raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
 
-        patch.fns.append(carry)
+        patch.fns.append(_raw(carry))
         return
     run_obj = runtime.state().kube.get("runs", namespace, run)
     if run_obj is None:
         return  # refused by the validating webhook, with the fix
     run_spec = run_obj.get("spec") or {}
-    ref = run_spec.get("manifestRef") if isinstance(run_spec.get("manifestRef"), dict) else {}
-    manifest = _manifest(namespace, ref.get("name"))
+    ref = run_spec.get("manifestRef")
+    manifest = _manifest(namespace, ref.get("name") if isinstance(ref, dict) else None)
     tool = spec.get("tool")
     entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
     inline = _inline_step(run_obj, index)
@@ -369,7 +375,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             snapshot = ToolSpec.model_validate(raw_snapshot) if isinstance(raw_snapshot, dict) else None
         except ValidationError:
             snapshot = None
-    if snapshot is not None and snapshot.idempotency_key and isinstance(spec.get("args"), dict):
+    if (snapshot is not None and snapshot.idempotency_key and isinstance(tool, str)
+            and isinstance(spec.get("args"), dict)):
         try:
             label = forward_key_label(tool, forward_key(snapshot.idempotency_key, spec["args"], None))
         except (MissingValue, TypeError, ValueError):
@@ -395,7 +402,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             s["snapshot"] = entry.to_wire()
         s["recordedAt"] = now  # the server's clock, not the client's
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 @kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=[*OPS, "DELETE"], persistent=True,
@@ -595,7 +602,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
                 denial["actor"] = user
                 denial["deniedAt"] = now
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
@@ -697,7 +704,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
         if any("${" in t for t in texts):
             warnings.append(f"runner {runner.name!r} has a ${{...}} placeholder in its image, command, args or "
                             "env: Kubernetes does not fill those in (only $(VAR) from the container's env)")
-        needs = [("batch", "jobs", "create", None)]
+        needs: list[tuple[str, str, str, str | None]] = [("batch", "jobs", "create", None)]
         needs += [("", "secrets", "get", secret) for secret in _secrets_named(runner)]
         for group, resource, verb, obj in needs:
             if not _allowed(userinfo, namespace, group, resource, verb, obj):

@@ -19,6 +19,7 @@ where it was (rule 3). The pass:
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import random
 import threading
@@ -144,7 +145,7 @@ class Reconciler:
 
     # --------------------------------------------------------------------------- the pass
 
-    def _reconcile(self, req: dict, memory: Memory) -> bool:
+    def _reconcile(self, req: dict, memory: Memory) -> float | None:
         meta = req["metadata"]
         ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
         ref = f"RollbackRequest {ns}/{name}"
@@ -286,7 +287,7 @@ class Reconciler:
                 continue
             step = steps_by_index.get(u.step)
             snapshot = run_spec.snapshot_of(step) if step is not None else None
-            if snapshot is None or snapshot.verification is None:
+            if step is None or snapshot is None or snapshot.verification is None:
                 continue
             res = resolutions.get(u.step)
             vp = ex.verify_plan(snapshot, step.args, res.result if res and res.result is not None else step.result,
@@ -302,14 +303,16 @@ class Reconciler:
             else:
                 reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
 
-        deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
+        started = _epoch(status["startTime"])  # set above, at the first pass
+        deadline_passed = (spec.deadline_seconds is not None and started is not None
+                           and now > started + spec.deadline_seconds)
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
                            require_verification=spec.require_verification)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
 
-        def observe(role: str, attempt: int, read: int, step: int) -> ex.JobView | None:
-            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)  # type: ignore[arg-type]
+        def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
+            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
             if jname in memory.views:
                 return memory.views[jname]
             job = jobs.get(jname)
@@ -327,7 +330,7 @@ class Reconciler:
                 effects += eff
                 continue
             if run.stage in ex.ACTIVE_STAGES:
-                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now, memory.rng)
+                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now, memory.rng)
                 runs[s] = new
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
@@ -335,7 +338,7 @@ class Reconciler:
             if deadline_passed and run.stage == "rereading":
                 new, eff = ex.give_up(run, f"the request's deadline ({spec.deadline_seconds}s) passed")
             else:
-                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now,
+                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now,
                                       memory.rng)
             reverify[s] = new
             effects += eff
@@ -618,7 +621,7 @@ class Reconciler:
                                              step.tool, action.args, action.idempotency_key)
             secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
                                              idempotency_key=action.idempotency_key,
-                                             command=list(spec.verify_command) if e.role == "check" else None, **common)
+                                             command=list(spec.verify_command or []) if e.role == "check" else None, **common)
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
