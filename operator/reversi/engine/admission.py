@@ -244,7 +244,7 @@ def new_approvals(old: dict | None, new: dict) -> tuple[list[int], bool]:
 def new_denials(old: dict | None, new: dict) -> list[int]:
     """Steps a RollbackRequest write newly denies (``spec.denials``; wire dicts)."""
     before = {d.get("step") for d in (old or {}).get("denials") or [] if isinstance(d, dict)}
-    return [d.get("step") for d in new.get("denials") or []
+    return [d["step"] for d in new.get("denials") or []
             if isinstance(d, dict) and isinstance(d.get("step"), int) and d.get("step") not in before]
 
 

@@ -251,7 +251,7 @@ def advance(
         if job.state == "running":
             return run, []
         if job.state == "failed":
-            problem = f"read failed: {job.message or 'the reader exited non-zero'}"
+            problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
         else:
             try:
                 problem = first_mismatch(parse_answer(job.output or ""), verify.expect)

@@ -83,8 +83,8 @@ def assemble(run_spec: RunSpec, entries: Iterable[Entry], legacy_undo: Iterable[
                 update={"snapshot": snapshot, "snapshot_id": None})
         for res in run_spec.resolutions:
             resolutions[res.step] = res
-        for entry in legacy_undo:
-            undo[entry.step] = entry
+        for legacy in legacy_undo:
+            undo[legacy.step] = legacy
     for entry in entries:
         index = entry.spec.index
         steps[index] = entry.spec.as_step()
