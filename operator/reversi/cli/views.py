@@ -531,9 +531,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if events:
         lines.append("")
         lines.append("Events (newest last):")
-        rows = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
-                for e in list(events)[-10:]]
-        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), rows).splitlines()]
+        recent = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+                  for e in list(events)[-10:]]
+        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), recent).splitlines()]
     return "\n".join(lines)
 
 
@@ -634,7 +634,7 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
         undo[entry.get("step", 0)] = dict(entry)
     for obj in steps:
         step_spec = obj.get("spec") or {}
-        index = step_spec.get("index")
+        index = step_spec["index"]  # required by the RunStep schema
         calls[index] = {k: v for k, v in step_spec.items() if k not in ("snapshot", "runRef", "resolution")}
         snapshots[index] = step_spec.get("snapshot")
         if step_spec.get("resolution"):
