@@ -41,7 +41,7 @@ import inspect
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from collections.abc import Callable, Iterator, Mapping
 
 from kubernetes import client, config
@@ -649,7 +649,8 @@ class RollbackResult:
     def of(cls, namespace: str, run: str, request: str, status: Mapping[str, Any],
            timed_out: bool = False) -> RollbackResult:
         report = dict(status.get("report") or {})
-        complete_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Complete"), {})
+        complete_cond: Mapping[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Complete"), {})
         phase = status.get("phase") or "Pending"
         return cls(namespace, run, request, phase, phase == "Succeeded" and bool(report.get("complete")), report,
                    list(report.get("failed") or []), list(report.get("residue") or []),
@@ -711,7 +712,7 @@ class Boundary:
     def __enter__(self) -> Boundary:
         return self
 
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> Literal[False]:
         if error is None or not isinstance(error, Exception) or self.result is not None:
             return False
         result = self.rollback(f"the block raised {type(error).__name__}: {error}")

@@ -127,16 +127,18 @@ class OperatorProcess:
 
     def kill(self) -> None:
         """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        proc = self.proc
+        if proc is not None and self.alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 seconds."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        proc = self.proc
+        if proc is not None and self.alive():
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=15)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
 
