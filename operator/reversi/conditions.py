@@ -89,6 +89,7 @@ DRY_RUN = "DryRun"  # Running=False / Complete=False: dry run, nothing is undone
 WAITING_FOR_RUN = "WaitingForRun"  # another RollbackRequest holds the run (rule 6)
 RUN_NOT_FOUND = "RunNotFound"  # Invalid=True, phase Failed
 MANIFEST_NOT_FOUND = "ManifestNotFound"  # Invalid=True, phase Failed
+RUNNERS_TOO_LARGE = "RunnersTooLarge"  # Invalid=True: the runners to record in status.runners are too big
 INVALID_DEPENDENCIES = "InvalidDependencies"  # Invalid=True: the run's dependencies are broken
 INVALID_SPEC = "InvalidSpec"  # Invalid=True: the request's own spec is unusable
 VALID = "Valid"  # Invalid=False
@@ -146,6 +147,7 @@ REASONS = frozenset(
         WAITING_FOR_RUN,
         RUN_NOT_FOUND,
         MANIFEST_NOT_FOUND,
+        RUNNERS_TOO_LARGE,
         INVALID_DEPENDENCIES,
         INVALID_SPEC,
         VALID,

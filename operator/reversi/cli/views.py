@@ -459,6 +459,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     lines.append(f"Created:      {created or '<unknown>'} ({age(created, now)} ago)")
     lines.append(f"Started:      {status.get('startTime') or '-'}")
     lines.append(f"Completed:    {status.get('completionTime') or '-'}")
+    if status.get("runners") is not None:  # recorded at the lock: every Job of the request runs one of these
+        used = ", ".join(f"{r.get('name')} ({r.get('image')})" for r in status["runners"]) or "none needed"
+        lines.append(f"Runners:      {used}, as recorded at the lock (status.runners)")
     complete = conds.get("Complete") or {}
     if complete.get("message"):
         lines.append(f"Verdict:      {complete['message']}")

@@ -4,11 +4,14 @@ Level-triggered and restart-safe: every pass starts from what the API holds — 
 Run (its spec and ``status.undo``) and the Jobs — so an operator killed at any point resumes
 where it was (rule 3). The pass:
 
-1. loads the request, its Run and ToolManifest; bad input ends the request ``Failed`` with an
-   ``Invalid`` condition that says what to fix (never a crash loop);
+1. loads the request, its Run and (until it has recorded its runners) the ToolManifest; bad input ends
+   the request ``Failed`` with an ``Invalid`` condition that says what to fix (never a crash loop);
 2. plans (rule 2) against the undo state left by *other* requests, so the plan is a function of
    the Run alone and can be rebuilt after a restart; a dry run stops here (``Planned``);
-3. takes the Run's lock (``status.activeRequest``; rule 6) or waits (``Waiting``);
+3. takes the Run's lock (``status.activeRequest``; rule 6) or waits (``Waiting``); with the lock it
+   pins the Run's steps (``status.runSteps``) and records the runners it needs
+   (``status.runners``): from then on it plans and builds every Job from that record, never from
+   the live ToolManifest;
 4. moves every active step on (:func:`reversi.engine.executor.advance`) and starts what the
    schedule allows (newest first, dependents first, within ``parallelism``; rule 1);
 5. carries out the effects: journal on the Run first, then Jobs, then Events;
@@ -38,6 +41,7 @@ from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import executor as ex
 from ..engine.graph import InvalidRun, build_graph
+from ..engine import runners as rs
 from ..engine.plan import COMPENSATE, build_plan, undo_by_step
 from ..engine.report import StepOutcome, build_report, report_message
 from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
@@ -186,19 +190,21 @@ class Reconciler:
         # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
         planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
                          if u.verified_by == name else u for u in prior]
-        indices = runtime.state().indices if runtime.initialised() else None
-        if indices is not None and (ns, run_spec.manifest_ref.name) in indices.manifests:
-            manifest = ix.manifest(indices, ns, run_spec.manifest_ref.name)
-            if manifest is None:
-                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} is invalid; "
-                              "fix it (kubectl apply shows what is wrong)")
-        else:
-            manifest = self._manifest(ref, ns, run_spec.manifest_ref.name)
+        try:  # the runners recorded when this request took the lock (issue 10): the live ToolManifest is not read
+            recorded = rs.from_record((req.get("status") or {}).get("runners"))
+        except ValidationError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
+                          "create a new RollbackRequest") from err
+        manifest = None
+        if recorded is None:
+            manifest = self._live_manifest(ref, ns, run_spec.manifest_ref.name)
+        runners, readers_now = recorded or ({r.name: r for r in manifest.runners} if manifest else {},
+                                            current_readers(manifest))
+        runner_names = set(runners)
         try:
             graph = build_graph(run_spec)
             plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                              runner_names=[r.name for r in manifest.runners] if manifest else [],
-                              readers=current_readers(manifest))  # the plan's verified: a reader exists now
+                              runner_names=runner_names, readers=readers_now)  # the plan's verified: a reader exists
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
@@ -225,13 +231,10 @@ class Reconciler:
                 self.metrics.request_finished(ns, "dryRun")
             return None
         needed_runners = {a.runner for a in plan.of_kind(COMPENSATE) if a.runner}
-        if needed_runners and manifest is None:
+        if needed_runners and manifest is None and recorded is None:
             raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
                           "its runners are needed to run compensators: create it again (a Run's manifestRef "
                           "cannot change), then create a new RollbackRequest")
-        runners = {r.name: r for r in manifest.runners} if manifest else {}
-        runner_names = set(runners)
-        readers_now = current_readers(manifest)
         missing = sorted(needed_runners - runner_names)
         if missing:
             raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
@@ -252,6 +255,10 @@ class Reconciler:
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
             if status["runSteps"] != journal.size:
                 return self.settings.tick_seconds  # plan again, with exactly those steps
+        if recorded is None:
+            # record the runners this request uses before any Job starts: it uses only those until it ends
+            runners, readers_now = self._record_runners(req, status, plan, run_spec, prior, runners, readers_now)
+            runner_names = set(runners)
 
         # ---- per-step state ----
         old_entries = {e["step"]: e for e in status.get("steps") or []}
@@ -591,6 +598,39 @@ class Reconciler:
         spec, legacy = jr.inline_journal(run_obj)
         return ix.journal(entries, spec, legacy, overlay=memory.written)
 
+    def _live_manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
+        """The ToolManifest as it is now (kopf's index, else the API); None when missing. Raises
+        :class:`Invalid` when it is invalid."""
+        indices = runtime.state().indices if runtime.initialised() else None
+        if indices is not None and (ns, name) in indices.manifests:
+            manifest = ix.manifest(indices, ns, name)
+            if manifest is None:
+                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
+                              "fix it (kubectl apply shows what is wrong)")
+            return manifest
+        return self._manifest(ref, ns, name)
+
+    def _record_runners(self, req: dict, status: dict, plan, run_spec: RunSpec, prior: list[StepUndo],
+                        runners: dict[str, Runner], readers: dict[str, str]) -> tuple[dict[str, Runner], dict[str, str]]:
+        """Write ``status.runners`` (the runners the plan needs, as the ToolManifest gives them
+        now) and say so in an Event; return them as :func:`reversi.engine.runners.from_record`
+        reads them back. Raises :class:`Invalid` (``RunnersTooLarge``) when they are too big to keep."""
+        meta = req["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        entries = rs.record(runners, rs.runners_needed(plan, run_spec, prior, runners, readers))
+        size = rs.record_size(entries)
+        if size > rs.RECORD_LIMIT_BYTES:
+            raise Invalid(c.RUNNERS_TOO_LARGE, f"RollbackRequest {ns}/{name}: the runners it needs take {size} bytes "
+                          f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
+                          "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
+        status["runners"] = entries
+        self.kube.merge_status(REQUESTS, ns, name, {"runners": entries})
+        manifest = run_spec.manifest_ref.name
+        used = ", ".join(f"{e['name']} ({e['image']})" for e in entries) or "none"
+        self.kube.event(req, "RunnersRecorded", f"uses runners {used} as ToolManifest {ns}/{manifest} gave them now "
+                        "(status.runners) until it ends; a later change to the ToolManifest affects the next request")
+        return rs.from_record(entries) or ({}, {})
+
     def _manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         manifest_obj = self.kube.get(MANIFESTS, ns, name)
         if manifest_obj is None:
@@ -602,7 +642,8 @@ class Reconciler:
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
                    spec: RollbackRequestSpec, e: ex.StartJob) -> None:
-        """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6)."""
+        """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6).
+        ``runners``: the request's recorded runners (``status.runners``), never the live ToolManifest's."""
         meta = req["metadata"]
         owner = jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"])
         action = plan.actions[e.step]

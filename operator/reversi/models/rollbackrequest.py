@@ -19,7 +19,9 @@ from pydantic import ConfigDict, Field
 from .common import (
     MAX_CONDITIONS,
     MAX_NAME,
+    MAX_RUNNERS,
     MAX_STEPS,
+    MAX_TOOLS,
     Backoff,
     Condition,
     CrdInfo,
@@ -28,12 +30,14 @@ from .common import (
     ReversiModel,
     StatusModel,
     Text,
+    ToolName,
     age_column,
     ready_column,
     immutable,
     list_map,
     rule,
 )
+from .toolmanifest import Runner
 
 Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
 StepStage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
@@ -313,6 +317,23 @@ class Report(StatusModel):
     )
 
 
+class RecordedRunner(Runner):
+    """A runner as the ToolManifest gave it when the request took the Run's lock: every Job the
+    request starts (compensator, reader, check) is built from this copy, never from the live
+    ToolManifest. Literal ``env`` values are copied as they are (whoever reads the ToolManifest
+    reads them already: keep secrets in ``valueFrom.secretKeyRef`` or ``envFrom``); ``valueFrom``
+    and ``envFrom`` entries are copied as references, never resolved."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    read_back_tools: list[ToolName] = Field(
+        default_factory=list,
+        max_length=MAX_TOOLS,
+        description="Read-back tools this runner reads for because the ToolManifest gave it to them at the lock "
+        "(the step's own reader runner was not defined then): a re-verify or a reader of this request uses it for them.",
+    )
+
+
 class RollbackRequestStatus(StatusModel):
     """Observed state of a RollbackRequest."""
 
@@ -333,6 +354,13 @@ class RollbackRequestStatus(StatusModel):
         default=None,
         ge=0,
         description="Steps of the Run when this request took its lock: only steps 0..runSteps-1 are planned and undone.",
+    )
+    runners: list[RecordedRunner] | None = Field(
+        default=None,
+        max_length=MAX_RUNNERS,
+        description="The runners this request uses, recorded from the ToolManifest when it took the Run's lock (only "
+        "those its plan needs: compensators, readers, the verifyCommand check). Every Job it starts is built from "
+        "them until it ends; a later ToolManifest change affects the next request. Unset before the lock and in a dry run.",
     )
     steps: list[StepStatus] = Field(
         default_factory=list,
