@@ -46,7 +46,7 @@ from ..engine.plan import COMPENSATE, build_plan, undo_by_step
 from ..engine.report import StepOutcome, build_report, report_message
 from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
-from ..models.run import StepUndo
+from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
