@@ -2,17 +2,23 @@
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
 #                 (make demo KEEP=1 leaves it all running to try it yourself)
 #   make test   - builds what is missing, starts the local control plane, runs every test, stops it
+#   make lint   - ruff and mypy with the rule set in pyproject.toml (seconds; .ci/run runs it before make test)
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: install build test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway bench-rollback
+.PHONY: install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway bench-rollback
 
 install:
 	$(PIP) install -q -e '.[test]'
 
 build: install
 	reversi-devcluster build --all
+
+# ruff over the code, tests, benchmarks and demo; mypy over operator/reversi (rules: pyproject.toml)
+lint: install
+	$(PYTHON) -m ruff check operator tests benchmarks demo
+	$(PYTHON) -m mypy
 
 test: build
 	$(PYTHON) -m pytest -q

@@ -116,10 +116,12 @@ def main() -> int:
     print(f"MCP tool call {TOOL}: {a.calls} measured calls each, after {a.warmup} warm-up calls "
           f"(the recorded runs reach {a.calls + a.warmup} steps)")
     print(f"  {'':32} {'median':>9} {'p99':>9} {'first 20%':>10} {'last 20%':>10}   (ms)")
-    for label, x in (("direct to the MCP server", d), ("direct, recorded by the SDK", k), ("through reversi-gateway", g)):
+    for label, x in (("direct to the MCP server", d), ("direct, recorded by the SDK", k),
+                     ("through reversi-gateway", g)):
         print(f"  {label:32} {x['median']:9.2f} {x['p99']:9.2f} {x['median_first_20pct']:10.2f} "
               f"{x['median_last_20pct']:10.2f}")
-    print(f"  added by the gateway vs direct:  median {out['added_median_ms']:.2f} ms, p99 {out['added_p99_ms']:.2f} ms, "
+    print(f"  added by the gateway vs direct:  median {out['added_median_ms']:.2f} ms, "
+          f"p99 {out['added_p99_ms']:.2f} ms, "
           f"ratio of medians {out['ratio_median']:.1f}x")
     print(f"  the gateway's own share (gateway - SDK-recorded): median {out['gateway_over_sdk_median_ms']:.2f} ms")
     return 0

@@ -46,7 +46,8 @@ def tool_entry(k: int, effect: str) -> dict:
             "args": {"id": "$result.id", "owner": "$args.owner", "fixed": True},
             "runner": "cli",
         }
-        entry["verification"] = {"tool": f"svc.get_t{k}", "args": {"id": "$result.id"}, "expect": {"gone": True}, "runner": "cli"}
+        entry["verification"] = {"tool": f"svc.get_t{k}", "args": {"id": "$result.id"}, "expect": {"gone": True},
+                                 "runner": "cli"}
     if effect == "irreversible":
         entry["residue"] = ["a message was sent"]
     return entry
@@ -103,14 +104,15 @@ def main() -> int:
     plan_times = {}
     for n in (1_000, 10_000):
         raw = make_run(n)
-        validate = median_seconds(lambda: RunSpec.model_validate(raw), max(3, args.repeat // 2))
+        validate = median_seconds(lambda raw=raw: RunSpec.model_validate(raw), max(3, args.repeat // 2))
         spec = RunSpec.model_validate(raw)
-        plan_s = median_seconds(lambda: build_plan(spec, None, run_id="bench-uid"), args.repeat)
+        plan_s = median_seconds(lambda spec=spec: build_plan(spec, None, run_id="bench-uid"), args.repeat)
         graph = build_graph(spec)
         plan = build_plan(spec, None, run_id="bench-uid", graph=graph)
         progress = initial_progress(plan)
-        schedule_s = median_seconds(lambda: ready_steps(plan, graph, progress, parallelism=8), args.repeat)
-        report_s = median_seconds(lambda: build_report(plan, {}), args.repeat)
+        schedule_s = median_seconds(lambda plan=plan, graph=graph, progress=progress:
+                                    ready_steps(plan, graph, progress, parallelism=8), args.repeat)
+        report_s = median_seconds(lambda plan=plan: build_report(plan, {}), args.repeat)
         size_kib = len(json.dumps(raw, separators=(",", ":"))) / 1024
         kinds: dict[str, int] = {}
         for action in plan.actions:
@@ -118,7 +120,8 @@ def main() -> int:
         plan_times[n] = plan_s
         print(
             f"{n:>6} steps: plan {plan_s * 1000:8.1f} ms (median of {args.repeat})  "
-            f"validate {validate * 1000:7.1f} ms  schedule {schedule_s * 1000:6.1f} ms  report {report_s * 1000:6.1f} ms  "
+            f"validate {validate * 1000:7.1f} ms  schedule {schedule_s * 1000:6.1f} ms  "
+            f"report {report_s * 1000:6.1f} ms  "
             f"spec {size_kib:6.0f} KiB  kinds {dict(sorted(kinds.items()))}"
         )
     ratio = plan_times[10_000] / plan_times[1_000]

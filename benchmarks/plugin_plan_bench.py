@@ -146,7 +146,8 @@ def main() -> int:
             pass
     run = f"bench-{args.steps}"
     seconds = record(api, run, args.steps, args.threads)
-    print(f"run {NS}/{run}: {args.steps} RunSteps" + (f" recorded in {seconds:.1f}s" if seconds else " (already there)"))
+    print(f"run {NS}/{run}: {args.steps} RunSteps"
+          + (f" recorded in {seconds:.1f}s" if seconds else " (already there)"))
     base = [sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig", kubeconfig, "-n", NS, "plan", run]
     for variant in ([], ["--json"]):
         times = []

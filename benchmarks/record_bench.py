@@ -33,7 +33,8 @@ from kubernetes import client, config  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
 from reversi.devcluster.cluster import Cluster  # noqa: E402
-from reversi.devcluster.localop import OperatorProcess, apply_crds, free_port, remove_webhook_configurations  # noqa: E402
+from reversi.devcluster.localop import (  # noqa: E402
+    OperatorProcess, apply_crds, free_port, remove_webhook_configurations)
 from reversi.sdk import Recorder  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
@@ -54,7 +55,7 @@ MANIFEST = {
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def record(api: client.ApiClient, namespace: str, steps: int, progress_every: int) -> list[float]:
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"recording time per call (intended + outcome), one run of {args.steps} steps:")
     print(f"  steps 100..{100 + args.window - 1}:   median {figures['median_ms_at_100']:.1f} ms, "
           f"p99 {figures['p99_ms_at_100']:.1f} ms")
-    print(f"  steps {args.steps - args.window}..{args.steps - 1}: median {figures[f'median_ms_at_{args.steps}']:.1f} ms, "
+    print(f"  steps {args.steps - args.window}..{args.steps - 1}: "
+          f"median {figures[f'median_ms_at_{args.steps}']:.1f} ms, "
           f"p99 {figures[f'p99_ms_at_{args.steps}']:.1f} ms")
     print(f"  ratio (late/early median): {figures['ratio']:.2f}; all calls: median {figures['median_ms_all']:.1f} ms, "
           f"total {figures['total_s']:.0f} s")

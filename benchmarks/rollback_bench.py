@@ -465,7 +465,7 @@ def p4(bench: Bench, steps: int, target: float) -> dict:
         while still < 3 and time.monotonic() < deadline:
             time.sleep(1.0)
             now = api_writes(bench.api)
-            ours = sum(v for k, v in now.items() if k[1] in (G, "kopf.dev") or k[2] in ("jobs", "secrets") and not k[3])
+            ours = sum(v for k, v in now.items() if k[1] in (G, "kopf.dev") or (k[2] in ("jobs", "secrets") and not k[3]))
             still = still + 1 if ours == last else 0
             last = ours
         after = now

@@ -23,9 +23,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from demo.downstream.client import Client, DownstreamError  # noqa: E402
-from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder  # noqa: E402
+from demo.downstream.client import Client, DownstreamError
+from reversi.adapters.journal import list_objects
+from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder
 
 
 def main() -> int:
@@ -106,7 +106,8 @@ def checkout(rec: Boundary, shop: Client, order: str) -> int:
     stock = rec.call("inventory.get_stock", {"sku": "sku-mug"}, lambda a: shop.get_stock(a["sku"]))
     say(6, f"read stock of mugs: {stock['available']} available")
     fee = rec.call("payments.create_charge", {"order_id": order + "-shipping", "amount": 500, "customer": "cus_9"},
-                   lambda a: shop.create_charge(a["order_id"], a["amount"], a["customer"], idempotency_key=a["order_id"]))
+                   lambda a: shop.create_charge(a["order_id"], a["amount"], a["customer"],
+                                                idempotency_key=a["order_id"]))
     say(7, f"charged the shipping fee ({fee['id']})")
     return 0
 

@@ -24,7 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 def describe(result: Any) -> str:
     meta = result.meta or {}
     text = " ".join(getattr(c, "text", "") for c in result.content)
-    where = f"step {meta['reversi.dev/step']} {meta['reversi.dev/outcome']}" if "reversi.dev/step" in meta else "not recorded"
+    where = (f"step {meta['reversi.dev/step']} {meta['reversi.dev/outcome']}" if "reversi.dev/step" in meta
+             else "not recorded")
     if result.is_error:  # the whole message: a refusal names the halt, the principal or the tool
         return f"{where:<22} ERROR\n      {text}"
     return f"{where:<22} {str(result.structured_content or text)[:100]}"

@@ -164,7 +164,8 @@ class Stack:
             rbac.create_namespaced_role(self.namespace, {"metadata": {"name": sa}, "rules": rules})
             core.create_namespaced_service_account(self.namespace, {"metadata": {"name": sa}})
             rbac.create_namespaced_role_binding(self.namespace, {
-                "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+                "metadata": {"name": sa},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
                 "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": self.namespace}]})
             token = core.create_namespaced_service_account_token(sa, self.namespace,
                                                                  {"spec": {"expirationSeconds": 3600}}).status.token
@@ -273,7 +274,8 @@ class Demo:
             print(f"    {a['step']}  {a['tool']:<24} {a['kind']:<13}{extra}")
         print(f"  fully reversible: {plan.structured_content['fullyReversible']} (the email cannot be unsent)")
         title("On call asks for the rollback; reversi-mcp-runner Jobs undo and read back through MCP")
-        asked = asyncio.run(operator_tool(s.operator_url, token, "reversi.request_rollback", {"run": RUN, "confirm": True}))
+        asked = asyncio.run(operator_tool(s.operator_url, token, "reversi.request_rollback",
+                                          {"run": RUN, "confirm": True}))
         if asked.is_error:
             raise RuntimeError(f"request_rollback: {asked.content[0].text}")
         name = asked.structured_content["request"]

@@ -79,7 +79,8 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 DEFAULT_STOCK: dict[str, int] = {"sku-mug": 10, "sku-shirt": 5, "sku-poster": 1}
 DEFAULT_CUSTOMERS: dict[str, dict[str, str]] = {
@@ -318,7 +319,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._handle("POST")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         if not self.quiet:
             super().log_message(format, *args)
 

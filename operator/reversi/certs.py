@@ -64,7 +64,7 @@ def make_ca(directory: Path, name: str = "reversi-local-ca") -> KeyPair:
         return pair
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -109,7 +109,7 @@ def issue(
     key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     usages = []
     if server:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)

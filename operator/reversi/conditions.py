@@ -27,8 +27,9 @@ This module imports only the standard library.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import datetime, UTC
+from typing import Any
+from collections.abc import Iterable
 
 # --------------------------------------------------------------------------------------- status
 TRUE = "True"
@@ -201,10 +202,10 @@ MAX_MESSAGE_LENGTH = 4096
 
 def rfc3339(moment: datetime | None = None) -> str:
     """Format ``moment`` (default: now) as a Kubernetes timestamp, UTC, seconds: ``2025-01-01T00:00:00Z``."""
-    moment = moment or datetime.now(timezone.utc)
+    moment = moment or datetime.now(UTC)
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(

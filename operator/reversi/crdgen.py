@@ -149,7 +149,8 @@ def _order(node: Any) -> Any:
         out["properties"] = {k: _order(v) for k, v in node["properties"].items()}
     if "x-kubernetes-validations" in node:
         out["x-kubernetes-validations"] = [
-            {**{k: r[k] for k in ("rule", "message") if k in r}, **{k: v for k, v in sorted(r.items()) if k not in ("rule", "message")}}
+            {**{k: r[k] for k in ("rule", "message") if k in r},
+             **{k: v for k, v in sorted(r.items()) if k not in ("rule", "message")}}
             for r in node["x-kubernetes-validations"]
         ]
     return out
@@ -194,7 +195,8 @@ def crd_for(info: CrdInfo) -> dict[str, Any]:
                 "description": "APIVersion defines the versioned schema of this representation of an object.",
                 "type": "string",
             },
-            "kind": {"description": "Kind is a string value representing the REST resource this object represents.", "type": "string"},
+            "kind": {"description": "Kind is a string value representing the REST resource this object represents.",
+                     "type": "string"},
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,

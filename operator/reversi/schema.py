@@ -13,7 +13,7 @@ operator ignores what it does not know. This module imports only the models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from collections.abc import Iterable
 
 from .models import ALL_CRDS
 from .models.common import SCHEMA_VERSION, SCHEMA_VERSION_ANNOTATION
@@ -54,7 +54,7 @@ def version_of(crd: dict) -> int:
     """The schema version a CRD (dict) carries; 0 when it has no (or no valid) annotation."""
     value = ((crd.get("metadata") or {}).get("annotations") or {}).get(SCHEMA_VERSION_ANNOTATION)
     try:
-        return int(value)
+        return int(value) if value is not None else 0
     except (TypeError, ValueError):
         return 0
 

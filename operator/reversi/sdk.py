@@ -41,7 +41,8 @@ import inspect
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Iterator, Mapping
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -157,7 +158,7 @@ def _reason(err: ApiException) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -203,7 +204,7 @@ class Recorder:
     @classmethod
     def open(cls, namespace: str, run: str, *, manifest: str, mode: str = "enforce",
              scope: Mapping[str, str] | None = None, api: client.ApiClient | None = None,
-             kubeconfig: str | None = None, recovery: str = "bestEffort", **kwargs: Any) -> "Recorder":
+             kubeconfig: str | None = None, recovery: str = "bestEffort", **kwargs: Any) -> Recorder:
         """Create the Run ``namespace/run`` (or continue it if it exists) and return a recorder.
 
         ``manifest`` names the ToolManifest in the same namespace; ``mode`` is ``enforce`` or
@@ -231,7 +232,7 @@ class Recorder:
 
     @classmethod
     def attach(cls, namespace: str, run: str, *, api: client.ApiClient | None = None,
-               kubeconfig: str | None = None, **kwargs: Any) -> "Recorder":
+               kubeconfig: str | None = None, **kwargs: Any) -> Recorder:
         """Continue an existing Run; raises :class:`RecordingRefused` if it does not exist."""
         rec = cls(api or _default_api(kubeconfig), namespace, run, **kwargs)
         rec._load()
@@ -415,7 +416,7 @@ class Recorder:
     # ----- rolling back and settling from code (issue 16) -----------------------------------
 
     def rollback(self, reason: str = "", *, timeout: float = DEFAULT_TIMEOUT, poll: float = POLL_SECONDS,
-                 spec: Mapping[str, Any] | None = None) -> "RollbackResult":
+                 spec: Mapping[str, Any] | None = None) -> RollbackResult:
         """Roll the run back now and wait for the verdict: creates a RollbackRequest for the run
         (``reason`` kept in its ``reversi.dev/reason`` annotation; ``spec`` adds fields such as
         ``retries`` or ``approveCompensations``) and polls its phase every ``poll`` seconds until
@@ -440,7 +441,7 @@ class Recorder:
         return self.wait_rollback(name, timeout=timeout, poll=poll)
 
     def wait_rollback(self, request: str, *, timeout: float = DEFAULT_TIMEOUT,
-                      poll: float = POLL_SECONDS) -> "RollbackResult":
+                      poll: float = POLL_SECONDS) -> RollbackResult:
         """Poll RollbackRequest ``request`` until its phase is final (``Succeeded``,
         ``Incomplete``, ``Failed``) or ``timeout`` seconds pass; returns what it says then
         (``timedOut`` true when it was not final)."""
@@ -471,7 +472,7 @@ class Recorder:
                                 spec["outcome"], spec.get("error"), {"snapshot": spec.get("snapshot")}))
         return out
 
-    def reconcile(self, probe: Callable[[Step], "Settlement | None"], *, name: str = "") -> "Reconciled":
+    def reconcile(self, probe: Callable[[Step], Settlement | None], *, name: str = "") -> Reconciled:
         """Settle the run's unknown outcomes by asking ``probe``.
 
         For each step of :meth:`unresolved`, calls ``probe(step)``: a :class:`Settlement`
@@ -511,7 +512,8 @@ class Recorder:
             done.settled[step.index] = settlement
         return done
 
-    def reader_probe(self, *, timeout: float = 120.0, poll: float = POLL_SECONDS) -> Callable[[Step], "Settlement | None"]:
+    def reader_probe(self, *, timeout: float = 120.0,
+                     poll: float = POLL_SECONDS) -> Callable[[Step], Settlement | None]:
         """A ready-made probe for :meth:`reconcile`: it runs the step's declared verification
         reader (its manifest snapshot's ``verification``: tool, runner) as a reader Job, with the
         arguments resolved from the call's ``args`` alone (the result is what is unknown), and
@@ -574,7 +576,7 @@ class Recorder:
     @classmethod
     def boundary(cls, namespace: str, run: str, *, manifest: str, timeout: float = DEFAULT_TIMEOUT,
                  poll: float = POLL_SECONDS, rollback_spec: Mapping[str, Any] | None = None,
-                 **open_kwargs: Any) -> "Boundary":
+                 **open_kwargs: Any) -> Boundary:
         """A recovery boundary: ``with Recorder.boundary(ns, run, manifest=...) as b:``.
 
         Opens the run like :meth:`open` (same keyword arguments, plus ``recovery``) and yields a
@@ -591,7 +593,7 @@ class Recorder:
     @classmethod
     def aboundary(cls, namespace: str, run: str, *, manifest: str, timeout: float = DEFAULT_TIMEOUT,
                   poll: float = POLL_SECONDS, rollback_spec: Mapping[str, Any] | None = None,
-                  **open_kwargs: Any) -> "AsyncBoundary":
+                  **open_kwargs: Any) -> AsyncBoundary:
         """The async form of :meth:`boundary`: ``async with Recorder.aboundary(...) as b:``; the
         run is opened on entry (in a thread)."""
         return AsyncBoundary(lambda: cls.open(namespace, run, manifest=manifest, **open_kwargs), timeout=timeout,
@@ -630,7 +632,8 @@ class RollbackResult:
     ``phase`` (``Succeeded``, ``Incomplete``, ``Failed``, or the last phase seen when
     ``timed_out``), ``complete``, the ``report`` (DESIGN §5, as in the request's status),
     ``failed`` (``[{step, error}]``), ``residue`` (typed: ``[{step, type, text}]``, type
-    declared, failed, notAttempted or unknown: what the rollback leaves behind) and ``message`` (the request's verdict)."""
+    declared, failed, notAttempted or unknown: what the rollback leaves behind) and ``message`` (the
+    request's verdict)."""
 
     namespace: str
     run: str
@@ -645,9 +648,10 @@ class RollbackResult:
 
     @classmethod
     def of(cls, namespace: str, run: str, request: str, status: Mapping[str, Any],
-           timed_out: bool = False) -> "RollbackResult":
+           timed_out: bool = False) -> RollbackResult:
         report = dict(status.get("report") or {})
-        complete_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Complete"), {})
+        complete_cond: Mapping[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Complete"), {})
         phase = status.get("phase") or "Pending"
         return cls(namespace, run, request, phase, phase == "Succeeded" and bool(report.get("complete")), report,
                    list(report.get("failed") or []), list(report.get("residue") or []),
@@ -706,10 +710,10 @@ class Boundary:
         self.result = self.recorder.rollback(reason, timeout=self.timeout, poll=self.poll, spec=self.rollback_spec)
         return self.result
 
-    def __enter__(self) -> "Boundary":
+    def __enter__(self) -> Boundary:
         return self
 
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> Literal[False]:
         if error is None or not isinstance(error, Exception) or self.result is not None:
             return False
         result = self.rollback(f"the block raised {type(error).__name__}: {error}")
@@ -756,7 +760,7 @@ class AsyncBoundary:
         assert self.sync is not None, "use inside 'async with'"
         return await asyncio.to_thread(self.sync.rollback, reason)
 
-    async def __aenter__(self) -> "AsyncBoundary":
+    async def __aenter__(self) -> AsyncBoundary:
         self.sync = Boundary(await asyncio.to_thread(self._opener), **self._options)  # type: ignore[arg-type]
         return self
 

@@ -30,7 +30,8 @@ class OperatorSettings(BaseSettings):
     job_run_as_user: int = Field(65532, ge=1, description="Non-root user id of compensator and reader pods.")
     metrics_port: int = Field(8080, ge=0, le=65535, description="Prometheus /metrics port (0: off).")
     health_port: int = Field(
-        0, ge=0, le=65535, description="kopf's liveness endpoint, http://0.0.0.0:<port>/healthz (0: off; the chart sets 8081).")
+        0, ge=0, le=65535,
+        description="kopf's liveness endpoint, http://0.0.0.0:<port>/healthz (0: off; the chart sets 8081).")
     api_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="Timeout of every API request the operator makes (reads, writes, lists).")
     webhook_port: int = Field(9443, ge=1, le=65535, description="Admission webhook HTTPS port.")

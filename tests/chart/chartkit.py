@@ -209,7 +209,8 @@ def undo_an_order(rv: Any, order: str) -> tuple[dict, dict, dict]:
     return done, charge, reservation
 
 
-PERMISSION_ERROR = re.compile(r"forbidden|(?<![,.:])\b403\b|not enough permissions|cannot (list|watch|get|create|patch)", re.I)
+PERMISSION_ERROR = re.compile(r"forbidden|(?<![,.:])\b403\b|not enough permissions|"
+                              r"cannot (list|watch|get|create|patch)", re.I)
 
 
 def permission_errors(log: str) -> list[str]:

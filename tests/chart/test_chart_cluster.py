@@ -29,7 +29,8 @@ def schemas(cluster, crds, kubectl):
     """The CRDs the rendered objects need: Reversi's (crds fixture), kopf's peering ones from the
     chart, and stand-ins for the Prometheus Operator's and cert-manager's (stub-crds.yaml)."""
     kc = cluster.paths.admin_kubeconfig
-    run([kubectl, "--kubeconfig", kc, "apply", "-f", CHART / "crds" / "kopf-peering.yaml", "-f", HERE / "stub-crds.yaml"])
+    run([kubectl, "--kubeconfig", kc, "apply", "-f", CHART / "crds" / "kopf-peering.yaml", "-f",
+         HERE / "stub-crds.yaml"])
     run([kubectl, "--kubeconfig", kc, "wait", "--for=condition=Established", "--timeout=60s",
          "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com",
          "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io",
@@ -204,7 +205,8 @@ def test_upgrade_keeps_the_webhook_certificate_and_the_pod(release):
     """`helm upgrade` reuses the certificate (lookup of the Secret): same CA in the webhook
     configurations, same checksum, so the operator is not restarted and webhooks keep working."""
     def secret() -> dict:
-        out = release.kubectl_cmd("get", "secret", "-n", release.namespace, f"{release.fullname}-webhook-tls", "-o", "json")
+        out = release.kubectl_cmd("get", "secret", "-n", release.namespace, f"{release.fullname}-webhook-tls", "-o",
+                                  "json")
         return json.loads(out.stdout)["data"]
 
     def ca_bundles() -> set[str]:

@@ -29,7 +29,8 @@ def test_gateway_deployment_runs_reversi_gateway_restricted(render):
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     svc = find(objs, "Service", "rv-reversi-gateway")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    assert dep["spec"]["selector"]["matchLabels"] != find(objs, "Deployment", "rv-reversi")["spec"]["selector"]["matchLabels"]
+    assert dep["spec"]["selector"]["matchLabels"] != find(objs, "Deployment",
+                                                          "rv-reversi")["spec"]["selector"]["matchLabels"]
 
 
 def test_gateway_may_only_review_tokens_and_impersonate_service_accounts(render):

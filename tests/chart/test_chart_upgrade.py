@@ -27,7 +27,7 @@ from reversi import crdgen
 from reversi.devcluster.localop import apply_crds
 from reversi.models import ALL_CRDS
 from reversi.models.common import SCHEMA_VERSION
-from tests.chart.chartkit import CHART, REPO, Release, release_values, run
+from tests.chart.chartkit import CHART, REPO, Release, release_values
 from tests.helpers import wait_for
 from tests.integration.conftest import RV
 

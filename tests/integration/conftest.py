@@ -226,7 +226,8 @@ class RV:
             return wait_for(check, timeout=timeout, what=f"RollbackRequest {name} to reach {phases}")
         except AssertionError:
             obj = self.get("rollbackrequests", name)
-            raise AssertionError(f"RollbackRequest {name} is {json.dumps(obj.get('status'), indent=1)[:4000]}") from None
+            status = json.dumps(obj.get("status"), indent=1)[:4000]
+            raise AssertionError(f"RollbackRequest {name} is {status}") from None
 
     def step_status(self, request: dict, step: int) -> dict:
         return next(e for e in request["status"]["steps"] if e["step"] == step)

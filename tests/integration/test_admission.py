@@ -30,7 +30,8 @@ AGENT_RULES = [
 ]
 ONCALL_RULES = [
     {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get", "list", "watch", "update", "patch"]},
-    {"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+    {"apiGroups": [G], "resources": ["rollbackrequests"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch"]},
 ]
 APPROVER_RULES = ONCALL_RULES + [{"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["approve"]}]
 
@@ -127,7 +128,8 @@ def test_rule9_halted_sdk_call_raises_before_the_call_is_made(rv, users, admin_a
     assert made == [], "the call must not be made"
     assert "kill switch: charges look duplicated" in str(err.value)
     assert [s["spec"]["index"] for s in rv.steps("r")] == [0], "nothing is recorded for the refused call"
-    halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls") and h, what="refused count")
+    halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls") and h,
+                    what="refused count")
     assert halt["status"]["active"] is True and halt["status"]["refusedCalls"] == 1 and halt["status"]["since"]
     # lifting the halt is deleting it
     rv.custom.delete_namespaced_custom_object(G, V, namespace, "halts", "stop")
@@ -311,10 +313,12 @@ def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv, 
     charge = _uncertain_run(rv, users, namespace)
     assert rv.steps("r")[0]["spec"]["outcome"] == "uncertain"
     resolved = _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": charge["id"]},
-                                                     "note": "found in the payments dashboard", "actor": "someone-else"})
+                                                     "note": "found in the payments dashboard",
+                                                     "actor": "someone-else"})
     assert resolved["spec"]["resolution"]["actor"] == "oncall" and resolved["spec"]["resolution"]["resolvedAt"]
     _custom(users["oncall"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
-        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"}, "spec": {"runRef": {"name": "r"}}})
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
+        "spec": {"runRef": {"name": "r"}}})
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
     assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
@@ -326,7 +330,8 @@ def test_rule8_approval_needs_the_approve_permission_and_records_the_approver(rv
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-appr")
     capture = rv.capture(charge["id"])
-    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-appr", "amount": 700, "customer": "cus_9"}, charge),
+    rv.run("r",
+           [rv.step(0, "payments.create_charge", {"order_id": "o-appr", "amount": 700, "customer": "cus_9"}, charge),
                  rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
     oncall, approver = _custom(users["oncall"]), _custom(users["approver"])
     # approving all at creation needs the permission too
@@ -336,7 +341,8 @@ def test_rule8_approval_needs_the_approve_permission_and_records_the_approver(rv
             "spec": {"runRef": {"name": "r"}, "approveCompensations": True}})
     assert err.value.status == 403 and 'needs the RBAC verb "approve"' in _message(err.value)
     oncall.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
-        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"}, "spec": {"runRef": {"name": "r"}}})
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
+        "spec": {"runRef": {"name": "r"}}})
     req = rv.wait_phase("undo", "AwaitingApproval")
     assert req["status"]["report"]["awaitingApproval"] == [1]
     approve = {"spec": {"approvals": [{"step": 1}]}}
@@ -371,7 +377,8 @@ def test_forward_duplicate_is_refused_naming_the_earlier_step(rv, users, namespa
 # ------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("plural, body, expected", [
-    ("runs", {"spec": {"manifestRef": {"name": "payments"}, "steps": [{"index": 0, "tool": "t", "args": {}, "outcome": "maybe"}]}},
+    ("runs", {"spec": {"manifestRef": {"name": "payments"},
+                       "steps": [{"index": 0, "tool": "t", "args": {}, "outcome": "maybe"}]}},
      "outcome"),
     ("runs", {"spec": {"steps": []}}, "manifestRef"),
     ("runs", {"spec": {"manifestRef": {"name": "payments"}, "steps": "not a list"}}, "steps"),
@@ -390,7 +397,8 @@ def test_forward_duplicate_is_refused_naming_the_earlier_step(rv, users, namespa
     ("runsteps", {"spec": {"runRef": {"name": "r"}, "index": 0, "tool": "t", "args": {}, "outcome": "intended",
                            "colour": "red"}}, "colour"),
 ])
-def test_bad_input_is_refused_with_a_message_and_the_operator_keeps_serving(rv, users, namespace, plural, body, expected):
+def test_bad_input_is_refused_with_a_message_and_the_operator_keeps_serving(rv, users, namespace, plural, body,
+                                                                            expected):
     rv.apply_manifest()
     kind = {"runs": "Run", "rollbackrequests": "RollbackRequest", "toolmanifests": "ToolManifest", "halts": "Halt",
             "runsteps": "RunStep"}[plural]
@@ -483,10 +491,12 @@ def test_shared_snapshots_cannot_be_replaced(rv, users, namespace):
     for user in ("agent-b", "agent-a"):  # not even the principal may rewrite the record
         with pytest.raises(ApiException) as err:
             _jpatch(users[user], namespace, "runsteps", step_name("r", 0),
-                    [{"op": "replace", "path": "/spec/snapshot", "value": {k: v for k, v in forged.items() if k != "id"}}])
+                    [{"op": "replace", "path": "/spec/snapshot",
+                      "value": {k: v for k, v in forged.items() if k != "id"}}])
         assert err.value.status in (403, 422)
         with pytest.raises(ApiException) as err:  # nor replace the shared snapshot the Run recorded
-            _jpatch(users[user], namespace, "runs", "r", [{"op": "replace", "path": "/spec/snapshots/0", "value": forged}])
+            _jpatch(users[user], namespace, "runs", "r",
+                    [{"op": "replace", "path": "/spec/snapshots/0", "value": forged}])
         assert err.value.status in (403, 422)
     assert rv.steps("r")[0]["spec"]["snapshot"] == entry.to_wire()
     assert rv.get("runs", "r")["spec"]["snapshots"] == body["spec"]["snapshots"], "the inline record never changes"
@@ -528,7 +538,8 @@ def test_a_forged_approved_by_is_dropped(rv, users, namespace):
 def test_an_approval_must_name_a_step_that_needs_one(rv, users, namespace):
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-appr2")
-    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-appr2", "amount": 700, "customer": "cus_9"}, charge)])
+    rv.run("r",
+           [rv.step(0, "payments.create_charge", {"order_id": "o-appr2", "amount": 700, "customer": "cus_9"}, charge)])
     for step, expected in ((0, "does not require approval"), (7, "no such step")):
         with pytest.raises(ApiException) as err:
             _custom(users["approver"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
@@ -578,9 +589,11 @@ def test_a_runner_cannot_use_a_secret_its_author_may_not_read(rv, users, admin_a
              {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "author"}, "rules": rules})
     rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "author"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "author"},
+        "metadata": {"name": "author"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "author"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "agent-a"}]})
-    body = manifest_with(rv, env=[{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}])
+    body = manifest_with(rv,
+                         env=[{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}])
     with pytest.raises(ApiException) as err:
         _custom(users["agent-a"]).create_namespaced_custom_object(G, V, namespace, "toolmanifests", body)
     assert err.value.status == 403 and "may not get secret 'db-password'" in _message(err.value)
@@ -667,7 +680,8 @@ def test_adding_an_inline_step_to_a_run_is_refused(rv, users, namespace):
     rec = _recorder(users["agent-a"], namespace, "r")
     _call(rec)
     step = {"index": 0, "tool": "payments.get_customer", "args": {"id": "cus_9"}, "outcome": "succeeded"}
-    message = "spec.steps, spec.snapshots and spec.resolutions are the inline journal of Reversi 0.1 and take no changes"
+    message = ("spec.steps, spec.snapshots and spec.resolutions are the inline journal of Reversi 0.1 "
+               "and take no changes")
     for ops in ([{"op": "add", "path": "/spec/steps", "value": [step]}],
                 [{"op": "add", "path": "/spec/resolutions",
                   "value": [{"step": 0, "status": "failed", "note": "inline"}]}]):

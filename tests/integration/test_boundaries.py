@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from kubernetes.client.rest import ApiException
 
-from demo.downstream.client import Client
+from demo.downstream.client import Client, DownstreamError
 from reversi.adapters.journal import step_body
 from reversi.sdk import Recorder, RecoveryRequired, RollbackIncomplete, RunClosed, Settlement
 
@@ -156,7 +156,7 @@ def test_reconcile_settles_what_downstream_confirms_then_rollback_undoes_it(rv):
         rec.call("inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-p1"},
                  lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
     rv.downstream.fault("/inventory/reservations", "error", times=1)  # refused: nothing happened
-    with pytest.raises(Exception):
+    with pytest.raises(DownstreamError):
         rec.call("inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-p2"},
                  lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
 
@@ -188,7 +188,7 @@ def test_recovery_required_refuses_what_cannot_be_undone_before_the_call(rv):
     rec = Recorder.open(rv.ns, "bnd-strict", manifest="payments", api=rv.api, scope=SCOPE, recovery="required")
     assert rv.get("runs", "bnd-strict")["spec"]["recovery"] == "required"
     reached: list[dict] = []
-    with pytest.raises(RecoveryRequired, match="recovery required: email.send cannot be undone"):
+    with pytest.raises(RecoveryRequired, match=r"recovery required: email\.send cannot be undone"):
         rec.call("email.send", {"to": "ada@example.com"}, lambda a: reached.append(a))
     later = Recorder.attach(rv.ns, "bnd-strict", api=rv.api)  # the run's promise, whoever records
     with pytest.raises(RecoveryRequired):
@@ -237,7 +237,7 @@ def test_reader_probe_settles_with_the_declared_reader_then_rollback_undoes_it(r
         rec.call("inventory.hold", {"sku": "sku-mug", "qty": 1, "order_id": "o-r1"},
                  lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
     rv.downstream.fault("/inventory/reservations", "error", times=1)
-    with pytest.raises(Exception):
+    with pytest.raises(DownstreamError):
         rec.call("inventory.hold", {"sku": "sku-mug", "qty": 1, "order_id": "o-r2"},
                  lambda a: ds.reserve(a["sku"], a["qty"], a["order_id"]))
 

@@ -49,13 +49,13 @@ def test_cancel_mid_rollback_starts_nothing_new_records_the_running_job_and_rele
     outcome (undone, not checked: no read-back starts after the cancel); steps 1 and 0 never
     start (cancelled, zero refunds); the Run is released; the report is final and says so."""
     rv.apply_manifest()
-    steps, charges = zip(*(_charge_step(rv, i, f"o-cancel-{i}") for i in range(3)))
+    steps, charges = zip(*(_charge_step(rv, i, f"o-cancel-{i}") for i in range(3)), strict=True)
     rv.run("r", list(steps))
     rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=4)  # the refund happens, its answer is slow
     rv.request("undo", "r", retries=1)
     job = _running_compensator(rv, 2)
     proc = kr(cluster, "cancel", "undo", namespace=rv.ns)
-    cancelled_at = dt.datetime.now(dt.timezone.utc)
+    cancelled_at = dt.datetime.now(dt.UTC)
     assert proc.returncode == 0 and "cancelled" in proc.stdout, (proc.stdout, proc.stderr)
     req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed", timeout=60)
     status = req["status"]

@@ -49,7 +49,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 from kubernetes.client.rest import ApiException
@@ -129,7 +130,7 @@ def retrying(what: str, fn: Callable[[], Any], timeout: float = 120) -> Any:
                 return None
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what} kept failing for {timeout:.0f}s: {err.status} {err.reason}") from err
-        except Exception as err:  # noqa: BLE001 - connection refused while the API server is down
+        except Exception as err:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what} kept failing for {timeout:.0f}s: {err}") from err
         time.sleep(0.2)

@@ -90,7 +90,8 @@ def test_rule6_each_request_gets_its_full_retries_budget_with_the_same_key(rv):
     jobs = _jobs(rv, "compensator", 0)
     assert sorted(int(j.metadata.labels["reversi.dev/attempt"]) for j in jobs) == [1, 2, 3, 4]
     assert len({j.metadata.name for j in jobs}) == 4
-    assert {j.metadata.annotations["reversi.dev/request"] for j in jobs if j.metadata.labels["reversi.dev/attempt"] in ("3", "4")} \
+    assert {j.metadata.annotations["reversi.dev/request"] for j in jobs
+            if j.metadata.labels["reversi.dev/attempt"] in ("3", "4")} \
         == {"second"}
     keys = {rv.core.read_namespaced_secret(j.metadata.name, rv.ns).data["idempotency-key"] for j in jobs}
     assert len(keys) == 1, "every attempt of both requests carries the same idempotency key"
@@ -237,8 +238,8 @@ def _reconfigure(rv, **kwargs):
 
 def test_rule5_a_later_request_reverifies_an_unverified_undo_without_undoing_it_again(rv):
     rv.apply_manifest(reader=False)  # a read-back is declared, but no reader runner
-    s0, charge = _charge_step(rv, 0, "o-reverify")
-    s1, other = _charge_step(rv, 1, "o-reverify-bad")
+    s0, _charge = _charge_step(rv, 0, "o-reverify")
+    s1, _other = _charge_step(rv, 1, "o-reverify-bad")
     rv.run("r", [s0, s1])
     rv.request("first", "r")
     first = rv.wait_phase("first", "Incomplete")
@@ -247,8 +248,10 @@ def test_rule5_a_later_request_reverifies_an_unverified_undo_without_undoing_it_
     _reconfigure(rv)  # a reader runner is configured now
     rv.request("second", "r")
     second = rv.wait_phase("second", "Succeeded", "Incomplete")
-    assert second["status"]["phase"] == "Succeeded", json.dumps([second["status"]["report"], second["status"]["steps"], rv.undo("r")])
-    assert second["status"]["report"]["compensated"] == [0, 1] and second["status"]["report"].get("unverified", []) == []
+    assert second["status"]["phase"] == "Succeeded", json.dumps([second["status"]["report"], second["status"]["steps"],
+                                                                 rv.undo("r")])
+    assert second["status"]["report"]["compensated"] == [0, 1] and second["status"]["report"].get("unverified",
+                                                                                                  []) == []
     assert len(_jobs(rv, "compensator")) == 2, "no compensator ran again"
     readers = _jobs(rv, "reader")
     assert sorted(int(j.metadata.labels["reversi.dev/step"]) for j in readers) == [0, 1]

@@ -92,7 +92,8 @@ def test_env_expansion_fieldref_and_working_dir(admin_api, namespace):
 
 def test_termination_message_is_in_pod_status(admin_api, namespace):
     batch, core = client.BatchV1Api(admin_api), client.CoreV1Api(admin_api)
-    batch.create_namespaced_job(namespace, _job("msg", "echo 'refund refused: charge is disputed' > /dev/termination-log; exit 1"))
+    batch.create_namespaced_job(namespace,
+                                _job("msg", "echo 'refund refused: charge is disputed' > /dev/termination-log; exit 1"))
     assert wait_for(lambda: _job_condition(batch, namespace, "msg")) == "Failed"
     term = _job_pod(core, namespace, "msg").status.container_statuses[0].state.terminated
     assert term.message.strip() == "refund refused: charge is disputed"

@@ -64,7 +64,7 @@ def test_a_component_that_dies_later_shows_in_status_and_down_cleans_up(tmp_path
         out = subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "status"],
                              capture_output=True, text=True, env=env, timeout=30)
         assert out.returncode == 1
-        line = next(l for l in out.stdout.splitlines() if l.startswith("kube-controller-manager"))
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("kube-controller-manager"))
         assert "stopped" in line and str(c.paths.log("kube-controller-manager")) in line
     finally:
         c.down(quiet=True)
@@ -102,7 +102,8 @@ def test_volumes_work_when_the_cluster_folder_is_under_tmp(tmp_path, cluster):
         # at /tmp must not hide it
         script = tmp_path / "job.sh"
         script.write_text("cat /secret/k > /dev/termination-log; touch /tmp/ok\n")
-        batch.create_namespaced_job("default", {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
+        batch.create_namespaced_job("default",
+                                    {"metadata": {"name": "tmpjob"}, "spec": {"backoffLimit": 0, "template": {
             "spec": {"restartPolicy": "Never", "containers": [{
                 "name": "main", "image": "x", "command": ["sh", str(script)],
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "s", "mountPath": "/secret"}]}],
@@ -150,7 +151,8 @@ def test_restarted_components_keep_the_cluster_state_and_a_restarted_node_agent_
         marks = tmp_path / "marks"
 
         def job(name: str, script: str) -> None:
-            batch.create_namespaced_job("default", {"metadata": {"name": name}, "spec": {"backoffLimit": 0, "template": {
+            batch.create_namespaced_job("default", {"metadata": {"name": name}, "spec": {
+                "backoffLimit": 0, "template": {
                 "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "x",
                                                                     "command": ["sh", "-c", script]}]}}}})
 

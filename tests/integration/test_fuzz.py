@@ -46,7 +46,8 @@ _names = itertools.count()
 def _base(kind: str, ns: str, name: str, tool_cmd: list[str]) -> dict:
     """A valid object of ``kind`` (the operator would admit it)."""
     meta: dict[str, Any] = {"name": name} if kind == "clusterhalts" else {"name": name, "namespace": ns}
-    kinds = {"toolmanifests": "ToolManifest", "runs": "Run", "runsteps": "RunStep", "rollbackrequests": "RollbackRequest",
+    kinds = {"toolmanifests": "ToolManifest", "runs": "Run", "runsteps": "RunStep",
+             "rollbackrequests": "RollbackRequest",
              "halts": "Halt", "clusterhalts": "ClusterHalt"}
     specs: dict[str, dict] = {
         "toolmanifests": {"runners": [{"name": "tools", "image": "registry.example/t:1", "command": tool_cmd,

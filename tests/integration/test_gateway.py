@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
+from collections.abc import AsyncIterator
 
 import anyio
 import httpx2
@@ -90,7 +90,8 @@ def gateway(cluster, admin_api, shop, operator):
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["serviceaccounts", "groups"], "verbs": ["impersonate"]}]})
     rbac.create_cluster_role_binding({
-        "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "reversi-gateway"}]})
     kubeconfig = cluster.kubeconfig_for("reversi-gateway")
     gw = Proc([sys.executable, "-m", "reversi.gateway.main", "--host", "127.0.0.1", "--port", "0",
@@ -154,7 +155,8 @@ def agents(admin_api, namespace, shop, gateway):
     for sa, role in (("agent-a", "agent"), ("agent-b", "agent"), ("oncall", "oncall")):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": sa}})
         rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "metadata": {"name": sa},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]})
         req = core.create_namespaced_service_account_token(sa, namespace, {"spec": {"expirationSeconds": 3600}})
         tokens[sa] = req.status.token
@@ -188,7 +190,8 @@ def test_gateway_records_each_call_in_order_with_its_outcome(gateway, shop, agen
         async with mcp_agent(gateway.url, agents["agent-a"], "order-1") as c:
             listed = [t.name for t in (await c.list_tools()).tools]
             results = [await c.call_tool("payments.get_customer", {"customer_id": "cus_9"}),
-                       await c.call_tool("payments.create_charge", {"order_id": "o-1", "amount": 700, "customer": "cus_9"}),
+                       await c.call_tool("payments.create_charge",
+                                         {"order_id": "o-1", "amount": 700, "customer": "cus_9"}),
                        await c.call_tool("inventory.reserve", {"sku": "sku-mug", "qty": 99, "order_id": "o-1"}),
                        await c.call_tool("inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-1"}),
                        await c.call_tool("email.send", {"to": "ada@example.com", "subject": "your order"})]
@@ -208,10 +211,12 @@ def test_gateway_records_each_call_in_order_with_its_outcome(gateway, shop, agen
     assert "out of stock" in steps[2]["error"] and results[2].is_error
     assert [c["tool"] for c in truth["calls"]] == [s["tool"] for s in steps], "the shop saw exactly the recorded calls"
     assert [r.meta["reversi.dev/step"] for r in results] == [0, 1, 2, 3, 4]
-    [again] = calls_through(gateway.url, agents["agent-a"], "order-1", [("payments.get_customer", {"customer_id": "cus_9"})])
+    [again] = calls_through(gateway.url, agents["agent-a"], "order-1",
+                            [("payments.get_customer", {"customer_id": "cus_9"})])
     assert again.meta["reversi.dev/step"] == 5, "a new connection with the same Reversi-Run-Id continues the run"
     run = client.CustomObjectsApi(admin_api).get_namespaced_custom_object(G, V, namespace, "runs", "order-1")
-    assert run["spec"]["principal"] == f"system:serviceaccount:{namespace}:agent-a", "the agent's identity, not the gateway's"
+    assert run["spec"]["principal"] == f"system:serviceaccount:{namespace}:agent-a", \
+        "the agent's identity, not the gateway's"
     assert run["spec"]["scope"]["actor"] == "agent-a" and run["spec"]["manifestRef"]["name"] == MANIFEST
 
 
@@ -294,9 +299,11 @@ def test_rollback_through_reversi_mcp_runner_undoes_the_servers_state(gateway, s
     operator_url = gateway.base + "/operator/mcp"
     plan, unconfirmed, forbidden = calls_through(operator_url, agents["oncall"], None, [
         ("reversi.plan_rollback", {"run": "order-9"}), ("reversi.request_rollback", {"run": "order-9"})]) + \
-        calls_through(operator_url, agents["agent-a"], None, [("reversi.request_rollback", {"run": "order-9", "confirm": True})])
+        calls_through(operator_url, agents["agent-a"], None,
+                      [("reversi.request_rollback", {"run": "order-9", "confirm": True})])
     assert plan.structured_content["fullyReversible"] is False, plan  # the email stands
-    assert [a["kind"] for a in plan.structured_content["plan"]["actions"]] == ["compensate", "compensate", "unrecoverable"]
+    assert [a["kind"] for a in plan.structured_content["plan"]["actions"]] == ["compensate", "compensate",
+                                                                               "unrecoverable"]
     assert unconfirmed.is_error and "needs confirm: true" in text(unconfirmed)
     assert forbidden.is_error and "forbidden" in text(forbidden).lower(), "RBAC is the caller's own"
     [requested] = calls_through(operator_url, agents["oncall"], None,
@@ -329,7 +336,8 @@ def test_gateway_over_stdio_records_as_its_own_identity(cluster, admin_api, name
     rbac = client.RbacAuthorizationV1Api(admin_api)
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "agent"}, "rules": AGENT_RULES})
     rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "local-dev"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+        "metadata": {"name": "local-dev"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "local-dev"}]})
     client.CustomObjectsApi(admin_api).create_namespaced_custom_object(G, V, namespace, "toolmanifests",
                                                                        shop_manifest(shop.url))
@@ -348,7 +356,8 @@ def test_gateway_over_stdio_records_as_its_own_identity(cluster, admin_api, name
     results = anyio.run(go)
     assert not any(r.is_error for r in results), [text(r) for r in results]
     steps = recorded_steps(admin_api, namespace, "local-1")
-    assert [(s["tool"], s["outcome"]) for s in steps] == [("payments.create_charge", "succeeded"), ("email.send", "succeeded")]
+    assert [(s["tool"], s["outcome"]) for s in steps] == [("payments.create_charge", "succeeded"),
+                                                          ("email.send", "succeeded")]
     truth = json.loads(state.read_text())
     assert [c["tool"] for c in truth["calls"]] == ["payments.create_charge", "email.send"]
     assert steps[0]["result"] == next(iter(truth["charges"].values()))

@@ -137,7 +137,8 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
     rv.run("r-email", [rv.step(0, "email.send", {"to": "customer"}, {"id": "msg_1"})])
     rv.request("undo-email", "r-email")
     seen["rollbackrequest-incomplete"] = rv.wait_phase("undo-email", "Incomplete")
-    seen["run-incomplete"] = wait_for(lambda: (lambda r: r if _observed(r) and _cond(r, "Stalled").get("status") == "True"
+    seen["run-incomplete"] = wait_for(lambda: (lambda r: r if _observed(r)
+                                               and _cond(r, "Stalled").get("status") == "True"
                                                else None)(rv.get("runs", "r-email")), what="Run r-email Stalled")
     rv.request("undo-missing", "no-such-run")
     seen["rollbackrequest-failed"] = rv.wait_phase("undo-missing", "Failed")
@@ -151,7 +152,8 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
 
     assert set(seen) == set(EXPECTED)
     verdicts = kstatus(list(seen.values()))
-    got = {phase: (v["status"], argocd_health(obj)["status"]) for (phase, obj), v in zip(seen.items(), verdicts)}
+    got = {phase: (v["status"], argocd_health(obj)["status"])
+           for (phase, obj), v in zip(seen.items(), verdicts, strict=True)}
     assert got == EXPECTED, {p: (got[p], EXPECTED[p], seen[p].get("status")) for p in got if got[p] != EXPECTED[p]}
     # Stalled says why and what to do
     assert _cond(seen["rollbackrequest-incomplete"], "Stalled")["reason"] == "Incomplete"

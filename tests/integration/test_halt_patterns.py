@@ -129,7 +129,8 @@ def test_describe_run_name_works_like_run_slash_name(rv, cluster):
     rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
     rv.request("undo", "r")
     rv.wait_phase("undo", "Succeeded")
-    spaced, slashed = kr(cluster, "describe", "run", "r", namespace=rv.ns), kr(cluster, "describe", "run/r", namespace=rv.ns)
+    spaced, slashed = kr(cluster, "describe", "run", "r", namespace=rv.ns), kr(cluster, "describe", "run/r",
+                                                                               namespace=rv.ns)
     assert spaced.returncode == 0 and slashed.returncode == 0
     ages = re.compile(r"\b\d+[smhd]\b")  # the Events' ages may tick between the two calls
     assert ages.sub("", spaced.stdout) == ages.sub("", slashed.stdout)

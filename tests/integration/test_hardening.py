@@ -103,7 +103,8 @@ def test_manifest_deleted_mid_rollback_changes_nothing_for_the_request_holding_t
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-del")
     capture = rv.capture(charge["id"])
-    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-del", "amount": 700, "customer": "cus_9"}, charge),
+    rv.run("r",
+           [rv.step(0, "payments.create_charge", {"order_id": "o-del", "amount": 700, "customer": "cus_9"}, charge),
                  rv.step(1, "payments.capture", {"charge_id": charge["id"]}, capture)])
     rv.request("undo", "r")
     assert [r["name"] for r in rv.wait_phase("undo", "AwaitingApproval")["status"]["runners"]] == ["tools"]

@@ -250,7 +250,8 @@ def test_rollback_wait_gives_up_at_its_timeout_and_the_request_goes_on(rv, clust
     proc = kr(cluster, "rollback", "r", "--wait", "--name", "slow", "--timeout", "4", "--approval-grace", "600",
               namespace=rv.ns)
     line = one_line_error(proc)
-    assert line.startswith(f"error: timed out after 4s waiting for RollbackRequest {rv.ns}/slow (phase AwaitingApproval")
+    assert line.startswith(f"error: timed out after 4s waiting for RollbackRequest {rv.ns}/slow "
+                           "(phase AwaitingApproval")
     assert f"kubectl reversi describe slow -n {rv.ns}" in line
     assert proc.stdout.splitlines()[0] == "slow"
     assert rv.get("rollbackrequests", "slow")["status"]["phase"] == "AwaitingApproval"
@@ -367,7 +368,8 @@ def test_resolve_settles_the_runsteps_and_unblocks_the_plan(rv, cluster):
                "--note", "seen in the payments dashboard", namespace=rv.ns)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith(f"Run {rv.ns}/r: step 1 resolved as succeeded")
-    second = kr(cluster, "resolve", "r", "2", "--status", "succeeded", "--result", json.dumps({"id": reservation["id"]}),
+    second = kr(cluster, "resolve", "r", "2", "--status", "succeeded", "--result",
+                json.dumps({"id": reservation["id"]}),
                 "--note", "reservation exists", namespace=rv.ns)
     assert second.returncode == 0, second.stderr
     resolutions = {s["spec"]["index"]: s["spec"].get("resolution") for s in rv.steps("r")}
@@ -428,7 +430,8 @@ def test_a_stale_patch_is_recognised_as_a_lost_race(rv, cluster):
     assert lost_race(err.value), err.value.body
     with pytest.raises(ApiException) as err:
         c.patch("runsteps", "r-00001", [{"op": "test", "path": "/metadata/resourceVersion", "value": stale},
-                                        {"op": "add", "path": "/spec/resolution", "value": resolution}], json_patch=True)
+                                        {"op": "add", "path": "/spec/resolution", "value": resolution}],
+                json_patch=True)
     assert lost_race(err.value), err.value.body
     current = rv.get("runsteps", "r-00000")["metadata"]["resourceVersion"]
     with pytest.raises(ApiException) as err:  # a settled step: the server refuses, no race
@@ -547,7 +550,8 @@ def test_export_writes_journal_resolutions_undo_and_transitions_in_time_order(rv
     assert (res["step"], res["status"], res["result"], res["note"]) == (1, "succeeded", {"id": capture["id"]}, "seen")
     undo = {r["step"]: r for r in records if r["type"] == "undo"}
     assert undo[0]["state"] == undo[1]["state"] == "compensated" and undo[0]["attempts"] == 2
-    assert [{k: v for k, v in u.items() if k != "type"} for u in undo.values()] == rv.undo("r")  # status.undo of each RunStep
+    assert [{k: v for k, v in u.items() if k != "type"}
+            for u in undo.values()] == rv.undo("r")  # status.undo of each RunStep
     transitions = [r for r in records if r["type"] == "transition"]
     assert {t["request"] for t in transitions} == {"undo"}
     reasons = [t["reason"] for t in transitions]

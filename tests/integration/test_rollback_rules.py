@@ -118,7 +118,7 @@ def test_rule1_step_is_deferred_while_dependent_stands(rv):
 
 def test_rule4_failing_compensation_is_retried_with_the_same_key(rv):
     rv.apply_manifest()
-    s0, charge = _charge_step(rv, 0, "o-retry")
+    s0, _charge = _charge_step(rv, 0, "o-retry")
     rv.run("r", [s0])
     rv.downstream.fault("/payments/refunds", "error", times=2)
     rv.request("undo", "r", retries=4, backoff={"baseMs": 100, "maxMs": 400})
@@ -152,7 +152,7 @@ def test_rule4_compensation_fails_after_retries_with_error_and_attempts(rv):
 
 def test_rule5_verification_mismatch_names_the_field_and_fails_the_step(rv):
     rv.apply_manifest(expect={"status": "canceled"})
-    s0, charge = _charge_step(rv, 0, "o-mismatch")
+    s0, _charge = _charge_step(rv, 0, "o-mismatch")
     rv.run("r", [s0])
     rv.request("undo", "r")
     req = rv.wait_phase("undo", "Incomplete")
@@ -206,8 +206,8 @@ def test_rule5_unresolvable_verification_arguments_fail_the_step(rv):
 
 def test_rule6_rerun_skips_compensated_and_retries_failed_with_the_same_key(rv):
     rv.apply_manifest()
-    s0, charge0 = _charge_step(rv, 0, "o-rerun-a")
-    s1, charge1 = _charge_step(rv, 1, "o-rerun-b")
+    s0, _charge0 = _charge_step(rv, 0, "o-rerun-a")
+    s1, _charge1 = _charge_step(rv, 1, "o-rerun-b")
     rv.run("r", [s0, s1])
     # the newest step (1) is undone first: make its refund fail for the whole first request
     rv.downstream.fault("/payments/refunds", "error", times=2)
@@ -255,7 +255,8 @@ def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 3
     jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
     assert len(jobs) == 3
-    assert {j.metadata.annotations["reversi.dev/request"] for j in jobs} == {first}, "only the request that worked ran compensators"
+    assert {j.metadata.annotations["reversi.dev/request"]
+            for j in jobs} == {first}, "only the request that worked ran compensators"
     assert {u["request"] for u in rv.undo("r")} == {first}
 
 
@@ -380,7 +381,7 @@ def test_an_inline_run_of_reversi_0_1_is_moved_into_runsteps_and_rolls_back(rv):
         return steps if counted and len(steps) == 4 else None
 
     steps = wait_for(moved, timeout=30, what="the inline journal moved into RunSteps")
-    for old, obj in zip(inline, steps):
+    for old, obj in zip(inline, steps, strict=True):
         spec = obj["spec"]
         assert obj["metadata"]["name"] == f"legacy-{old['index']:05d}"
         assert obj["metadata"]["labels"][LABEL_RUN] == "legacy"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import yaml
 
@@ -56,7 +57,8 @@ spec:
   manifestRef: {name: payments}
   steps:
   - {index: 0, tool: payments.get_customer, args: {id: cus_9}, outcome: succeeded, result: {id: cus_9}}
-  - {index: 1, tool: payments.create_charge, args: {order_id: o-4711, amount: 700}, outcome: succeeded, result: {id: ch_o9}}
+  - {index: 1, tool: payments.create_charge, args: {order_id: o-4711, amount: 700}, outcome: succeeded,
+     result: {id: ch_o9}}
   - {index: 2, tool: payments.capture, args: {charge_id: ch_o9}, outcome: uncertain}
   - {index: 3, tool: email.send, args: {to: "customer"}, outcome: succeeded}
 ---
@@ -142,7 +144,7 @@ def step(
     *,
     tool_name: str | None = None,
     args: dict[str, Any] | None = None,
-    result: dict[str, Any] | None | str = "auto",
+    result: dict[str, Any] | str | None = "auto",
     depends_on: Iterable[int] = (),
 ) -> dict[str, Any]:
     """A step (wire dict). ``result="auto"`` gives ``{"id": "r<index>"}`` for succeeded steps."""

@@ -71,14 +71,16 @@ HALT = lambda name, scope, ns="shop": rules.HaltView("Halt", name, ns, f"{name} 
 
 def test_rule9_empty_scope_halts_everything_in_its_namespace():
     spec = _spec([_step(0)])
-    assert rules.check_halts([HALT("all", None)], "shop", spec, spec.steps).message.startswith("kill switch: all reason")
+    assert rules.check_halts([HALT("all", None)], "shop", spec,
+                             spec.steps).message.startswith("kill switch: all reason")
     assert rules.check_halts([HALT("all", None)], "other", spec, spec.steps) is None
 
 
 def test_rule9_every_named_field_must_match():
     spec = _spec([_step(0)])
     assert rules.check_halts([HALT("h", HaltScope(tool="payments.*", actor="checkout-*"))], "shop", spec, spec.steps)
-    assert rules.check_halts([HALT("h", HaltScope(tool="payments.*", tenant="globex"))], "shop", spec, spec.steps) is None
+    assert rules.check_halts([HALT("h", HaltScope(tool="payments.*", tenant="globex"))], "shop", spec,
+                             spec.steps) is None
 
 
 def test_rule9_cluster_halt_matches_namespaces_by_glob():

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from reversi.models import ALL_CRDS
-from tests.gitops import ARGOCD_SNIPPET, FIXTURES, HEALTH_KEY, REPO, argocd_health, health_checks, kstatus, kstatus_binary
+from tests.gitops import (ARGOCD_SNIPPET, FIXTURES, HEALTH_KEY, REPO, argocd_health, health_checks, kstatus,
+                          kstatus_binary)
 
 PHASES = sorted(FIXTURES.glob("*.json"))
 
@@ -52,8 +53,8 @@ def test_argocd_health_waits_for_the_latest_generation():
 def test_kstatus_of_each_captured_phase():
     fixtures = [_fixture(p) for p in PHASES]
     verdicts = kstatus([f["object"] for f in fixtures])
-    got = {p.stem: v["status"] for p, v in zip(PHASES, verdicts)}
-    assert got == {p.stem: f["kstatus"] for p, f in zip(PHASES, fixtures)}
+    got = {p.stem: v["status"] for p, v in zip(PHASES, verdicts, strict=True)}
+    assert got == {p.stem: f["kstatus"] for p, f in zip(PHASES, fixtures, strict=True)}
 
 
 def test_operations_guide_shows_the_chart_snippet():

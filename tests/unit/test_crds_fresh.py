@@ -85,7 +85,8 @@ def test_names_short_names_and_categories():
 
 def test_printer_columns():
     crds = _crds()
-    columns = {kind: [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]] for kind, crd in crds.items()}
+    columns = {kind: [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+               for kind, crd in crds.items()}
     assert columns["RollbackRequest"][:4] == ["Run", "Phase", "Progress", "Complete"]
     assert columns["Run"][:3] == ["Principal", "Mode", "Scope"]
     assert columns["RunStep"][:4] == ["Run", "Index", "Tool", "Outcome"]

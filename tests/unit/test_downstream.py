@@ -29,7 +29,7 @@ class Server:
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, str(SERVER), "--port", "0", "--state", str(self.state)],

@@ -48,7 +48,8 @@ def test_template_list_indices_and_whole_values():
 
 
 def test_template_other_values_are_literal_recursively():
-    template = {"a": "order $args.order_id", "b": 5, "c": [True, None, "$argsx", "$other.x"], "d": {"e": "$args.amount"}}
+    template = {"a": "order $args.order_id", "b": 5, "c": [True, None, "$argsx", "$other.x"],
+                "d": {"e": "$args.amount"}}
     assert resolve(template, ARGS, RESULT) == {
         "a": "order $args.order_id",
         "b": 5,
@@ -88,7 +89,8 @@ def test_template_resolution_copies_and_never_mutates_inputs():
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5))
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text("abc", max_size=2), inner, max_size=3)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text("abc", max_size=2), inner, max_size=3)),
     max_leaves=12,
 )
 json_objects = st.dictionaries(st.text("abc", max_size=2), json_values, max_size=4)
@@ -108,7 +110,8 @@ def walk(root, parts):
 
 
 @settings(max_examples=300, deadline=None)
-@given(args=json_objects, result=st.one_of(st.none(), json_objects), root=st.sampled_from(["args", "result"]), parts=segments)
+@given(args=json_objects, result=st.one_of(st.none(), json_objects), root=st.sampled_from(["args", "result"]),
+       parts=segments)
 def test_property_templates_never_invent_values(args, result, root, parts):
     path = "$" + root + "".join("." + p for p in parts)
     source = args if root == "args" else result
@@ -156,7 +159,8 @@ def test_compensation_key_is_unambiguous():
 
 
 @settings(max_examples=200, deadline=None)
-@given(run_id=st.text(min_size=1, max_size=40), step_index=st.integers(0, 10**6), tool_name=st.text(min_size=1, max_size=40))
+@given(run_id=st.text(min_size=1, max_size=40), step_index=st.integers(0, 10**6),
+       tool_name=st.text(min_size=1, max_size=40))
 def test_property_compensation_keys_are_stable_64_hex(run_id, step_index, tool_name):
     key = compensation_key(run_id, step_index, tool_name)
     assert re.fullmatch(r"[0-9a-f]{64}", key)
@@ -196,7 +200,8 @@ def test_rule5_answer_containing_expect_matches():
 
 
 def test_rule5_mismatch_names_the_first_differing_field():
-    assert first_mismatch({"status": "succeeded"}, {"status": "canceled"}) == 'status is "succeeded", expected "canceled"'
+    assert first_mismatch({"status": "succeeded"},
+                          {"status": "canceled"}) == 'status is "succeeded", expected "canceled"'
     assert first_mismatch({"id": 1}, {"refunded": True}) == "refunded is missing, expected true"
     assert first_mismatch({"a": {"b": {"c": 2}}}, {"a": {"b": {"c": 3}}}) == "a.b.c is 2, expected 3"
     assert first_mismatch({"a": "x"}, {"a": {"b": 1}}) == 'a is "x", expected an object like {"b": 1}'
@@ -255,7 +260,8 @@ CAPTURE = tool("capture", requires=["charge"])
 
 
 def test_rule1_graph_requires_and_depends_on():
-    spec = run_spec([step(0, CHARGE), step(1, tool("x")), step(2, CAPTURE, depends_on=[1]), step(3, CHARGE), step(4, CAPTURE)])
+    spec = run_spec([step(0, CHARGE), step(1, tool("x")), step(2, CAPTURE, depends_on=[1]), step(3, CHARGE),
+                     step(4, CAPTURE)])
     graph = build_graph(spec)
     assert graph.dependencies(2) == [0, 1]
     assert graph.dependencies(4) == [0, 3]
@@ -269,7 +275,8 @@ def test_rule1_graph_requires_and_depends_on():
     [
         ([step(0, CHARGE), step(1, CHARGE, depends_on=[1])], r"step 1 \(charge\) depends on itself"),
         ([step(0, CHARGE, depends_on=[1]), step(1, CHARGE)], r"step 0 \(charge\) depends on the later step 1"),
-        ([step(0, CHARGE), step(1, CHARGE, depends_on=[7])], r"step 1 \(charge\) depends on step 7, which does not exist"),
+        ([step(0, CHARGE), step(1, CHARGE, depends_on=[7])],
+         r"step 1 \(charge\) depends on step 7, which does not exist"),
         ([step(0, CHARGE), step(0, CHARGE)], r"spec.steps\[1\]: index 0 is used twice"),
         ([step(1, CHARGE), step(0, CHARGE)], r"spec.steps\[0\]: index 1 is out of order"),
     ],

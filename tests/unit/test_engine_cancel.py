@@ -75,7 +75,8 @@ def test_orphan_settled_from_its_job():
 def test_orphan_left_alone_while_its_job_runs_or_when_someone_else_took_it():
     now = "2025-01-01T00:00:00Z"
     assert settle(LEFT, request="gone", attempt=2, job=ex.JobView("running"), readback_declared=True, now=now) is None
-    assert settle(LEFT, request="other", attempt=2, job=ex.JobView("succeeded"), readback_declared=True, now=now) is None
+    assert settle(LEFT, request="other", attempt=2, job=ex.JobView("succeeded"), readback_declared=True,
+                  now=now) is None
     assert settle(LEFT, request="gone", attempt=1, job=ex.JobView("succeeded"), readback_declared=True, now=now) is None
     done = LEFT.model_copy(update={"state": "compensated"})
     assert settle(done, request="gone", attempt=2, job=ex.JobView("failed"), readback_declared=True, now=now) is None

@@ -154,8 +154,9 @@ def test_property_attempts_never_exceed_retries_and_every_final_state_is_journal
     for outcome in outcomes:
         if run.stage in ex.FINAL_STAGES:
             break
-        view = {"ok": ex.JobView("succeeded"), "fail": ex.JobView("failed", "x"), "running": ex.JobView("running")}[outcome]
-        run, effects = ex.advance(run, lambda role, attempt, read: view, ex.VerifyPlan("none"), policy, now)
+        view = {"ok": ex.JobView("succeeded"), "fail": ex.JobView("failed", "x"),
+                "running": ex.JobView("running")}[outcome]
+        run, effects = ex.advance(run, lambda role, attempt, read, view=view: view, ex.VerifyPlan("none"), policy, now)
         journal += effects_of(ex.Journal, effects)
         now += 1.0
         assert run.attempts <= retries

@@ -70,7 +70,8 @@ def test_forward_key_labels_are_label_values_and_tell_tools_apart():
 
 
 def test_a_call_settled_failed_or_compensated_no_longer_stands():
-    step = RunStepSpec.model_validate({"runRef": {"name": "r"}, "index": 9, "tool": "t.x", "outcome": "intended"}).as_step()
+    step = RunStepSpec.model_validate({"runRef": {"name": "r"}, "index": 9, "tool": "t.x",
+                                       "outcome": "intended"}).as_step()
     failed = StepResolution(status="failed", note="no such charge")
     assert rules.check_forward_duplicate(step, "k", [(3, "t.x", "succeeded", None, None)]) is not None
     assert rules.check_forward_duplicate(step, "k", [(3, "t.x", "uncertain", None, None)]) is not None

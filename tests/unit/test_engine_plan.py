@@ -125,7 +125,8 @@ def test_rule2_step_without_manifest_entry_is_unmanifested():
 
 
 def test_rule2_compensate_action_shows_tool_args_key_approval_residue_kind_and_check():
-    entry = tool("db.insert", comp_args={"id": "$result.id", "table": "$args.table", "hard": True}, residue=["r1"], approval=True)
+    entry = tool("db.insert", comp_args={"id": "$result.id", "table": "$args.table", "hard": True}, residue=["r1"],
+                 approval=True)
     plan = build_plan(run_spec([step(0, entry, args={"table": "t"}, result={"id": 7})]), run_id=RUN_ID)
     action = plan.action(0)
     assert action.kind == "compensate"
@@ -325,7 +326,8 @@ def test_shared_snapshots_plan_exactly_like_inline_snapshots():
 
 def test_snapshot_id_that_is_not_in_spec_snapshots_is_refused():
     spec = _shared(example_run_dict()["spec"]).model_copy(update={"snapshots": []})
-    with pytest.raises(InvalidRun, match=r"step 0 \(payments.get_customer\) names snapshot '[0-9a-f]{16}', which is not in spec.snapshots"):
+    with pytest.raises(InvalidRun, match=r"step 0 \(payments.get_customer\) names snapshot '[0-9a-f]{16}', "
+                                         r"which is not in spec.snapshots"):
         build_plan(spec, run_id=RUN_ID)
 
 

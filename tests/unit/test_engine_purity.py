@@ -48,7 +48,8 @@ def test_engine_imports_only_models_and_the_standard_library():
             if stripped.startswith(("import ", "from ")) and not stripped.startswith("from __future__"):
                 if stripped.startswith("from ."):
                     assert stripped.startswith(("from .", "from ..models")), f"{path.name}: {stripped}"
-                    assert not stripped.startswith("from ..") or stripped.startswith("from ..models"), f"{path.name}: {stripped}"
+                    assert not stripped.startswith("from ..") or stripped.startswith("from ..models"), \
+                        f"{path.name}: {stripped}"
                 else:
                     module = stripped.split()[1].split(".")[0]
                     assert module in sys.stdlib_module_names, f"{path.name}: {stripped}"

@@ -60,7 +60,8 @@ def test_rule5_unverified_undo_is_only_in_unverified_and_the_report_is_incomplet
 
 def test_rule5_verification_failure_is_a_failed_step():
     plan = build_plan(run_spec([step(0, W)]), run_id=RUN_ID)
-    report = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed", error='status is "x", expected "y"')})
+    report = build_report(plan,
+                          {0: StepOutcome(COMPENSATED, "verificationFailed", error='status is "x", expected "y"')})
     assert [(f.step, f.error) for f in report.failed] == [(0, 'status is "x", expected "y"')]
     assert [(r.step, r.type) for r in report.residue] == [(0, "failed")]  # the effect may remain
     read = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed",

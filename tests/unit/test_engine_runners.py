@@ -72,7 +72,7 @@ def test_a_reader_the_manifest_gives_since_is_recorded_with_its_read_back_tool()
     manifest = _manifest(_runner("cli"), _runner("new-reader"), tools=[now])
     spec = run_spec([step(0, snapshot(old))])
     plan = build_plan(spec, run_id=RUN_ID)
-    needs, live, readers = _needs(plan, spec, manifest)
+    needs, live, _readers = _needs(plan, spec, manifest)
     assert needs.names == {"cli", "new-reader"} and dict(needs.read_back) == {"get-a": "new-reader"}
     entries = rs.record(live, needs)
     assert next(e for e in entries if e["name"] == "new-reader")["readBackTools"] == ["get-a"]
@@ -157,7 +157,7 @@ def test_describe_names_the_recorded_runners_in_one_line():
 
     request = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}},
                "status": {"phase": "Running", "runners": [{**_runner("cli"), "readBackTools": []}]}}
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     text = views.describe_request(request, None, [], now)
     assert "Runners:      cli (registry.example/cli:1), as recorded at the lock (status.runners)" in text
     del request["status"]["runners"]

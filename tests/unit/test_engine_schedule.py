@@ -91,7 +91,7 @@ def test_rule1_not_finished_while_something_runs_or_can_start():
 
 
 def test_progress_counts_compensated_of_compensate_and_defer_actions():
-    plan, graph = setup([step(0, CHARGE), step(1, CAPTURE, "uncertain"), step(2, W), step(3, W)])
+    plan, _graph = setup([step(0, CHARGE), step(1, CAPTURE, "uncertain"), step(2, W), step(3, W)])
     assert [a.kind for a in plan.actions] == ["defer", "unresolved", "compensate", "compensate"]
     assert progress_text(plan, {2: COMPENSATED, 3: RUNNING}) == "1/3"
 
@@ -137,7 +137,7 @@ def unsettled(plan, progress, t):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), run=random_runs())
 def test_property_no_step_starts_while_a_standing_dependent_remains(data, run):
-    spec, graph, plan = run
+    _spec, graph, plan = run
     parallelism = data.draw(st.integers(min_value=1, max_value=4))
     approve_all = data.draw(st.booleans())
     progress = initial_progress(plan, approve_all=approve_all)

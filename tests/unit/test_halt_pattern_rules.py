@@ -15,7 +15,7 @@ from reversi.cli import views
 from reversi.cli.api import CliError
 from reversi.cli.main import halt_scope
 from reversi.engine import admission as rules
-from reversi.models.halt import ALPHABETS, ClusterHaltScope, HaltScope, glob_match, pattern_problem
+from reversi.models.halt import ClusterHaltScope, HaltScope, glob_match, pattern_problem
 
 FIELDS = ("tool", "actor", "tenant", "environment", "namespace")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")

@@ -48,7 +48,8 @@ def test_job_contract_fields():
     assert job["metadata"]["ownerReferences"] == [OWNER.reference()]
     assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
     labels = job["metadata"]["labels"]
-    assert labels[jobs.LABEL_STEP] == "3" and labels[jobs.LABEL_ATTEMPT] == "2" and labels[jobs.LABEL_ROLE] == "compensator"
+    assert labels[jobs.LABEL_STEP] == "3" and labels[jobs.LABEL_ATTEMPT] == "2"
+    assert labels[jobs.LABEL_ROLE] == "compensator"
     assert labels[jobs.LABEL_RUN_UID] == "run-uid-1"
 
 
@@ -127,7 +128,7 @@ def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while()
 
     from reversi.adapters.kube import READER_LOG_GRACE_SECONDS, reader_log_pending
 
-    done = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    done = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     soon = done + dt.timedelta(seconds=5)
     late = done + dt.timedelta(seconds=READER_LOG_GRACE_SECONDS + 1)
     assert reader_log_pending(500, done, soon) and reader_log_pending(503, done, soon)

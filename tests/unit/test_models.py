@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 from pydantic import ValidationError
@@ -30,7 +30,8 @@ def _subset(small, big):
     if isinstance(small, dict):
         return isinstance(big, dict) and all(k in big and _subset(v, big[k]) for k, v in small.items())
     if isinstance(small, list):
-        return isinstance(big, list) and len(small) == len(big) and all(_subset(a, b) for a, b in zip(small, big))
+        return isinstance(big, list) and len(small) == len(big) and all(
+            _subset(a, b) for a, b in zip(small, big, strict=True))
     return small == big
 
 
@@ -48,7 +49,8 @@ def test_run_with_snapshots_round_trips_and_snake_case_is_accepted():
     assert run.spec.steps[1].snapshot.compensation.tool == "payments.refund"
     assert run.spec.manifest_ref.name == "payments"
     again = RunSpec(manifest_ref={"name": "payments"}, steps=[], mode="observe")
-    assert again.to_wire() == {"mode": "observe", "recovery": "bestEffort", "scope": {}, "manifestRef": {"name": "payments"}, "steps": [], "snapshots": [], "resolutions": []}
+    assert again.to_wire() == {"mode": "observe", "recovery": "bestEffort", "scope": {},
+                               "manifestRef": {"name": "payments"}, "steps": [], "snapshots": [], "resolutions": []}
 
 
 def test_defaults_of_a_rollback_request():
@@ -115,7 +117,8 @@ def test_bad_steps_and_resolutions_are_refused():
     assert "outcome" in _error(RunSpec, bad)
     bad = dict(run, resolutions=[{"step": 2, "status": "succeeded", "note": ""}])
     assert "note" in _error(RunSpec, bad)
-    bad = dict(run, resolutions=[{"step": 2, "status": "failed", "note": "a"}, {"step": 2, "status": "failed", "note": "b"}])
+    bad = dict(run,
+               resolutions=[{"step": 2, "status": "failed", "note": "a"}, {"step": 2, "status": "failed", "note": "b"}])
     assert "step 2 has two resolutions" in _error(RunSpec, bad)
     bad = dict(run, mode="record")
     assert "mode" in _error(RunSpec, bad)
@@ -148,8 +151,8 @@ def test_halt_scope_matches_every_field_named():
 
 # ---------------------------------------------------------------------------------- conditions
 
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
-T1 = datetime(2025, 1, 2, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+T1 = datetime(2025, 1, 2, tzinfo=UTC)
 
 
 def test_condition_builds_the_wire_shape():

@@ -80,7 +80,9 @@ def test_resolve_checks_its_input_before_calling_anything(capsys):
 
 def test_a_missing_kubeconfig_names_the_flag(capsys, tmp_path):
     code, _, err = run(capsys, "--kubeconfig", str(tmp_path / "none.yaml"), "plan", "r")
-    assert code == 1 and single_error(err) == f"error: kubeconfig {tmp_path / 'none.yaml'} not found; pass an existing file to --kubeconfig"
+    assert code == 1
+    assert single_error(err) == (f"error: kubeconfig {tmp_path / 'none.yaml'} not found; "
+                                 "pass an existing file to --kubeconfig")
 
 
 def test_an_unreachable_server_is_one_line(capsys, kubeconfig):
@@ -179,7 +181,8 @@ def test_check_approval_accepts_a_step_that_needs_it_and_a_request_not_yet_plann
 @pytest.mark.parametrize(("req", "steps", "message"), [
     (_req(dry_run=True), (1,), "is a dry run"),
     (_req(phase="Incomplete"), (1,), "has ended (Incomplete): approving it changes nothing"),
-    (_req(actions=ACTIONS), (0,), "step 0 of RollbackRequest shop/undo needs no approval (compensate: undo with refund)"),
+    (_req(actions=ACTIONS), (0,),
+     "step 0 of RollbackRequest shop/undo needs no approval (compensate: undo with refund)"),
     (_req(actions=ACTIONS), (4,), "has no step 4 in its plan"),
 ])
 def test_check_approval_refuses(req, steps, message):
@@ -194,7 +197,8 @@ def test_check_approval_cannot_tell_for_steps_left_out_of_a_compacted_plan():
 
 def test_halt_body_is_a_halt_with_namespace_or_a_cluster_halt():
     body = plugin.halt_body("h", "shop", "why", "alice", {"tool": "pay.*"})
-    assert body == {"apiVersion": "reversi.dev/v1alpha1", "kind": "Halt", "metadata": {"name": "h", "namespace": "shop"},
+    assert body == {"apiVersion": "reversi.dev/v1alpha1", "kind": "Halt",
+                    "metadata": {"name": "h", "namespace": "shop"},
                     "spec": {"reason": "why", "by": "alice", "scope": {"tool": "pay.*"}}}
     body = plugin.halt_body("reversi-kill-switch", None, "stop", None, {})
     assert body == {"apiVersion": "reversi.dev/v1alpha1", "kind": "ClusterHalt",

@@ -12,7 +12,7 @@ from reversi.models import RunStatus
 
 from reversi_testkit import RUN_ID, example_run_dict, example_run_spec, run_spec, snapshot, step, tool
 
-NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 def _example_plan(**changes):
@@ -77,14 +77,16 @@ def test_plan_verdict_fully_reversible_names_approval_and_residue():
 
 def _request(status: dict, **spec) -> dict:
     return {"apiVersion": "reversi.dev/v1alpha1", "kind": "RollbackRequest",
-            "metadata": {"name": "undo-1", "namespace": "shop", "uid": "u1", "creationTimestamp": "2025-01-02T03:00:00Z"},
+            "metadata": {"name": "undo-1", "namespace": "shop", "uid": "u1",
+                         "creationTimestamp": "2025-01-02T03:00:00Z"},
             "spec": {"runRef": {"name": "order-9"}, **spec}, "status": status}
 
 
 INCOMPLETE = {
     "phase": "Incomplete", "progress": "1/3", "startTime": "2025-01-02T03:00:01Z",
     "completionTime": "2025-01-02T03:01:00Z",
-    "conditions": [{"type": "Complete", "status": "False", "reason": "Incomplete", "message": "incomplete: 1 compensated",
+    "conditions": [{"type": "Complete", "status": "False", "reason": "Incomplete",
+                    "message": "incomplete: 1 compensated",
                     "lastTransitionTime": "2025-01-02T03:01:00Z"}],
     "report": {"compensated": [4], "unverified": [5], "failed": [{"step": 6, "error": "refund failed: 502"}],
                "unrecoverable": [{"step": 3, "reason": "irreversible: the customer has read the email"}],
@@ -138,7 +140,8 @@ def test_describe_groups_typed_residue_by_type_and_reads_the_old_shape_as_declar
 
 
 def test_describe_names_tools_of_a_run_of_0_1_not_moved_yet_and_without_the_journal_what_status_says():
-    inline = {"spec": {"manifestRef": {"name": "payments"}, "steps": [{"index": i, "tool": f"tool{i}"} for i in range(8)]}}
+    inline = {"spec": {"manifestRef": {"name": "payments"},
+                       "steps": [{"index": i, "tool": f"tool{i}"} for i in range(8)]}}
     assert "step 4  tool4" in views.describe_request(_request(INCOMPLETE), inline, [], NOW)
     text = views.describe_request(_request(INCOMPLETE), None, [], NOW, run_missing="not readable")
     assert "step 6  payments.create_charge: refund failed: 502" in text and "\n  step 4\n" in text
@@ -197,7 +200,8 @@ def test_describe_of_an_invalid_request_quotes_the_fix():
 
 
 def test_describe_shows_the_last_events():
-    events = [{"time": "2025-01-02T03:04:00Z", "type": "Normal", "reason": f"R{i}", "message": f"m{i}"} for i in range(12)]
+    events = [{"time": "2025-01-02T03:04:00Z", "type": "Normal", "reason": f"R{i}", "message": f"m{i}"}
+              for i in range(12)]
     text = views.describe_request(_request(INCOMPLETE), None, events, NOW)
     assert "R11" in text and "R2" in text and "R1 " not in text  # the newest ten
     assert "5s" in text
@@ -220,7 +224,8 @@ def test_progress_line_and_key():
 
 def test_phase_line_says_why_a_request_waits():
     req = _request({"phase": "Waiting", "conditions": [
-        {"type": "Running", "status": "False", "reason": "WaitingForRun", "message": "RollbackRequest shop/a is working"}]})
+        {"type": "Running", "status": "False", "reason": "WaitingForRun",
+         "message": "RollbackRequest shop/a is working"}]})
     assert views.phase_line(req) == "phase Waiting  (RollbackRequest shop/a is working)"
     assert views.phase_line(_request({})) == "phase Pending"
 
@@ -242,9 +247,11 @@ def test_age_is_kubectl_style():
 
 def test_halt_rows_show_scope_active_refused_and_age():
     halts = [{"kind": "ClusterHalt", "metadata": {"name": "dup", "creationTimestamp": "2025-01-02T03:00:05Z"},
-              "spec": {"reason": "duplicate charges", "by": "oncall", "scope": {"namespace": "shop-*", "tool": "payments.*"}},
+              "spec": {"reason": "duplicate charges", "by": "oncall",
+                       "scope": {"namespace": "shop-*", "tool": "payments.*"}},
               "status": {"active": True, "refusedCalls": 3}},
-             {"kind": "Halt", "metadata": {"name": "all", "namespace": "shop", "creationTimestamp": "2025-01-02T03:04:00Z"},
+             {"kind": "Halt",
+              "metadata": {"name": "all", "namespace": "shop", "creationTimestamp": "2025-01-02T03:04:00Z"},
               "spec": {"reason": "stop"}}]
     text = views.halt_rows(halts, NOW, all_namespaces=True)
     lines = text.splitlines()
@@ -314,7 +321,8 @@ def test_export_of_a_run_of_0_1_not_moved_yet_reads_its_inline_journal():
     full = list(views.export_records(run, [], [], with_snapshots=True))
     assert full[2]["snapshot"]["name"] == "pay.charge" and "id" not in full[2]["snapshot"]
     moved = list(views.export_records(run, [_runstep(step(0, charge), undo={"step": 0, "state": "compensating",
-                                                                               "attempts": 2, "idempotencyKey": "k"})], []))
+                                                                               "attempts": 2, "idempotencyKey": "k"})],
+                                      []))
     assert moved[0]["steps"] == 2 and next(r for r in moved if r["type"] == "undo")["state"] == "compensating"
     done = list(views.export_records(run, [_runstep(step(0, charge))], [], inline=False))  # moved: RunSteps only
     assert [r["type"] for r in done] == ["run", "step"] and done[0]["steps"] == 1

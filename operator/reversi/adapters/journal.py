@@ -130,7 +130,8 @@ def inline_journal(run_obj: dict[str, Any]) -> tuple[RunSpec, list[StepUndo]]:
     try:
         legacy = [StepUndo.model_validate(u) for u in (run_obj.get("status") or {}).get("undo") or []]
     except ValidationError as err:
-        raise JournalError(f"Run {run_obj['metadata'].get('name')}: status.undo is invalid: {err.errors()[0]['msg']}") from err
+        raise JournalError(f"Run {run_obj['metadata'].get('name')}: status.undo is invalid: "
+                           f"{err.errors()[0]['msg']}") from err
     return spec, legacy
 
 

@@ -6,16 +6,20 @@ never from ``async`` code (DESIGN §9).
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ..engine.executor import JobView
+
+#: a Job's verdict (:attr:`JobView.state`)
+JobState = Literal["running", "succeeded", "failed"]
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 JSON_PATCH = "application/json-patch+json"
@@ -43,7 +47,7 @@ class Conflict(Exception):
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Kube:
@@ -83,7 +87,7 @@ class Kube:
             resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
         return resp.get("items", [])
 
-    def list_paged(self, plural: str, namespace: str | None = None, page: int = 500) -> list[dict]:
+    def list_paged(self, plural: str, namespace: str | None = None, page: int = 500) -> builtins.list[dict]:
         """All objects of a kind, read ``page`` at a time (a cluster with thousands of Runs is
         never one unbounded response)."""
         items: list[dict] = []
@@ -116,7 +120,7 @@ class Kube:
                 raise Conflict(str(err.reason)) from err
             raise
 
-    def json_patch_status(self, plural: str, namespace: str, name: str, ops: list[dict]) -> dict:
+    def json_patch_status(self, plural: str, namespace: str, name: str, ops: builtins.list[dict]) -> dict:
         """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""
         try:
             return self.custom.patch_namespaced_custom_object_status(
@@ -153,7 +157,7 @@ class Kube:
     def job_view(self, job: Any, reader: bool) -> JobView:
         """What a Job did: running, or succeeded/failed with its container's termination message
         (and, for a reader, its stdout)."""
-        state = "running"
+        state: JobState = "running"
         job_message = ""
         finished_at = None
         for cond in job.status.conditions or []:
@@ -193,7 +197,7 @@ class Kube:
                                                              _preload_content=False, _request_timeout=self.timeout)
                     output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:
-                    if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.timezone.utc)):
+                    if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.UTC)):
                         log.info("Job %s/%s: its reader's log cannot be read yet (%s %s); looking again later",
                                  ns, name, err.status, api_message(err))
                         return JobView("running")
@@ -209,7 +213,7 @@ class Kube:
     def event(self, obj: dict, reason: str, message: str, warning: bool = False) -> None:
         """Post a Kubernetes Event about ``obj`` (a custom object dict). Never raises."""
         meta = obj["metadata"]
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         body = {
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
@@ -228,7 +232,7 @@ class Kube:
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
 
 
-def pod_verdict(job_state: str, exit_codes: list[int | None]) -> str:
+def pod_verdict(job_state: JobState, exit_codes: list[int | None]) -> JobState:
     """What an attempt really did, from its pod rather than its Job (pod truth): a Job marked
     ``failed`` — e.g. ``DeadlineExceeded`` after the API server was down while its pod ran —
     whose every container terminated with exit code 0 did its work, so it ``succeeded`` (a reader

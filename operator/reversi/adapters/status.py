@@ -9,7 +9,8 @@ buckets are step numbers (small), with error texts cut to a limit.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from .. import conditions as c
 from ..engine.executor import ACTIVE_STAGES, StepRun
@@ -24,7 +25,7 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds as an RFC 3339 UTC timestamp (None stays None)."""
     if ts is None:
         return None
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cut(text: str | None, limit: int) -> str | None:
@@ -76,7 +77,8 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     elif stage in ("checking", "verifying", "rereading"):
         comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
     elif stage == "cancelled":
-        comp = (c.FALSE, c.CANCELLED, f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
+        comp = (c.FALSE, c.CANCELLED,
+                f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
     elif stage == "deferred" or blocked_by:
         comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
     elif stage == "awaitingApproval" and run.reason == c.DENIED:
@@ -156,7 +158,8 @@ def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[in
         action = plan.actions[s]
         error = cut(run.error, message_limit)
         if run.verification == "verified":
-            ver = (c.TRUE, c.VERIFIED, f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
+            ver = (c.TRUE, c.VERIFIED,
+                   f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
         elif run.verification == "verificationFailed":
             ver = (c.FALSE, c.READ_FAILED if (error or "").startswith("verification failed: read failed")
                    else c.VERIFICATION_FAILED, error or "verification failed")

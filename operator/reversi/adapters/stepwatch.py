@@ -172,8 +172,10 @@ class RunJournals:
                 if kind == "BOOKMARK":
                     continue
                 if kind == "DELETED":
+                    index = (obj.get("spec") or {}).get("index")
                     with w.lock:
-                        w.entries.pop((obj.get("spec") or {}).get("index"), None)
+                        if index is not None:
+                            w.entries.pop(index, None)
                 else:
                     entry = _parse(obj)
                     if entry is not None:

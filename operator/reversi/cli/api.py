@@ -6,13 +6,15 @@ Every expected failure becomes a :class:`CliError` whose message names the objec
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import os
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any, overload
+from collections.abc import Callable
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -102,6 +104,14 @@ class Connection:
         kind = KINDS.get(plural, plural)
         return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
+    @overload
+    def get(self, plural: str, name: str, namespace: str | None = None, *, cluster: bool = False,
+            missing: str) -> dict: ...
+
+    @overload
+    def get(self, plural: str, name: str, namespace: str | None = None, *, cluster: bool = False,
+            missing: None = None) -> dict | None: ...
+
     def get(self, plural: str, name: str, namespace: str | None = None, *, cluster: bool = False,
             missing: str | None = None) -> dict | None:
         """The object, or ``None`` when it does not exist (or :class:`CliError` with ``missing``
@@ -145,7 +155,7 @@ class Connection:
             if not token:
                 return items
 
-    def run_steps(self, run: str, namespace: str | None = None) -> list[dict]:
+    def run_steps(self, run: str, namespace: str | None = None) -> builtins.list[dict]:
         """Every RunStep of Run ``run`` (dicts), ordered by index: one paged LIST by the run's
         label, never a GET per step."""
         ns = namespace or self.namespace
@@ -162,7 +172,7 @@ class Connection:
                             "than this plugin); install the current ones with kubectl apply -f crds/ or the Helm chart")
         return self.api_error(err, what)
 
-    def events_for(self, namespace: str, kind: str, uids: set[str]) -> list[dict]:
+    def events_for(self, namespace: str, kind: str, uids: set[str]) -> builtins.list[dict]:
         """Core v1 Events about objects of ``kind`` whose uid is in ``uids`` (paged), as
         ``{uid, name, reason, message, type, time}``, oldest first."""
         out: list[dict] = []
@@ -301,8 +311,8 @@ def _rfc3339(moment: Any) -> str | None:
         import datetime as dt
 
         if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.timezone.utc)
-        text = moment.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+            moment = moment.replace(tzinfo=dt.UTC)
+        text = moment.astimezone(dt.UTC).isoformat(timespec="microseconds")
         return text.replace("+00:00", "Z")
     return str(moment)
 

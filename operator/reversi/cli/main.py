@@ -29,7 +29,8 @@ import secrets
 import string
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import click
 from kubernetes.client.rest import ApiException
@@ -85,7 +86,7 @@ def conn() -> Connection:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def out(text: str = "") -> None:
@@ -590,8 +591,8 @@ def cancel(request: str) -> int:
     except ApiException as err:
         hint = "; cancelling needs the RBAC verb patch on rollbackrequests.reversi.dev" if err.status == 403 else ""
         raise CliError(f"{refused(err, f'cancelling {where}')}{hint}") from err
-    by = (updated.get("spec") or {}).get("cancelledBy")
-    out(f"{where}: cancelled{f' by {by}' if by else ''}. No new compensation starts; running ones finish and are "
+    cancelled_by = (updated.get("spec") or {}).get("cancelledBy")
+    out(f"{where}: cancelled{f' by {cancelled_by}' if cancelled_by else ''}. No new compensation starts; running ones finish and are "
         f"recorded; steps not started are reported cancelled. Follow it: kubectl reversi describe {request} "
         f"-n {c.namespace}")
     return 0
@@ -909,7 +910,7 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 1
-    except Exception as err:  # noqa: BLE001 - connection failures come in many types
+    except Exception as err:  # connection failures come in many types
         if not _is_connection_error(err):
             raise
         host = _server()

@@ -70,7 +70,7 @@ def parse_time(value: str | None) -> dt.datetime | None:
         moment = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def age(value: str | None, now: dt.datetime) -> str:
@@ -572,9 +572,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if events:
         lines.append("")
         lines.append("Events (newest last):")
-        rows = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
-                for e in list(events)[-10:]]
-        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), rows).splitlines()]
+        recent = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+                  for e in list(events)[-10:]]
+        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), recent).splitlines()]
     return "\n".join(lines)
 
 
@@ -640,7 +640,7 @@ def kill_switch_text(halt: Mapping[str, Any] | None, now: dt.datetime) -> str:
 
 
 def _time_key(value: str | None) -> dt.datetime:
-    return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    return parse_time(value) or dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], transitions: Iterable[Mapping[str, Any]],
@@ -675,7 +675,7 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
         undo[entry.get("step", 0)] = dict(entry)
     for obj in steps:
         step_spec = obj.get("spec") or {}
-        index = step_spec.get("index")
+        index = step_spec["index"]  # required by the RunStep schema
         calls[index] = {k: v for k, v in step_spec.items() if k not in ("snapshot", "runRef", "resolution")}
         snapshots[index] = step_spec.get("snapshot")
         if step_spec.get("resolution"):

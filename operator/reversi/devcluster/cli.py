@@ -1,7 +1,8 @@
 """``reversi-devcluster``: build, start, stop and inspect the local control plane.
 
     reversi-devcluster build [--all] [COMPONENT...]
-                                         build missing binaries (kubernetes, etcd; --all adds helm, promtool, kstatus-check)
+                                         build missing binaries (kubernetes, etcd;
+                                         --all adds helm, promtool, kstatus-check)
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log

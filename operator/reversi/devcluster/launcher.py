@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
         fds = [os.open(m["source"], os.O_PATH) for m in mounts]
         dirs = [os.path.isdir(m["source"]) for m in mounts]
         exposed = [(p, os.open(p, os.O_PATH), os.path.isdir(p)) for p in spec.get("expose", []) if os.path.exists(p)]
-        for m, fd, is_dir in zip(mounts, fds, dirs):
+        for m, fd, is_dir in zip(mounts, fds, dirs, strict=True):
             bind(f"/proc/self/fd/{fd}", m["target"], bool(m.get("readOnly")), is_dir=is_dir)
         for path, fd, is_dir in exposed:
             if not os.path.exists(path):  # hidden by a volume: bind the host's copy back

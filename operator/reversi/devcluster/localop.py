@@ -106,7 +106,8 @@ class OperatorProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
-                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); see {self.log}:\n{tail}")
+                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); "
+                                   f"see {self.log}:\n{tail}")
             if self._ready():
                 time.sleep(1.0)  # kopf registers the webhook configuration right after serving
                 return
@@ -126,16 +127,18 @@ class OperatorProcess:
 
     def kill(self) -> None:
         """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        proc = self.proc
+        if proc is not None and self.alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 seconds."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        proc = self.proc
+        if proc is not None and self.alive():
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=15)
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
 

@@ -67,7 +67,7 @@ _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -141,7 +141,7 @@ class ContainerRun:
 class PodWorker(threading.Thread):
     """Runs one pod to completion (or until it is deleted)."""
 
-    def __init__(self, agent: "NodeAgent", pod: dict):
+    def __init__(self, agent: NodeAgent, pod: dict):
         super().__init__(daemon=True, name=f"pod-{pod['metadata']['namespace']}/{pod['metadata']['name']}")
         self.agent = agent
         self.pod = pod
@@ -231,7 +231,7 @@ class PodWorker(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception:  # noqa: BLE001 - a pod must never take the agent down
+        except Exception:  # a pod must never take the agent down
             log.exception("pod %s/%s failed in the node agent", self.meta["namespace"], self.meta["name"])
             self.phase, self.reason, self.message = "Failed", "NodeAgentError", "see node-agent log"
             self.report()
@@ -406,7 +406,7 @@ class PodWorker(threading.Thread):
                     return None
                 raise ConfigError(f'secret "{name}" not found') from err
             raise ConfigError(f'secret "{name}" not read: HTTP {err.status} {err.reason}') from err
-        except Exception as err:  # noqa: BLE001 - the API server is unreachable: retried
+        except Exception as err:
             raise ConfigError(f'secret "{name}" not read: {type(err).__name__}') from err
         return {k: base64.b64decode(v) for k, v in (s.data or {}).items()}
 
@@ -419,7 +419,7 @@ class PodWorker(threading.Thread):
                     return None
                 raise ConfigError(f'configmap "{name}" not found') from err
             raise ConfigError(f'configmap "{name}" not read: HTTP {err.status} {err.reason}') from err
-        except Exception as err:  # noqa: BLE001 - the API server is unreachable: retried
+        except Exception as err:
             raise ConfigError(f'configmap "{name}" not read: {type(err).__name__}') from err
         data = {k: v.encode() for k, v in (cm.data or {}).items()}
         data.update({k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()})
@@ -547,7 +547,8 @@ class PodWorker(threading.Thread):
                 if data is None or ref["key"] not in data:
                     if ref.get("optional"):
                         continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in Secret {self.meta['namespace']}/{ref['name']}")
+                    raise ConfigError(f"couldn't find key {ref['key']} in Secret "
+                                      f"{self.meta['namespace']}/{ref['name']}")
                 env[e["name"]] = data[ref["key"]].decode(errors="replace")
             elif vf.get("configMapKeyRef"):
                 ref = vf["configMapKeyRef"]
@@ -555,7 +556,8 @@ class PodWorker(threading.Thread):
                 if data is None or ref["key"] not in data:
                     if ref.get("optional"):
                         continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in ConfigMap {self.meta['namespace']}/{ref['name']}")
+                    raise ConfigError(f"couldn't find key {ref['key']} in ConfigMap "
+                                      f"{self.meta['namespace']}/{ref['name']}")
                 env[e["name"]] = data[ref["key"]].decode(errors="replace")
             elif vf.get("fieldRef"):
                 env[e["name"]] = self._field(vf["fieldRef"]["fieldPath"])
@@ -579,12 +581,12 @@ class PodWorker(threading.Thread):
 class LogHandler(http.server.BaseHTTPRequestHandler):
     """Serves ``/containerLogs/{ns}/{pod}/{container}`` and ``/healthz`` for the API server."""
 
-    agent: "NodeAgent"
+    agent: NodeAgent
 
     def log_message(self, fmt, *args):  # quieter than the default stderr line per request
         log.debug("kubelet api: " + fmt, *args)
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):  # http.server's naming
         url = urllib.parse.urlparse(self.path)
         query = urllib.parse.parse_qs(url.query)
         parts = [p for p in url.path.split("/") if p]
@@ -596,7 +598,7 @@ class LogHandler(http.server.BaseHTTPRequestHandler):
         found = self.agent.find_log(ns, pod, container, previous=query.get("previous", ["false"])[0] == "true")
         if found is None:
             return self._send(404, f"no logs for {ns}/{pod}/{container}".encode())
-        path, worker, run = found
+        path, _worker, run = found
         data = path.read_bytes()
         if "tailLines" in query:
             n = int(query["tailLines"][0])
@@ -734,7 +736,8 @@ class NodeAgent:
                 threading.Thread(target=worker.kill, args=(0.0,), daemon=True).start()
             return
         if not spec.get("nodeName"):
-            if not meta.get("deletionTimestamp") and spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+            scheduler = spec.get("schedulerName", "default-scheduler")
+            if not meta.get("deletionTimestamp") and scheduler == "default-scheduler":
                 self.bind(pod)
             return
         if spec["nodeName"] != self.node_name:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
@@ -63,10 +64,11 @@ def steps_changed(old: RunSpec, new: RunSpec) -> bool:
     """Whether the journal changed at all (a step added, or an outcome or result set)."""
     if len(old.steps) != len(new.steps):
         return True
-    return any(a != b for a, b in zip(old.steps, new.steps))
+    return any(a != b for a, b in zip(old.steps, new.steps, strict=True))
 
 
-def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str, scope: dict[str, str | None]) -> HaltView | None:
+def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str,
+                  scope: dict[str, str | None]) -> HaltView | None:
     """The first halt that refuses a call of ``tool`` in a run with ``scope`` in ``namespace``
     (rule 9): every field a halt's scope names must match; no scope matches everything."""
     call = {"tool": tool, "actor": scope.get("actor"), "tenant": scope.get("tenant"),
@@ -124,7 +126,7 @@ def tools_in_reach(manifests: Iterable[dict], namespace: str | None, scope: dict
     names: set[str] = set()
     for m in manifests:
         ns = (m.get("metadata") or {}).get("namespace", "")
-        if namespace and ns != namespace or glob and not glob_match(glob, ns):
+        if (namespace and ns != namespace) or (glob and not glob_match(glob, ns)):
             continue
         for tool in (m.get("spec") or {}).get("tools") or []:
             if isinstance(tool, dict) and isinstance(tool.get("name"), str):
@@ -171,7 +173,8 @@ def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal 
     return None
 
 
-def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None, manifest_name: str) -> Refusal | None:
+def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None,
+                manifest_name: str) -> Refusal | None:
     """In enforce mode every new step's tool needs a manifest entry (DESIGN §3, ``mode``)."""
     if spec.mode != "enforce":
         return None
@@ -241,7 +244,7 @@ def new_approvals(old: dict | None, new: dict) -> tuple[list[int], bool]:
 def new_denials(old: dict | None, new: dict) -> list[int]:
     """Steps a RollbackRequest write newly denies (``spec.denials``; wire dicts)."""
     before = {d.get("step") for d in (old or {}).get("denials") or [] if isinstance(d, dict)}
-    return [d.get("step") for d in new.get("denials") or []
+    return [d["step"] for d in new.get("denials") or []
             if isinstance(d, dict) and isinstance(d.get("step"), int) and d.get("step") not in before]
 
 
@@ -343,7 +346,8 @@ def standing_after(outcome: str, resolution: Any | None, undo_state: str | None)
     return effective != "failed" and undo_state != "compensated"
 
 
-def check_forward_duplicate(step: Step, key: str, earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
+def check_forward_duplicate(step: Step, key: str,
+                            earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
     """Refuse ``step`` when an earlier call of the same tool with the same forward idempotency
     ``key`` still stands (DESIGN §2). ``earlier``: ``(index, tool, outcome, resolution,
     undo state)`` of the run's steps that carry the same key label (the label is a hash: the

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
+from collections.abc import Callable, Mapping
 
 from ..models.run import StepUndo
 from ..models.toolmanifest import ToolSpec
@@ -263,7 +264,7 @@ def advance(
         if job.state == "running":
             return run, []
         if job.state == "failed":
-            problem = f"read failed: {job.message or 'the reader exited non-zero'}"
+            problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
         else:
             try:
                 problem = first_mismatch(parse_answer(job.output or ""), verify.expect)

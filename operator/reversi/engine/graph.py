@@ -39,9 +39,10 @@ class Graph:
     """Dependencies of the steps of one run (indices 0..n-1).
 
     ``tools[i]``: tool of step i; ``snapshots[i]``: its manifest entry (inline or from
-    ``spec.snapshots``; ``None``: unmanifested); ``requires[i]``: tools its snapshot requires; ``depends_on[i]``: explicit earlier indices; ``steps_by_tool``: tool -> ascending
-    step indices; ``requirers_by_tool``: tool T -> ascending indices of steps whose snapshot
-    requires T; ``explicit_dependents``: s -> ascending indices of steps naming s in dependsOn.
+    ``spec.snapshots``; ``None``: unmanifested); ``requires[i]``: tools its snapshot requires;
+    ``depends_on[i]``: explicit earlier indices; ``steps_by_tool``: tool -> ascending step indices;
+    ``requirers_by_tool``: tool T -> ascending indices of steps whose snapshot requires T;
+    ``explicit_dependents``: s -> ascending indices of steps naming s in dependsOn.
     """
 
     tools: list[str]

@@ -46,7 +46,7 @@ class Journal:
         """Number of steps (the highest index + 1 when there is no gap)."""
         return len(self.spec.steps)
 
-    def upto(self, count: int) -> "Journal":
+    def upto(self, count: int) -> Journal:
         """The journal as it stood with ``count`` steps: steps ``0..count-1`` with their
         resolutions and undo state (issue 9, terminal run boundary: a request plans the Run as it
         stood when it took the lock, never a step that arrived later). ``missing`` also names the
@@ -83,8 +83,8 @@ def assemble(run_spec: RunSpec, entries: Iterable[Entry], legacy_undo: Iterable[
                 update={"snapshot": snapshot, "snapshot_id": None})
         for res in run_spec.resolutions:
             resolutions[res.step] = res
-        for entry in legacy_undo:
-            undo[entry.step] = entry
+        for legacy in legacy_undo:
+            undo[legacy.step] = legacy
     for entry in entries:
         index = entry.spec.index
         steps[index] = entry.spec.as_step()
@@ -102,6 +102,7 @@ def assemble(run_spec: RunSpec, entries: Iterable[Entry], legacy_undo: Iterable[
                 if len(missing) == MISSING_NAMED:
                     break
     spec = RunSpec.model_construct(
-        principal=run_spec.principal, mode=run_spec.mode, recovery=run_spec.recovery, scope=run_spec.scope, manifest_ref=run_spec.manifest_ref,
+        principal=run_spec.principal, mode=run_spec.mode, recovery=run_spec.recovery, scope=run_spec.scope,
+        manifest_ref=run_spec.manifest_ref,
         steps=ordered, snapshots=[], resolutions=[resolutions[i] for i in sorted(resolutions)])
     return Journal(spec=spec, undo=undo, missing=missing)

@@ -5,7 +5,8 @@ Kinds, decided per step in this order:
 1. resolutions apply first (rule 7): a resolved step is planned as if it had the resolution's
    outcome and result (the resolution's result, else the recorded one);
 2. outcome ``failed`` (not standing): **skip**;
-3. no snapshot (inline ``snapshot`` or ``snapshotId`` into ``spec.snapshots``): **unmanifested** (recorded in observe mode; Reversi cannot undo it);
+3. no snapshot (inline ``snapshot`` or ``snapshotId`` into ``spec.snapshots``): **unmanifested** (recorded in
+   observe mode; Reversi cannot undo it);
 4. effect ``read`` / ``idempotent``: **skip**;
 5. effect ``irreversible``: **unrecoverable**, the reason states the residue;
 6. already ``compensated`` in the run's undo state: **skip** (rule 6);
@@ -23,7 +24,7 @@ Kinds, decided per step in this order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from ..models.rollbackrequest import Plan, PlanAction
 from ..models.run import RunSpec, RunStatus, Step, StepUndo
@@ -32,12 +33,12 @@ from .graph import MAX_BLOCKED_BY, DependentIndex, Graph, build_graph
 from .keys import compensation_key
 from .templates import MissingValue, resolve
 
-COMPENSATE = "compensate"
-SKIP = "skip"
-UNRECOVERABLE = "unrecoverable"
-UNRESOLVED = "unresolved"
-UNMANIFESTED = "unmanifested"
-DEFER = "defer"
+COMPENSATE: Final = "compensate"
+SKIP: Final = "skip"
+UNRECOVERABLE: Final = "unrecoverable"
+UNRESOLVED: Final = "unresolved"
+UNMANIFESTED: Final = "unmanifested"
+DEFER: Final = "defer"
 KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER)
 # standing steps of these kinds stay as they are: their dependencies cannot be undone
 BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER})
@@ -165,7 +166,7 @@ def _base_action(
         stated = "; ".join(residue) if residue else "no residue stated in the manifest"
         return _action(step, UNRECOVERABLE, f"irreversible: {stated}", residue=residue)
     if undo is not None and undo.state == "compensated":
-        check = undo.verification or "unverified"
+        check: str = undo.verification or "unverified"
         by = f" by {undo.request}" if undo.request else ""
         residue = list(snapshot.compensation.residue) if snapshot.compensation else []
         return _action(step, SKIP, f"already compensated{by} ({check})", residue=residue)

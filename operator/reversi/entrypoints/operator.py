@@ -118,7 +118,9 @@ def _configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings)
     # The API server sends a whole object (twice, on update) in each review: a Run of thousands of
     # steps is megabytes. aiohttp's default body limit (1 MiB) would refuse it with 413, and kopf
     # builds its aiohttp application itself, so the operator raises the default for its process.
-    aiohttp.web.Application.__init__.__kwdefaults__["client_max_size"] = WEBHOOK_MAX_BODY
+    defaults = aiohttp.web.Application.__init__.__kwdefaults__
+    assert defaults is not None, "aiohttp.web.Application takes client_max_size as a keyword argument"
+    defaults["client_max_size"] = WEBHOOK_MAX_BODY
     settings.admission.server = kopf.WebhookServer(
         addr=ours.webhook_host, port=ours.webhook_port, host=ours.webhook_url_host if ours.webhook_configure else None,
         certfile=certfile, pkeyfile=keyfile, cafile=cafile)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 #: The header that names the Run (created or continued). Without it, a run per MCP session.
 RUN_HEADER = "reversi-run-id"

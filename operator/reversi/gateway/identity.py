@@ -114,7 +114,7 @@ class _GroupImpersonation(rest.RESTClientObject):
         super().__init__(cfg)
         self.groups = groups
 
-    def request(self, method, url, *args, headers=None, **kwargs):  # type: ignore[override]
+    def request(self, method, url, *args, headers=None, **kwargs):
         merged = HTTPHeaderDict(headers or {})
         for group in self.groups:
             merged.add("Impersonate-Group", group)

@@ -24,7 +24,8 @@ import json
 import logging
 import threading
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, cast
+from collections.abc import AsyncIterator
 
 import anyio
 import mcp_types as types
@@ -55,7 +56,7 @@ _RESERVED_META = ("io.modelcontextprotocol/", "reversi.dev/")
 def refusal(message: str, reason: str = "Refused") -> types.CallToolResult:
     """The MCP tool error an agent gets for a call that was not made."""
     return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True,
-                                _meta={"reversi.dev/refused": reason})
+                                meta={"reversi.dev/refused": reason})
 
 
 class Gateway:
@@ -141,7 +142,8 @@ class Gateway:
             raise
         except Exception as err:  # noqa: BLE001 - the connection broke: reconnect, say so
             self.upstream.broken(upstream)
-            raise MCPError(types.INTERNAL_ERROR, f"upstream {self.upstream.describe}: {type(err).__name__}: {err}") from None
+            raise MCPError(types.INTERNAL_ERROR,
+                           f"upstream {self.upstream.describe}: {type(err).__name__}: {err}") from None
         tools = listed.tools
         if self.settings.filter_tools and self.settings.mode == "enforce":
             try:
@@ -164,8 +166,9 @@ class Gateway:
             run = calls.run_name(_headers(ctx), self.settings.run)
             deps = calls.depends_on(ctx.meta)
             upstream = await self.upstream.client()
-            rec = self._cached_recorder(agent, namespace, run) or \
-                await anyio.to_thread.run_sync(self._recorder, agent, namespace, run)
+            rec = self._cached_recorder(agent, namespace, run)
+            if rec is None:
+                rec = await anyio.to_thread.run_sync(self._recorder, agent, namespace, run)
             step, tool_errors = await anyio.to_thread.run_sync(self._begin, rec, tool, args, deps)
         except RecordingRefused as err:
             if err.status == 404:  # the Run is gone: the next call creates it again
@@ -181,7 +184,7 @@ class Gateway:
         try:
             result = await upstream.call_tool(name, args, read_timeout_seconds=self.settings.call_timeout_seconds,
                                               meta=_forwarded_meta(ctx.meta))
-        except BaseException as err:  # noqa: BLE001 - every way a made call can end without an answer
+        except BaseException as err:  # every way a made call can end without an answer
             if not isinstance(err, MCPError):
                 self.upstream.broken(upstream)
             outcome = calls.outcome_of_exception(err)
@@ -194,7 +197,7 @@ class Gateway:
             text = (f"{name}: {outcome.error}; the effect is unknown: recorded uncertain as {where}"
                     + (f" ({warning})" if warning else ""))
             return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True,
-                                        _meta=self._meta(run, step, "uncertain", warning))
+                                        meta=self._meta(run, step, "uncertain", warning))
         value = calls.answer_json(result.structured_content,
                                   [c.text for c in result.content if isinstance(c, types.TextContent)])
         outcome = calls.outcome_of(result.is_error, value, tool_errors)
@@ -333,12 +336,13 @@ def _headers(ctx: Any) -> dict[str, str]:
     return {k.lower(): v for k, v in request.headers.items()} if request is not None else {}
 
 
-def _forwarded_meta(meta: Any) -> dict[str, Any] | None:
-    """The agent's own ``_meta`` entries (not the protocol's, not Reversi's) go upstream."""
+def _forwarded_meta(meta: Any) -> types.RequestParamsMeta | None:
+    """The agent's own ``_meta`` entries (not the protocol's, not Reversi's) go upstream
+    (``_meta`` takes any keys; the SDK's ``RequestParamsMeta`` type names only progressToken)."""
     if not meta:
         return None
     out = {k: v for k, v in dict(meta).items() if not k.startswith(_RESERVED_META) and k != "progressToken"}
-    return out or None
+    return cast(types.RequestParamsMeta, out) if out else None
 
 
 def _text(err: BaseException) -> str:

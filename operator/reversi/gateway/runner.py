@@ -30,7 +30,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -125,7 +125,9 @@ async def call_tool(server: Any, headers: dict[str, str], tool: str, arguments: 
     try:
         with anyio.fail_after(timeout + 5):
             async with Client(target, cache=None) as client:
-                result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout, meta=meta)
+                # _meta takes any keys (MCP); the SDK's RequestParamsMeta type names only progressToken
+                result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
+                                                meta=cast("types.RequestParamsMeta | None", meta))
     except MCPError as err:
         raise ServerFailure(f"{tool}: {err.error.message}") from None
     except TimeoutError:

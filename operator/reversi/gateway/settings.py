@@ -18,7 +18,8 @@ class GatewaySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="REVERSI_GATEWAY_", extra="ignore")
 
-    upstream_url: str | None = Field(None, description="Upstream MCP server, streamable HTTP URL (or upstream_command).")
+    upstream_url: str | None = Field(None,
+                                     description="Upstream MCP server, streamable HTTP URL (or upstream_command).")
     upstream_command: list[str] = Field(
         default_factory=list, description="Upstream MCP server started as a stdio subprocess: command and arguments.")
     listen: Literal["http", "stdio"] = Field("http", description="How the agent reaches the gateway.")
@@ -28,11 +29,13 @@ class GatewaySettings(BaseSettings):
     sse_responses: bool = Field(
         False, description="Answer POSTs as SSE streams instead of single JSON responses (JSON is one write "
         "per answer and a little faster; SSE lets notifications flow during a call).")
-    kubeconfig: str | None = Field(None, description="The gateway's own credentials (default: in-cluster, then $KUBECONFIG).")
+    kubeconfig: str | None = Field(None,
+                                   description="The gateway's own credentials (default: in-cluster, then $KUBECONFIG).")
     identity: Literal["token", "self"] = Field(
         "token", description="token: the agent sends a service-account token (TokenReview) and runs are written "
         "impersonating it; self: runs are written as the gateway's own identity (stdio, local use).")
-    audiences: list[str] = Field(default_factory=list, description="Audiences the agent's token must carry (TokenReview).")
+    audiences: list[str] = Field(default_factory=list,
+                                 description="Audiences the agent's token must carry (TokenReview).")
     token_cache_seconds: float = Field(60.0, ge=0, le=3600, description="How long a reviewed token is trusted.")
     namespace: str | None = Field(
         None, description="Namespace of the Runs (default: the agent's service-account namespace).")
@@ -54,7 +57,7 @@ class GatewaySettings(BaseSettings):
     connect_timeout_seconds: float = Field(10.0, gt=0, le=600, description="How long to wait for the upstream.")
 
     @model_validator(mode="after")
-    def _one_upstream(self) -> "GatewaySettings":
+    def _one_upstream(self) -> GatewaySettings:
         if bool(self.upstream_url) == bool(self.upstream_command):
             raise ValueError("set exactly one upstream: upstream_url (streamable HTTP) or upstream_command (stdio)")
         if self.listen == "stdio" and self.identity != "self":

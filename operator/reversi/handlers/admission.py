@@ -28,7 +28,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from typing import Any, Callable
+from typing import Any, cast
+from collections.abc import Callable
 
 import kopf
 from kubernetes import client
@@ -67,11 +68,11 @@ WEBHOOKS = {
     "validate-halt": ("halts", "validating"),
     "validate-clusterhalt": ("clusterhalts", "validating"),
 }
-OPS = ["CREATE", "UPDATE"]
+OPS: list[kopf.Operation] = ["CREATE", "UPDATE"]
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _user(userinfo: dict | None) -> str:
@@ -112,16 +113,23 @@ def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
         except ApiException as err:
             raise kopf.AdmissionError(f"the operator could not check this object: the API server answered "
                                       f"{err.status} ({api_message(err)}); try again", code=503) from err
-        except Exception as err:  # noqa: BLE001 - a bug must not show the client a Python error
+        except Exception as err:  # a bug must not show the client a Python error
             log.exception("webhook %s failed", fn.__name__)
             raise kopf.AdmissionError("the operator could not check this object because of an error of its own "
-                                      "(logged with its traceback by the operator); please report it", code=500) from err
+                                      "(logged with its traceback by the operator); please report it",
+                                      code=500) from err
 
     return guarded
 
 
 def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
     return ix.manifest(runtime.state().indices, namespace, name)
+
+
+def _raw(fn: Callable[[dict], None]) -> Callable[[kopf.RawBody], None]:
+    """A patch function for ``patch.fns``: kopf calls it with the object as a plain dict (its
+    ``RawBody`` type lists fewer metadata fields than these functions set, e.g. ownerReferences)."""
+    return cast(Callable[[kopf.RawBody], None], fn)
 
 
 # ------------------------------------------------------------------------------------- runs
@@ -140,8 +148,8 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         patch.spec["principal"] = user
     elif old_spec.get("principal") and not spec.get("principal"):
         patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
-    manifest_ref = spec.get("manifestRef") if isinstance(spec.get("manifestRef"), dict) else {}
-    manifest = _manifest(namespace, manifest_ref.get("name"))
+    manifest_ref = spec.get("manifestRef")
+    manifest = _manifest(namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
     old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
     known_steps, known_res = set(old_steps), set(old_res)
@@ -180,7 +188,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                 res["actor"] = user
                 res["resolvedAt"] = now
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 def _valid_or_empty(spec: Any) -> dict:
@@ -311,7 +319,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     user = _user(userinfo)
     spec = body.get("spec")
     index = spec.get("index") if isinstance(spec, dict) else None
-    run = ((spec.get("runRef") or {}) if isinstance(spec, dict) and isinstance(spec.get("runRef"), dict) else {}).get("name")
+    run = ((spec.get("runRef") or {}) if isinstance(spec, dict) and isinstance(spec.get("runRef"), dict)
+           else {}).get("name")
     if isinstance(index, int) and not isinstance(index, bool) and index >= MAX_RUN_STEPS:
         raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
                                   f"(step {index} refused): open a new Run for further calls", code=422)
@@ -345,14 +354,14 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
                 raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
 
-        patch.fns.append(carry)
+        patch.fns.append(_raw(carry))
         return
     run_obj = runtime.state().kube.get("runs", namespace, run)
     if run_obj is None:
         return  # refused by the validating webhook, with the fix
     run_spec = run_obj.get("spec") or {}
-    ref = run_spec.get("manifestRef") if isinstance(run_spec.get("manifestRef"), dict) else {}
-    manifest = _manifest(namespace, ref.get("name"))
+    ref = run_spec.get("manifestRef")
+    manifest = _manifest(namespace, ref.get("name") if isinstance(ref, dict) else None)
     tool = spec.get("tool")
     entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
     inline = _inline_step(run_obj, index)
@@ -366,7 +375,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             snapshot = ToolSpec.model_validate(raw_snapshot) if isinstance(raw_snapshot, dict) else None
         except ValidationError:
             snapshot = None
-    if snapshot is not None and snapshot.idempotency_key and isinstance(spec.get("args"), dict):
+    if (snapshot is not None and snapshot.idempotency_key and isinstance(tool, str)
+            and isinstance(spec.get("args"), dict)):
         try:
             label = forward_key_label(tool, forward_key(snapshot.idempotency_key, spec["args"], None))
         except (MissingValue, TypeError, ValueError):
@@ -392,7 +402,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             s["snapshot"] = entry.to_wire()
         s["recordedAt"] = now  # the server's clock, not the client's
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 @kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=[*OPS, "DELETE"], persistent=True,
@@ -563,7 +573,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     user = _user(userinfo)
     spec = body.get("spec") or {}
     old_spec = _valid_or_empty((old or {}).get("spec"))
-    steps, all_now = rules.new_approvals(old_spec, spec)
+    _steps, all_now = rules.new_approvals(old_spec, spec)
     if old_spec.get("approvedBy"):
         patch.spec["approvedBy"] = old_spec["approvedBy"]
     elif all_now:
@@ -598,7 +608,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
                 denial["actor"] = user
                 denial["deniedAt"] = now
 
-    patch.fns.append(stamp)
+    patch.fns.append(_raw(stamp))
 
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
@@ -700,7 +710,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
         if any("${" in t for t in texts):
             warnings.append(f"runner {runner.name!r} has a ${{...}} placeholder in its image, command, args or "
                             "env: Kubernetes does not fill those in (only $(VAR) from the container's env)")
-        needs = [("batch", "jobs", "create", None)]
+        needs: list[tuple[str, str, str, str | None]] = [("batch", "jobs", "create", None)]
         needs += [("", "secrets", "get", secret) for secret in _secrets_named(runner)]
         for group, resource, verb, obj in needs:
             if not _allowed(userinfo, namespace, group, resource, verb, obj):

@@ -49,9 +49,9 @@ def halt_conditions(spec: Any, namespace: str | None, tools: list[str] | None, o
         parsed = None
     problems = parsed.problems() if parsed is not None else []
     if problems:
-        field, pattern, why = problems[0]
+        field, bad, why = problems[0]
         active = c.condition(c.ACTIVE, c.FALSE, c.INVALID_PATTERN,
-                             f"scope.{field} {pattern!r} can never match, so this halt refuses nothing: {why}",
+                             f"scope.{field} {bad!r} can never match, so this halt refuses nothing: {why}",
                              generation)
     else:
         active = c.condition(c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT,
@@ -149,18 +149,28 @@ def recheck_reach(namespace: str) -> None:
             _report(obj, "clusterhalts", None, obj["metadata"]["name"], recheck=True)
 
 
-@kopf.on.event(G, V, "halts")
-def halt_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+def halt_changed(type: str, body: Any, namespace: str | None, name: str) -> None:
+    """A Halt was added, changed or deleted (``type``: the watch event), or is taken up again."""
     if type != "DELETED":
         _report(body, "halts", namespace, name)
     _refresh_gauges()
 
 
-@kopf.on.event(G, V, "clusterhalts")
-def cluster_halt_event(type: str, body: Any, name: str, **_: Any) -> None:
+def cluster_halt_changed(type: str, body: Any, name: str) -> None:
+    """A ClusterHalt was added, changed or deleted, or is taken up again."""
     if type != "DELETED":
         _report(body, "clusterhalts", None, name)
     _refresh_gauges()
+
+
+@kopf.on.event(G, V, "halts")
+def halt_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+    halt_changed(type, body, namespace, name)
+
+
+@kopf.on.event(G, V, "clusterhalts")
+def cluster_halt_event(type: str, body: kopf.Body, name: str, **_: Any) -> None:
+    cluster_halt_changed(type, body, name)
 
 
 def _refresh_gauges() -> None:

@@ -31,8 +31,10 @@ G, V = "reversi.dev", "v1alpha1"
 
 
 @kopf.index(G, V, "toolmanifests")
-def manifest_specs(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], ToolManifestSpec | None]:
+def manifest_specs(namespace: str | None, name: str, body: kopf.Body,
+                   **_: Any) -> dict[tuple[str, str], ToolManifestSpec | None]:
     """Each ToolManifest's spec, parsed once per change (``None`` when it is invalid)."""
+    assert namespace is not None  # ToolManifests are namespaced
     try:
         spec: ToolManifestSpec | None = ToolManifestSpec.model_validate(body.get("spec") or {})
     except ValidationError:

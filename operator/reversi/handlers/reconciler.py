@@ -28,12 +28,14 @@ left to stop). A cancelled request that does not hold the lock never takes it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
@@ -154,7 +156,7 @@ class Reconciler:
 
     # --------------------------------------------------------------------------- the pass
 
-    def _reconcile(self, req: dict, memory: Memory) -> bool:
+    def _reconcile(self, req: dict, memory: Memory) -> float | None:
         meta = req["metadata"]
         ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
         ref = f"RollbackRequest {ns}/{name}"
@@ -166,7 +168,8 @@ class Reconciler:
         self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
             if spec.cancel:
-                return self._cancelled_before_planning(req, spec, f"its Run {ns}/{spec.run_ref.name} does not exist")
+                self._cancelled_before_planning(req, spec, f"its Run {ns}/{spec.run_ref.name} does not exist")
+                return None
             return self._run_missing(req, spec.run_ref.name)
         settle = self._run_settling(req, run_obj)
         if settle:
@@ -306,7 +309,7 @@ class Reconciler:
                 continue
             step = steps_by_index.get(u.step)
             snapshot = run_spec.snapshot_of(step) if step is not None else None
-            if snapshot is None or snapshot.verification is None:
+            if step is None or snapshot is None or snapshot.verification is None:
                 continue
             res = resolutions.get(u.step)
             vp = ex.verify_plan(snapshot, step.args, res.result if res and res.result is not None else step.result,
@@ -322,14 +325,16 @@ class Reconciler:
             else:
                 reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
 
-        deadline_passed = bool(spec.deadline_seconds) and now > _epoch(status["startTime"]) + spec.deadline_seconds
+        started = _epoch(status["startTime"])  # set above, at the first pass
+        deadline_passed = (spec.deadline_seconds is not None and started is not None
+                           and now > started + spec.deadline_seconds)
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
                            require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
 
-        def observe(role: str, attempt: int, read: int, step: int) -> ex.JobView | None:
-            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)  # type: ignore[arg-type]
+        def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
+            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
             if jname in memory.views:
                 return memory.views[jname]
             job = jobs.get(jname)
@@ -347,7 +352,7 @@ class Reconciler:
                 effects += eff
                 continue
             if run.stage in ex.ACTIVE_STAGES:
-                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now, memory.rng)
+                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now, memory.rng)
                 runs[s] = new
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
@@ -358,7 +363,7 @@ class Reconciler:
             if (deadline_passed or cancelling) and run.stage == "rereading":
                 new, eff = ex.give_up(run, stop or f"the request's deadline ({spec.deadline_seconds}s) passed")
             else:
-                new, eff = ex.advance(run, lambda r, a, rd, s=s: observe(r, a, rd, s), verify_plans[s], policy, now,
+                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now,
                                       memory.rng)
             reverify[s] = new
             effects += eff
@@ -644,7 +649,7 @@ class Reconciler:
                          ns, run_name, entry.step, request, settled.state, job.metadata.name)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
-                 memory: "Memory | None" = None, reverified: dict[int, StepUndo] | None = None) -> None:
+                 memory: Memory | None = None, reverified: dict[int, StepUndo] | None = None) -> None:
         """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
@@ -672,7 +677,7 @@ class Reconciler:
             if memory is not None:
                 memory.written[j.step] = value
 
-    def _load_journal(self, run_obj: dict, memory: "Memory"):
+    def _load_journal(self, run_obj: dict, memory: Memory):
         """The run's journal: from the run's informer when the operator runs (no API call after
         its first LIST; None while that LIST is not in), else one paged LIST (a reconciler used on
         its own, e.g. in a test)."""
@@ -752,7 +757,7 @@ class Reconciler:
                                              step.tool, action.args, action.idempotency_key)
             secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
                                              idempotency_key=action.idempotency_key,
-                                             command=list(spec.verify_command) if e.role == "check" else None, **common)
+                                             command=list(spec.verify_command or []) if e.role == "check" else None, **common)
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])

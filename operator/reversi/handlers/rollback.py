@@ -21,8 +21,9 @@ log = logging.getLogger("reversi.rollback")
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "rollbackrequests")
-def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kwargs: Any) -> None:
+def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
     """Start a worker for an unfinished request (also on operator start: kopf lists them all)."""
+    assert namespace is not None  # RollbackRequests are namespaced
     ix.capture(kwargs)
     workers = runtime.state().workers
     if type == "DELETED":
@@ -47,9 +48,10 @@ def rollback_request_event(type: str, body: Any, namespace: str, name: str, **kw
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
-def rollback_job_event(body: Any, namespace: str, type: str = "", **kwargs: Any) -> None:
+def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", **kwargs: Any) -> None:
     """A compensator or reader Job changed: wake its request's worker at once. A compensator
     that finished after its request was deleted is settled here (the Job is the Run's)."""
+    assert namespace is not None  # Jobs are namespaced
     ix.capture(kwargs)
     request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
     if request:
@@ -62,7 +64,7 @@ def rollback_job_event(body: Any, namespace: str, type: str = "", **kwargs: Any)
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
-def move_inline_journal(type: str, body: Any, **kwargs: Any) -> None:
+def move_inline_journal(type: str, body: kopf.Body, **kwargs: Any) -> None:
     """A Run was created or changed: wake the requests waiting for it to exist (no polling).
     A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""

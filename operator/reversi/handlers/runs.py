@@ -85,7 +85,12 @@ _queue = Quiet(_write)
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
-def run_event(type: str, body: Any, namespace: str, name: str, **_: Any) -> None:
+def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+    assert namespace is not None  # Runs are namespaced
+    run_changed(type, body, namespace, name)
+
+
+def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
     """Queue the Run when its status is behind its generation or its conditions."""
     if type == "DELETED" or not runtime.reconciling():
         return

@@ -59,7 +59,7 @@ def check_now(state: runtime.State) -> schema.SchemaCheck:
 def _crd_event(kube: Any, crd: dict, reason: str, message: str, warning: bool) -> None:
     """An Event about a CRD (cluster-scoped: the Event lives in ``default``). Never raises."""
     meta = crd["metadata"]
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     body = {
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
         "involvedObject": {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -80,7 +80,7 @@ def resync(state: runtime.State) -> None:
     RollbackRequests and bring the status of the other kinds up to date."""
     from . import halts, manifests, runs  # the handler modules import runtime, not this one
 
-    namespaces = state.settings.namespaces or [None]
+    namespaces: list[str | None] = [*state.settings.namespaces] or [None]
     for ns in namespaces:
         for req in state.kube.list("rollbackrequests", ns):
             meta = req["metadata"]
@@ -91,14 +91,14 @@ def resync(state: runtime.State) -> None:
             else:
                 state.workers.ensure(meta["namespace"], meta["name"])
         for halt in state.kube.list("halts", ns):
-            halts.halt_event("MODIFIED", halt, halt["metadata"]["namespace"], halt["metadata"]["name"])
+            halts.halt_changed("MODIFIED", halt, halt["metadata"]["namespace"], halt["metadata"]["name"])
         for manifest in state.kube.list("toolmanifests", ns):
-            manifests.tool_manifest_event("MODIFIED", manifest, manifest["metadata"]["namespace"],
-                                          manifest["metadata"]["name"])
+            manifests.tool_manifest_changed("MODIFIED", manifest, manifest["metadata"]["namespace"],
+                                            manifest["metadata"]["name"])
         for run in state.kube.list("runs", ns):
-            runs.run_event("MODIFIED", run, run["metadata"]["namespace"], run["metadata"]["name"])
+            runs.run_changed("MODIFIED", run, run["metadata"]["namespace"], run["metadata"]["name"])
     for halt in state.kube.list("clusterhalts"):
-        halts.cluster_halt_event("MODIFIED", halt, halt["metadata"]["name"])
+        halts.cluster_halt_changed("MODIFIED", halt, halt["metadata"]["name"])
 
 
 def _ours(name: str, **_: Any) -> bool:

@@ -82,9 +82,10 @@ class Workers:
             try:
                 delay = self.reconciler.reconcile(namespace, name, memory)
                 failures = 0
-            except Exception as err:  # noqa: BLE001 - log, back off, try again: never crash the operator
+            except Exception as err:  # log, back off, try again: never crash the operator
                 failures += 1
-                log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name, failures)
+                log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name,
+                              failures)
                 if failures >= 3:
                     try:
                         self.reconciler.report_error(namespace, name, _describe(err))

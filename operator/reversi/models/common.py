@@ -157,7 +157,7 @@ class Backoff(ReversiModel):
     )
 
     @model_validator(mode="after")
-    def _max_not_below_base(self) -> "Backoff":
+    def _max_not_below_base(self) -> Backoff:
         if self.max_ms < self.base_ms:
             raise ValueError(f"backoff.maxMs ({self.max_ms}) must be at least backoff.baseMs ({self.base_ms})")
         return self

@@ -95,7 +95,7 @@ def pattern_problem(field: str, pattern: str) -> str | None:
     if pattern != pattern.strip():
         return "it starts or ends with a space, so it cannot match a value as written; remove the space"
     literal, escaped = [], False
-    for position, ch in enumerate(pattern):
+    for ch in pattern:
         if escaped:
             literal.append((ch, True))
             escaped = False
@@ -151,7 +151,8 @@ def glob_match(pattern: str, value: str) -> bool:
 class HaltScope(ReversiModel):
     """Which calls a Halt refuses: globs over tool, actor, tenant, environment; all named must match."""
 
-    tool: Glob | None = Field(default=None, max_length=MAX_NAME, description='Glob over the tool name, e.g. "payments.*".')
+    tool: Glob | None = Field(default=None, max_length=MAX_NAME,
+                              description='Glob over the tool name, e.g. "payments.*".')
     actor: Glob | None = Field(default=None, max_length=MAX_NAME, description="Glob over the run's scope.actor.")
     tenant: Glob | None = Field(default=None, max_length=MAX_NAME, description="Glob over the run's scope.tenant.")
     environment: Glob | None = Field(
@@ -200,7 +201,8 @@ class HaltSpec(ReversiModel):
 class ClusterHaltSpec(HaltSpec):
     """Why calls are stopped cluster-wide, by whom, and which."""
 
-    scope: ClusterHaltScope | None = Field(default=None, description="Which calls; none halts every call in the cluster.")
+    scope: ClusterHaltScope | None = Field(default=None,
+                                           description="Which calls; none halts every call in the cluster.")
 
 
 class HaltStatus(StatusModel):

@@ -100,7 +100,8 @@ class StepBase(ReversiModel):
     )
     snapshot: ToolSpec | None = Field(
         default=None,
-        description="The tool's manifest entry, copied when the step was recorded; absent: unmanifested (observe mode).",
+        description="The tool's manifest entry, copied when the step was recorded; absent: unmanifested "
+                    "(observe mode).",
     )
     error: str | None = Field(default=None, max_length=MAX_ERROR, description="Error of the call, when it failed.")
     recorded_at: datetime | None = Field(default=None, description="When the step was recorded.")
@@ -152,7 +153,7 @@ class Step(StepBase):
     )
 
     @model_validator(mode="after")
-    def _one_snapshot(self) -> "Step":
+    def _one_snapshot(self) -> Step:
         if self.snapshot is not None and self.snapshot_id is not None:
             raise ValueError(
                 f"step {self.index}: set snapshot or snapshotId, not both (snapshotId names an entry of spec.snapshots)"
@@ -191,7 +192,8 @@ class Resolution(ReversiModel):
     )
     note: str = Field(min_length=1, max_length=MAX_NOTE, description="Why this is known, for the record.")
     actor: str | None = Field(
-        default=None, max_length=MAX_NAME * 2, description="Who settled it (stamped at admission from the authenticated user)."
+        default=None, max_length=MAX_NAME * 2,
+        description="Who settled it (stamped at admission from the authenticated user)."
     )
     resolved_at: datetime | None = Field(default=None, description="When it was settled.")
 
@@ -199,7 +201,8 @@ class Resolution(ReversiModel):
 class RunScope(ReversiModel):
     """Who and where the run acts for; halts match on it. Immutable."""
 
-    actor: str | None = Field(default=None, max_length=MAX_NAME, description="The automation acting, e.g. checkout-agent.")
+    actor: str | None = Field(default=None, max_length=MAX_NAME,
+                              description="The automation acting, e.g. checkout-agent.")
     tenant: str | None = Field(default=None, max_length=MAX_NAME, description="Tenant the run acts for.")
     environment: str | None = Field(default=None, max_length=MAX_NAME, description="Environment, e.g. prod.")
 
@@ -227,12 +230,14 @@ class RunSpec(ReversiModel):
                     fieldPath=".steps",
                 ),
                 rule(
-                    "!has(oldSelf.snapshots) || (has(self.snapshots) && size(self.snapshots) >= size(oldSelf.snapshots))",
+                    "!has(oldSelf.snapshots) || (has(self.snapshots) && size(self.snapshots) >= "
+                    "size(oldSelf.snapshots))",
                     "snapshots cannot be removed",
                     fieldPath=".snapshots",
                 ),
                 rule(
-                    "!has(oldSelf.resolutions) || (has(self.resolutions) && size(self.resolutions) >= size(oldSelf.resolutions))",
+                    "!has(oldSelf.resolutions) || (has(self.resolutions) && size(self.resolutions) >= "
+                    "size(oldSelf.resolutions))",
                     "resolutions cannot be removed",
                     fieldPath=".resolutions",
                 ),
@@ -247,7 +252,8 @@ class RunSpec(ReversiModel):
     )
     mode: Mode = Field(
         default="enforce",
-        description="enforce: calls need a manifest entry; observe: calls with none are admitted (unmanifested). Immutable.",
+        description="enforce: calls need a manifest entry; observe: calls with none are admitted (unmanifested). "
+                    "Immutable.",
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.mode")]},
     )
     recovery: Recovery = Field(
@@ -265,19 +271,22 @@ class RunSpec(ReversiModel):
     steps: list[Step] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
-        description="Inline journal of Reversi 0.1 (read on create, moved into RunSteps by the operator); new steps are RunSteps.",
+        description="Inline journal of Reversi 0.1 (read on create, moved into RunSteps by the operator); new steps "
+                    "are RunSteps.",
         json_schema_extra=list_map("index"),
     )
     snapshots: list[ToolSnapshot] = Field(
         default_factory=list,
         max_length=MAX_SNAPSHOTS,
-        description="Inline journal of Reversi 0.1: manifest entries named by inline steps (snapshotId); moved with the steps.",
+        description="Inline journal of Reversi 0.1: manifest entries named by inline steps (snapshotId); moved with "
+                    "the steps.",
         json_schema_extra=list_map("id"),
     )
     resolutions: list[Resolution] = Field(
         default_factory=list,
         max_length=MAX_STEPS,
-        description="Inline journal of Reversi 0.1: settlements of inline steps; a RunStep carries its own spec.resolution.",
+        description="Inline journal of Reversi 0.1: settlements of inline steps; a RunStep carries its own "
+                    "spec.resolution.",
         json_schema_extra=list_map("step"),
     )
 
@@ -292,7 +301,7 @@ class RunSpec(ReversiModel):
         return None
 
     @model_validator(mode="after")
-    def _unique_resolutions(self) -> "RunSpec":
+    def _unique_resolutions(self) -> RunSpec:
         seen: set[int] = set()
         for res in self.resolutions:
             if res.step in seen:
@@ -305,7 +314,8 @@ class StepUndo(StatusModel):
     """Undo state of one step, kept on the Run so it outlives any one request (DESIGN §4 rules 3, 6)."""
 
     step: int = Field(ge=0, description="Index of the step.")
-    state: UndoState = Field(description="compensating (Job about to run or running), compensated or compensationFailed.")
+    state: UndoState = Field(description="compensating (Job about to run or running), compensated or "
+                                         "compensationFailed.")
     attempts: int = Field(default=0, ge=0, description="Compensation attempts so far.")
     idempotency_key: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="Compensation idempotency key: the same on every retry and re-run."
@@ -313,7 +323,8 @@ class StepUndo(StatusModel):
     last_error: str | None = Field(default=None, description="Error of the last failed attempt.")
     verification: VerificationState | None = Field(
         default=None,
-        description="verified, none (no read-back declared: compensated, complete), unverified (a declared read-back did not run) or verificationFailed.",
+        description="verified, none (no read-back declared: compensated, complete), unverified (a declared read-back "
+                    "did not run) or verificationFailed.",
     )
     request: str | None = Field(default=None, description="RollbackRequest that last worked on the step.")
     updated_at: datetime | None = Field(default=None, description="When this entry last changed.")
@@ -333,7 +344,8 @@ class RunStatus(StatusModel):
         default_factory=list,
         max_length=MAX_CONDITIONS,
         description="RolledBack, Locked; Ready (True when no rollback holds the run and its last rollback, if any, "
-        "is complete), Reconciling (True while a rollback holds it), Stalled (True when its last rollback is incomplete).",
+        "is complete), Reconciling (True while a rollback holds it), Stalled (True when its last rollback is "
+        "incomplete).",
         json_schema_extra=list_map("type"),
     )
     active_request: str | None = Field(
@@ -342,11 +354,13 @@ class RunStatus(StatusModel):
     )
     closed_by: str | None = Field(
         default=None,
-        description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step is admitted; resolutions still are.",
+        description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step "
+                    "is admitted; resolutions still are.",
     )
     moved_steps: int | None = Field(
         default=None, ge=0,
-        description="Steps of the inline journal of Reversi 0.1 moved into RunSteps; when it equals their number, the RunSteps are the record.",
+        description="Steps of the inline journal of Reversi 0.1 moved into RunSteps; when it equals their number, the "
+                    "RunSteps are the record.",
     )
     undo: list[StepUndo] = Field(
         default_factory=list,
@@ -377,7 +391,8 @@ CRD = CrdInfo(
     plural="runs",
     singular="run",
     short_names=["rvrun"],
-    description="One automation's run: its principal, mode, scope and manifest, and the lock of its rollback; its steps are RunSteps.",
+    description="One automation's run: its principal, mode, scope and manifest, and the lock of its rollback; its "
+                "steps are RunSteps.",
     spec_model=RunSpec,
     status_model=RunStatus,
     printer_columns=[

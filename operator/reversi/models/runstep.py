@@ -70,7 +70,7 @@ def step_name(run: str, index: int) -> str:
 def forward_key_label(tool: str, key: str) -> str:
     """The ``reversi.dev/forward-key`` label value of a call of ``tool`` with forward key ``key``:
     40 lowercase hex characters (sha256 of tool and key; a label value holds at most 63)."""
-    return hashlib.sha256(f"{tool}\x00{key}".encode("utf-8")).hexdigest()[:40]
+    return hashlib.sha256(f"{tool}\x00{key}".encode()).hexdigest()[:40]
 
 
 class StepResolution(ReversiModel):
@@ -153,7 +153,8 @@ CRD = CrdInfo(
     plural="runsteps",
     singular="runstep",
     short_names=["rvstep"],
-    description="One recorded call of a Run (its journal is sliced into one RunStep per step), append-only, with its undo state.",
+    description="One recorded call of a Run (its journal is sliced into one RunStep per step), append-only, with its "
+                "undo state.",
     spec_model=RunStepSpec,
     status_model=RunStepStatus,
     reconciled=False,

@@ -166,7 +166,7 @@ class ToolSpec(ReversiModel):
     )
 
     @model_validator(mode="after")
-    def _write_needs_compensation(self) -> "ToolSpec":
+    def _write_needs_compensation(self) -> ToolSpec:
         if self.effect == "write" and self.compensation is None:
             raise ValueError(
                 f"tool {self.name}: a write tool needs a compensation (or declare its effect irreversible)"
@@ -210,7 +210,7 @@ class ToolManifestSpec(ReversiModel):
     )
 
     @model_validator(mode="after")
-    def _names_and_references(self) -> "ToolManifestSpec":
+    def _names_and_references(self) -> ToolManifestSpec:
         problems: list[str] = []
         runner_names: set[str] = set()
         for runner in self.runners:
