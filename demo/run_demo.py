@@ -303,7 +303,7 @@ class Demo:
         for d in report.get("deferred", []):
             print(f"  deferred          step {d['step']} blocked by {d['blockedBy']}")
         for r in report.get("residue", []):
-            print(f"  residue           step {r['step']}: {'; '.join(r['residue'])}")
+            print(f"  residue           step {r['step']} ({r['type']}): {r['text']}")
         print(f"  complete: {report['complete']}")
 
     def check_truth(self, req: dict) -> int:
