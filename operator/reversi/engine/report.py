@@ -20,14 +20,22 @@ compensate      by outcome state: ``compensated`` + verification ``verified`` ->
                 ``compensated`` otherwise -> ``unverified`` (only there, not also in compensated);
                 ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval`` (a denied
                 step too, with ``denied by <actor>: <note>`` in ``denied``);
-                ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``
+                ``deferred`` -> ``deferred``; no outcome, ``pending`` or ``running`` -> ``pending``;
+                the statuses of issue 9 (:data:`STATUS_BUCKETS`): ``alreadyRecovered``,
+                ``conflict`` ``{step, reason}``, ``handlerUnavailable`` ``{step, reason}``,
+                ``compensationDeadlinePassed`` -> the bucket of that name; a step undone
+                although its precondition failed is also listed in ``forced``
+expired         ``expired`` ``{step, reason}`` (the undo window had passed: not attempted)
+handlerUnav.    ``handlerUnavailable`` ``{step, reason}`` (its runner is not in the manifest)
 ============== ===========================================================================
 
 ``pending`` is a bucket beyond DESIGN §5 (steps not settled yet, e.g. at a deadline), so that a
 report made before the end never claims more than happened. ``residue`` lists the residue of
 every step undone by this or an earlier request (compensated or unverified). ``complete`` is true
 exactly when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval,
-unverified and pending are all empty.
+unverified, pending, expired, handlerUnavailable, conflict and compensationDeadlinePassed are all
+empty (``alreadyRecovered`` counts as undone). :func:`outcome_reason` says whether an incomplete
+rollback is ``Partial`` (something was undone) or ``NotPossible`` (nothing could be).
 """
 
 from __future__ import annotations
@@ -37,8 +45,11 @@ from dataclasses import dataclass
 
 from ..models.rollbackrequest import Plan, Report, StepBlocked, StepError, StepReason, StepResidue
 from ..models.run import StepUndo
-from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED, UndoStateInput, undo_by_step
-from .schedule import AWAITING_APPROVAL, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
+from .plan import (COMPENSATE, DEFER, EXPIRED, HANDLER_UNAVAILABLE, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED,
+                   UndoStateInput, undo_by_step)
+from .schedule import (ALREADY_RECOVERED, AWAITING_APPROVAL, COMPENSATED, CONFLICT, DEADLINE_PASSED, DEFERRED, FAILED,
+                       PENDING, RUNNING)
+from .schedule import HANDLER_UNAVAILABLE as HANDLER_STATE
 
 VERIFIED = "verified"
 NO_READ_BACK = "none"
@@ -54,7 +65,26 @@ INCOMPLETE_BUCKETS = (
     "awaiting_approval",
     "unverified",
     "pending",
+    "expired",
+    "handler_unavailable",
+    "conflict",
+    "compensation_deadline_passed",
 )
+#: the step statuses of issue 9 by schedule state / plan kind: (report field, items carry a reason)
+STATUS_BUCKETS: dict[str, tuple[str, bool]] = {
+    ALREADY_RECOVERED: ("already_recovered", False),
+    CONFLICT: ("conflict", True),
+    HANDLER_STATE: ("handler_unavailable", True),
+    DEADLINE_PASSED: ("compensation_deadline_passed", False),
+    EXPIRED: ("expired", True),
+}
+#: every report field that is a bucket (each standing step is in exactly one); noReadBack, denied
+#: and forced only annotate steps of a bucket
+BUCKET_FIELDS = ("compensated", "skipped", "failed", "unrecoverable", "unresolved", "unmanifested", "deferred",
+                 "awaiting_approval", "unverified", "pending", "already_recovered", "expired", "handler_unavailable",
+                 "conflict", "compensation_deadline_passed")
+#: buckets whose steps no longer stand: they count as undone for :func:`outcome_reason`
+UNDONE_FIELDS = ("compensated", "unverified", "already_recovered")
 
 
 @dataclass(frozen=True)
@@ -117,6 +147,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     no_read_back: list[int] = []
     pending: list[int] = []
     residue: list[StepResidue] = []
+    statuses: dict[str, list] = {field: [] for field, _ in STATUS_BUCKETS.values()}
+    forced: list[StepReason] = []
 
     def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
         if outcome.verification == VERIFIED:
@@ -129,6 +161,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             return
         else:
             unverified.append(step)
+        if getattr(outcome, "forced_by", None):
+            forced.append(StepReason(step=step, reason=f"forced by {outcome.forced_by}"))
         if lines:
             residue.append(StepResidue(step=step, residue=list(lines)))
 
@@ -148,6 +182,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             unresolved.append(step)
         elif kind == UNMANIFESTED:
             unmanifested.append(step)
+        elif kind in STATUS_BUCKETS:  # expired, handlerUnavailable (plan kinds)
+            _status_item(statuses, kind, step, action.reason)
         elif kind == DEFER:
             blocked = list(outcome.blocked_by) if outcome is not None and outcome.blocked_by else list(action.blocked_by)
             deferred.append(StepBlocked(step=step, blocked_by=blocked))
@@ -165,6 +201,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
                 deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
             elif state in (PENDING, RUNNING):
                 pending.append(step)
+            elif state in STATUS_BUCKETS:
+                _status_item(statuses, state, step, (outcome.error if outcome else None) or action.reason)
             else:
                 raise ValueError(f"step {step}: unknown outcome state {state!r}")
         else:  # pragma: no cover - the plan's kinds are a closed set
@@ -184,10 +222,35 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         no_read_back=no_read_back,
         pending=pending,
         residue=residue,
+        forced=forced,
         complete=False,
+        **statuses,
     )
     report.complete = all(not getattr(report, bucket) for bucket in INCOMPLETE_BUCKETS)
     return report
+
+
+def _status_item(statuses: dict[str, list], status: str, step: int, reason: str) -> None:
+    field, with_reason = STATUS_BUCKETS[status]
+    statuses[field].append(StepReason(step=step, reason=reason or status) if with_reason else step)
+
+
+def outcome_reason(report: Report) -> str:
+    """``"Partial"`` when an incomplete report has a step undone (compensated, unverified or
+    already recovered, by this or an earlier request), else ``"NotPossible"``; a complete report
+    is ``"AllCompensated"``."""
+    if report.complete:
+        return "AllCompensated"
+    return "Partial" if any(getattr(report, f) for f in UNDONE_FIELDS) else "NotPossible"
+
+
+def bucket_of(report: Report) -> dict[int, list[str]]:
+    """``{step: [bucket fields it is in]}`` (the invariant: exactly one per step)."""
+    out: dict[int, list[str]] = {}
+    for field in BUCKET_FIELDS:
+        for item in getattr(report, field):
+            out.setdefault(item if isinstance(item, int) else item.step, []).append(field)
+    return out
 
 
 def report_message(report: Report) -> str:
@@ -216,6 +279,12 @@ def report_message(report: Report) -> str:
     add("awaiting approval", [s for s in report.awaiting_approval if s not in denied])
     add("denied", [s for s in report.awaiting_approval if s in denied])  # not undone: a person said no
     add("pending", report.pending)
+    add("already recovered", report.already_recovered)
+    add("expired", [e.step for e in report.expired])
+    add("handler unavailable", [h.step for h in report.handler_unavailable])
+    add("conflict", [x.step for x in report.conflict])
+    add("not started before the compensation deadline", report.compensation_deadline_passed)
+    add("forced", [f.step for f in report.forced])
     if report.skipped:
         parts.append(f"{len(report.skipped)} skipped")
     verdict = "complete" if report.complete else "incomplete"

@@ -36,9 +36,11 @@ from .common import (
 )
 
 Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
-StepStage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
-                    "rereading", "compensated", "failed", "deferred"]
-ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
+StepStage = Literal["pending", "awaitingApproval", "prechecking", "preconditioning", "compensating", "retrying",
+                    "checking", "verifying", "rereading", "compensated", "failed", "deferred", "alreadyRecovered",
+                    "expired", "handlerUnavailable", "conflict", "compensationDeadlinePassed"]
+ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer", "expired",
+                     "handlerUnavailable"]
 
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
 TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
@@ -87,6 +89,28 @@ class Denial(ReversiModel):
         default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated user)."
     )
     denied_at: datetime | None = Field(default=None, description="When it was denied (stamped at admission).")
+
+
+class Force(ReversiModel):
+    """Undo one step even though its compensation's precondition does not hold (a ``conflict``):
+    needs the RBAC verb ``force`` on rollbackrequests; the actor is stamped at admission."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.actor) || (has(self.actor) && self.actor == oldSelf.actor)",
+                    "a force's actor cannot change",
+                )
+            ]
+        }
+    )
+
+    step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step to undo despite a failed precondition.")
+    actor: str | None = Field(
+        default=None, max_length=MAX_NAME * 2, description="Who forced it (stamped at admission from the authenticated user)."
+    )
+    forced_at: datetime | None = Field(default=None, description="When it was forced (stamped at admission).")
 
 
 class RollbackRequestSpec(ReversiModel):
@@ -150,6 +174,20 @@ class RollbackRequestSpec(ReversiModel):
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
     )
+    compensation_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 86400,
+        description="Steps whose compensation kind is compensation (not inverse) start only within this many seconds "
+        "of the request's start (checked before each start); a step not started in time is compensationDeadlinePassed.",
+    )
+    force: list[Force] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="Steps undone even when their compensation's precondition does not hold (conflict), keyed by "
+        "step (RBAC verb force); each records who forced it.",
+        json_schema_extra=list_map("step"),
+    )
 
     def approved_steps(self) -> set[int]:
         """Indices of steps approved one by one in ``spec.approvals``."""
@@ -161,7 +199,10 @@ class PlanAction(StatusModel):
 
     step: int = Field(ge=0, description="Index of the step.")
     tool: str = Field(description="Tool of the step.")
-    kind: ActionKind = Field(description="compensate, skip, unrecoverable, unresolved, unmanifested or defer.")
+    kind: ActionKind = Field(
+        description="compensate, skip, unrecoverable, unresolved, unmanifested, defer, expired (past the "
+        "compensation's windowSeconds) or handlerUnavailable (its runner is not in the ToolManifest)."
+    )
     reason: str = Field(default="", description="Why this kind, for a person.")
     compensation_tool: str | None = Field(default=None, description="compensate: the tool that undoes the step.")
     compensation_kind: Literal["inverse", "compensation"] | None = Field(
@@ -220,8 +261,9 @@ class StepStatus(StatusModel):
     compensation_tool: str | None = Field(default=None, description="Tool that undoes it.")
     stage: StepStage | None = Field(
         default=None,
-        description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
-        "verifying, rereading, compensated, failed or deferred.",
+        description="Where the step is: pending, awaitingApproval, prechecking, preconditioning, compensating, retrying, "
+        "checking (verifyCommand), verifying, rereading, compensated, failed, deferred, alreadyRecovered, expired, "
+        "handlerUnavailable, conflict or compensationDeadlinePassed (docs/concepts.md: step statuses).",
     )
     attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
     first_attempt: int | None = Field(
@@ -304,12 +346,36 @@ class Report(StatusModel):
     pending: list[int] = Field(
         default_factory=list, description="Not settled yet (compensation pending or running), e.g. at a deadline."
     )
+    already_recovered: list[int] = Field(
+        default_factory=list,
+        description="Already undone when the rollback looked (the precheck read matched): no compensator ran.",
+    )
+    expired: list[StepReason] = Field(
+        default_factory=list, description="Not attempted: the compensation's windowSeconds after recordedAt had passed."
+    )
+    handler_unavailable: list[StepReason] = Field(
+        default_factory=list,
+        description="Not attempted: the compensation's runner is not in the ToolManifest, or its Job cannot be made.",
+    )
+    conflict: list[StepReason] = Field(
+        default_factory=list,
+        description="Not undone: the compensation's precondition does not hold (force it with spec.force).",
+    )
+    compensation_deadline_passed: list[int] = Field(
+        default_factory=list,
+        description="Not attempted: compensation-kind steps not started before spec.compensationDeadlineSeconds.",
+    )
+    forced: list[StepReason] = Field(
+        default_factory=list,
+        description="Steps undone although their precondition did not hold: forced by <actor>. Not a bucket of its own.",
+    )
     residue: list[StepResidue] = Field(
         default_factory=list, description="Residue of every compensated (or unverified) step."
     )
     complete: bool = Field(
         default=False,
-        description="True only when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified and pending are all empty.",
+        description="True only when failed, unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified, "
+        "pending, expired, handlerUnavailable, conflict and compensationDeadlinePassed are all empty.",
     )
 
 
