@@ -151,7 +151,8 @@ class StepRun:
     """One step's progress inside one request. ``attempts`` counts compensator runs (across
     requests), ``first_attempt`` the first attempt this request ran (its ``retries`` budget starts
     there), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
-    waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed."""
+    waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed;
+    ``forced_by`` who forced the undo although its precondition did not hold (``spec.force``)."""
 
     step: int
     stage: Stage = "pending"
@@ -162,6 +163,7 @@ class StepRun:
     verification: str | None = None
     reason: str | None = None
     first_attempt: int | None = None
+    forced_by: str | None = None
 
     def attempts_here(self) -> int:
         """Attempts made by this request (its ``retries`` budget counts these)."""
@@ -256,7 +258,7 @@ def _conflict(run: StepRun, problem: str, guards: Guards, attempt: int) -> tuple
     s = run.step
     tool = guards.precondition.tool if guards.precondition else "the precondition"
     if guards.forced_by:
-        new, effects = _compensate(replace(run, reason="Forced"), attempt)
+        new, effects = _compensate(replace(run, reason="Forced", forced_by=guards.forced_by), attempt)
         return new, [Note(s, "Forced", f"step {s}: precondition {tool} does not hold ({problem}); undone anyway: "
                           f"forced by {guards.forced_by}", warning=True), *effects]
     why = f"precondition {tool} does not hold: {problem}; not undone (force it with spec.force, RBAC verb force)"

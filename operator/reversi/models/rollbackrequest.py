@@ -275,6 +275,9 @@ class StepStatus(StatusModel):
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
     last_error: str | None = Field(default=None, description="Error of the last failed attempt or check.")
     next_attempt_at: datetime | None = Field(default=None, description="Earliest time of the next attempt (backoff).")
+    forced_by: str | None = Field(
+        default=None, description="Who forced the undo although its compensation's precondition did not hold (spec.force)."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
