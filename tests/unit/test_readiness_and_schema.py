@@ -142,7 +142,7 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
 #: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
 #: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
 SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
-                  3: ""}
+                  3: "ec8b62ae7c6a8835092e5482ddc7a2c7b6c6b9c9415a0765164a4036377d7d73"}
 
 
 def _schema_digest() -> str:
