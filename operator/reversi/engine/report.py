@@ -93,13 +93,16 @@ class StepOutcome:
 
     ``state``: pending, running, compensated, failed, awaitingApproval or deferred (see
     ``schedule``); ``verification``: verified, none (no read-back declared), unverified,
-    verificationFailed or ``None`` (= not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
+    verificationFailed or ``None`` (= not checked); ``error``: why it failed (or why it was not
+    undone: conflict, handlerUnavailable); ``blocked_by``: for deferred steps; ``forced_by``: who
+    forced the undo over a failed precondition (``spec.force``).
     """
 
     state: str
     verification: str | None = None
     error: str | None = None
     blocked_by: tuple[int, ...] = ()
+    forced_by: str | None = None
 
 
 def outcomes_from_undo(undo_state: UndoStateInput) -> dict[int, StepOutcome]:
@@ -161,7 +164,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             return
         else:
             unverified.append(step)
-        if getattr(outcome, "forced_by", None):
+        if outcome.forced_by:
             forced.append(StepReason(step=step, reason=f"forced by {outcome.forced_by}"))
         if lines:
             residue.append(StepResidue(step=step, residue=list(lines)))
