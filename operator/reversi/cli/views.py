@@ -48,6 +48,11 @@ BUCKETS = (
     ("deferred", "Deferred (a dependent still stands)"),
     ("awaitingApproval", "Awaiting approval"),
     ("pending", "Pending (not settled yet)"),
+    ("alreadyRecovered", "Already recovered (found undone by the precheck read: no compensator ran)"),
+    ("expired", "Expired (the undo window had passed: not attempted)"),
+    ("handlerUnavailable", "Handler unavailable (runner missing or its Job refused: not attempted)"),
+    ("conflict", "Conflict (the precondition does not hold: not undone)"),
+    ("compensationDeadlinePassed", "Compensation deadline passed (not started: not attempted)"),
 )
 
 
@@ -131,6 +136,12 @@ REPORT_JSON_FIELDS = (
     ("pending", "pending"),
     ("noReadBack", "no_read_back"),
     ("denied", "denied"),
+    ("alreadyRecovered", "already_recovered"),
+    ("expired", "expired"),
+    ("handlerUnavailable", "handler_unavailable"),
+    ("conflict", "conflict"),
+    ("compensationDeadlinePassed", "compensation_deadline_passed"),
+    ("forced", "forced"),
     ("residue", "residue"),
 )
 
@@ -348,7 +359,7 @@ def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
             head += f": {notes[step]}"
         if name == "failed":
             head += f": {item.get('error', '')}"
-        elif name == "unrecoverable":
+        elif name == "unrecoverable" or (isinstance(item, Mapping) and item.get("reason")):
             head += f": {item.get('reason', '')}"
         elif name == "deferred":
             head += f": blocked by {steps_text(item.get('blockedBy') or [], 8) or 'a standing dependent'}"
@@ -419,6 +430,24 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     unmanifested = report.get("unmanifested") or []
     if unmanifested:
         out.append(f"Step(s) {steps_text(unmanifested)} have no manifest entry: undo them by hand.")
+    expired = report.get("expired") or []
+    if expired:
+        out.append(f"Step(s) {steps_text([e['step'] for e in expired])} are past their undo window "
+                   "(compensation.windowSeconds): undo them by hand, or tell the people affected.")
+    handlers = report.get("handlerUnavailable") or []
+    if handlers:
+        manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
+        out.append(f"Step(s) {steps_text([h['step'] for h in handlers])} have no runner that can run: add it to "
+                   f"spec.runners of ToolManifest {ns}/{manifest} (reasons above), then kubectl reversi rollback "
+                   f"{run_name} {n}")
+    conflicts = report.get("conflict") or []
+    if conflicts:
+        out.append(f"Step(s) {steps_text([x['step'] for x in conflicts])} were not undone: their precondition no "
+                   "longer holds (someone changed the state since). Check it; to undo anyway, a user with the RBAC "
+                   f"verb force creates a new request with spec.force: [{{step: N}}] for run {run_name}.")
+    if report.get("compensationDeadlinePassed"):
+        out.append(f"Step(s) {steps_text(report['compensationDeadlinePassed'])} did not start before "
+                   f"spec.compensationDeadlineSeconds: re-run kubectl reversi rollback {run_name} {n} or undo by hand")
     if report.get("pending") and phase in TERMINAL_PHASES:
         out.append(f"Step(s) {steps_text(report['pending'])} were not settled (deadline?): re-run "
                    f"kubectl reversi rollback {run_name} {n}")
@@ -500,7 +529,8 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
             if items:
                 lines.append(f" {label}: {len(items)}")
                 notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []} \
-                    if key == "awaitingApproval" else None
+                    if key == "awaitingApproval" else {f["step"]: f.get("reason", "") for f in report.get("forced") or []} \
+                    if key == "compensated" else None
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         residue = report.get("residue") or []
