@@ -109,6 +109,13 @@ ALREADY_COMPENSATED = "AlreadyCompensated"  # Compensated=True: settled earlier 
 COMPENSATION_RETRYING = "CompensationRetrying"  # Compensated=Unknown: waiting for backoff (rule 4)
 COMPENSATION_FAILED = "CompensationFailed"  # Compensated=False: retries used up (rule 4)
 BLOCKED = "Blocked"  # Compensated=False: deferred, a dependent still stands (rule 1)
+ALREADY_RECOVERED = "AlreadyRecovered"  # Compensated=True: the precheck read showed it undone; no compensator ran
+EXPIRED = "Expired"  # Compensated=False: compensation.windowSeconds after recordedAt passed: not attempted
+HANDLER_UNAVAILABLE = "HandlerUnavailable"  # Compensated=False: its runner is missing or its Job cannot be made
+CONFLICT = "Conflict"  # Compensated=False: compensation.precondition does not hold: not undone (spec.force)
+FORCED = "Forced"  # Compensated=Unknown/True: the precondition did not hold; spec.force names the step
+# Compensated=False: not started before spec.compensationDeadlineSeconds
+COMPENSATION_DEADLINE_PASSED = "CompensationDeadlinePassed"
 # Per-step approval (Approved condition, rule 8); AWAITING_APPROVAL is also a reason
 APPROVED_BY_USER = "ApprovedByUser"  # Approved=True: spec.approvals names the step
 APPROVED_FOR_ALL = "ApprovedForAll"  # Approved=True: spec.approveCompensations
@@ -125,6 +132,8 @@ READ_BACK_REQUIRED = "ReadBackRequired"  # Verified=False: none declared, but sp
 # Summary verdicts (Complete condition, Run RolledBack)
 ALL_COMPENSATED = "AllCompensated"  # Complete=True / RolledBack=True
 INCOMPLETE = "Incomplete"  # Complete=False: the report lists what is not undone
+PARTIAL = "Partial"  # Complete=False: some steps were undone, others not (the report lists them)
+NOT_POSSIBLE = "NotPossible"  # Complete=False: nothing could be undone
 # Run lock
 HELD_BY_REQUEST = "HeldByRequest"  # Locked=True
 RELEASED = "Released"  # Locked=False
@@ -168,6 +177,14 @@ REASONS = frozenset(
         COMPENSATION_RETRYING,
         COMPENSATION_FAILED,
         BLOCKED,
+        ALREADY_RECOVERED,
+        EXPIRED,
+        HANDLER_UNAVAILABLE,
+        CONFLICT,
+        FORCED,
+        COMPENSATION_DEADLINE_PASSED,
+        PARTIAL,
+        NOT_POSSIBLE,
         AWAITING_APPROVAL,
         APPROVED_BY_USER,
         APPROVED_FOR_ALL,

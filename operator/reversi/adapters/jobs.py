@@ -46,8 +46,8 @@ LABEL_ROLE = "reversi.dev/role"
 ANNOTATION_RUN = "reversi.dev/run"
 ANNOTATION_REQUEST = "reversi.dev/request"
 
-Role = Literal["compensator", "reader", "check"]
-_ROLE_LETTER = {"compensator": "c", "reader": "r", "check": "x"}
+Role = Literal["compensator", "reader", "check", "precheck", "precondition"]
+_ROLE_LETTER = {"compensator": "c", "reader": "r", "check": "x", "precheck": "p", "precondition": "w"}
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ def run_hash(run_uid: str) -> str:
 def job_name(run_uid: str, step: int, attempt: int, role: Role = "compensator", read: int = 0) -> str:
     """Deterministic Job (and Secret) name, at most 63 characters.
 
-    ``rv-<run hash>-<step>-c<attempt>`` for a compensator; a reader adds ``-r<read>`` and the
-    extra check of ``verifyCommand`` adds ``-x<read>``. ``attempt`` counts from 1.
+    ``rv-<run hash>-<step>-c<attempt>`` for a compensator; a reader adds ``-r<read>``, the
+    extra check of ``verifyCommand`` ``-x<read>``, the precheck read ``-p<read>`` and the
+    precondition read ``-w<read>`` (both before the compensator of ``attempt``). ``attempt``
+    counts from 1.
     """
     name = f"rv-{run_hash(run_uid)}-{step}-c{attempt}"
     if role != "compensator":

@@ -193,7 +193,9 @@ class Kube:
                 state, message, job_message = truth, "", ""
             if reader and state == "succeeded":
                 try:
-                    resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container="reader",
+                    # the container is named after the Job's role: reader, precheck or precondition
+                    container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else "reader"
+                    resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container=container,
                                                              _preload_content=False, _request_timeout=self.timeout)
                     output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:

@@ -9,16 +9,29 @@ buckets are step numbers (small), with error texts cut to a limit.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 from collections.abc import Iterable
 
 from .. import conditions as c
-from ..engine.executor import ACTIVE_STAGES, StepRun
+from ..engine.executor import ACTIVE_STAGES, Stage, StepRun
 from ..engine.plan import compact_plan
 from ..models.rollbackrequest import Plan, PlanAction, Report
 
-_PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "rereading": 0,
-             "failed": 1, "awaitingApproval": 2, "deferred": 3, "cancelled": 4, "pending": 4, "compensated": 5}
+_PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "rereading": 0, "prechecking": 0,
+             "preconditioning": 0, "failed": 1, "conflict": 1, "handlerUnavailable": 1, "awaitingApproval": 2,
+             "expired": 3, "compensationDeadlinePassed": 3, "deferred": 3, "cancelled": 4, "pending": 4,
+             "alreadyRecovered": 5, "compensated": 5}
+#: plan kinds with a status.steps entry (the step stage of a kind that is not compensate is the kind)
+ENTRY_KINDS = ("compensate", "defer", "expired", "handlerUnavailable")
+#: the Compensated condition of the statuses of issue 9: (status, reason, message prefix)
+_NOT_UNDONE = {
+    "alreadyRecovered": (c.TRUE, c.ALREADY_RECOVERED, "already undone when the rollback looked (the precheck read "
+                         "matched): no compensator ran"),
+    "expired": (c.FALSE, c.EXPIRED, "not attempted"),
+    "handlerUnavailable": (c.FALSE, c.HANDLER_UNAVAILABLE, "not attempted"),
+    "conflict": (c.FALSE, c.CONFLICT, "not undone"),
+    "compensationDeadlinePassed": (c.FALSE, c.COMPENSATION_DEADLINE_PASSED, "not attempted"),
+}
 
 
 def iso(ts: float | None) -> str | None:
@@ -79,6 +92,13 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     elif stage == "cancelled":
         comp = (c.FALSE, c.CANCELLED,
                 f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
+    elif stage in ("prechecking", "preconditioning"):
+        what = "whether it is already undone" if stage == "prechecking" else "the precondition"
+        comp = (c.UNKNOWN, c.PENDING, f"reading {what} before {action.compensation_tool} runs")
+    elif stage in _NOT_UNDONE:
+        status, reason, text = _NOT_UNDONE[stage]
+        detail = error or (action.reason if action.kind != "compensate" else "")
+        comp = (status, reason, f"{text}: {detail}" if detail and stage != "alreadyRecovered" else text)
     elif stage == "deferred" or blocked_by:
         comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
     elif stage == "awaitingApproval" and run.reason == c.DENIED:
@@ -88,6 +108,10 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     else:
         comp = (c.FALSE, c.PENDING, "not started yet (newest first, within parallelism)")
     conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
+    if stage == "compensated" and run.forced_by:
+        comp = (c.TRUE, c.FORCED, f"{action.compensation_tool} succeeded (attempt {run.attempts}) although its "
+                f"precondition did not hold: forced by {run.forced_by}")
+        conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
     if run.verification == "verified":
         ver = (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
     elif run.verification == "none":
@@ -120,9 +144,10 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
     most ``limit`` (active steps are always kept so a restarted operator can resume them)."""
     chosen: list[tuple[int, int, dict]] = []
     for action in plan.actions:
-        if action.kind not in ("compensate", "defer"):
+        if action.kind not in ENTRY_KINDS:
             continue
-        run = runs.get(action.step) or StepRun(action.step, stage="deferred" if action.kind == "defer" else "pending")
+        stage = {"defer": "deferred", "compensate": "pending"}.get(action.kind, action.kind)
+        run = runs.get(action.step) or StepRun(action.step, stage=cast(Stage, stage))
         blocked = deferred.get(action.step) or (list(action.blocked_by) if action.kind == "defer" else [])
         if blocked and run.stage == "pending":
             run = StepRun(run.step, stage="deferred", attempts=run.attempts)
@@ -139,6 +164,7 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
             "blockedBy": blocked,
             "lastError": cut(run.error, message_limit),
             "nextAttemptAt": iso(run.next_at),
+            "forcedBy": run.forced_by,
             "conditions": step_conditions(action, run, verify_tools.get(action.step), approved, approved_all_by,
                                           generation, old.get("conditions", []), blocked, message_limit),
         }

@@ -158,7 +158,8 @@ def plan_of(c: Connection, run: dict) -> Plan:
     with no_cyclic_gc():
         found = journal_of(c, run)
         try:
-            return build_plan(found.spec, found.undo, run_id=run["metadata"]["uid"], graph=build_graph(found.spec))
+            return build_plan(found.spec, found.undo, run_id=run["metadata"]["uid"], graph=build_graph(found.spec),
+                              now=time.time())  # a step past its undo window shows as expired
         except InvalidRun as err:
             raise CliError(f"Run {c.namespace}/{run['metadata']['name']} cannot be planned: {err}") from err
 

@@ -49,6 +49,11 @@ BUCKETS = (
     ("awaitingApproval", "Awaiting approval"),
     ("pending", "Pending (not settled yet)"),
     ("cancelled", "Cancelled (not started: the request was cancelled)"),
+    ("alreadyRecovered", "Already recovered (found undone by the precheck read: no compensator ran)"),
+    ("expired", "Expired (the undo window had passed: not attempted)"),
+    ("handlerUnavailable", "Handler unavailable (runner missing or its Job refused: not attempted)"),
+    ("conflict", "Conflict (the precondition does not hold: not undone)"),
+    ("compensationDeadlinePassed", "Compensation deadline passed (not started: not attempted)"),
 )
 #: Residue types (issue 9 point 7) in the order ``describe`` groups them, with their headings.
 RESIDUE_GROUPS = (
@@ -140,6 +145,12 @@ REPORT_JSON_FIELDS = (
     ("cancelled", "cancelled"),
     ("noReadBack", "no_read_back"),
     ("denied", "denied"),
+    ("alreadyRecovered", "already_recovered"),
+    ("expired", "expired"),
+    ("handlerUnavailable", "handler_unavailable"),
+    ("conflict", "conflict"),
+    ("compensationDeadlinePassed", "compensation_deadline_passed"),
+    ("forced", "forced"),
     ("residue", "residue"),
 )
 
@@ -391,7 +402,7 @@ def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
             head += f": {notes[step]}"
         if name == "failed":
             head += f": {item.get('error', '')}"
-        elif name == "unrecoverable":
+        elif name == "unrecoverable" or (isinstance(item, Mapping) and item.get("reason")):
             head += f": {item.get('reason', '')}"
         elif name == "deferred":
             head += f": blocked by {steps_text(item.get('blockedBy') or [], 8) or 'a standing dependent'}"
@@ -462,6 +473,24 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     unmanifested = report.get("unmanifested") or []
     if unmanifested:
         out.append(f"Step(s) {steps_text(unmanifested)} have no manifest entry: undo them by hand.")
+    expired = report.get("expired") or []
+    if expired:
+        out.append(f"Step(s) {steps_text([e['step'] for e in expired])} are past their undo window "
+                   "(compensation.windowSeconds): undo them by hand, or tell the people affected.")
+    handlers = report.get("handlerUnavailable") or []
+    if handlers:
+        manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
+        out.append(f"Step(s) {steps_text([h['step'] for h in handlers])} have no runner that can run: add it to "
+                   f"spec.runners of ToolManifest {ns}/{manifest} (reasons above), then kubectl reversi rollback "
+                   f"{run_name} {n}")
+    conflicts = report.get("conflict") or []
+    if conflicts:
+        out.append(f"Step(s) {steps_text([x['step'] for x in conflicts])} were not undone: their precondition no "
+                   "longer holds (someone changed the state since). Check it; to undo anyway, a user with the RBAC "
+                   f"verb force creates a new request with spec.force: [{{step: N}}] for run {run_name}.")
+    if report.get("compensationDeadlinePassed"):
+        out.append(f"Step(s) {steps_text(report['compensationDeadlinePassed'])} did not start before "
+                   f"spec.compensationDeadlineSeconds: re-run kubectl reversi rollback {run_name} {n} or undo by hand")
     if report.get("pending") and phase in TERMINAL_PHASES:
         out.append(f"Step(s) {steps_text(report['pending'])} were not settled (deadline?): re-run "
                    f"kubectl reversi rollback {run_name} {n}")
@@ -546,7 +575,8 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
             if items:
                 lines.append(f" {label}: {len(items)}")
                 notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []} \
-                    if key == "awaitingApproval" else None
+                    if key == "awaitingApproval" else {f["step"]: f.get("reason", "") for f in report.get("forced") or []} \
+                    if key == "compensated" else None
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         lines += residue_lines(report.get("residue") or [])

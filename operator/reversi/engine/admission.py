@@ -248,6 +248,14 @@ def new_denials(old: dict | None, new: dict) -> list[int]:
             if isinstance(d, dict) and isinstance(d.get("step"), int) and d.get("step") not in before]
 
 
+def new_forces(old: dict | None, new: dict) -> list[int]:
+    """Steps a RollbackRequest write newly forces (``spec.force``; wire dicts): each needs the
+    RBAC verb ``force`` on rollbackrequests (issue 9)."""
+    before = {f.get("step") for f in (old or {}).get("force") or [] if isinstance(f, dict)}
+    return [f["step"] for f in new.get("force") or []
+            if isinstance(f, dict) and isinstance(f.get("step"), int) and f.get("step") not in before]
+
+
 def check_templates(manifest: ToolManifestSpec) -> Refusal | None:
     """Every ``$``-string in a manifest's templates is a valid reference: a typo such as
     ``$reslt.id`` would otherwise reach a compensator as a literal string."""

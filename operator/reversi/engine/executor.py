@@ -12,6 +12,11 @@ Stages of a step (``StepRun.stage``)::
        │                        (attempts < retries)               (reads < verification.retries)
        └─ awaitingApproval (needs approval)           out of attempts or reads ─> failed
 
+    before the compensator (issue 9), when declared: ``prechecking`` (the verification read; it
+        already matches: ``alreadyRecovered``, no compensator runs), then ``preconditioning`` (the
+        precondition read; it does not match: ``conflict``, not undone, unless forced); the
+        compensator Job cannot be made: ``handlerUnavailable`` (:func:`unavailable`)
+
     no read-back declared: compensated, verification ``none`` (complete; ``unverified`` when the
         request sets ``requireVerification``)
     a read-back declared but no reader runner: compensated (unverified)
@@ -43,13 +48,20 @@ from .backoff import ceiling_ms, delay_seconds
 from .templates import MissingValue, resolve
 from .verify import first_mismatch, parse_answer
 
-Stage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
-                "rereading", "compensated", "failed", "deferred", "cancelled"]
-STAGES: tuple[str, ...] = ("pending", "awaitingApproval", "compensating", "retrying", "checking",
-                           "verifying", "rereading", "compensated", "failed", "deferred", "cancelled")
-ACTIVE_STAGES = frozenset({"compensating", "retrying", "checking", "verifying", "rereading"})
-FINAL_STAGES = frozenset({"compensated", "failed"})
-Role = Literal["compensator", "reader", "check"]
+Stage = Literal["pending", "awaitingApproval", "prechecking", "preconditioning", "compensating", "retrying",
+                "checking", "verifying", "rereading", "compensated", "failed", "deferred", "cancelled",
+                "alreadyRecovered", "conflict", "handlerUnavailable", "compensationDeadlinePassed"]
+STAGES: tuple[str, ...] = ("pending", "awaitingApproval", "prechecking", "preconditioning", "compensating",
+                           "retrying", "checking", "verifying", "rereading", "compensated", "failed", "deferred",
+                           "cancelled", "alreadyRecovered", "conflict", "handlerUnavailable",
+                           "compensationDeadlinePassed")
+ACTIVE_STAGES = frozenset({"prechecking", "preconditioning", "compensating", "retrying", "checking", "verifying",
+                           "rereading"})
+#: final stages in which no undo happened in this request (and none is journaled unless a Job was refused)
+NOT_UNDONE_STAGES = frozenset({"alreadyRecovered", "conflict", "handlerUnavailable", "compensationDeadlinePassed"})
+FINAL_STAGES = frozenset({"compensated", "failed"}) | NOT_UNDONE_STAGES
+Role = Literal["compensator", "reader", "check", "precheck", "precondition"]
+READ_ROLES = frozenset({"reader", "precheck", "precondition"})
 
 UNAVAILABLE = "cannot verify: arguments unavailable"
 
@@ -112,12 +124,43 @@ def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | Non
                       retries=v.retries, backoff_ms=v.backoff_ms)
 
 
+def precondition_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | None) -> VerifyPlan | None:
+    """The precondition read of a step's compensation (issue 9), or ``None`` when none is
+    declared: mode ``reader`` (runner: the precondition's, else the compensation's) or
+    ``unavailable`` (its arguments cannot be resolved: the precondition cannot be shown to hold)."""
+    comp = snapshot.compensation if snapshot is not None else None
+    pre = comp.precondition if comp is not None else None
+    if pre is None or comp is None:
+        return None
+    try:
+        resolved = resolve(pre.args, args, result)
+    except MissingValue as err:
+        return VerifyPlan("unavailable", tool=pre.tool, detail=f"precondition arguments unavailable ({err})")
+    return VerifyPlan("reader", tool=pre.tool, args=resolved, expect=pre.expect, runner=pre.runner or comp.runner,
+                      retries=1)
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What runs before a step's compensator (issue 9): ``precheck`` (the verification read,
+    when ``compensation.precheck`` and a reader can run), ``precondition`` (its read, when
+    declared) and ``forced_by`` (who forced the step with ``spec.force``, or ``None``)."""
+
+    precheck: VerifyPlan | None = None
+    precondition: VerifyPlan | None = None
+    forced_by: str | None = None
+
+
+NO_GUARDS = Guards()
+
+
 @dataclass(frozen=True)
 class StepRun:
     """One step's progress inside one request. ``attempts`` counts compensator runs (across
     requests), ``first_attempt`` the first attempt this request ran (its ``retries`` budget starts
     there), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
-    waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed."""
+    waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed;
+    ``forced_by`` who forced the undo although its precondition did not hold (``spec.force``)."""
 
     step: int
     stage: Stage = "pending"
@@ -128,6 +171,7 @@ class StepRun:
     verification: str | None = None
     reason: str | None = None
     first_attempt: int | None = None
+    forced_by: str | None = None
 
     def attempts_here(self) -> int:
         """Attempts made by this request (its ``retries`` budget counts these)."""
@@ -184,22 +228,101 @@ class Policy:
     stop: str | None = None  # why no new Job may start (the request was cancelled), else None
 
 
-def start(run: StepRun, journaled: StepUndo | None) -> tuple[StepRun, list[Effect]]:
+def start(run: StepRun, journaled: StepUndo | None, guards: Guards = NO_GUARDS) -> tuple[StepRun, list[Effect]]:
     """Start a pending step (the scheduler chose it, rule 1).
 
     A step the run journaled ``compensating`` resumes at that attempt (its Job is adopted);
     otherwise the next attempt after those journaled so far starts (rule 6: same key). The
-    request's ``retries`` budget counts from the attempt started here.
+    request's ``retries`` budget counts from the attempt started here. With ``guards``, the
+    precheck read (then the precondition read) runs first; nothing is journaled for a read.
     """
     if journaled is not None and journaled.state == "compensating":
         attempt = max(journaled.attempts, 1)
     else:
         attempt = max(run.attempts, journaled.attempts if journaled else 0) + 1
+        # a read runs first: ``attempts`` stays at the last attempt made until the compensator starts
+        if guards.precheck is not None:
+            return replace(run, stage="prechecking", attempts=attempt - 1, reads=0, next_at=None), [
+                StartJob(run.step, "precheck", attempt, 0)]
+        if guards.precondition is not None:
+            return _precondition(replace(run, attempts=attempt - 1), guards, attempt)
+    return _compensate(run, attempt)
+
+
+def _compensate(run: StepRun, attempt: int) -> tuple[StepRun, list[Effect]]:
     first = run.first_attempt if run.first_attempt is not None else attempt
     new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None, first_attempt=first)
     return new, [Journal(run.step, "compensating", attempt),
                  StartJob(run.step, "compensator", attempt),
                  Note(run.step, "CompensationStarted", f"step {run.step}: compensation attempt {attempt} started")]
+
+
+def _precondition(run: StepRun, guards: Guards, attempt: int) -> tuple[StepRun, list[Effect]]:
+    pre = guards.precondition
+    if pre is not None and pre.mode != "reader":  # cannot be shown to hold
+        return _conflict(run, pre.detail or "the precondition cannot be read", guards, attempt)
+    return replace(run, stage="preconditioning", reads=0, next_at=None), [StartJob(run.step, "precondition", attempt, 0)]
+
+
+def _conflict(run: StepRun, problem: str, guards: Guards, attempt: int) -> tuple[StepRun, list[Effect]]:
+    s = run.step
+    tool = guards.precondition.tool if guards.precondition else "the precondition"
+    if guards.forced_by:
+        new, effects = _compensate(replace(run, reason="Forced", forced_by=guards.forced_by), attempt)
+        return new, [Note(s, "Forced", f"step {s}: precondition {tool} does not hold ({problem}); undone anyway: "
+                          f"forced by {guards.forced_by}", warning=True), *effects]
+    why = f"precondition {tool} does not hold: {problem}; not undone (force it with spec.force, RBAC verb force)"
+    return replace(run, stage="conflict", error=why, next_at=None, reason="Conflict"), [
+        Note(s, "Conflict", f"step {s}: {why}", warning=True)]
+
+
+def _read_answer(job: JobView, expect: Any) -> str | None:
+    """The first difference between a finished read and ``expect`` (None: it matches)."""
+    if job.state == "failed":
+        return f"read failed: {job.message or 'the reader exited non-zero'}"
+    try:
+        return first_mismatch(parse_answer(job.output or ""), expect)
+    except ValueError as err:
+        return f"read failed: {err}"
+
+
+def _guard(run: StepRun, observe: Callable[[Role, int, int], JobView | None],
+           guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """Move a step on from its precheck or precondition read (the attempt about to start is the
+    one after those journaled: ``run.attempts + 1``)."""
+    s, attempt = run.step, run.attempts + 1
+    role: Role = "precheck" if run.stage == "prechecking" else "precondition"
+    job = observe(role, attempt, 0)
+    if job is None:
+        return run, [StartJob(s, role, attempt, 0)]
+    if job.state == "running":
+        return run, []
+    if role == "precheck":
+        check = guards.precheck
+        problem = _read_answer(job, check.expect if check else None)
+        if problem is None:
+            done = replace(run, stage="alreadyRecovered", error=None, reason="AlreadyRecovered")
+            return done, [Note(s, "AlreadyRecovered", f"step {s}: {check.tool if check else 'the read'} shows it "
+                               "already undone: no compensator runs")]
+        if guards.precondition is not None:
+            return _precondition(run, guards, attempt)
+        return _compensate(run, attempt)
+    pre = guards.precondition
+    problem = _read_answer(job, pre.expect if pre else None)
+    if problem is None:
+        return _compensate(run, attempt)
+    return _conflict(run, problem, guards, attempt)
+
+
+def unavailable(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
+    """The compensator Job of a step cannot be made (refused for good): the step is
+    ``handlerUnavailable`` (the compensator never ran); a journaled ``compensating`` attempt is
+    settled ``compensationFailed`` so that no entry is left ``compensating``."""
+    s = run.step
+    error = f"handler unavailable: {why}"
+    new = replace(run, stage="handlerUnavailable", error=error, next_at=None, reason="HandlerUnavailable")
+    return new, [Journal(s, "compensationFailed", run.attempts, None, error),
+                 Note(s, "HandlerUnavailable", f"step {s}: {error}; not attempted", warning=True)]
 
 
 def advance(
@@ -209,6 +332,7 @@ def advance(
     policy: Policy,
     now: float,
     rng: random.Random | None = None,
+    guards: Guards = NO_GUARDS,
 ) -> tuple[StepRun, list[Effect]]:
     """Move an active step on, given what its Jobs did (``observe(role, attempt, read)``, None
     when the Job does not exist). Returns the new state and the effects, in order.
@@ -216,6 +340,12 @@ def advance(
     Final and waiting-for-the-scheduler stages are returned unchanged.
     """
     s = run.step
+    if run.stage in ("prechecking", "preconditioning"):
+        new, effects = _guard(run, observe, guards)
+        if policy.stop and any(isinstance(e, StartJob) for e in effects):
+            # cancelled while a guard read ran: its answer is in, but no new Job starts
+            return replace(run, stage="cancelled", reason=CANCELLED_REASON, error=policy.stop, next_at=None), []
+        return new, effects
     if run.stage == "compensating":
         job = observe("compensator", run.attempts, 0)
         if job is None:  # journaled but not created yet (a crash in between): create it now

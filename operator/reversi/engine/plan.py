@@ -12,7 +12,10 @@ Kinds, decided per step in this order:
 6. already ``compensated`` in the run's undo state: **skip** (rule 6);
 7. outcome ``intended`` / ``uncertain`` (unresolved): **unresolved** (Reversi will not guess);
 8. ``write``: **compensate** with resolved args, or **unrecoverable** when an argument template
-   names a missing value (or the snapshot has no compensation);
+   names a missing value (or the snapshot has no compensation); a compensate step whose
+   ``compensation.windowSeconds`` after its ``recordedAt`` had passed at ``now`` is **expired**, and
+   one whose compensator (or precondition reader) runner is not among ``handlers`` is
+   **handlerUnavailable** (neither is attempted; the rest of the rollback proceeds);
 9. then, newest first: a compensate step with a standing dependent that will not be undone in this
    rollback (unrecoverable, unresolved, unmanifested or defer: transitively) becomes **defer**
    with ``blockedBy``. A dependent that will be compensated is an ordering constraint for the
@@ -24,6 +27,7 @@ Kinds, decided per step in this order:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC
 from typing import Any, Final
 
 from ..models.rollbackrequest import Plan, PlanAction
@@ -39,9 +43,11 @@ UNRECOVERABLE: Final = "unrecoverable"
 UNRESOLVED: Final = "unresolved"
 UNMANIFESTED: Final = "unmanifested"
 DEFER: Final = "defer"
-KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER)
+EXPIRED: Final = "expired"
+HANDLER_UNAVAILABLE: Final = "handlerUnavailable"
+KINDS = (COMPENSATE, SKIP, UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER, EXPIRED, HANDLER_UNAVAILABLE)
 # standing steps of these kinds stay as they are: their dependencies cannot be undone
-BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER})
+BLOCKING_KINDS = frozenset({UNRECOVERABLE, UNRESOLVED, UNMANIFESTED, DEFER, EXPIRED, HANDLER_UNAVAILABLE})
 REASON_BLOCKERS = 3  # blockers named in a defer reason (all, up to MAX_BLOCKED_BY, are in blockedBy)
 
 UndoStateInput = RunStatus | Mapping[int, StepUndo] | Iterable[StepUndo] | None
@@ -74,6 +80,8 @@ def build_plan(
     graph: Graph | None = None,
     runner_names: Iterable[str] | None = None,
     readers: Mapping[str, str] | None = None,
+    handlers: Iterable[str] | None = None,
+    now: float | None = None,
 ) -> Plan:
     """Plan the rollback of a run (DESIGN §4 rule 2).
 
@@ -93,9 +101,12 @@ def build_plan(
     undo = undo_by_step(undo_state)
     resolutions = {res.step: res for res in run_spec.resolutions}
     runners = frozenset(runner_names) if runner_names is not None else None
+    can_run = frozenset(handlers) if handlers is not None else None
     actions: list[PlanAction] = [
-        _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id,
-                     runners, readers or {})
+        _availability(
+            _base_action(step, graph.snapshots[step.index], resolutions.get(step.index), undo.get(step.index), run_id,
+                         runners, readers or {}),
+            step, graph.snapshots[step.index], can_run, now)
         for step in run_spec.steps
     ]
     # newest first: a compensate step with a blocking dependent is deferred (rule 1)
@@ -114,6 +125,32 @@ def build_plan(
             index.register(s)
     fully = all(action.kind in (COMPENSATE, SKIP) for action in actions)
     return Plan.model_construct(fully_reversible=fully, actions=actions, omitted=0)
+
+
+def _availability(action: PlanAction, step: Step, snapshot: ToolSpec | None, handlers: frozenset[str] | None,
+                  now: float | None) -> PlanAction:
+    """A compensate action whose undo window has passed becomes ``expired``; one whose runner
+    cannot run now becomes ``handlerUnavailable`` (issue 9: only that step, the rest proceed)."""
+    if action.kind != COMPENSATE or snapshot is None or snapshot.compensation is None:
+        return action
+    comp = snapshot.compensation
+    if comp.window_seconds is not None and now is not None and step.recorded_at is not None:
+        recorded = step.recorded_at if step.recorded_at.tzinfo else step.recorded_at.replace(tzinfo=UTC)
+        until = recorded.timestamp() + comp.window_seconds
+        if now > until:
+            action.kind = EXPIRED
+            action.reason = (f"expired: {comp.tool} can undo a call only within {comp.window_seconds}s of "
+                             f"recordedAt ({step.recorded_at.isoformat()}); the window passed {now - until:.0f}s "
+                             "before this rollback: not attempted, undo it by hand if it must be")
+            return action
+    if handlers is not None:
+        wanted = [comp.runner] + ([comp.precondition.runner] if comp.precondition and comp.precondition.runner else [])
+        missing = sorted({r for r in wanted if r not in handlers})
+        if missing:
+            action.kind = HANDLER_UNAVAILABLE
+            action.reason = (f"handler unavailable: runner {', '.join(missing)} of {comp.tool} is not in the "
+                             "ToolManifest's spec.runners: not attempted; add the runner back, then roll back again")
+    return action
 
 
 def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:

@@ -21,7 +21,13 @@ compensate      by outcome state: ``compensated`` + verification ``verified`` ->
                 ``failed`` -> ``failed`` ``{step, error}``; ``awaitingApproval`` (a denied
                 step too, with ``denied by <actor>: <note>`` in ``denied``);
                 ``deferred`` -> ``deferred``; ``cancelled`` (not started: the request was
-                cancelled) -> ``cancelled``; no outcome, ``pending`` or ``running`` -> ``pending``
+                cancelled) -> ``cancelled``; no outcome, ``pending`` or ``running`` -> ``pending``;
+                the statuses of issue 9 (:data:`STATUS_BUCKETS`): ``alreadyRecovered``,
+                ``conflict`` ``{step, reason}``, ``handlerUnavailable`` ``{step, reason}``,
+                ``compensationDeadlinePassed`` -> the bucket of that name; a step undone
+                although its precondition failed is also listed in ``forced``
+expired         ``expired`` ``{step, reason}`` (the undo window had passed: not attempted)
+handlerUnav.    ``handlerUnavailable`` ``{step, reason}`` (its runner is not in the manifest)
 ============== ===========================================================================
 
 ``pending`` is a bucket beyond DESIGN §5 (steps not settled yet, e.g. at a deadline), so that a
@@ -29,14 +35,17 @@ report made before the end never claims more than happened; ``cancelled`` too (i
 
 ``residue`` is typed (issue 9 point 7, :func:`typed_residue`): ``{step, type, text}`` with type
 ``declared`` (each residue line the manifest states, for a step undone by this or an earlier
-request), ``failed`` (the undo failed: the effect may remain), ``notAttempted`` (not undone:
-irreversible, unmanifested, deferred, not approved or denied, deadline, cancelled, expired,
-handler unavailable, conflict) or ``unknown`` (uncertain outcome, an undo not checked, a failed
-read-back). Every step of a bucket other than compensated and skipped has exactly one entry that
-is not ``declared``; the one mapping from a step status to its type is :func:`residue_type`.
-``complete`` is true exactly when every residue entry is ``declared`` -- the same as: failed,
-unrecoverable, unresolved, unmanifested, deferred, awaitingApproval, unverified, cancelled and
-pending are all empty.
+request, or found already undone), ``failed`` (the undo failed: the effect may remain),
+``notAttempted`` (not undone: irreversible, unmanifested, deferred, not approved or denied,
+deadline, cancelled, expired, handler unavailable, conflict) or ``unknown`` (uncertain outcome, an
+undo not checked, a failed read-back). Every step of a bucket other than compensated, skipped and
+alreadyRecovered has exactly one entry that is not ``declared``; the one mapping from a step
+status to its type is :func:`residue_type`. ``complete`` is true exactly when every residue entry
+is ``declared`` -- the same as: failed, unrecoverable, unresolved, unmanifested, deferred,
+awaitingApproval, unverified, pending, cancelled, expired, handlerUnavailable, conflict and
+compensationDeadlinePassed are all empty (``alreadyRecovered`` counts as undone).
+:func:`outcome_reason` says whether an incomplete rollback is ``Partial`` (something was undone)
+or ``NotPossible`` (nothing could be).
 """
 
 from __future__ import annotations
@@ -46,8 +55,11 @@ from dataclasses import dataclass
 
 from ..models.rollbackrequest import Plan, Report, StepBlocked, StepError, StepReason, StepResidue
 from ..models.run import StepUndo
-from .plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED, UndoStateInput, undo_by_step
-from .schedule import AWAITING_APPROVAL, CANCELLED, COMPENSATED, DEFERRED, FAILED, PENDING, RUNNING
+from .plan import (COMPENSATE, DEFER, EXPIRED, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED,
+                   UndoStateInput, undo_by_step)
+from .schedule import (ALREADY_RECOVERED, AWAITING_APPROVAL, CANCELLED, COMPENSATED, CONFLICT, DEADLINE_PASSED,
+                       DEFERRED, FAILED, PENDING, RUNNING)
+from .schedule import HANDLER_UNAVAILABLE as HANDLER_STATE
 
 VERIFIED = "verified"
 NO_READ_BACK = "none"
@@ -64,7 +76,26 @@ INCOMPLETE_BUCKETS = (
     "unverified",
     "pending",
     "cancelled",
+    "expired",
+    "handler_unavailable",
+    "conflict",
+    "compensation_deadline_passed",
 )
+#: the step statuses of issue 9 by schedule state / plan kind: (report field, items carry a reason)
+STATUS_BUCKETS: dict[str, tuple[str, bool]] = {
+    ALREADY_RECOVERED: ("already_recovered", False),
+    CONFLICT: ("conflict", True),
+    HANDLER_STATE: ("handler_unavailable", True),
+    DEADLINE_PASSED: ("compensation_deadline_passed", False),
+    EXPIRED: ("expired", True),
+}
+#: every report field that is a bucket (each standing step is in exactly one); noReadBack, denied
+#: and forced only annotate steps of a bucket
+BUCKET_FIELDS = ("compensated", "skipped", "failed", "unrecoverable", "unresolved", "unmanifested", "deferred",
+                 "awaiting_approval", "unverified", "pending", "cancelled", "already_recovered", "expired",
+                 "handler_unavailable", "conflict", "compensation_deadline_passed")
+#: buckets whose steps no longer stand: they count as undone for :func:`outcome_reason`
+UNDONE_FIELDS = ("compensated", "unverified", "already_recovered")
 
 
 @dataclass(frozen=True)
@@ -73,13 +104,16 @@ class StepOutcome:
 
     ``state``: pending, running, compensated, failed, awaitingApproval or deferred (see
     ``schedule``); ``verification``: verified, none (no read-back declared), unverified,
-    verificationFailed or ``None`` (= not checked); ``error``: why it failed; ``blocked_by``: for deferred steps.
+    verificationFailed or ``None`` (= not checked); ``error``: why it failed (or why it was not
+    undone: conflict, handlerUnavailable); ``blocked_by``: for deferred steps; ``forced_by``: who
+    forced the undo over a failed precondition (``spec.force``).
     """
 
     state: str
     verification: str | None = None
     error: str | None = None
     blocked_by: tuple[int, ...] = ()
+    forced_by: str | None = None
 
 
 def outcomes_from_undo(undo_state: UndoStateInput) -> dict[int, StepOutcome]:
@@ -127,6 +161,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     no_read_back: list[int] = []
     pending: list[int] = []
     cancelled: list[int] = []
+    statuses: dict[str, list] = {field: [] for field, _ in STATUS_BUCKETS.values()}
+    forced: list[StepReason] = []
 
     def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
         if outcome.verification == VERIFIED:
@@ -139,6 +175,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             return
         else:
             unverified.append(step)
+        if outcome.forced_by:
+            forced.append(StepReason(step=step, reason=f"forced by {outcome.forced_by}"))
 
     for action in plan.actions:
         step = action.step
@@ -156,6 +194,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
             unresolved.append(step)
         elif kind == UNMANIFESTED:
             unmanifested.append(step)
+        elif kind in STATUS_BUCKETS:  # expired, handlerUnavailable (plan kinds)
+            _status_item(statuses, kind, step, action.reason)
         elif kind == DEFER:
             blocked = list(outcome.blocked_by) if outcome is not None and outcome.blocked_by else list(action.blocked_by)
             deferred.append(StepBlocked(step=step, blocked_by=blocked))
@@ -175,6 +215,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
                 deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
             elif state in (PENDING, RUNNING):
                 pending.append(step)
+            elif state in STATUS_BUCKETS:
+                _status_item(statuses, state, step, (outcome.error if outcome else None) or action.reason)
             else:
                 raise ValueError(f"step {step}: unknown outcome state {state!r}")
         else:  # pragma: no cover - the plan's kinds are a closed set
@@ -194,7 +236,9 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         no_read_back=no_read_back,
         pending=pending,
         cancelled=cancelled,
+        forced=forced,
         complete=False,
+        **statuses,
     )
     report.residue = typed_residue(plan, report)
     report.complete = all(entry.type == DECLARED for entry in report.residue)
@@ -208,9 +252,7 @@ RESIDUE_FAILED = "failed"
 NOT_ATTEMPTED = "notAttempted"
 UNKNOWN = "unknown"
 
-#: step status (report bucket, camelCase) -> residue type. ``expired``, ``handlerUnavailable``,
-#: ``conflict`` and ``alreadyRecovered`` are the statuses of issue 9 point 5: mapped here by name so
-#: the one rule holds wherever they are reported. ``skipped`` leaves nothing behind.
+#: step status (report bucket, camelCase) -> residue type; ``skipped`` leaves nothing behind.
 RESIDUE_TYPES: dict[str, str] = {
     "compensated": DECLARED,
     "alreadyRecovered": DECLARED,
@@ -224,6 +266,7 @@ RESIDUE_TYPES: dict[str, str] = {
     "expired": NOT_ATTEMPTED,
     "handlerUnavailable": NOT_ATTEMPTED,
     "conflict": NOT_ATTEMPTED,
+    "compensationDeadlinePassed": NOT_ATTEMPTED,
     "unresolved": UNKNOWN,
     "unverified": UNKNOWN,
 }
@@ -236,6 +279,7 @@ _NOT_ATTEMPTED_WHY = {
     "expired": "the window in which it could be undone has passed",
     "handlerUnavailable": "no runner could run its compensator",
     "conflict": "the state it would restore has changed since (precondition no longer holds)",
+    "compensationDeadlinePassed": "spec.compensationDeadlineSeconds passed before its compensation could start",
 }
 
 
@@ -301,6 +345,29 @@ def _camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
+def _status_item(statuses: dict[str, list], status: str, step: int, reason: str) -> None:
+    field, with_reason = STATUS_BUCKETS[status]
+    statuses[field].append(StepReason(step=step, reason=reason or status) if with_reason else step)
+
+
+def outcome_reason(report: Report) -> str:
+    """``"Partial"`` when an incomplete report has a step undone (compensated, unverified or
+    already recovered, by this or an earlier request), else ``"NotPossible"``; a complete report
+    is ``"AllCompensated"``."""
+    if report.complete:
+        return "AllCompensated"
+    return "Partial" if any(getattr(report, f) for f in UNDONE_FIELDS) else "NotPossible"
+
+
+def bucket_of(report: Report) -> dict[int, list[str]]:
+    """``{step: [bucket fields it is in]}`` (the invariant: exactly one per step)."""
+    out: dict[int, list[str]] = {}
+    for field in BUCKET_FIELDS:
+        for item in getattr(report, field):
+            out.setdefault(item if isinstance(item, int) else item.step, []).append(field)
+    return out
+
+
 def report_message(report: Report) -> str:
     """A one-line summary for a condition message, e.g.
     ``"incomplete: 1 compensated, 1 unrecoverable (3), 1 unresolved (2), 1 deferred (1 blocked by 2)"``."""
@@ -328,6 +395,12 @@ def report_message(report: Report) -> str:
     add("denied", [s for s in report.awaiting_approval if s in denied])  # not undone: a person said no
     add("pending", report.pending)
     add("cancelled", report.cancelled)
+    add("already recovered", report.already_recovered)
+    add("expired", [e.step for e in report.expired])
+    add("handler unavailable", [h.step for h in report.handler_unavailable])
+    add("conflict", [x.step for x in report.conflict])
+    add("not started before the compensation deadline", report.compensation_deadline_passed)
+    add("forced", [f.step for f in report.forced])
     if report.skipped:
         parts.append(f"{len(report.skipped)} skipped")
     verdict = "complete" if report.complete else "incomplete"

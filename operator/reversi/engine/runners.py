@@ -53,7 +53,8 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
 
     ``plan``: the request's plan; ``run_spec``: the Run's steps (snapshots, resolutions);
     ``prior``: undo states written by *other* requests (steps compensated but unverified are
-    re-verified when a reader can run now); ``runner_names``/``readers``: what the ToolManifest
+    re-verified when a reader can run now); a compensation's precondition read needs its runner
+    (the precondition's, else the compensation's); ``runner_names``/``readers``: what the ToolManifest
     defines now (see :func:`reversi.engine.executor.verify_plan`). Never raises; a compensate
     action whose runner is not defined still names it (the caller refuses the request).
     """
@@ -81,7 +82,12 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
     for action in plan.of_kind(COMPENSATE):
         if action.runner:
             names.add(action.runner)
-        reader(action.step)
+        reader(action.step)  # the read-back, and the precheck read (the same reader)
+        step = steps.get(action.step)
+        snapshot = run_spec.snapshot_of(step) if step is not None else None
+        comp = snapshot.compensation if snapshot is not None else None
+        if comp is not None and comp.precondition is not None:  # the precondition read (issue 9)
+            names.add(comp.precondition.runner or comp.runner)
     for u in prior:
         if u.state == "compensated" and u.verification == "unverified" and u.verified_by is None:
             reader(u.step)

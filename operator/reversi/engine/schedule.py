@@ -7,7 +7,16 @@ Progress is a mapping ``{step: state}`` for the plan's compensate actions (a mis
   backoff between attempts; ``compensated``: undone (checked or not); ``failed``: retries used up,
   or verification failed (final); ``awaitingApproval``: needs approval it does not have (rule 8);
   ``deferred``: finally blocked (set by the caller from :func:`deferred_steps` at the end);
-  ``cancelled``: never started because the request was cancelled (final).
+- ``cancelled``: never started because the request was cancelled (final);
+- ``alreadyRecovered``: the precheck read showed it undone (settled, no compensator ran);
+- ``conflict``, ``handlerUnavailable``, ``compensationDeadlinePassed``: final, not undone (standing).
+
+Two phases (issue 9): among the steps the dependency rules allow, compensations of kind
+``inverse`` start first; a step of kind ``compensation`` starts only while no inverse-kind step
+is running or ready (pending and not blocked), and only while compensations are open (the
+caller closes them when ``spec.compensationDeadlineSeconds`` has passed). Dependencies always win:
+an inverse step whose dependent is a compensation-kind step waits for that step (it is not ready,
+so it does not hold the compensation phase back).
 
 A step is *unsettled* while it stands and is not compensated: a compensate action in any state but
 ``compensated``, and every standing step the plan will not undo (unrecoverable, unresolved,
@@ -31,7 +40,15 @@ FAILED = "failed"
 AWAITING_APPROVAL = "awaitingApproval"
 DEFERRED = "deferred"
 CANCELLED = "cancelled"  # not started: the request was cancelled (issue 9 point 6)
-STATES = frozenset({PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED, CANCELLED})
+ALREADY_RECOVERED = "alreadyRecovered"
+CONFLICT = "conflict"
+HANDLER_UNAVAILABLE = "handlerUnavailable"
+DEADLINE_PASSED = "compensationDeadlinePassed"
+STATES = frozenset({PENDING, RUNNING, COMPENSATED, FAILED, AWAITING_APPROVAL, DEFERRED, CANCELLED, ALREADY_RECOVERED,
+                    CONFLICT, HANDLER_UNAVAILABLE, DEADLINE_PASSED})
+#: states in which a step stands no more (undone, or found undone)
+SETTLED = frozenset({COMPENSATED, ALREADY_RECOVERED})
+INVERSE = "inverse"
 
 Progress = Mapping[int, str]
 
@@ -64,37 +81,57 @@ def initial_progress(
 
 def _unsettled(kind: str, state: str | None) -> bool:
     if kind == COMPENSATE:
-        return state != COMPENSATED
+        return state not in SETTLED
     return kind in BLOCKING_KINDS
 
 
-def ready_steps(plan: Plan, graph: Graph, progress: Progress, parallelism: int) -> list[int]:
-    """Steps that may start now, newest first, at most ``parallelism`` minus those ``running``.
-
-    A pending compensate step is ready when no step depending on it is unsettled. O(n).
-    Raises ``ValueError`` for ``parallelism < 1`` or an unknown state.
-    """
-    if parallelism < 1:
-        raise ValueError(f"parallelism must be at least 1, not {parallelism}")
+def allowed_steps(plan: Plan, graph: Graph, progress: Progress) -> tuple[list[int], list[int]]:
+    """Pending compensate steps that no unsettled dependent blocks, newest first, split by phase:
+    ``(inverse-kind, compensation-kind)``. O(n). Raises ``ValueError`` for an unknown state."""
     _check_full(plan)
     _check_states(progress)
-    running = sum(1 for state in progress.values() if state == RUNNING)
-    slots = parallelism - running
-    if slots <= 0:
-        return []
-    ready: list[int] = []
+    inverse: list[int] = []
+    amends: list[int] = []
     index = DependentIndex(graph)
     actions = plan.actions
     for s in range(len(actions) - 1, -1, -1):
         kind = actions[s].kind
         state = progress.get(s, PENDING) if kind == COMPENSATE else None
         if kind == COMPENSATE and state == PENDING and not index.blocked(s):
-            ready.append(s)
-            if len(ready) == slots:
-                break
+            (inverse if actions[s].compensation_kind == INVERSE else amends).append(s)
         if _unsettled(kind, state):
             index.register(s)
-    return ready
+    return inverse, amends
+
+
+def ready_steps(plan: Plan, graph: Graph, progress: Progress, parallelism: int, *,
+                compensations_open: bool = True) -> list[int]:
+    """Steps that may start now, newest first, at most ``parallelism`` minus those ``running``.
+
+    A pending compensate step is allowed when no step depending on it is unsettled. Allowed
+    inverse-kind steps are ready first; compensation-kind steps are ready only when no inverse-kind
+    step is allowed or running, and ``compensations_open`` (``spec.compensationDeadlineSeconds`` not
+    passed). O(n). Raises ``ValueError`` for ``parallelism < 1`` or an unknown state.
+    """
+    if parallelism < 1:
+        raise ValueError(f"parallelism must be at least 1, not {parallelism}")
+    inverse, amends = allowed_steps(plan, graph, progress)
+    running = [s for s, state in progress.items() if state == RUNNING]
+    slots = parallelism - len(running)
+    if slots <= 0:
+        return []
+    if inverse:
+        return inverse[:slots]
+    if not compensations_open or any(plan.actions[s].compensation_kind == INVERSE for s in running):
+        return []
+    return amends[:slots]
+
+
+def closed_steps(plan: Plan, graph: Graph, progress: Progress) -> list[int]:
+    """Compensation-kind steps that could start but for the closed compensation phase
+    (``spec.compensationDeadlineSeconds`` passed), ascending: once the rollback is finished they
+    are ``compensationDeadlinePassed`` (not attempted)."""
+    return sorted(allowed_steps(plan, graph, progress)[1])
 
 
 def deferred_steps(plan: Plan, graph: Graph, progress: Progress, limit: int = MAX_BLOCKED_BY) -> dict[int, list[int]]:
@@ -119,17 +156,18 @@ def deferred_steps(plan: Plan, graph: Graph, progress: Progress, limit: int = MA
     return dict(sorted(out.items()))
 
 
-def is_finished(plan: Plan, graph: Graph, progress: Progress) -> bool:
+def is_finished(plan: Plan, graph: Graph, progress: Progress, *, compensations_open: bool = True) -> bool:
     """True when nothing is running and nothing more can start (the rollback can be reported)."""
     if any(state == RUNNING for state in progress.values()):
         return False
-    return not ready_steps(plan, graph, progress, parallelism=1)
+    return not ready_steps(plan, graph, progress, parallelism=1, compensations_open=compensations_open)
 
 
 def progress_text(plan: Plan, progress: Progress) -> str:
-    """``"<compensated>/<compensate + defer actions>"``, e.g. ``"3/7"`` (status.progress)."""
-    total = sum(1 for a in plan.actions if a.kind in (COMPENSATE, "defer"))
-    done = sum(1 for a in plan.actions if a.kind == COMPENSATE and progress.get(a.step) == COMPENSATED)
+    """``"<settled>/<compensate + defer + expired + handlerUnavailable actions>"``, e.g. ``"3/7"``
+    (status.progress); settled: compensated or alreadyRecovered."""
+    total = sum(1 for a in plan.actions if a.kind in (COMPENSATE, "defer", "expired", "handlerUnavailable"))
+    done = sum(1 for a in plan.actions if a.kind == COMPENSATE and progress.get(a.step) in SETTLED)
     return f"{done}/{total}"
 
 

@@ -6,7 +6,8 @@ Mutating (they stamp what must come from the server, never from the client):
   step's ``snapshot`` from the current ToolManifest and its ``recordedAt`` (DESIGN §3); each new
   resolution's ``actor`` and ``resolvedAt`` (rule 7).
 - ``/mutate-rollbackrequest``: each new approval's ``approver``/``approvedAt`` and
-  ``approvedBy`` when ``approveCompensations`` is set (rule 8).
+  ``approvedBy`` when ``approveCompensations`` is set (rule 8); each new denial's and force's
+  ``actor`` and time.
 
 Validating (each refusal says what to fix):
 
@@ -14,7 +15,8 @@ Validating (each refusal says what to fix):
   without a manifest entry in enforce mode, forward duplicates, resolutions of steps that are not
   intended or uncertain (rule 7), and the spec's shape;
 - ``/validate-rollbackrequest``: approving needs the RBAC verb ``approve`` on
-  ``rollbackrequests`` (a SubjectAccessReview for the caller), and the spec's shape;
+  ``rollbackrequests`` (a SubjectAccessReview for the caller), forcing a step (``spec.force``)
+  the verb ``force``, and the spec's shape;
 - ``/validate-toolmanifest``, ``/validate-halt``, ``/validate-clusterhalt``: the spec's shape and
   references (e.g. a compensation's runner must exist).
 
@@ -589,6 +591,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     now = _now()
     old = {a.get("step"): a for a in old_spec.get("approvals") or [] if isinstance(a, dict)}
     old_denials = {d.get("step"): d for d in old_spec.get("denials") or [] if isinstance(d, dict)}
+    old_forces = {f.get("step"): f for f in old_spec.get("force") or [] if isinstance(f, dict)}
 
     def stamp(raw: dict) -> None:
         for approval in (raw.get("spec") or {}).get("approvals") or []:
@@ -607,6 +610,14 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
             else:
                 denial["actor"] = user
                 denial["deniedAt"] = now
+        for force in (raw.get("spec") or {}).get("force") or []:  # who forced is the server's word (issue 9)
+            if not isinstance(force, dict):
+                continue
+            if force.get("step") in old_forces:
+                _carry(old_forces[force["step"]], force, ("actor", "forcedAt"))
+            else:
+                force["actor"] = user
+                force["forcedAt"] = now
 
     patch.fns.append(_raw(stamp))
 
@@ -614,11 +625,18 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
 @untrusted
 def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
-    """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8)."""
+    """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8); so is
+    forcing an undo over a failed precondition: RBAC verb ``force`` (issue 9)."""
     what = f"RollbackRequest {namespace}/{name}"
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})
     denied = rules.new_denials((old or {}).get("spec"), body.get("spec") or {})
+    forced = rules.new_forces((old or {}).get("spec"), body.get("spec") or {})
+    if forced and not _allowed(userinfo, namespace, G, "rollbackrequests", "force", name):
+        raise kopf.AdmissionError(
+            f"{_user(userinfo)} may not force step(s) {forced} of {what}: forcing an undo whose precondition does "
+            f"not hold needs the RBAC verb \"force\" on rollbackrequests.reversi.dev in namespace {namespace}; "
+            "ask for a Role granting it", code=403)
     if not steps and not all_now and not denied:
         return
     named = [*steps, *denied]

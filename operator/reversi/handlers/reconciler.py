@@ -50,8 +50,8 @@ from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
 from ..engine import runners as rs
 from ..engine.plan import COMPENSATE, build_plan, undo_by_step
-from ..engine.report import StepOutcome, build_report, report_message
-from ..engine.schedule import deferred_steps, is_finished, progress_text, ready_steps
+from ..engine.report import StepOutcome, build_report, outcome_reason, report_message
+from ..engine.schedule import closed_steps, deferred_steps, is_finished, progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
@@ -211,15 +211,20 @@ class Reconciler:
         runners, readers_now = recorded or ({r.name: r for r in manifest.runners} if manifest else {},
                                             current_readers(manifest))
         runner_names = set(runners)
+        now = time.time()
+        started = _epoch((req.get("status") or {}).get("startTime")) or now
         try:
             graph = build_graph(run_spec)
             plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                              runner_names=runner_names, readers=readers_now)  # the plan's verified: a reader exists
+                              runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
+                              # a step whose runner is not there (not in the manifest, not recorded) is
+                              # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
+                              handlers=runner_names if (recorded is not None or manifest is not None) else None,
+                              now=started)  # undo windows are judged when the request started
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
-        now = time.time()
-        status.setdefault("startTime", st.iso(now))
+        status.setdefault("startTime", st.iso(started))
         limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
         status["plan"] = st.plan_status(plan, limit)
         status["observedGeneration"] = gen
@@ -245,10 +250,7 @@ class Reconciler:
             raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
                           "its runners are needed to run compensators: create it again (a Run's manifestRef "
                           "cannot change), then create a new RollbackRequest")
-        missing = sorted(needed_runners - runner_names)
-        if missing:
-            raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} has no runner "
-                          f"{', '.join(missing)}; add it to spec.runners")
+        # a runner missing from the manifest made only its steps handlerUnavailable (the plan says so)
 
         # ---- the lock (rule 6) ----
         cancelling = spec.cancel
@@ -284,13 +286,16 @@ class Reconciler:
         resolutions = {r.step: r for r in run_spec.resolutions}
         runs: dict[int, ex.StepRun] = {}
         verify_plans: dict[int, ex.VerifyPlan] = {}
+        guards: dict[int, ex.Guards] = {}
+        forced = {f.step: (f.actor or "an unknown user") for f in spec.force}
         for action in plan.of_kind(COMPENSATE):
             s = action.step
             step = steps_by_index[s]
             res = resolutions.get(s)
             args, result = step.args, (res.result if res and res.result is not None else step.result)
-            verify_plans[s] = ex.verify_plan(run_spec.snapshot_of(step), args, result, runner_names,
-                                             readers_now)
+            snapshot = run_spec.snapshot_of(step)
+            verify_plans[s] = ex.verify_plan(snapshot, args, result, runner_names, readers_now)
+            guards[s] = step_guards(snapshot, verify_plans[s], args, result, forced.get(s))
             runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by, denied)
 
         # re-verify (rule 5): an undo left unverified by an earlier request, whose declared reader can run now
@@ -325,7 +330,6 @@ class Reconciler:
             else:
                 reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
 
-        started = _epoch(status["startTime"])  # set above, at the first pass
         deadline_passed = (spec.deadline_seconds is not None and started is not None
                            and now > started + spec.deadline_seconds)
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
@@ -340,7 +344,7 @@ class Reconciler:
             job = jobs.get(jname)
             if job is None:
                 return None
-            view = self.kube.job_view(job, reader=(role == "reader"))
+            view = self.kube.job_view(job, reader=(role in ex.READ_ROLES))
             if view.state != "running":
                 memory.views[jname] = view
             return view
@@ -352,7 +356,8 @@ class Reconciler:
                 effects += eff
                 continue
             if run.stage in ex.ACTIVE_STAGES:
-                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now, memory.rng)
+                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now, memory.rng,
+                                      guards[s])
                 runs[s] = new
                 effects += eff
                 self._durations(ns, plan.actions[s].tool, run, new, memory, now)
@@ -370,10 +375,12 @@ class Reconciler:
         if cancelling:
             runs = {s: ex.cancel(r, stop or "") for s, r in runs.items()}
         progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
+        # the compensation phase closes at spec.compensationDeadlineSeconds (checked before each start)
+        open_ = not spec.compensation_deadline_seconds or now <= started + spec.compensation_deadline_seconds
         if not deadline_passed and not cancelling:
             journaled = undo_by_step(undo_all)
-            for s in ready_steps(plan, graph, progress, spec.parallelism):
-                new, eff = ex.start(runs[s], journaled.get(s))
+            for s in ready_steps(plan, graph, progress, spec.parallelism, compensations_open=open_):
+                new, eff = ex.start(runs[s], journaled.get(s), guards[s])
                 self._durations(ns, plan.actions[s].tool, runs[s], new, memory, now)
                 runs[s] = new
                 progress[s] = ex.schedule_state(new.stage)
@@ -385,12 +392,19 @@ class Reconciler:
         for e in effects:
             if isinstance(e, ex.StartJob):
                 try:
-                    self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e)
+                    self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e, guards)
                 except (ApiException, ValidationError) as err:
                     if isinstance(err, ApiException) and (err.status >= 500 or err.status == 429):
                         raise  # transient: the next pass tries again
-                    # refused for good (an invalid Job or Secret, a forbidden field): the attempt fails
+                    # refused for good (an invalid Job or Secret, a forbidden field)
                     why = api_message(err) if isinstance(err, ApiException) else _first_error(err)
+                    if e.role == "compensator" and runs.get(e.step) is not None:  # its handler cannot run: only this step
+                        runs[e.step], more = ex.unavailable(runs[e.step], f"cannot create the compensator Job: {why}")
+                        progress[e.step] = ex.schedule_state(runs[e.step].stage)
+                        self._journal(ns, spec.run_ref.name, name, [x for x in more if isinstance(x, ex.Journal)],
+                                      plan, memory)
+                        effects += [x for x in more if isinstance(x, ex.Note)]
+                        continue
                     jname = jobs_mod.job_name(run_uid, e.step, e.attempt, e.role, e.read)
                     memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {why}")
         for e in effects:
@@ -400,7 +414,14 @@ class Reconciler:
         # ---- report ----
         running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
         awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
-        finished = (not running) and (deadline_passed or cancelling or is_finished(plan, graph, progress))
+        finished = (not running) and (deadline_passed or cancelling
+                                      or is_finished(plan, graph, progress, compensations_open=open_))
+        if finished and not open_ and not deadline_passed and not cancelling:  # not started before the deadline
+            for s in closed_steps(plan, graph, progress):
+                runs[s] = replace(runs[s], stage="compensationDeadlinePassed", reason=c.COMPENSATION_DEADLINE_PASSED,
+                                  error=f"not started: spec.compensationDeadlineSeconds "
+                                  f"({spec.compensation_deadline_seconds}s) had passed")
+                progress[s] = ex.schedule_state(runs[s].stage)
         deferred = deferred_steps(plan, graph, progress)
         outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
         report = build_report(plan, outcomes, require_verification=spec.require_verification)
@@ -416,17 +437,21 @@ class Reconciler:
         verdict = report_message(report)
         if finished and not (awaiting and not deadline_passed):
             phase = "Succeeded" if report.complete else "Incomplete"
-            complete_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
+            stalled_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
+            # Complete=False says Partial (something was undone) or NotPossible (nothing could be)
+            complete_reason = {"Partial": c.PARTIAL, "NotPossible": c.NOT_POSSIBLE}.get(outcome_reason(report),
+                                                                                         c.ALL_COMPENSATED)
             if report.complete and not plan.of_kind(COMPENSATE):
-                complete_reason = c.NOTHING_TO_UNDO
-            if cancelling:
+                complete_reason = stalled_reason = c.NOTHING_TO_UNDO
+            if cancelling:  # Cancelled wins over Partial/NotPossible: a person stopped it
                 verdict = (f"cancelled by {spec.cancelled_by or 'an unknown user'}"
                            + ("; nothing was left to stop: " if report.complete else ": ") + verdict)
-                complete_reason = complete_reason if report.complete else c.CANCELLED
+                if not report.complete:
+                    complete_reason = stalled_reason = c.CANCELLED
             unapproved = f"steps {awaiting} were not approved before the deadline"
             # stalled on approvals that came too late: say so, the rest of the verdict follows
             ready_reason, ready_message = ((c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting
-                                           else (complete_reason, verdict))
+                                           else (stalled_reason, verdict))
             status.update(phase=phase, completionTime=st.iso(now), conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
                 (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
@@ -488,9 +513,11 @@ class Reconciler:
         if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
             run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
                              next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
-                             first_attempt=entry.get("firstAttempt"))
+                             first_attempt=entry.get("firstAttempt"), forced_by=entry.get("forcedBy"))
         else:
             run = ex.StepRun(s)
+        if run.stage in ex.NOT_UNDONE_STAGES:  # final in this request (a refused Job's journal says compensationFailed)
+            return run
         if journaled is not None:
             # the journal outranks the request's status: it is written first (rule 3)
             if journaled.state == "compensated":
@@ -522,7 +549,9 @@ class Reconciler:
                 out[s] = StepOutcome("compensated", verification=r.verification, error=r.error)
         for s, r in runs.items():
             if r.stage == "compensated":
-                out[s] = StepOutcome("compensated", verification=r.verification)
+                out[s] = StepOutcome("compensated", verification=r.verification, forced_by=r.forced_by)
+            elif r.stage in ex.NOT_UNDONE_STAGES:
+                out[s] = StepOutcome(r.stage, error=r.error)
             elif r.stage == "failed":
                 out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
             elif r.stage == "awaitingApproval":
@@ -734,9 +763,10 @@ class Reconciler:
             raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
-                   spec: RollbackRequestSpec, e: ex.StartJob) -> None:
+                   spec: RollbackRequestSpec, e: ex.StartJob, guards: dict[int, ex.Guards] | None = None) -> None:
         """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6).
-        ``runners``: the request's recorded runners (``status.runners``), never the live ToolManifest's."""
+        ``runners``: the request's recorded runners (``status.runners``), never the live ToolManifest's;
+        ``guards``: each step's precheck and precondition reads (role ``precheck``/``precondition``)."""
         meta = req["metadata"]
         run_meta = run_obj["metadata"]
         # owned by the Run: deleting the request never kills a compensator mid-call (issue 9 point 6)
@@ -746,11 +776,12 @@ class Reconciler:
         common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
                       deadline_seconds=spec.deadline_seconds, settings=self.job_settings,
                       request=jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"]))
-        if e.role == "reader":
-            vp = verify_plans[e.step]
-            runner = runners[vp.runner]
+        if e.role in ex.READ_ROLES:
+            gs = (guards or {}).get(e.step) or ex.NO_GUARDS
+            vp = {"reader": verify_plans[e.step], "precheck": gs.precheck, "precondition": gs.precondition}[e.role]
+            runner = runners[vp.runner]  # the plan made a step whose runners are missing handlerUnavailable
             secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
-                                             role="reader", read=e.read, **common)
+                                             role=e.role, read=e.read, **common)
         else:
             runner = runners[action.runner]
             call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step, action.compensation_tool,
@@ -844,6 +875,15 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict | None,
+                forced_by: str | None) -> ex.Guards:
+    """What runs before a step's compensator (issue 9): the precheck read when the compensation
+    asks for it and a reader can run, the precondition read when declared, and who forced it."""
+    comp = snapshot.compensation if snapshot is not None else None
+    precheck = verify if comp is not None and comp.precheck and verify.mode == "reader" else None
+    return ex.Guards(precheck=precheck, precondition=ex.precondition_plan(snapshot, args, result), forced_by=forced_by)
 
 
 def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:

@@ -25,6 +25,7 @@ from .halt import (
 from .rollbackrequest import CRD as ROLLBACK_REQUEST_CRD
 from .rollbackrequest import (
     Approval,
+    Force,
     Phase,
     Plan,
     PlanAction,
@@ -45,6 +46,7 @@ from .runstep import RunStep, RunStepSpec, RunStepStatus, StepResolution
 from .toolmanifest import CRD as TOOL_MANIFEST_CRD
 from .toolmanifest import (
     Compensation,
+    Precondition,
     Runner,
     ToolManifest,
     ToolManifestSpec,
@@ -58,12 +60,14 @@ ALL_CRDS = (TOOL_MANIFEST_CRD, RUN_CRD, RUN_STEP_CRD, ROLLBACK_REQUEST_CRD, HALT
 __all__ = [
     "ALL_CRDS",
     "Approval",
+    "Force",
     "Backoff",
     "CLUSTER_HALT_CRD",
     "ClusterHalt",
     "ClusterHaltScope",
     "ClusterHaltSpec",
     "Compensation",
+    "Precondition",
     "Condition",
     "CrdInfo",
     "HALT_CRD",

@@ -40,9 +40,11 @@ from .common import (
 from .toolmanifest import Runner
 
 Phase = Literal["Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed"]
-StepStage = Literal["pending", "awaitingApproval", "compensating", "retrying", "checking", "verifying",
-                    "rereading", "compensated", "failed", "deferred", "cancelled"]
-ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer"]
+StepStage = Literal["pending", "awaitingApproval", "prechecking", "preconditioning", "compensating", "retrying",
+                    "checking", "verifying", "rereading", "compensated", "failed", "deferred", "alreadyRecovered",
+                    "expired", "handlerUnavailable", "conflict", "compensationDeadlinePassed", "cancelled"]
+ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer", "expired",
+                     "handlerUnavailable"]
 
 PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
 TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
@@ -91,6 +93,28 @@ class Denial(ReversiModel):
         default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated user)."
     )
     denied_at: datetime | None = Field(default=None, description="When it was denied (stamped at admission).")
+
+
+class Force(ReversiModel):
+    """Undo one step even though its compensation's precondition does not hold (a ``conflict``):
+    needs the RBAC verb ``force`` on rollbackrequests; the actor is stamped at admission."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule(
+                    "!has(oldSelf.actor) || (has(self.actor) && self.actor == oldSelf.actor)",
+                    "a force's actor cannot change",
+                )
+            ]
+        }
+    )
+
+    step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step to undo despite a failed precondition.")
+    actor: str | None = Field(
+        default=None, max_length=MAX_NAME * 2, description="Who forced it (stamped at admission from the authenticated user)."
+    )
+    forced_at: datetime | None = Field(default=None, description="When it was forced (stamped at admission).")
 
 
 class RollbackRequestSpec(ReversiModel):
@@ -164,6 +188,20 @@ class RollbackRequestSpec(ReversiModel):
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
     )
+    compensation_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 86400,
+        description="Steps whose compensation kind is compensation (not inverse) start only within this many seconds "
+        "of the request's start (checked before each start); a step not started in time is compensationDeadlinePassed.",
+    )
+    force: list[Force] = Field(
+        default_factory=list,
+        max_length=MAX_STEPS,
+        description="Steps undone even when their compensation's precondition does not hold (conflict), keyed by "
+        "step (RBAC verb force); each records who forced it.",
+        json_schema_extra=list_map("step"),
+    )
 
     cancel: bool = Field(
         default=False,
@@ -187,7 +225,10 @@ class PlanAction(StatusModel):
 
     step: int = Field(ge=0, description="Index of the step.")
     tool: str = Field(description="Tool of the step.")
-    kind: ActionKind = Field(description="compensate, skip, unrecoverable, unresolved, unmanifested or defer.")
+    kind: ActionKind = Field(
+        description="compensate, skip, unrecoverable, unresolved, unmanifested, defer, expired (past the "
+        "compensation's windowSeconds) or handlerUnavailable (its runner is not in the ToolManifest)."
+    )
     reason: str = Field(default="", description="Why this kind, for a person.")
     compensation_tool: str | None = Field(default=None, description="compensate: the tool that undoes the step.")
     compensation_kind: Literal["inverse", "compensation"] | None = Field(
@@ -246,8 +287,10 @@ class StepStatus(StatusModel):
     compensation_tool: str | None = Field(default=None, description="Tool that undoes it.")
     stage: StepStage | None = Field(
         default=None,
-        description="Where the step is: pending, awaitingApproval, compensating, retrying, checking (verifyCommand), "
-        "verifying, rereading, compensated, failed, deferred or cancelled (not started: the request was cancelled).",
+        description="Where the step is: pending, awaitingApproval, prechecking, preconditioning, compensating, retrying, "
+        "checking (verifyCommand), verifying, rereading, compensated, failed, deferred, alreadyRecovered, expired, "
+        "handlerUnavailable, conflict, compensationDeadlinePassed or cancelled (not started: the request was "
+        "cancelled). docs/concepts.md has a table of every step status.",
     )
     attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
     first_attempt: int | None = Field(
@@ -259,6 +302,9 @@ class StepStatus(StatusModel):
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
     last_error: str | None = Field(default=None, description="Error of the last failed attempt or check.")
     next_attempt_at: datetime | None = Field(default=None, description="Earliest time of the next attempt (backoff).")
+    forced_by: str | None = Field(
+        default=None, description="Who forced the undo although its compensation's precondition did not hold (spec.force)."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
@@ -352,6 +398,29 @@ class Report(StatusModel):
         default_factory=list,
         description="Not started because the request was cancelled (spec.cancel): no compensator ran for them in this request.",
     )
+    already_recovered: list[int] = Field(
+        default_factory=list,
+        description="Already undone when the rollback looked (the precheck read matched): no compensator ran.",
+    )
+    expired: list[StepReason] = Field(
+        default_factory=list, description="Not attempted: the compensation's windowSeconds after recordedAt had passed."
+    )
+    handler_unavailable: list[StepReason] = Field(
+        default_factory=list,
+        description="Not attempted: the compensation's runner is not in the ToolManifest, or its Job cannot be made.",
+    )
+    conflict: list[StepReason] = Field(
+        default_factory=list,
+        description="Not undone: the compensation's precondition does not hold (force it with spec.force).",
+    )
+    compensation_deadline_passed: list[int] = Field(
+        default_factory=list,
+        description="Not attempted: compensation-kind steps not started before spec.compensationDeadlineSeconds.",
+    )
+    forced: list[StepReason] = Field(
+        default_factory=list,
+        description="Steps undone although their precondition did not hold: forced by <actor>. Not a bucket of its own.",
+    )
     residue: list[StepResidue] = Field(
         default_factory=list,
         description="Typed residue {step, type, text}: declared lines of undone steps, and one entry per step not "
@@ -360,7 +429,8 @@ class Report(StatusModel):
     complete: bool = Field(
         default=False,
         description="True only when every residue entry is declared (failed, unrecoverable, unresolved, unmanifested, "
-        "deferred, awaitingApproval, unverified, cancelled and pending are all empty).",
+        "deferred, awaitingApproval, unverified, pending, expired, handlerUnavailable, conflict, "
+        "compensationDeadlinePassed and cancelled are all empty).",
     )
 
 

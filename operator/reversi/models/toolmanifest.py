@@ -80,6 +80,21 @@ class Runner(ReversiModel):
     )
 
 
+class Precondition(ReversiModel):
+    """What must still hold before the undo runs (the witnessed inverse): a read-only tool whose
+    JSON answer must contain ``expect``. When it does not, the step is ``conflict`` and is not
+    undone unless the RollbackRequest forces it (``spec.force``, RBAC verb ``force``)."""
+
+    tool: ToolName = Field(description="Read-only tool that reads the current state, e.g. payments.get_charge.")
+    args: JSONObject = Field(
+        default_factory=dict, description="Argument templates, resolved like the compensation's ($args / $result)."
+    )
+    expect: JSONObject = Field(description="JSON subset the answer must contain for the undo to run, e.g. {refunded: false}.")
+    runner: RunnerName | None = Field(
+        default=None, description="Runner of the reader Job (default: the compensation's runner)."
+    )
+
+
 class Compensation(ReversiModel):
     """The undo of a call: a tool called with argument templates resolved from the original call."""
 
@@ -98,6 +113,23 @@ class Compensation(ReversiModel):
         default=False, description="The undo waits for approval (RBAC verb approve) before it runs."
     )
     runner: RunnerName = Field(description="Runner (spec.runners[].name) whose container runs the compensator Job.")
+    precheck: bool = Field(
+        default=False,
+        description="Run the tool's verification read before the compensator: when its answer already matches "
+        "expect, the step is alreadyRecovered and no compensator runs (needs a verification with a runner).",
+    )
+    window_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=10 * 366 * 86400,
+        description="The undo is possible for this many seconds after the step's recordedAt (e.g. refunds within "
+        "180 days); later the step is expired and not attempted. Judged when the rollback starts.",
+    )
+    precondition: Precondition | None = Field(
+        default=None,
+        description="A read that must still match before the undo runs; otherwise the step is conflict "
+        "(not undone unless the RollbackRequest's spec.force names it).",
+    )
 
 
 class Verification(ReversiModel):
@@ -123,6 +155,12 @@ TOOL_RULES = [
         "self.effect != 'write' || has(self.compensation)",
         "a write tool needs a compensation (or declare its effect irreversible)",
         fieldPath=".compensation",
+    ),
+    rule(
+        "!has(self.compensation) || !has(self.compensation.precheck) || !self.compensation.precheck || "
+        "has(self.verification)",
+        "compensation.precheck runs the verification read: declare a verification (with a runner)",
+        fieldPath=".compensation.precheck",
     ),
 ]
 
@@ -171,6 +209,11 @@ class ToolSpec(ReversiModel):
             raise ValueError(
                 f"tool {self.name}: a write tool needs a compensation (or declare its effect irreversible)"
             )
+        if self.compensation is not None and self.compensation.precheck and self.verification is None:
+            raise ValueError(
+                f"tool {self.name}: compensation.precheck runs the verification read: declare a verification "
+                "(with a runner) or drop precheck"
+            )
         return self
 
 
@@ -184,6 +227,13 @@ class ToolManifestSpec(ReversiModel):
                     "!has(self.tools) || self.tools.all(t, !has(t.compensation) || "
                     "(has(self.runners) && self.runners.exists(r, r.name == t.compensation.runner)))",
                     "every compensation.runner must name a runner in spec.runners",
+                    fieldPath=".tools",
+                ),
+                rule(
+                    "!has(self.tools) || self.tools.all(t, !has(t.compensation) || "
+                    "!has(t.compensation.precondition) || !has(t.compensation.precondition.runner) || "
+                    "(has(self.runners) && self.runners.exists(r, r.name == t.compensation.precondition.runner)))",
+                    "every compensation.precondition.runner must name a runner in spec.runners",
                     fieldPath=".tools",
                 ),
                 rule(
@@ -225,6 +275,12 @@ class ToolManifestSpec(ReversiModel):
             if tool.compensation is not None and tool.compensation.runner not in runner_names:
                 problems.append(
                     f"tool {tool.name}: compensation.runner {tool.compensation.runner!r} is not in spec.runners; "
+                    "add the runner or fix the name"
+                )
+            pre = tool.compensation.precondition if tool.compensation is not None else None
+            if pre is not None and pre.runner is not None and pre.runner not in runner_names:
+                problems.append(
+                    f"tool {tool.name}: compensation.precondition.runner {pre.runner!r} is not in spec.runners; "
                     "add the runner or fix the name"
                 )
             if (
