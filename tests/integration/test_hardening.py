@@ -64,7 +64,7 @@ def test_a_compensators_logs_never_reach_status(rv, admin_api):
     assert not any("hunter2" in (e.message or "") for e in events)
 
 
-def test_a_job_the_api_server_refuses_fails_the_step_instead_of_hanging(rv):
+def test_a_job_the_api_server_refuses_makes_the_step_handler_unavailable_instead_of_hanging(rv):
     # a step's args are at most 64 KiB (MAX_CALL_BYTES), but a compensation may name them many
     # times: 20 copies of a 60 KB blob make a call of 1.2 MB, more than a Secret may carry
     extra = [{"name": "blob.write", "effect": "write",
@@ -74,9 +74,13 @@ def test_a_job_the_api_server_refuses_fails_the_step_instead_of_hanging(rv):
     rv.run("r", [rv.step(0, "blob.write", {"blob": "x" * 60_000}, {"ok": True})])
     rv.request("undo", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
     req = rv.wait_phase("undo", "Incomplete", timeout=90)
-    error = req["status"]["report"]["failed"][0]["error"]
-    assert "cannot create the compensator Job" in error
-    assert rv.get("runs", "r")["status"].get("activeRequest") is None
+    # its handler cannot run (issue 9): that step is handlerUnavailable, nothing hangs, nothing ran
+    [entry] = req["status"]["report"]["handlerUnavailable"]
+    assert entry["step"] == 0 and "cannot create the compensator Job" in entry["reason"]
+    assert [r["type"] for r in req["status"]["report"]["residue"]] == ["notAttempted"]
+    assert not rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    run = rv.get("runs", "r")
+    assert run["status"].get("activeRequest") is None
 
 
 def test_the_deadline_stops_further_attempts(rv):
