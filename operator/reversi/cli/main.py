@@ -410,7 +410,8 @@ def resolve(run: str, step: int, outcome: str, result: str | None, note: str) ->
         try:
             parsed = json.loads(result)
         except ValueError as err:
-            raise CliError(f"--result is not JSON ({err}); pass an object, e.g. --result '{{\"id\": \"cap_1\"}}'") from err
+            raise CliError(f"--result is not JSON ({err}); pass an object, "
+                           "e.g. --result '{\"id\": \"cap_1\"}'") from err
         if not isinstance(parsed, dict):
             raise CliError("--result must be a JSON object, e.g. --result '{\"id\": \"cap_1\"}'")
         value["result"] = parsed
@@ -470,7 +471,8 @@ def check_approval(req: dict, namespace: str, steps: tuple[int, ...]) -> None:
 
 
 @cli.command(help="Deny the compensation of a step that awaits approval: it is not undone, the report says "
-             "\"denied by <you>: <note>\" under awaitingApproval, and the request finishes. Needs the RBAC verb approve.")
+             "\"denied by <you>: <note>\" under awaitingApproval, and the request finishes. "
+             "Needs the RBAC verb approve.")
 @click.argument("request")
 @click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, required=True,
               help="Step to deny (repeatable).")
@@ -593,7 +595,8 @@ def cancel(request: str) -> int:
         hint = "; cancelling needs the RBAC verb patch on rollbackrequests.reversi.dev" if err.status == 403 else ""
         raise CliError(f"{refused(err, f'cancelling {where}')}{hint}") from err
     cancelled_by = (updated.get("spec") or {}).get("cancelledBy")
-    out(f"{where}: cancelled{f' by {cancelled_by}' if cancelled_by else ''}. No new compensation starts; running ones finish and are "
+    by = f" by {cancelled_by}" if cancelled_by else ""
+    out(f"{where}: cancelled{by}. No new compensation starts; running ones finish and are "
         f"recorded; steps not started are reported cancelled. Follow it: kubectl reversi describe {request} "
         f"-n {c.namespace}")
     return 0
@@ -720,7 +723,8 @@ def halt_list(all_namespaces: bool) -> int:
               "--all lifts every Halt of the namespace (with --cluster: every ClusterHalt) after a confirmation.")
 @click.argument("name", required=False)
 @click.option("--cluster", is_flag=True, help="Lift a ClusterHalt.")
-@click.option("--all", "lift_all", is_flag=True, help="Lift every Halt of the namespace (--cluster: every ClusterHalt).")
+@click.option("--all", "lift_all", is_flag=True,
+              help="Lift every Halt of the namespace (--cluster: every ClusterHalt).")
 @click.option("--yes", "-y", is_flag=True, help="With --all: do not ask for confirmation.")
 @global_options
 def halt_lift(name: str | None, cluster: bool, lift_all: bool, yes: bool) -> int:

@@ -366,7 +366,8 @@ def residue_entries(residue: list[Any]) -> list[dict[str, Any]]:
         if not isinstance(item, Mapping):
             continue
         if item.get("type") or item.get("text"):
-            out.append({"step": item.get("step"), "type": item.get("type") or "declared", "text": item.get("text") or ""})
+            out.append({"step": item.get("step"), "type": item.get("type") or "declared",
+                        "text": item.get("text") or ""})
         else:
             out += [{"step": item.get("step"), "type": "declared", "text": line} for line in item.get("residue") or []]
     return out
@@ -386,7 +387,8 @@ def residue_lines(residue: list[Any]) -> list[str]:
         lines.append(f"  {heading}: {len(group)}")
         lines += [f"    step {e['step']}: {e['text']}" for e in group[:BUCKET_LIMIT]]
         if len(group) > BUCKET_LIMIT:
-            lines.append(f"    ... and {len(group) - BUCKET_LIMIT} more (all of them: kubectl get rollbackrequest -o yaml)")
+            lines.append(f"    ... and {len(group) - BUCKET_LIMIT} more "
+                         "(all of them: kubectl get rollbackrequest -o yaml)")
     return lines
 
 
@@ -558,11 +560,13 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
             lines += ["  " + line for line in
                       table(("STEP", "TOOL", "KIND", "COMPENSATION", "REASON / BLOCKED BY"), rows).splitlines()]
             if len(actions) > BUCKET_LIMIT:
-                lines.append(f"  ... and {len(actions) - BUCKET_LIMIT} more: kubectl reversi plan {run_name} {ns_flag(ns)}")
+                lines.append(f"  ... and {len(actions) - BUCKET_LIMIT} more: "
+                             f"kubectl reversi plan {run_name} {ns_flag(ns)}")
         else:
             lines.append("  nothing to undo")
         if plan.get("omitted"):
-            lines.append(f"  ({plan['omitted']} actions omitted from the status; kubectl reversi plan {run_name} shows all)")
+            lines.append(f"  ({plan['omitted']} actions omitted from the status; "
+                         f"kubectl reversi plan {run_name} shows all)")
 
     if report is not None:
         lines.append("")
@@ -574,9 +578,11 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                 items = [s for s in items if s not in unchecked]
             if items:
                 lines.append(f" {label}: {len(items)}")
-                notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []} \
-                    if key == "awaitingApproval" else {f["step"]: f.get("reason", "") for f in report.get("forced") or []} \
-                    if key == "compensated" else None
+                notes: dict | None = None  # denied steps under awaitingApproval, forced ones under compensated
+                if key == "awaitingApproval":
+                    notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []}
+                elif key == "compensated":
+                    notes = {f["step"]: f.get("reason", "") for f in report.get("forced") or []}
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         lines += residue_lines(report.get("residue") or [])
@@ -587,8 +593,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
         lines.append("Steps:")
         rows = []
         for e in entries[:BUCKET_LIMIT]:
+            error = f"  error: {e['lastError']}" if e.get("lastError") else ""
             rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
-                         e.get("attempts", 0), condition_reasons(e) + (f"  error: {e['lastError']}" if e.get("lastError") else "")))
+                         e.get("attempts", 0), condition_reasons(e) + error))
         lines += ["  " + line for line in table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "CONDITIONS"), rows).splitlines()]
         if len(entries) > BUCKET_LIMIT:
             lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")

@@ -81,9 +81,9 @@ class VerifyPlan:
     """How a compensated step is checked (rule 5).
 
     ``mode``: ``reader`` (a reader Job runs ``tool`` with ``args`` and must answer ``expect``),
-    ``none`` (the manifest declares no verification: compensated with verification ``none``), ``noReader`` (declared, but no
-    reader runner is configured: unverified) or ``unavailable`` (arguments cannot be resolved:
-    the step fails). ``retries`` read-backs, ``backoff_ms`` doubling between them.
+    ``none`` (the manifest declares no verification: compensated with verification ``none``),
+    ``noReader`` (declared, but no reader runner is configured: unverified) or ``unavailable``
+    (arguments cannot be resolved: the step fails). ``retries`` read-backs, ``backoff_ms`` doubling between them.
     """
 
     mode: Literal["reader", "none", "noReader", "unavailable"]
@@ -114,7 +114,8 @@ def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | Non
     if (not v.runner or v.runner not in runner_names) and later and later in runner_names:
         v = v.model_copy(update={"runner": later})
     if not v.runner or v.runner not in runner_names:
-        what = f"runner {v.runner!r} is not defined in the ToolManifest" if v.runner else "no reader runner is configured"
+        what = (f"runner {v.runner!r} is not defined in the ToolManifest" if v.runner
+                else "no reader runner is configured")
         return VerifyPlan("noReader", tool=v.tool, detail=what)
     try:
         resolved = resolve(v.args, args, result)
@@ -261,7 +262,8 @@ def _precondition(run: StepRun, guards: Guards, attempt: int) -> tuple[StepRun, 
     pre = guards.precondition
     if pre is not None and pre.mode != "reader":  # cannot be shown to hold
         return _conflict(run, pre.detail or "the precondition cannot be read", guards, attempt)
-    return replace(run, stage="preconditioning", reads=0, next_at=None), [StartJob(run.step, "precondition", attempt, 0)]
+    return (replace(run, stage="preconditioning", reads=0, next_at=None),
+            [StartJob(run.step, "precondition", attempt, 0)])
 
 
 def _conflict(run: StepRun, problem: str, guards: Guards, attempt: int) -> tuple[StepRun, list[Effect]]:

@@ -51,7 +51,9 @@ EFFECTS_NEEDING_NO_UNDO = frozenset({"read", "idempotent"})
 class Runner(ReversiModel):
     """A container that runs compensator and reader Jobs for some tools."""
 
-    name: RunnerName = Field(description="Name of the runner, referenced by compensation.runner and verification.runner.")
+    name: RunnerName = Field(
+        description="Name of the runner, referenced by compensation.runner and verification.runner."
+    )
     image: str = Field(min_length=1, max_length=1024, description="Container image of the compensator/reader.")
     command: list[Text] = Field(
         min_length=1, max_length=64, description="Entrypoint of the container; it receives the call JSON (DESIGN §6)."
@@ -70,7 +72,8 @@ class Runner(ReversiModel):
         json_schema_extra={"items": {"type": "object", **PRESERVE}},
     )
     service_account_name: str | None = Field(
-        default=None, max_length=MAX_NAME, description="Service account the Jobs run as (default: the namespace's default)."
+        default=None, max_length=MAX_NAME,
+        description="Service account the Jobs run as (default: the namespace's default)."
     )
     resources: JSONObject | None = Field(
         default=None, description="Kubernetes ResourceRequirements of the container (requests, limits)."
@@ -89,7 +92,9 @@ class Precondition(ReversiModel):
     args: JSONObject = Field(
         default_factory=dict, description="Argument templates, resolved like the compensation's ($args / $result)."
     )
-    expect: JSONObject = Field(description="JSON subset the answer must contain for the undo to run, e.g. {refunded: false}.")
+    expect: JSONObject = Field(
+        description="JSON subset the answer must contain for the undo to run, e.g. {refunded: false}."
+    )
     runner: RunnerName | None = Field(
         default=None, description="Runner of the reader Job (default: the compensation's runner)."
     )
@@ -100,14 +105,17 @@ class Compensation(ReversiModel):
 
     tool: ToolName = Field(description="Tool that undoes the call, e.g. payments.refund.")
     kind: CompensationKind = Field(
-        description="inverse: restores the exact prior state; compensation: makes amends, the original stays observable."
+        description="inverse: restores the exact prior state; "
+        "compensation: makes amends, the original stays observable."
     )
     args: JSONObject = Field(
         default_factory=dict,
-        description='Argument templates: a string "$args.a.b" or "$result.a.b" is replaced by that value of the original call; anything else is literal.',
+        description='Argument templates: a string "$args.a.b" or "$result.a.b" is replaced by that value of the '
+        "original call; anything else is literal.",
     )
     residue: list[ResidueLine] = Field(
-        default_factory=list, max_length=MAX_RESIDUE, description="What this undo cannot take back, one statement per line."
+        default_factory=list, max_length=MAX_RESIDUE,
+        description="What this undo cannot take back, one statement per line."
     )
     requires_approval: bool = Field(
         default=False, description="The undo waits for approval (RBAC verb approve) before it runs."
@@ -142,7 +150,8 @@ class Verification(ReversiModel):
     expect: JSONObject = Field(description="JSON subset the answer must contain, e.g. {refunded: true}.")
     retries: int = Field(default=3, ge=1, le=10, description="Read-backs before the verification fails.")
     backoff_ms: int = Field(
-        default=500, ge=1, le=600_000, description="Wait before the second read-back, in milliseconds; doubles each time."
+        default=500, ge=1, le=600_000,
+        description="Wait before the second read-back, in milliseconds; doubles each time."
     )
     runner: RunnerName | None = Field(
         default=None,
@@ -186,9 +195,12 @@ class ToolSpec(ReversiModel):
     idempotency_key: str | None = Field(
         default=None,
         max_length=1024,
-        description='Forward idempotency key template, e.g. "$args.order_id": a repeat of the same logical call is refused while the first stands.',
+        description='Forward idempotency key template, e.g. "$args.order_id": a repeat of the same logical call '
+        "is refused while the first stands.",
     )
-    compensation: Compensation | None = Field(default=None, description="How a call is undone (required for write tools).")
+    compensation: Compensation | None = Field(
+        default=None, description="How a call is undone (required for write tools)."
+    )
     verification: Verification | None = Field(default=None, description="How the undo is checked.")
     residue: list[ResidueLine] = Field(
         default_factory=list,
@@ -316,7 +328,10 @@ class ToolManifestStatus(StatusModel):
 
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last processed.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Accepted: the manifest is usable; Ready (True when accepted), Reconciling, Stalled (True when it is not usable).", json_schema_extra=list_map("type")
+        default_factory=list,
+        description="Accepted: the manifest is usable; Ready (True when accepted), Reconciling, "
+        "Stalled (True when it is not usable).",
+        json_schema_extra=list_map("type"),
     )
 
 
