@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -163,7 +165,8 @@ def test_conflict_is_not_undone_unless_forced_and_forcing_needs_the_force_verb(r
     rv.request("undo-kept", "kept")
     # a user who may create requests but lacks the verb force is refused
     rbac = client.RbacAuthorizationV1Api(rv.api)
-    rules = [{"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "create", "patch"]}]
+    rules = [{"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "create", "patch"]},
+             {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list"]}]
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "oncall"}, "rules": rules})
     rbac.create_namespaced_role_binding(namespace, {
         "metadata": {"name": "oncall"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -175,7 +178,14 @@ def test_conflict_is_not_undone_unless_forced_and_forcing_needs_the_force_verb(r
     with pytest.raises(ApiException) as err:
         oncall.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", body)
     assert err.value.status == 403 and 'needs the RBAC verb \\"force\\"' in err.value.body, err.value.body
-    rv.create("rollbackrequests", body)  # the admin may force; the actor is the server's word
+    # the plugin's --force, as oncall: refused by name; as the admin: created (the actor is the server's word)
+    plugin = [sys.executable, "-m", "reversi.entrypoints.plugin", "-n", namespace]
+    refused = subprocess.run([*plugin, "--kubeconfig", str(cluster.kubeconfig_for("oncall")), "rollback", "forced",
+                              "--name", "undo-forced", "--force", "0"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and 'verb "force"' in refused.stderr, refused.stderr
+    created = subprocess.run([*plugin, "--kubeconfig", str(cluster.paths.admin_kubeconfig), "rollback", "forced",
+                              "--name", "undo-forced", "--force", "0"], capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0 and created.stdout.strip() == "undo-forced", created.stderr
     kept_req = rv.wait_phase("undo-kept", "Incomplete", "Succeeded")
     report = kept_req["status"]["report"]
     assert [x["step"] for x in report["conflict"]] == [0] and "refunded" in report["conflict"][0]["reason"], report

@@ -209,10 +209,16 @@ def request_name(run: str) -> str:
               help="With --wait: print only the final report as JSON (contract field names); progress goes to stderr.")
 @click.option("--require-verification", is_flag=True,
               help="Count an undo whose tool declares no read-back as unverified (incomplete).")
+@click.option("--force", "forced", type=click.IntRange(min=0), multiple=True, metavar="STEP",
+              help="Undo STEP even when its compensation's precondition no longer holds (spec.force; repeatable; "
+              "needs the RBAC verb force on rollbackrequests).")
+@click.option("--compensation-deadline", type=click.IntRange(1, 7 * 86400), default=None, metavar="SECONDS",
+              help="Start no compensation-kind undo later than this after the request starts "
+              "(spec.compensationDeadlineSeconds; inverses are not limited).")
 @global_options
 def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: bool, retries: int | None,
              parallelism: int | None, wait: bool, timeout: float, approval_grace: float, as_json: bool,
-             require_verification: bool) -> int:
+             require_verification: bool, forced: tuple[int, ...], compensation_deadline: int | None) -> int:
     if as_json and not wait:
         raise CliError("--json needs --wait (the report is printed when the request ends)")
     c = conn()
@@ -225,6 +231,10 @@ def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: b
         spec["parallelism"] = parallelism
     if require_verification:
         spec["requireVerification"] = True
+    if forced:
+        spec["force"] = [{"step": s} for s in sorted(set(forced))]  # actor and forcedAt come from admission
+    if compensation_deadline is not None:
+        spec["compensationDeadlineSeconds"] = compensation_deadline
     body = {"apiVersion": API_VERSION, "kind": "RollbackRequest",
             "metadata": {"name": name, "namespace": c.namespace}, "spec": spec}
     c.create("rollbackrequests", body)
