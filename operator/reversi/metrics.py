@@ -43,6 +43,15 @@ log = logging.getLogger("reversi.metrics")
 #: A Run with this annotation (value: who and why) is left out of reversi_incomplete_rollbacks:
 #: what could not be undone (an email read, say) has been handled by hand.
 ACKNOWLEDGED = "reversi.dev/acknowledged"
+
+
+def incomplete_run(run: dict) -> bool:
+    """Whether a Run counts in ``reversi_incomplete_rollbacks``: its last rollback is incomplete
+    (``RolledBack=False``) and nobody acknowledged it (annotation ``reversi.dev/acknowledged``)."""
+    if ACKNOWLEDGED in ((run.get("metadata") or {}).get("annotations") or {}):
+        return False
+    return any(cond.get("type") == "RolledBack" and cond.get("status") == "False"
+               for cond in (run.get("status") or {}).get("conditions") or [])
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
            "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
            "handler_unavailable", "conflict", "compensation_deadline_passed")
@@ -78,6 +87,8 @@ class Metrics:
                                     "Schema version of each installed CRD (crd=\"operator\": the operator's own).",
                                     ["crd"], registry=r)
         self._known_incomplete: set[str] = set()
+        self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
+        self._run_events = 0  # Run watch events seen: a resync that overlapped one is dropped
         self._known_halts: set[str] = set()
         self._lock = threading.Lock()
 
@@ -123,21 +134,37 @@ class Metrics:
         self.refresh_halts(kube)
 
     def refresh_runs(self, kube: Any) -> None:
-        """Recompute ``reversi_incomplete_rollbacks`` from the Runs' RolledBack condition."""
-        counts: dict[str, int] = {}
-        for run in self._list(kube, "runs"):
-            if ACKNOWLEDGED in (run["metadata"].get("annotations") or {}):
-                continue
-            for cond in (run.get("status") or {}).get("conditions") or []:
-                if cond.get("type") == "RolledBack" and cond.get("status") == "False":
-                    ns = run["metadata"]["namespace"]
-                    counts[ns] = counts.get(ns, 0) + 1
+        """Recompute ``reversi_incomplete_rollbacks`` from a paged list of the Runs (the periodic
+        resync; between resyncs :meth:`run_observed` keeps it from the Runs' watch events)."""
         with self._lock:
-            for ns in self._known_incomplete - set(counts):
-                self.incomplete.labels(ns).set(0)
-            for ns, n in counts.items():
-                self.incomplete.labels(ns).set(n)
-            self._known_incomplete |= set(counts)
+            seen = self._run_events
+        found: dict[str, set[str]] = {}
+        for run in self._list(kube, "runs"):
+            if incomplete_run(run):
+                found.setdefault(run["metadata"]["namespace"], set()).add(run["metadata"]["name"])
+        with self._lock:
+            if self._run_events != seen:
+                return  # an event came in while listing: it is newer than the list, keep it
+            self._incomplete_runs = found
+            for ns in self._known_incomplete | set(found):
+                self.incomplete.labels(ns).set(len(found.get(ns, ())))
+            self._known_incomplete |= set(found)
+
+    def run_observed(self, namespace: str, name: str, run: dict | None) -> None:
+        """Keep ``reversi_incomplete_rollbacks`` from one watch event of a Run (``run``: the
+        object, ``None`` when it was deleted): O(1), no API call."""
+        counted = run is not None and incomplete_run(run)
+        with self._lock:
+            self._run_events += 1
+            names = self._incomplete_runs.setdefault(namespace, set())
+            if (name in names) == counted and namespace in self._known_incomplete:
+                return
+            if counted:
+                names.add(name)
+            else:
+                names.discard(name)
+            self.incomplete.labels(namespace).set(len(names))
+            self._known_incomplete.add(namespace)
 
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""

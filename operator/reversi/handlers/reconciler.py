@@ -467,7 +467,6 @@ class Reconciler:
             if self.metrics:
                 self.metrics.request_finished(ns, "complete" if report.complete else (
                     "cancelled" if cancelling else "incomplete"), report, plan)
-                self.metrics.refresh_runs(self.kube)
             return None
         if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
             phase = "AwaitingApproval"

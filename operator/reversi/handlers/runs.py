@@ -87,6 +87,8 @@ _queue = Quiet(_write)
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
 def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
     assert namespace is not None  # Runs are namespaced
+    if runtime.initialised() and runtime.state().metrics is not None:  # the incomplete-rollbacks gauge, from events
+        runtime.state().metrics.run_observed(namespace, name, None if type == "DELETED" else dict(body))
     run_changed(type, body, namespace, name)
 
 
