@@ -25,6 +25,8 @@ from ..adapters.kube import api_message as server_message  # re-exported: the co
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 JSON_PATCH = "application/json-patch+json"
+#: Seconds any one API call may take (connect and read) before the plugin gives up on it.
+TIMEOUT = 30.0
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: plural -> kind, for messages
@@ -120,8 +122,8 @@ class Connection:
         ns = None if cluster else (namespace or self.namespace)
         try:
             if cluster:
-                return self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+                return self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name, _request_timeout=TIMEOUT)
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name, _request_timeout=TIMEOUT)
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
                 if ns:
@@ -137,7 +139,7 @@ class Connection:
         items: list[dict] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"limit": 500}
+            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": TIMEOUT}
             if token:
                 kwargs["_continue"] = token
             try:
@@ -183,7 +185,7 @@ class Connection:
         if len(uids) == 1:
             selector += f",involvedObject.uid={next(iter(uids))}"
         while True:
-            kwargs: dict[str, Any] = {"field_selector": selector, "limit": 500}
+            kwargs: dict[str, Any] = {"field_selector": selector, "limit": 500, "_request_timeout": TIMEOUT}
             if token:
                 kwargs["_continue"] = token
             try:
@@ -210,8 +212,9 @@ class Connection:
         ns = None if cluster else body["metadata"].get("namespace") or self.namespace
         try:
             if cluster:
-                return self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body)
-            return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, body)
+                return self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body, _request_timeout=TIMEOUT)
+            return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, body,
+                                                              _request_timeout=TIMEOUT)
         except ApiException as err:
             if err.status == 409:
                 raise CliError(f"{self.where(plural, name, ns)} already exists; choose another name") from err
@@ -221,7 +224,9 @@ class Connection:
               namespace: str | None = None) -> dict:
         """Patch an object (merge patch, or a JSON patch); a refusal raises :class:`ApiException`."""
         check_name(name, _kind(plural))
-        kwargs: dict[str, Any] = {"_content_type": JSON_PATCH} if json_patch else {}
+        kwargs: dict[str, Any] = {"_request_timeout": TIMEOUT}
+        if json_patch:
+            kwargs["_content_type"] = JSON_PATCH
         if cluster:
             return self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body, **kwargs)
         return self.custom.patch_namespaced_custom_object(
@@ -233,9 +238,9 @@ class Connection:
         ns = None if cluster else namespace or self.namespace
         try:
             if cluster:
-                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name, _request_timeout=TIMEOUT)
             else:
-                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name)
+                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name, _request_timeout=TIMEOUT)
             return True
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
@@ -261,7 +266,7 @@ class Connection:
         when it does or when the server will not tell (no permission to read namespaces)."""
         ns = namespace or self.namespace
         try:
-            self.core.read_namespace(ns)
+            self.core.read_namespace(ns, _request_timeout=TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 raise CliError(f"namespace {ns} not found; check -n/--namespace "
@@ -270,7 +275,7 @@ class Connection:
     def kind_known(self, plural: str) -> bool | None:
         """Whether discovery lists ``plural`` in reversi.dev/v1alpha1 (None: discovery failed)."""
         try:
-            resources = self.custom.get_api_resources(GROUP, VERSION)
+            resources = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
         except ApiException as err:
             return False if err.status == 404 else None
         names = {r.get("name") if isinstance(r, dict) else getattr(r, "name", None)

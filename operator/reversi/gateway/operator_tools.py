@@ -34,6 +34,8 @@ from .identity import Agent, impersonating_with_groups
 
 G, V = "reversi.dev", "v1alpha1"
 PLAN_TIMEOUT = 30.0
+#: Seconds any one API call may take before it is abandoned.
+API_TIMEOUT = 30.0
 FINAL_OR_PLANNED = ("Planned", "Succeeded", "Incomplete", "Failed")
 
 TOOLS = [
@@ -105,25 +107,27 @@ class OperatorTools:
     def request(self, agent: Agent, namespace: str, run: str) -> dict[str, Any]:
         """Create the RollbackRequest as ``agent``; ``{"request", "namespace"}``."""
         custom = self._custom(agent)
-        custom.get_namespaced_custom_object(G, V, namespace, "runs", run)  # a clear "not found" first
+        custom.get_namespaced_custom_object(G, V, namespace, "runs", run,  # a clear "not found" first
+                                            _request_timeout=API_TIMEOUT)
         name = request_name(run, "undo")
-        custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", request_body(run, name, False))
+        custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", request_body(run, name, False),
+                                               _request_timeout=API_TIMEOUT)
         return {"request": name, "namespace": namespace}
 
     def plan(self, agent: Agent, namespace: str, run: str, timeout: float = PLAN_TIMEOUT) -> dict[str, Any]:
         """Create a dry run as ``agent`` and wait (watch) until its plan is written."""
         custom = self._custom(agent)
-        custom.get_namespaced_custom_object(G, V, namespace, "runs", run)
+        custom.get_namespaced_custom_object(G, V, namespace, "runs", run, _request_timeout=API_TIMEOUT)
         name = request_name(run, "plan")
         created = custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests",
-                                                         request_body(run, name, True))
+                                                         request_body(run, name, True), _request_timeout=API_TIMEOUT)
         obj = created
         if _phase(obj) not in FINAL_OR_PLANNED:
             w = watch.Watch()
             for event in w.stream(custom.list_namespaced_custom_object, G, V, namespace, "rollbackrequests",
                                   field_selector=f"metadata.name={name}",
                                   resource_version=created["metadata"]["resourceVersion"],
-                                  timeout_seconds=int(timeout)):
+                                  timeout_seconds=int(timeout), _request_timeout=timeout + 15):
                 obj = event["object"]
                 if _phase(obj) in FINAL_OR_PLANNED:
                     w.stop()

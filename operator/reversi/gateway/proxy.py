@@ -288,7 +288,7 @@ class Gateway:
 
     def _manifest_tools(self, agent: Agent | None, namespace: str) -> set[str]:
         obj = client.CustomObjectsApi(self._api(agent)).get_namespaced_custom_object(
-            "reversi.dev", "v1alpha1", namespace, "toolmanifests", self.settings.manifest)
+            "reversi.dev", "v1alpha1", namespace, "toolmanifests", self.settings.manifest, _request_timeout=30.0)
         return {t.name for t in ToolManifestSpec.model_validate(obj["spec"]).tools}
 
 

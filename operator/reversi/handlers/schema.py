@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes.client.rest import ApiException
 
 from .. import conditions as c
@@ -70,9 +71,11 @@ def _crd_event(kube: Any, crd: dict, reason: str, message: str, warning: bool) -
         "action": reason, "count": 1,
     }
     try:
-        kube.core.create_namespaced_event("default", body)
+        kube.core.create_namespaced_event("default", body, _request_timeout=kube.timeout)
     except ApiException as err:
         log.warning("event %s on CRD %s not posted: %s", reason, meta["name"], err.reason)
+    except (OSError, urllib3.exceptions.HTTPError) as err:  # a timeout or a broken connection
+        log.warning("event %s on CRD %s not posted: %s", reason, meta["name"], err)
 
 
 def resync(state: runtime.State) -> None:
