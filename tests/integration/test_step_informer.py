@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from reversi.adapters.journal import step_body
+from reversi.adapters import stepwatch
+from reversi.adapters.journal import list_objects_and_version, step_body
 from reversi.adapters.stepwatch import RunJournals
 from reversi.models.runstep import step_name
 
@@ -69,5 +70,40 @@ def test_an_unread_informer_stops_and_a_later_read_lists_again(rv):
         _steps(rv, "brief", range(2, 3))  # recorded while nobody watched
         again = journals.entries(rv.ns, "brief", wait=30)
         assert again is not None and sorted(again) == [0, 1, 2], "a new read lists the run again"
+    finally:
+        journals.stop_all()
+
+
+class _CountingJournals(RunJournals):
+    """The informer, counting its LISTs (the API calls are the real ones)."""
+
+    lists = 0
+
+    def _list(self, w):
+        self.lists += 1
+        return super()._list(w)
+
+
+def test_a_watch_the_api_server_has_expired_lists_again(rv, cluster):
+    """410 Gone: kube-apiserver restarted, so its watch cache begins after the version the
+    informer last saw; a WATCH from that version is refused as too old, and the informer lists
+    the run again instead of losing events."""
+    rv.apply_manifest()
+    rv.run("kept", [])
+    _steps(rv, "kept", range(2))
+    custom = client.CustomObjectsApi(rv.api)
+    journals = _CountingJournals(custom, idle_seconds=120, watch_seconds=5)
+    try:
+        assert sorted(journals.entries(rv.ns, "kept", wait=30) or {}) == [0, 1]
+        assert journals.lists == 1
+        _, seen = list_objects_and_version(custom, rv.ns, "kept")
+        rv.run("later", [])  # the store moves past the version the informer has seen
+        cluster.restart(["kube-apiserver"], log=lambda *_: None)
+        with pytest.raises(stepwatch._Expired):  # the server's answer to a WATCH from that version
+            journals._watch(stepwatch._RunWatch(rv.ns, "kept"), seen)
+        _steps(rv, "kept", range(2, 4))  # recorded after the restart
+        wait_for(lambda: sorted(journals.entries(rv.ns, "kept") or {}) == [0, 1, 2, 3], timeout=60,
+                 what="the informer to list again and follow the run after the restart")
+        assert journals.lists >= 2, "the informer listed again"
     finally:
         journals.stop_all()
