@@ -336,8 +336,12 @@ class Reconciler:
                            require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
+        req_uid = meta.get("uid", "")
+        job_labels = [j.metadata.labels or {} for j in jobs.values()]
 
         def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
+            if role in jobs_mod.GUARD_ROLES:  # this request's own guard read, never an earlier request's answer
+                read = jobs_mod.guard_read(job_labels, req_uid, step, attempt, role)
             jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
             if jname in memory.views:
                 return memory.views[jname]
@@ -391,6 +395,8 @@ class Reconciler:
                       reverified={u.step: u for u in prior if u.step in reverify})
         for e in effects:
             if isinstance(e, ex.StartJob):
+                if e.role in jobs_mod.GUARD_ROLES:
+                    e = replace(e, read=jobs_mod.guard_read(job_labels, req_uid, e.step, e.attempt, e.role))
                 try:
                     self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e, guards)
                 except (ApiException, ValidationError) as err:

@@ -1,0 +1,25 @@
+"""Pure rules the breaker's findings rest on (see tests/integration/test_breaker_findings.py)."""
+
+from __future__ import annotations
+
+from reversi.adapters import jobs as jobs_mod
+from reversi.adapters.jobs import guard_read
+
+
+def _job(request_uid: str, step: int, attempt: int, role: str, read: int) -> dict[str, str]:
+    return {jobs_mod.LABEL_REQUEST_UID: request_uid, jobs_mod.LABEL_STEP: str(step),
+            jobs_mod.LABEL_ATTEMPT: str(attempt), jobs_mod.LABEL_ROLE: role, jobs_mod.LABEL_READ: str(read)}
+
+
+def test_a_guard_read_is_the_requests_own_and_never_an_earlier_requests_answer():
+    jobs = {"a-w0": _job("uid-a", 0, 1, "precondition", 0), "a-p0": _job("uid-a", 0, 1, "precheck", 0),
+            "c-w1": _job("uid-c", 0, 1, "precondition", 1), "other-step": _job("uid-a", 1, 1, "precondition", 4),
+            "other-attempt": _job("uid-a", 0, 2, "precondition", 7)}.values()
+    jobs = list(jobs)
+    assert guard_read([], "uid-b", 0, 1, "precondition") == 0  # nothing read yet
+    assert guard_read(jobs, "uid-a", 0, 1, "precondition") == 0  # its own Job: adopted (an operator restart)
+    assert guard_read(jobs, "uid-c", 0, 1, "precondition") == 1
+    assert guard_read(jobs, "uid-b", 0, 1, "precondition") == 2  # a new request reads again, under a new name
+    assert guard_read(jobs, "uid-b", 0, 1, "precheck") == 1
+    assert guard_read(jobs, "uid-b", 1, 1, "precondition") == 5
+    assert guard_read(jobs, "uid-b", 0, 3, "precondition") == 0
