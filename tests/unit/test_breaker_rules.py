@@ -23,3 +23,22 @@ def test_a_guard_read_is_the_requests_own_and_never_an_earlier_requests_answer()
     assert guard_read(jobs, "uid-b", 0, 1, "precheck") == 1
     assert guard_read(jobs, "uid-b", 1, 1, "precondition") == 5
     assert guard_read(jobs, "uid-b", 0, 3, "precondition") == 0
+
+
+def test_a_force_must_name_a_step_whose_compensation_has_a_precondition():
+    from reversi.engine import admission as rules
+    from reversi.models.run import RunSpec
+
+    comp = {"tool": "payments.void_capture", "kind": "inverse", "args": {}, "runner": "cli"}
+    guarded = {"name": "payments.capture", "effect": "write", "compensation": {
+        **comp, "precondition": {"tool": "payments.get_charge", "args": {}, "expect": {"refunded": False}}}}
+    plain = {"name": "inventory.reserve", "effect": "write", "compensation": comp}
+    spec = RunSpec.model_validate({"principal": "a", "mode": "enforce", "manifestRef": {"name": "m"}, "steps": [
+        {"index": 0, "tool": "payments.capture", "args": {}, "outcome": "succeeded", "snapshot": guarded},
+        {"index": 1, "tool": "inventory.reserve", "args": {}, "outcome": "succeeded", "snapshot": plain},
+        {"index": 2, "tool": "email.send", "args": {}, "outcome": "succeeded"}]})
+    assert rules.check_forces(spec, [0]) is None
+    assert rules.check_forces(spec, [7]).message == "force of step 7: the run has no such step"
+    for index in (1, 2):
+        assert rules.check_forces(spec, [0, index]).message.startswith(
+            f"force of step {index}: its compensation has no precondition")

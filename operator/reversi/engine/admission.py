@@ -308,6 +308,21 @@ def check_approvals(spec: RunSpec, steps: list[int]) -> Refusal | None:
     return None
 
 
+def check_forces(spec: RunSpec, steps: list[int]) -> Refusal | None:
+    """Forces must name steps of the run whose compensation has a precondition (issue 9: forcing
+    is checked like approvals); anything else would be admitted and do nothing."""
+    by_index = {s.index: s for s in spec.steps}
+    for index in steps:
+        step = by_index.get(index)
+        if step is None:
+            return Refusal(INVALID, f"force of step {index}: the run has no such step")
+        entry = spec.snapshot_of(step)
+        if entry is None or entry.compensation is None or entry.compensation.precondition is None:
+            return Refusal(INVALID, f"force of step {index}: its compensation has no precondition, so there is "
+                           "nothing to force (spec.force undoes a step whose precondition does not hold)")
+    return None
+
+
 def snapshot_for(manifest: ToolManifestSpec | None, tool: str) -> dict[str, Any] | None:
     """The manifest entry to copy into a new step (DESIGN §3: a snapshot taken when recorded)."""
     entry = manifest.tool(tool) if manifest else None
