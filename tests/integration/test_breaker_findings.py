@@ -208,3 +208,109 @@ def test_forcing_a_step_the_run_lacks_or_one_without_a_precondition_is_refused_l
     msg = _refused(lambda: request("no-precondition", 1), 422)
     assert "force of step 1: its compensation has no precondition" in msg, msg
     assert request("right", 0)["spec"]["force"][0]["step"] == 0
+
+
+def test_an_operator_killed_during_a_precondition_read_adopts_that_read_after_restart(rv, operator):
+    """SIGKILL while the precondition read runs: the restarted operator finds the request's own
+    read Job (by its request-uid label) instead of starting a second one, and undoes the step once."""
+    tool = _witnessed("payments.capture_witnessed", {"refunded": False})
+    rv.apply_manifest(extra_tools=[tool])
+    charge = rv.charge("o-kill-guard")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, tool["name"], {"charge_id": charge["id"]}, capture)])
+    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=6)
+    since = time.time()
+    rv.request("undo", "r")
+    wait_for(lambda: _jobs(rv, "precondition", 0), timeout=60, what="the precondition read to start")
+    operator.kill()
+    try:
+        operator.start()
+    finally:
+        assert operator.alive()
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed")
+    assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
+    assert len(_jobs(rv, "precondition")) == 1 and len(_jobs(rv, "compensator")) == 1
+    assert _voids(rv, since) == [f"/payments/captures/{capture['id']}/void"]
+
+
+def test_cancel_while_awaiting_approval_then_a_late_approval_runs_nothing(rv, cluster):
+    """A request waiting for an approval is cancelled; an approval arriving after that changes
+    nothing: the step stays cancelled, no compensator ever runs, the Run is free."""
+    rv.apply_manifest()  # payments.capture's void requires approval
+    charge = rv.charge("o-appr")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    proc = kr(cluster, "cancel", "undo", namespace=rv.ns)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    req = rv.wait_phase("undo", "Incomplete", "Succeeded", "Failed")
+    assert req["status"]["report"]["cancelled"] == [0], req["status"]["report"]
+    gen = rv.patch("rollbackrequests", "undo", {"spec": {"approvals": [{"step": 0}]}})["metadata"]["generation"]
+    late = wait_for(lambda: (lambda o: o if o["status"].get("observedGeneration") == gen else None)(
+        rv.get("rollbackrequests", "undo")), timeout=30, what="the late approval to be observed")
+    assert late["status"]["phase"] == "Incomplete" and late["status"]["report"]["cancelled"] == [0]
+    assert _jobs(rv, "compensator") == []
+    assert not (rv.get("runs", "r").get("status") or {}).get("activeRequest")
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+
+
+def test_deleting_a_request_during_its_precheck_read_leaves_the_run_free_and_the_next_reads_again(rv):
+    """Delete the request while its precheck read runs (nothing journaled yet): the Run is
+    released, nothing is left compensating, and the next request reads for itself: the step was
+    undone by hand in between, so it is alreadyRecovered and no compensator ever runs."""
+    tool = _tool("payments.charge_prechecked", {"tool": "payments.refund", "kind": "compensation",
+                                                "args": {"charge_id": "$result.id"}, "precheck": True},
+                 {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"}, "expect": {"refunded": True}})
+    rv.apply_manifest(extra_tools=[tool])
+    charge = rv.charge("o-del-pre")
+    rv.run("r", [rv.step(0, tool["name"], {"order_id": "o-del-pre", "amount": 700, "customer": "cus_9"}, charge)])
+    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=5)
+    rv.request("first", "r")
+    wait_for(lambda: _jobs(rv, "precheck", 0), timeout=60, what="the precheck read to start")
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "first")
+    wait_for(lambda: not (rv.get("runs", "r").get("status") or {}).get("activeRequest"), timeout=30,
+             what="the Run to be released")
+    assert rv.undo("r") == []  # a read journals nothing
+    since = time.time()
+    rv.downstream.post("/payments/refunds", {"charge_id": charge["id"]})  # undone by hand meanwhile
+    rv.request("second", "r")
+    req = rv.wait_phase("second", "Succeeded", "Incomplete", "Failed")
+    report = req["status"]["report"]
+    assert req["status"]["phase"] == "Succeeded" and report["alreadyRecovered"] == [0], report
+    assert _jobs(rv, "compensator") == [] and len(_jobs(rv, "precheck", 0)) == 2
+    refunds = [c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds" and c["at"] >= since]
+    assert len(refunds) == 1  # only the hand-made one
+
+
+def test_cancelling_a_waiting_request_never_touches_the_lock_of_the_one_that_holds_the_run(rv, cluster):
+    """B waits behind A; cancelling B ends B without taking or releasing the Run's lock and without
+    recording runners (it used to record them, and say RunnersRecorded, although it never took the
+    lock and started nothing); A goes on and undoes everything once; a new step stays refused."""
+    from reversi.adapters.journal import step_body
+
+    rv.apply_manifest()
+    charges = [rv.charge(f"o-wait-{i}") for i in range(2)]
+    rv.run("r", [rv.step(i, "payments.create_charge", {"order_id": f"o-wait-{i}", "amount": 700,
+                                                       "customer": "cus_9"}, c) for i, c in enumerate(charges)])
+    rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=5)
+    rv.request("a", "r")
+    wait_for(lambda: _jobs(rv, "compensator", 1), timeout=60, what="A's first compensator")
+    rv.request("b", "r")
+    rv.wait_phase("b", "Waiting")
+    proc = kr(cluster, "cancel", "b", namespace=rv.ns)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    b = rv.wait_phase("b", "Incomplete", "Succeeded", "Failed")
+    # it never took the lock, so it recorded no runners (status.runners: "unset before the lock")
+    assert b["status"].get("runSteps") is None and not b["status"].get("runners"), b["status"]
+    events = rv.core.list_namespaced_event(rv.ns, field_selector="involvedObject.name=b").items
+    assert "RunnersRecorded" not in {e.reason for e in events}
+    assert rv.get("runs", "r")["status"]["activeRequest"] == "a"
+    msg = _refused(lambda: rv.create("runsteps", step_body(rv.ns, "r", rv.step(
+        2, "payments.get_customer", {"customer": "cus_9"}, {"id": "cus_9"}))))
+    assert "run is being rolled back by RollbackRequest a" in msg, msg
+    a = rv.wait_phase("a", "Succeeded", "Incomplete", "Failed")
+    assert a["status"]["phase"] == "Succeeded", a["status"]["report"]
+    assert len(_jobs(rv, "compensator")) == 2
+    refunds = [c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+    assert len(refunds) == 2 and all(rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in charges)

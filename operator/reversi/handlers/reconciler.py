@@ -272,8 +272,9 @@ class Reconciler:
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
             if status["runSteps"] != journal.size:
                 return self.settings.tick_seconds  # plan again, with exactly those steps
-        if recorded is None:
+        if recorded is None and not (cancelling and not holding):
             # record the runners this request uses before any Job starts: it uses only those until it ends
+            # (a request cancelled before it took the lock never records: it starts nothing)
             runners, readers_now = self._record_runners(req, status, plan, run_spec, prior, runners, readers_now)
             runner_names = set(runners)
 
