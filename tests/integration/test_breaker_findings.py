@@ -338,3 +338,59 @@ def test_the_compensation_deadline_counts_from_the_lock_not_from_the_time_spent_
     # B took the lock with step 0 its only work and started it at once: the deadline had not passed for B
     assert report["compensationDeadlinePassed"] == [] and report["compensated"] == [0, 1], report
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+def test_a_run_deleted_and_recreated_mid_rollback_is_never_reported_undone_by_the_old_request(rv):
+    """A GitOps re-sync (delete and create) replaces the Run while its rollback runs. The request
+    holds the old Run's progress (status.steps, runSteps, runners); the new Run, same name, other
+    uid, has other calls that nobody undid. The request must not carry the old Run's "compensated"
+    over to the new Run's steps: it fails (its Run is gone) and leaves the new Run to a new request."""
+    from reversi.adapters.journal import step_body
+
+    rv.apply_manifest()
+
+    def steps(tag: str) -> tuple[list[dict], list[dict]]:
+        charges = [rv.charge(f"o-{tag}-{i}") for i in range(2)]
+        return [rv.step(i, "payments.create_charge", {"order_id": f"o-{tag}-{i}", "amount": 700, "customer": "cus_9"},
+                        c) for i, c in enumerate(charges)], charges
+
+    old_steps, _old = steps("old")
+    rv.run("r", old_steps)
+    old_uid = rv.get("runs", "r")["metadata"]["uid"]
+    rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "timeout", "times": 1,
+                                    "delay_s": 6, "skip": 1})  # step 1's refund is quick, step 0's slow
+    rv.request("undo", "r", retries=1)
+    wait_for(lambda: _jobs(rv, "compensator", 0), timeout=60, what="step 0's (slow) compensator")
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runs", "r")
+    wait_for(lambda: not rv.steps("r") and not _exists(rv, "runs", "r"), timeout=30, what="the old Run to be gone")
+    new_steps, new = steps("new")
+    rv.create("runs", {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+                       "spec": {"mode": "enforce", "scope": {"actor": "test-agent"},
+                                "manifestRef": {"name": "payments"}}})
+    for step in new_steps:
+        rv.create("runsteps", step_body(rv.ns, "r", step))
+    assert rv.get("runs", "r")["metadata"]["uid"] != old_uid
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed", timeout=120)
+    # it used to lock the new Run and report Succeeded, compensated [0, 1], with new step 1 never refunded
+    assert req["status"]["phase"] == "Failed", req["status"]
+    invalid = next(x for x in req["status"]["conditions"] if x["type"] == "Invalid")
+    assert invalid["reason"] == "RunNotFound" and "was deleted" in invalid["message"], invalid
+    assert not any(rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in new)
+    status = rv.get("runs", "r").get("status") or {}
+    assert not status.get("activeRequest") and not status.get("closedBy"), status  # the new Run is untouched
+    rv.request("again", "r")
+    again = rv.wait_phase("again", "Succeeded", "Incomplete", "Failed")
+    assert again["status"]["phase"] == "Succeeded" and again["status"]["report"]["compensated"] == [0, 1]
+    assert all(rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in new)
+
+
+def _exists(rv, plural: str, name: str) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        rv.get(plural, name)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True

@@ -42,3 +42,18 @@ def test_a_force_must_name_a_step_whose_compensation_has_a_precondition():
     for index in (1, 2):
         assert rules.check_forces(spec, [0, index]).message.startswith(
             f"force of step {index}: its compensation has no precondition")
+
+
+def test_a_run_deleted_or_created_again_after_the_lock_is_gone_for_the_request():
+    import reversi.handlers.runtime  # noqa: F401 - imports the handlers in the order the operator does
+    from reversi.handlers.reconciler import run_gone
+
+    started = {"runSteps": 2, "startTime": "2026-01-01T10:00:05Z"}
+    run = {"metadata": {"creationTimestamp": "2026-01-01T10:00:00Z"}}
+    assert run_gone(started, run) is None
+    assert run_gone(started, None) == "was deleted"
+    assert run_gone(started, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) == \
+        "was deleted and created again"
+    # before the lock (no runSteps pinned) a missing or young Run is waited for, as before
+    assert run_gone({"startTime": "2026-01-01T10:00:05Z"}, None) is None
+    assert run_gone({}, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) is None

@@ -165,6 +165,12 @@ class Reconciler:
         except ValidationError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
+        gone = run_gone(req.get("status") or {}, run_obj)
+        if gone:  # the Run this request locked was deleted (and maybe created again): its progress is not the new Run's
+            raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} {gone} after this request took its "
+                          "lock; its compensator Jobs went with it, and nothing this request did applies to "
+                          "another Run: look at what the old Run's calls left, and create a new request for the "
+                          "Run as it is now")
         self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
             if spec.cancel:
@@ -882,6 +888,22 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def run_gone(status: dict, run_obj: dict | None) -> str | None:
+    """Why the Run a request locked is no longer there, or None. A request that pinned
+    ``status.runSteps`` took the Run's lock; if the Run is now missing, or was created after the
+    request started (``status.startTime``: deleted and created again under the same name, e.g. by
+    a GitOps re-sync), the request's progress (``status.steps``, ``runSteps``, ``runners``) belongs
+    to a Run that no longer exists and must never be reported as the new Run's."""
+    if status.get("runSteps") is None:
+        return None
+    if run_obj is None:
+        return "was deleted"
+    created, started = _epoch(run_obj["metadata"].get("creationTimestamp")), _epoch(status.get("startTime"))
+    if created is not None and started is not None and created > started:
+        return "was deleted and created again"
+    return None
 
 
 def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict | None,
