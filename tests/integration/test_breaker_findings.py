@@ -394,3 +394,40 @@ def _exists(rv, plural: str, name: str) -> bool:
             return False
         raise
     return True
+
+
+@pytest.mark.parametrize("compensation, words", [
+    ({"windowSeconds": 0}, "windowSeconds"),
+    ({"windowSeconds": -5}, "windowSeconds"),
+    ({"windowSeconds": 10 * 366 * 86400 + 1}, "windowSeconds"),
+    ({"windowSeconds": "180d"}, "windowSeconds"),
+    ({"precheck": "yes"}, "precheck"),
+    ({"precondition": {"tool": "payments.get_charge", "args": {}, "expect": {"refunded": False},
+                       "runner": "nobody"}}, "precondition.runner"),
+    ({"precondition": {"tool": "payments.get_charge", "args": {}, "expect": [1]}}, "expect"),
+    ({"precondition": {"tool": "payments.get_charge", "args": {}}}, "expect"),
+])
+def test_bad_guards_in_a_manifest_are_refused_with_the_field(rv, compensation, words):
+    tool = _tool("payments.guarded", {**VOID, **compensation}, CAPTURE_READ)
+    from tests.integration.conftest import manifest_body
+
+    msg = _refused(lambda: rv.create("toolmanifests", manifest_body(rv.downstream.url, extra_tools=[tool])))
+    assert words in msg, msg
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"compensationDeadlineSeconds": 0}, "compensationDeadlineSeconds"),
+    ({"compensationDeadlineSeconds": -1}, "compensationDeadlineSeconds"),
+    ({"compensationDeadlineSeconds": 7 * 86400 + 1}, "compensationDeadlineSeconds"),
+    ({"compensationDeadlineSeconds": "1h"}, "compensationDeadlineSeconds"),
+    ({"force": [{"step": -1}]}, "force"),
+    ({"force": [{"step": "0"}]}, "force"),
+    ({"force": [0]}, "force"),
+    ({"force": [{"step": 0}, {"step": 0}]}, "force"),
+    ({"cancel": "true"}, "cancel"),
+    ({"cancel": 1}, "cancel"),
+])
+def test_bad_rollback_request_input_is_refused_with_the_field(rv, spec, words):
+    rv.apply_manifest()
+    msg = _refused(lambda: rv.request("bad", "r", **spec))
+    assert words in msg, msg
