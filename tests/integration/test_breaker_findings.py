@@ -431,3 +431,27 @@ def test_bad_rollback_request_input_is_refused_with_the_field(rv, spec, words):
     rv.apply_manifest()
     msg = _refused(lambda: rv.request("bad", "r", **spec))
     assert words in msg, msg
+
+
+def test_a_request_deleted_while_the_operator_is_down_does_not_leave_the_run_locked(rv, operator):
+    """Rule 14 releases the lock of a deleted request, but a deletion made while the operator is
+    down is never seen as an event: with no compensator Job to settle (the request waited for an
+    approval), the Run named the deleted request in status.activeRequest (Locked=True) for good."""
+    rv.apply_manifest()  # payments.capture's void requires approval
+    charge = rv.charge("o-down")
+    capture = rv.capture(charge["id"])
+    rv.run("r", [rv.step(0, "payments.capture", {"charge_id": charge["id"]}, capture)])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    assert rv.get("runs", "r")["status"]["activeRequest"] == "undo"
+    operator.kill()
+    try:
+        rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "undo")  # no webhook on delete
+    finally:
+        operator.start()
+    status = wait_for(lambda: (lambda s: s if not s.get("activeRequest") else None)(
+        rv.get("runs", "r").get("status") or {}), timeout=40, what="the Run to be released")
+    locked = next(x for x in status["conditions"] if x["type"] == "Locked")
+    assert locked["status"] == "False" and locked["reason"] == "RequestDeleted", locked
+    assert _jobs(rv, "compensator") == []
+    assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"

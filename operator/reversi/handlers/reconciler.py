@@ -648,6 +648,16 @@ class Reconciler:
         if (run_obj.get("status") or {}).get("activeRequest") == name:
             self._release(namespace, run_name, name, complete=False, deleted=True)
 
+    def lock_orphaned(self, namespace: str, run_name: str, holder: str) -> None:
+        """Run ``namespace/run_name`` names ``holder`` in ``status.activeRequest``: when that
+        RollbackRequest no longer exists (deleted while the operator was down, so its deletion was
+        never seen), do what its deletion does (:meth:`request_deleted`): settle what it left and
+        release the lock. One GET of the request; raises ``ApiException``."""
+        if self.kube.get(REQUESTS, namespace, holder) is None:
+            log.info("Run %s/%s is locked by RollbackRequest %s, which no longer exists: releasing it",
+                     namespace, run_name, holder)
+            self.request_deleted(namespace, holder, run_name)
+
     def job_finished(self, namespace: str, job: dict) -> None:
         """A compensator Job finished: when the request that started it no longer exists (deleted
         mid-way, also while the operator was down), settle what it left (:meth:`request_deleted`)."""
