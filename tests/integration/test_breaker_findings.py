@@ -455,3 +455,34 @@ def test_a_request_deleted_while_the_operator_is_down_does_not_leave_the_run_loc
     assert locked["status"] == "False" and locked["reason"] == "RequestDeleted", locked
     assert _jobs(rv, "compensator") == []
     assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+
+
+def test_an_imported_inline_journal_cannot_smuggle_an_irreversible_call_into_a_strict_run(rv):
+    rv.apply_manifest()
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "strict-import"},
+            "spec": {"mode": "enforce", "recovery": "required", "scope": {"actor": "a"},
+                     "manifestRef": {"name": "payments"},
+                     "steps": [{"index": 0, "tool": "email.send", "args": {"to": "x"}, "outcome": "succeeded"}]}}
+    msg = _refused(lambda: rv.create("runs", body))
+    assert "recovery required" in msg and "email.send" in msg, msg
+
+
+def test_cancel_then_delete_mid_call_settles_the_step_from_its_job_and_frees_the_run(rv, cluster):
+    """Cancel, then delete the request while its compensator still runs: the Job is not killed,
+    its outcome settles the journal (no stranded compensating), the Run is free, one refund ran."""
+    rv.apply_manifest()
+    charge = rv.charge("o-cd-del")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-cd-del", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=5)
+    rv.request("undo", "r")
+    wait_for(lambda: _jobs(rv, "compensator", 0), timeout=60, what="the compensator")
+    assert kr(cluster, "cancel", "undo", namespace=rv.ns).returncode == 0
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "undo")
+    wait_for(lambda: not (rv.get("runs", "r").get("status") or {}).get("activeRequest"), timeout=30,
+             what="the Run to be released")
+    undo = wait_for(lambda: [u for u in rv.undo("r") if u["state"] == "compensated"], timeout=60,
+                    what="step 0 settled from its Job")
+    assert undo[0]["verification"] == "unverified" and undo[0]["attempts"] == 1
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == 1
