@@ -486,3 +486,60 @@ def test_cancel_then_delete_mid_call_settles_the_step_from_its_job_and_frees_the
     assert undo[0]["verification"] == "unverified" and undo[0]["attempts"] == 1
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
     assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == 1
+
+
+def _job_done(job) -> bool:
+    return bool(job.status.succeeded or job.status.failed)
+
+
+CANCEL_MOMENTS = {
+    "first compensator created": lambda rv: _jobs(rv, "compensator", 2),
+    "first compensator finished": lambda rv: [j for j in _jobs(rv, "compensator", 2) if _job_done(j)],
+    "first read-back created": lambda rv: _jobs(rv, "reader", 2),
+    "second compensator created": lambda rv: _jobs(rv, "compensator", 1),
+}
+
+
+@pytest.mark.parametrize("moment", list(CANCEL_MOMENTS))
+def test_cancel_at_each_moment_of_a_job_the_report_matches_the_downstream(rv, cluster, moment):
+    """Cancel exactly when a Job appears or finishes: whatever the race, every refund the
+    downstream saw is reported undone (compensated or unverified), every step reported cancelled
+    had no compensator and no refund, nothing stays compensating, and the Run is free."""
+    rv.apply_manifest()
+    charges = [rv.charge(f"o-m-{i}") for i in range(3)]
+    rv.run("r", [rv.step(i, "payments.create_charge", {"order_id": f"o-m-{i}", "amount": 700, "customer": "cus_9"}, c)
+                 for i, c in enumerate(charges)])
+    rv.request("undo", "r")
+    wait_for(lambda: CANCEL_MOMENTS[moment](rv), timeout=60, interval=0.05, what=moment)
+    assert kr(cluster, "cancel", "undo", namespace=rv.ns).returncode == 0
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed", timeout=90)
+    report = req["status"]["report"]
+    refunded = {i for i, c in enumerate(charges) if rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"]}
+    assert refunded == set(report["compensated"]) | set(report["unverified"]), (moment, refunded, report)
+    for s in report["cancelled"]:
+        assert _jobs(rv, "compensator", s) == [] and s not in refunded, (moment, s)
+    assert set(report["compensated"]) | set(report["unverified"]) | set(report["cancelled"]) == {0, 1, 2}, report
+    assert all(u["state"] != "compensating" for u in rv.undo("r"))
+    assert not (rv.get("runs", "r").get("status") or {}).get("activeRequest")
+    assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == len(refunded)
+
+
+def test_delete_then_at_once_a_new_request_adopts_the_running_compensator_and_reads_it_back(rv):
+    """Delete the request mid-call and create the next one at once: the new request adopts the
+    running Job by its name (no second compensator, one refund), and its read-back verifies it; the
+    deleted request's settling never overwrites the new request's journal entry."""
+    rv.apply_manifest()
+    charge = rv.charge("o-adopt")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-adopt", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=5)
+    rv.request("first", "r")
+    wait_for(lambda: [u for u in rv.undo("r") if u["state"] == "compensating"], timeout=60, what="journaled")
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "first")
+    rv.request("second", "r")
+    req = rv.wait_phase("second", "Succeeded", "Incomplete", "Failed", timeout=90)
+    assert req["status"]["phase"] == "Succeeded" and req["status"]["report"]["compensated"] == [0], req["status"]
+    [undo] = rv.undo("r")
+    assert undo["state"] == "compensated" and undo["verification"] == "verified", undo
+    assert len(_jobs(rv, "compensator")) == 1
+    assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == 1
