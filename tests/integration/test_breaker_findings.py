@@ -543,3 +543,38 @@ def test_delete_then_at_once_a_new_request_adopts_the_running_compensator_and_re
     assert undo["state"] == "compensated" and undo["verification"] == "verified", undo
     assert len(_jobs(rv, "compensator")) == 1
     assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == 1
+
+
+def test_the_cancel_command_fails_cleanly_for_a_missing_request_and_a_user_without_patch(rv, cluster, namespace):
+    from tests.integration.test_plugin import one_line_error
+
+    rv.apply_manifest()
+    err = one_line_error(kr(cluster, "cancel", "no-such-request", namespace=rv.ns))
+    assert "no-such-request" in err, err
+    charge = rv.charge("o-viewer")
+    rv.run("r", [rv.step(0, "payments.capture", {"charge_id": charge["id"]}, rv.capture(charge["id"]))])
+    rv.request("undo", "r")
+    rv.wait_phase("undo", "AwaitingApproval")
+    _user_api(rv, cluster, namespace, "viewer", ["get", "list"])
+    err = one_line_error(kr(cluster, "cancel", "undo", namespace=rv.ns, kubeconfig=cluster.kubeconfig_for("viewer")))
+    assert "patch" in err, err
+    assert not rv.get("rollbackrequests", "undo")["spec"].get("cancel")
+
+
+def test_removing_the_cancel_field_or_cancelled_by_is_refused_too(rv):
+    rv.apply_manifest()
+    rv.request("undo", "nope", cancel=True)
+    stored = rv.get("rollbackrequests", "undo")
+    assert stored["spec"]["cancel"] is True and stored["spec"]["cancelledBy"], stored["spec"]
+    for path in ("/spec/cancel", "/spec/cancelledBy"):
+        body = [{"op": "remove", "path": path}]
+        from kubernetes.client.rest import ApiException
+
+        try:
+            after = rv.patch("rollbackrequests", "undo", body)  # a list: sent as a JSON patch
+        except ApiException as err:  # refused: fine
+            assert err.status in (400, 422), err
+            continue
+        assert after["spec"].get("cancel") is True and after["spec"].get("cancelledBy") == stored["spec"]["cancelledBy"]
+    final = rv.get("rollbackrequests", "undo")
+    assert final["spec"]["cancel"] is True and final["spec"]["cancelledBy"] == stored["spec"]["cancelledBy"]
