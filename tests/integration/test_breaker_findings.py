@@ -626,3 +626,16 @@ def test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can(rv)
         assert recorded == pinned, (f"attempt {attempt}: step(s) {list(range(pinned, recorded))} recorded (admitted) "
                                     f"but not in the rollback's runSteps={pinned}", refused)
         assert refused and refused[0][0] == pinned and "rolled back by RollbackRequest" in refused[0][2], refused
+
+
+def test_a_precheck_whose_read_back_expects_nothing_is_refused_since_it_would_skip_every_undo(rv):
+    """compensation.precheck reads the verification first and skips the compensator when the answer
+    contains ``expect``. With ``expect: {}`` every answer contains it: each step would be reported
+    alreadyRecovered (complete, Succeeded) and never undone. Such a manifest is refused."""
+    from tests.integration.conftest import manifest_body
+
+    tool = _tool("payments.charge_prechecked", {"tool": "payments.refund", "kind": "compensation",
+                                                "args": {"charge_id": "$result.id"}, "precheck": True},
+                 {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"}, "expect": {}})
+    msg = _refused(lambda: rv.create("toolmanifests", manifest_body(rv.downstream.url, extra_tools=[tool])), 422)
+    assert "precheck" in msg and "expect" in msg, msg

@@ -57,3 +57,22 @@ def test_a_run_deleted_or_created_again_after_the_lock_is_gone_for_the_request()
     # before the lock (no runSteps pinned) a missing or young Run is waited for, as before
     assert run_gone({"startTime": "2026-01-01T10:00:05Z"}, None) is None
     assert run_gone({}, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) is None
+
+
+def test_a_precheck_against_an_empty_expect_is_refused():
+    from reversi.engine import admission as rules
+    from reversi.models.toolmanifest import ToolManifestSpec
+
+    def manifest(expect: dict, precheck: bool = True) -> ToolManifestSpec:
+        return ToolManifestSpec.model_validate({
+            "runners": [{"name": "cli", "image": "x", "command": ["x"]}],
+            "tools": [{"name": "payments.create_charge", "effect": "write",
+                       "compensation": {"tool": "payments.refund", "kind": "compensation", "args": {},
+                                        "runner": "cli", "precheck": precheck},
+                       "verification": {"tool": "payments.get_charge", "args": {}, "expect": expect,
+                                        "runner": "cli"}}]})
+
+    assert rules.check_guards(manifest({"refunded": True})) is None
+    assert rules.check_guards(manifest({}, precheck=False)) is None
+    refusal = rules.check_guards(manifest({}))
+    assert refusal is not None and "never undone" in refusal.message

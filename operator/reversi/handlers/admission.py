@@ -722,7 +722,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
     to create Jobs there and to read every Secret it names."""
     what = f"ToolManifest {namespace}/{name}"
     spec = _parse(ToolManifestSpec, body.get("spec"), what)
-    refusal = rules.check_templates(spec)
+    refusal = rules.check_templates(spec) or rules.check_guards(spec)
     if refusal is not None:
         raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     state = runtime.state()
