@@ -639,3 +639,43 @@ def test_a_precheck_whose_read_back_expects_nothing_is_refused_since_it_would_sk
                  {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"}, "expect": {}})
     msg = _refused(lambda: rv.create("toolmanifests", manifest_body(rv.downstream.url, extra_tools=[tool])), 422)
     assert "precheck" in msg and "expect" in msg, msg
+
+
+def test_an_agent_cannot_make_its_call_expire_by_forging_recorded_at(rv):
+    """windowSeconds is judged from recordedAt: a step sent with a recordedAt years ago would be
+    expired at once and never undone. The server stamps recordedAt; the step is undone."""
+    from reversi.adapters.journal import step_body
+
+    tool = _tool("payments.charge_180d", {"tool": "payments.refund", "kind": "compensation",
+                                          "args": {"charge_id": "$result.id"}, "windowSeconds": 180 * 86400},
+                 {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"}, "expect": {"refunded": True}})
+    rv.apply_manifest(extra_tools=[tool])
+    charge = rv.charge("o-forge-at")
+    rv.create("runs", {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
+                       "spec": {"mode": "enforce", "scope": {"actor": "a"}, "manifestRef": {"name": "payments"}}})
+    step = rv.step(0, tool["name"], {"order_id": "o-forge-at", "amount": 700, "customer": "cus_9"}, charge)
+    body = step_body(rv.ns, "r", step)
+    body["spec"]["recordedAt"] = "2000-01-01T00:00:00Z"
+    made = rv.create("runsteps", body)
+    assert not made["spec"]["recordedAt"].startswith("2000"), made["spec"]
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed")
+    assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+def test_an_imported_inline_step_cannot_carry_a_forged_recorded_at_either(rv):
+    tool = _tool("payments.charge_180d", {"tool": "payments.refund", "kind": "compensation",
+                                          "args": {"charge_id": "$result.id"}, "windowSeconds": 180 * 86400},
+                 {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"}, "expect": {"refunded": True}})
+    rv.apply_manifest(extra_tools=[tool])
+    charge = rv.charge("o-forge-inline")
+    step = {**rv.step(0, tool["name"], {"order_id": "o-forge-inline", "amount": 700, "customer": "cus_9"}, charge),
+            "recordedAt": "2000-01-01T00:00:00Z"}
+    rv.inline_run("r", [step])
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", "Failed")
+    [moved] = rv.steps("r")
+    assert not moved["spec"]["recordedAt"].startswith("2000"), moved["spec"]
+    assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
