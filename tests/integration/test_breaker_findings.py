@@ -679,3 +679,25 @@ def test_an_imported_inline_step_cannot_carry_a_forged_recorded_at_either(rv):
     assert not moved["spec"]["recordedAt"].startswith("2000"), moved["spec"]
     assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+
+def test_after_a_cancel_the_next_request_reads_the_unverified_undo_back_and_never_reruns_it(rv, cluster):
+    rv.apply_manifest()
+    charges = [rv.charge(f"o-cv-{i}") for i in range(2)]
+    rv.run("r", [rv.step(i, "payments.create_charge", {"order_id": f"o-cv-{i}", "amount": 700, "customer": "cus_9"}, c)
+                 for i, c in enumerate(charges)])
+    rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=4)
+    rv.request("first", "r")
+    wait_for(lambda: _jobs(rv, "compensator", 1), timeout=60, what="step 1's compensator")
+    assert kr(cluster, "cancel", "first", namespace=rv.ns).returncode == 0
+    first = rv.wait_phase("first", "Incomplete", "Succeeded", "Failed")
+    assert first["status"]["report"]["unverified"] == [1] and first["status"]["report"]["cancelled"] == [0]
+    rv.request("second", "r")
+    second = rv.wait_phase("second", "Succeeded", "Incomplete", "Failed")
+    report = second["status"]["report"]
+    assert second["status"]["phase"] == "Succeeded" and report["compensated"] == [0, 1], report
+    assert len(_jobs(rv, "compensator", 1)) == 1 and len(_jobs(rv, "compensator", 0)) == 1
+    refunds = [c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+    assert len(refunds) == 2
+    undo = {u["step"]: u for u in rv.undo("r")}
+    assert undo[1]["verification"] == "verified" and undo[1]["verifiedBy"] == "second" and undo[1]["request"] == "first"
