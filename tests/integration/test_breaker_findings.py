@@ -701,3 +701,27 @@ def test_after_a_cancel_the_next_request_reads_the_unverified_undo_back_and_neve
     assert len(refunds) == 2
     undo = {u["step"]: u for u in rv.undo("r")}
     assert undo[1]["verification"] == "verified" and undo[1]["verifiedBy"] == "second" and undo[1]["request"] == "first"
+
+
+def test_a_request_deleted_while_the_operator_is_down_mid_call_is_settled_from_its_job_on_restart(rv, operator):
+    rv.apply_manifest()
+    charge = rv.charge("o-down-call")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-down-call", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    rv.downstream.fault("/payments/refunds", "timeout", times=1, delay_s=4)
+    rv.request("undo", "r")
+    [job] = wait_for(lambda: _jobs(rv, "compensator", 0), timeout=60, what="the compensator")
+    wait_for(lambda: [u for u in rv.undo("r") if u["state"] == "compensating"], timeout=30, what="journaled")
+    operator.kill()
+    try:
+        rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "undo")
+        wait_for(lambda: _job_done(rv.batch.read_namespaced_job(job.metadata.name, rv.ns)), timeout=60,
+                 what="the compensator to finish while the operator is down")
+    finally:
+        operator.start()
+    wait_for(lambda: not (rv.get("runs", "r").get("status") or {}).get("activeRequest"), timeout=40,
+             what="the Run to be released")
+    [undo] = wait_for(lambda: [u for u in rv.undo("r") if u["state"] == "compensated"], timeout=40,
+                      what="step 0 settled from its Job")
+    assert undo["verification"] == "unverified" and undo["attempts"] == 1
+    assert len([c for c in rv.downstream.state()["calls"] if c["path"] == "/payments/refunds"]) == 1
