@@ -48,13 +48,16 @@ def test_a_run_deleted_or_created_again_after_the_lock_is_gone_for_the_request()
     import reversi.handlers.runtime  # noqa: F401 - imports the handlers in the order the operator does
     from reversi.handlers.reconciler import run_gone
 
-    started = {"runSteps": 2, "startTime": "2026-01-01T10:00:05Z"}
-    run = {"metadata": {"creationTimestamp": "2026-01-01T10:00:00Z"}}
-    assert run_gone(started, run) is None
-    assert run_gone(started, None) == "was deleted"
-    assert run_gone(started, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) == \
+    pinned = {"runSteps": 2, "startTime": "2026-01-01T10:00:05Z"}
+    locked = {"metadata": {"creationTimestamp": "2026-01-01T10:00:00Z"}, "status": {"closedBy": "undo"}}
+    assert run_gone(pinned, locked) is None
+    # the Run's clock may run ahead of the operator's: a creation time after startTime is no sign
+    assert run_gone(pinned, {**locked, "metadata": {"creationTimestamp": "2026-01-01T10:00:09Z"}}) is None
+    assert run_gone(pinned, None) == "was deleted"
+    assert run_gone(pinned, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) == \
         "was deleted and created again"
-    # before the lock (no runSteps pinned) a missing or young Run is waited for, as before
+    assert run_gone(pinned, {"metadata": {}, "status": {"activeRequest": None}}) == "was deleted and created again"
+    # before the lock (no runSteps pinned) a missing or new Run is waited for, as before
     assert run_gone({"startTime": "2026-01-01T10:00:05Z"}, None) is None
     assert run_gone({}, {"metadata": {"creationTimestamp": "2026-01-01T10:00:06Z"}}) is None
 

@@ -902,16 +902,16 @@ class Reconciler:
 
 def run_gone(status: dict, run_obj: dict | None) -> str | None:
     """Why the Run a request locked is no longer there, or None. A request that pinned
-    ``status.runSteps`` took the Run's lock; if the Run is now missing, or was created after the
-    request started (``status.startTime``: deleted and created again under the same name, e.g. by
-    a GitOps re-sync), the request's progress (``status.steps``, ``runSteps``, ``runners``) belongs
-    to a Run that no longer exists and must never be reported as the new Run's."""
+    ``status.runSteps`` took the Run's lock, which set the Run's ``status.closedBy`` (never
+    cleared). If the Run is now missing, or has no ``closedBy`` (a new Run under the same name:
+    deleted and created again, e.g. by a GitOps re-sync), the request's progress
+    (``status.steps``, ``runSteps``, ``runners``) belongs to a Run that no longer exists and must
+    never be reported as the new Run's. Uses no clock (the operator's and the API server's may differ)."""
     if status.get("runSteps") is None:
         return None
     if run_obj is None:
         return "was deleted"
-    created, started = _epoch(run_obj["metadata"].get("creationTimestamp")), _epoch(status.get("startTime"))
-    if created is not None and started is not None and created > started:
+    if not (run_obj.get("status") or {}).get("closedBy"):
         return "was deleted and created again"
     return None
 
