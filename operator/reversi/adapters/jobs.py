@@ -28,6 +28,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
+from collections.abc import Iterable, Mapping
 
 from ..models.toolmanifest import Runner
 
@@ -104,6 +105,35 @@ def compensator_call(run_id: str, step: int, tool: str, original_tool: str, args
 def reader_call(tool: str, arguments: Any) -> dict[str, Any]:
     """The reader call JSON of DESIGN §6."""
     return {"tool": tool, "arguments": arguments}
+
+
+#: reads that run before a compensator (issue 9); not journaled, so each request reads for itself
+GUARD_ROLES = frozenset({"precheck", "precondition"})
+
+
+def guard_read(job_labels: Iterable[Mapping[str, str]], request_uid: str, step: int, attempt: int, role: str) -> int:
+    """The read number of request ``request_uid``'s guard Job (role ``precheck`` or
+    ``precondition``) before attempt ``attempt`` of ``step``, given the labels of the run's Jobs:
+    the number of its own Job, else one past the highest another request used (0 when none did).
+
+    A guard read is not journaled (a conflict, a cancel during the read), so a later request starts
+    the same attempt; with a Job name of its own it reads the state again and never adopts an
+    earlier request's answer, which may be stale (a precondition that held then may not hold now).
+    An operator that restarts finds the request's own Job by its ``reversi.dev/request-uid`` label.
+    """
+    taken = []
+    for labels in job_labels:
+        if (labels.get(LABEL_ROLE) != role or labels.get(LABEL_STEP) != str(step)
+                or labels.get(LABEL_ATTEMPT) != str(attempt)):
+            continue
+        try:
+            read = int(labels.get(LABEL_READ, "0"))
+        except ValueError:
+            continue
+        if labels.get(LABEL_REQUEST_UID) == request_uid:
+            return read
+        taken.append(read)
+    return max(taken) + 1 if taken else 0
 
 
 def _labels(owner: Owner, run_uid: str, step: int, attempt: int, role: Role, read: int) -> dict[str, str]:

@@ -273,6 +273,21 @@ def check_templates(manifest: ToolManifestSpec) -> Refusal | None:
     return None
 
 
+def check_guards(manifest: ToolManifestSpec) -> Refusal | None:
+    """A ``compensation.precheck`` skips the compensator when the verification's answer contains
+    its ``expect`` (issue 9): an empty ``expect`` is contained in every answer, so every step would
+    be ``alreadyRecovered`` and never undone. Refused at admission only (a snapshot recorded
+    earlier still reads)."""
+    for tool in manifest.tools:
+        comp, check = tool.compensation, tool.verification
+        if comp is not None and comp.precheck and check is not None and check.expect == {}:
+            return Refusal(INVALID, f"tool {tool.name}: compensation.precheck with verification.expect {{}}: every "
+                           "answer contains an empty expect, so every step would be alreadyRecovered and never "
+                           "undone; give expect the fields an undone call shows (e.g. {refunded: true}) or drop "
+                           "precheck")
+    return None
+
+
 def template_problem(text: str) -> str | None:
     """Why ``text`` (a string starting with ``$``) is not a valid reference, or None."""
     if not _LOOKS_LIKE_REFERENCE.match(text):
@@ -305,6 +320,21 @@ def check_approvals(spec: RunSpec, steps: list[int]) -> Refusal | None:
         entry = spec.snapshot_of(step)
         if entry is None or entry.compensation is None or not entry.compensation.requires_approval:
             return Refusal(INVALID, f"approval of step {index}: its compensation does not require approval")
+    return None
+
+
+def check_forces(spec: RunSpec, steps: list[int]) -> Refusal | None:
+    """Forces must name steps of the run whose compensation has a precondition (issue 9: forcing
+    is checked like approvals); anything else would be admitted and do nothing."""
+    by_index = {s.index: s for s in spec.steps}
+    for index in steps:
+        step = by_index.get(index)
+        if step is None:
+            return Refusal(INVALID, f"force of step {index}: the run has no such step")
+        entry = spec.snapshot_of(step)
+        if entry is None or entry.compensation is None or entry.compensation.precondition is None:
+            return Refusal(INVALID, f"force of step {index}: its compensation has no precondition, so there is "
+                           "nothing to force (spec.force undoes a step whose precondition does not hold)")
     return None
 
 

@@ -637,10 +637,9 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
             f"{_user(userinfo)} may not force step(s) {forced} of {what}: forcing an undo whose precondition does "
             f"not hold needs the RBAC verb \"force\" on rollbackrequests.reversi.dev in namespace {namespace}; "
             "ask for a Role granting it", code=403)
-    if not steps and not all_now and not denied:
-        return
-    named = [*steps, *denied]
-    if named:  # one Run read: approvals and denials must name steps whose compensation asks for approval
+    named = [*steps, *denied, *forced]
+    if named:  # one Run read: approvals and denials must name steps whose compensation asks for
+        # approval, forces steps whose compensation has a precondition
         run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
         if run is not None:
             run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
@@ -651,6 +650,11 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
                 if refusal is not None:
                     raise kopf.AdmissionError(f"{what}: {refusal.message.replace('approval of', f'{word} of')}",
                                               code=422)
+            refusal = rules.check_forces(recorded, forced) if forced else None
+            if refusal is not None:
+                raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
+    if not steps and not all_now and not denied:
+        return
     if not _may_approve(userinfo, namespace, name):  # one SubjectAccessReview for both
         parts = (["all compensations (approveCompensations)"] if all_now else []) + \
                 ([f"step(s) {steps}"] if steps else [])
@@ -718,7 +722,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
     to create Jobs there and to read every Secret it names."""
     what = f"ToolManifest {namespace}/{name}"
     spec = _parse(ToolManifestSpec, body.get("spec"), what)
-    refusal = rules.check_templates(spec)
+    refusal = rules.check_templates(spec) or rules.check_guards(spec)
     if refusal is not None:
         raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     state = runtime.state()

@@ -165,6 +165,12 @@ class Reconciler:
         except ValidationError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
+        gone = run_gone(req.get("status") or {}, run_obj)
+        if gone:  # the Run this request locked was deleted (and maybe created again): its progress is not the new Run's
+            raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} {gone} after this request took its "
+                          "lock; its compensator Jobs went with it, and nothing this request did applies to "
+                          "another Run: look at what the old Run's calls left, and create a new request for the "
+                          "Run as it is now")
         self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
         if run_obj is None:
             if spec.cancel:
@@ -272,8 +278,9 @@ class Reconciler:
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
             if status["runSteps"] != journal.size:
                 return self.settings.tick_seconds  # plan again, with exactly those steps
-        if recorded is None:
+        if recorded is None and not (cancelling and not holding):
             # record the runners this request uses before any Job starts: it uses only those until it ends
+            # (a request cancelled before it took the lock never records: it starts nothing)
             runners, readers_now = self._record_runners(req, status, plan, run_spec, prior, runners, readers_now)
             runner_names = set(runners)
 
@@ -336,8 +343,12 @@ class Reconciler:
                            require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
+        req_uid = meta.get("uid", "")
+        job_labels = [j.metadata.labels or {} for j in jobs.values()]
 
         def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
+            if role in jobs_mod.GUARD_ROLES:  # this request's own guard read, never an earlier request's answer
+                read = jobs_mod.guard_read(job_labels, req_uid, step, attempt, role)
             jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
             if jname in memory.views:
                 return memory.views[jname]
@@ -391,6 +402,8 @@ class Reconciler:
                       reverified={u.step: u for u in prior if u.step in reverify})
         for e in effects:
             if isinstance(e, ex.StartJob):
+                if e.role in jobs_mod.GUARD_ROLES:
+                    e = replace(e, read=jobs_mod.guard_read(job_labels, req_uid, e.step, e.attempt, e.role))
                 try:
                     self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e, guards)
                 except (ApiException, ValidationError) as err:
@@ -634,6 +647,16 @@ class Reconciler:
         if (run_obj.get("status") or {}).get("activeRequest") == name:
             self._release(namespace, run_name, name, complete=False, deleted=True)
 
+    def lock_orphaned(self, namespace: str, run_name: str, holder: str) -> None:
+        """Run ``namespace/run_name`` names ``holder`` in ``status.activeRequest``: when that
+        RollbackRequest no longer exists (deleted while the operator was down, so its deletion was
+        never seen), do what its deletion does (:meth:`request_deleted`): settle what it left and
+        release the lock. One GET of the request; raises ``ApiException``."""
+        if self.kube.get(REQUESTS, namespace, holder) is None:
+            log.info("Run %s/%s is locked by RollbackRequest %s, which no longer exists: releasing it",
+                     namespace, run_name, holder)
+            self.request_deleted(namespace, holder, run_name)
+
     def job_finished(self, namespace: str, job: dict) -> None:
         """A compensator Job finished: when the request that started it no longer exists (deleted
         mid-way, also while the operator was down), settle what it left (:meth:`request_deleted`)."""
@@ -874,6 +897,22 @@ class Reconciler:
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def run_gone(status: dict, run_obj: dict | None) -> str | None:
+    """Why the Run a request locked is no longer there, or None. A request that pinned
+    ``status.runSteps`` took the Run's lock, which set the Run's ``status.closedBy`` (never
+    cleared). If the Run is now missing, or has no ``closedBy`` (a new Run under the same name:
+    deleted and created again, e.g. by a GitOps re-sync), the request's progress
+    (``status.steps``, ``runSteps``, ``runners``) belongs to a Run that no longer exists and must
+    never be reported as the new Run's. Uses no clock (the operator's and the API server's may differ)."""
+    if status.get("runSteps") is None:
+        return None
+    if run_obj is None:
+        return "was deleted"
+    if not (run_obj.get("status") or {}).get("closedBy"):
+        return "was deleted and created again"
+    return None
 
 
 def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict | None,
