@@ -316,30 +316,6 @@ def test_cancelling_a_waiting_request_never_touches_the_lock_of_the_one_that_hol
     assert len(refunds) == 2 and all(rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in charges)
 
 
-@pytest.mark.xfail(strict=True, reason="compensationDeadlineSeconds (and deadlineSeconds) count from status.startTime, "
-                   "which is set on the request's first pass, also while it waits for another request's lock: a "
-                   "request queued longer than its deadline starts no compensation at all. Whether the deadline "
-                   "should count from the lock (the request's own start of work) is a design decision")
-def test_the_compensation_deadline_counts_from_the_lock_not_from_the_time_spent_waiting(rv):
-    rv.apply_manifest()
-    charge, held = rv.charge("o-cd"), rv.reserve("o-cd")
-    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-cd", "amount": 700, "customer": "cus_9"}, charge),
-                 rv.step(1, "inventory.reserve", {"sku": "sku-mug", "qty": 1, "order_id": "o-cd"}, held)])
-    rv.downstream.fault(f"/inventory/reservations/{held['id']}/release", "timeout", times=1, delay_s=8)
-    rv.downstream.fault("/payments/refunds", "error", times=1)  # A's refund fails: B has work to do
-    rv.request("a", "r", retries=1)
-    wait_for(lambda: _jobs(rv, "compensator", 1), timeout=60, what="A's slow inverse")
-    rv.request("b", "r", compensationDeadlineSeconds=4)
-    rv.wait_phase("b", "Waiting")
-    a = rv.wait_phase("a", "Succeeded", "Incomplete", "Failed")
-    assert [f["step"] for f in a["status"]["report"]["failed"]] == [0], a["status"]["report"]
-    b = rv.wait_phase("b", "Succeeded", "Incomplete", "Failed")
-    report = b["status"]["report"]
-    # B took the lock with step 0 its only work and started it at once: the deadline had not passed for B
-    assert report["compensationDeadlinePassed"] == [] and report["compensated"] == [0, 1], report
-    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
-
-
 def test_a_run_deleted_and_recreated_mid_rollback_is_never_reported_undone_by_the_old_request(rv):
     """A GitOps re-sync (delete and create) replaces the Run while its rollback runs. The request
     holds the old Run's progress (status.steps, runSteps, runners); the new Run, same name, other
