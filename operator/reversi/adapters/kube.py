@@ -72,6 +72,13 @@ class Kube:
                 return None
             raise
 
+    def select(self, plural: str, namespace: str, selector: str) -> list[dict]:
+        """The objects of a kind in ``namespace`` whose labels match ``selector`` (one LIST, with
+        the client's timeout)."""
+        resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, label_selector=selector,
+                                                         _request_timeout=self.timeout)
+        return list(resp.get("items") or [])
+
     def list(self, plural: str, namespace: str | None = None, *, cached: bool = False) -> list[dict]:
         """All objects of a kind (in one namespace, or cluster-wide).
 

@@ -143,7 +143,8 @@ def rollback_order(tree: Mapping[str, Sequence[Node]], steps: Mapping[str, int],
     return out
 
 
-def ancestry_problem(run: str, parent: str, chain: Sequence[tuple[str, str | None] | None], tree_runs: int) -> str | None:
+def ancestry_problem(run: str, parent: str, chain: Sequence[tuple[str, str | None] | None],
+                     tree_runs: int) -> str | None:
     """Why a Run ``run`` may not be created with parent ``parent``, or None. ``chain``: what a walk
     up from ``parent`` found, ``[(name, its parent or None), ...]`` starting with ``parent`` itself,
     a ``None`` entry for a Run that does not exist (the walk stops there), at most
@@ -156,7 +157,8 @@ def ancestry_problem(run: str, parent: str, chain: Sequence[tuple[str, str | Non
     for entry in chain:
         if entry is None:
             missing = seen[-1]
-            return f"parent Run {missing}'s own parent does not exist any more: the tree is broken, choose another parent"
+            return (f"parent Run {missing}'s own parent does not exist any more: the tree is broken, choose another "
+                    "parent")
         name, up = entry
         if name in seen:
             path = " -> ".join([*seen, name])

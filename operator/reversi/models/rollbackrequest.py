@@ -388,6 +388,15 @@ class RunSection(StatusModel):
     message: str | None = Field(default=None, description="The run's verdict, for a person.")
 
 
+class TreeRun(StatusModel):
+    """A run below the request's run, locked with it (nested runs)."""
+
+    run: str = Field(description="Name of the Run.")
+    parent: str = Field(description="Its parent Run.")
+    opened: int = Field(default=0, ge=0, description="The parent's step count when it was opened.")
+    created: str | None = Field(default=None, description="Its creationTimestamp (orders children opened at one index).")
+
+
 class Report(StatusModel):
     """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
 
@@ -514,6 +523,12 @@ class RollbackRequestStatus(StatusModel):
         description="The runners this request uses, recorded from the ToolManifest when it took the Run's lock (only "
         "those its plan needs: compensators, readers, the verifyCommand check). Every Job it starts is built from "
         "them until it ends; a later ToolManifest change affects the next request. Unset before the lock and in a dry run.",
+    )
+    tree_runs: list[TreeRun] | None = Field(
+        default=None,
+        max_length=MAX_SECTIONS,
+        description="Nested runs: every Run below this request's run, locked with it when it took the lock (one lock "
+        "over the whole tree, released together at the end). Unset before the lock; empty for a run with no children.",
     )
     steps: list[StepStatus] = Field(
         default_factory=list,
