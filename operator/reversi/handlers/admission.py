@@ -144,6 +144,11 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                name: str | None = None, **_: Any) -> None:
     """Stamp the principal, new steps' snapshots and times, and new resolutions' actors (of a
     valid spec only: a malformed one is refused here, with the field)."""
+    ref = (body.get("spec") or {}).get("parentRef") if isinstance(body.get("spec"), dict) else None
+    if isinstance(ref, dict) and "namespace" in ref:
+        raise kopf.AdmissionError(f"Run {namespace}/{name or ''}: spec.parentRef has no namespace: a parent Run is in "
+                                  "the same namespace as its child; remove spec.parentRef.namespace and name a Run of "
+                                  f"namespace {namespace}", code=422)
     _parse(RunSpec, body.get("spec"), f"Run {namespace}/{name or body.get('metadata', {}).get('generateName', '')}")
     user = _user(userinfo)
     spec = body.get("spec") or {}
@@ -205,7 +210,7 @@ def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[d
     the CRD: parentRef is immutable)."""
     ref = spec.get("parentRef")
     parent = ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else None
-    old_obj = old if isinstance(old, dict) else {}
+    old_obj: Any = old or {}
     old_labels = (old_obj.get("metadata") or {}).get("labels") or {}
     old_ref = (old_obj.get("spec") or {}).get("parentRef")
     labels: dict[str, str] = {}

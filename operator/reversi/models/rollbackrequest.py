@@ -360,7 +360,7 @@ class StepResidue(StatusModel):
 
 
 RunOutcome = Literal["pending", "running", "rolledBack", "incomplete", "alreadyRecovered", "cancelled"]
-#: sections of one report: the run and every run below it (models.run.MAX_TREE_RUNS) 
+#: sections of one report: the run and every run below it (models.run.MAX_TREE_RUNS)
 MAX_SECTIONS = 65
 
 
