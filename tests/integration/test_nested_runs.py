@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters.journal import step_body
+from reversi.sdk import Halted, Recorder
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -203,13 +204,19 @@ def test_admission_refuses_bad_parents_with_clear_messages(rv, admin_api):
 def test_a_halt_on_the_parents_scope_stops_the_childs_calls(rv):
     rv.apply_manifest()
     _open(rv, "boss", actor="planner")
-    _open(rv, "worker", parent="boss", actor="sub-agent")
+    child = Recorder.open(rv.ns, "worker", manifest="payments", parent="boss", scope={"actor": "sub-agent"},
+                          api=rv.api)  # the SDK opens a child run
+    assert rv.get("runs", "worker")["spec"]["parentRef"] == {"name": "boss", "step": 0}
     _open(rv, "free", actor="sub-agent")
     rv.create("halts", {"apiVersion": f"{G}/{V}", "kind": "Halt", "metadata": {"name": "stop-planner"},
                         "spec": {"reason": "planner misbehaves", "scope": {"actor": "planner"}}})
     body = step_body(rv.ns, "worker", rv.step(0, "inventory.reserve", {"sku": "s", "qty": 1, "order_id": "h"}))
     msg = _refused(rv, lambda: rv.create("runsteps", body))
     assert "kill switch: planner misbehaves" in msg and "ancestor Run boss" in msg, msg
+    calls = []
+    with pytest.raises(Halted) as err:  # the SDK raises before the call is made
+        child.call("inventory.reserve", {"sku": "s", "qty": 1, "order_id": "h"}, calls.append)
+    assert "ancestor Run boss" in str(err.value) and calls == []
     # a run outside the tree with the same own scope is not halted
     rv.create("runsteps", step_body(rv.ns, "free", rv.step(0, "inventory.reserve",
                                                              {"sku": "s", "qty": 1, "order_id": "f"})))
