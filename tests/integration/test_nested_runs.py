@@ -226,3 +226,53 @@ def test_a_halt_on_the_parents_scope_stops_the_childs_calls(rv):
     msg = _refused(rv, lambda: rv.create("runsteps", step_body(rv.ns, "free", rv.step(
         1, "inventory.reserve", {"sku": "s", "qty": 1, "order_id": "f2"}))))
     assert "kill switch: sub-agents paused" in msg, msg
+
+
+APPROVED_RESERVE = {"name": "inventory.reserve_approved", "effect": "write",
+                    "compensation": {"tool": "inventory.release", "kind": "inverse",
+                                     "args": {"reservation_id": "$result.id"}, "requiresApproval": True,
+                                     "runner": "tools"}}
+
+
+def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reaches_the_child(rv):
+    rv.apply_manifest(extra_tools=[APPROVED_RESERVE])
+    ids: dict = {}
+    _open(rv, "p")
+    _reserve_step(rv, "p", 0, ids)
+    _open(rv, "a", parent="p")
+    held = rv.reserve("a-0")
+    rv.create("runsteps", step_body(rv.ns, "a", rv.step(0, APPROVED_RESERVE["name"],
+                                                        {"sku": "sku-mug", "qty": 1, "order_id": "a-0"}, held)))
+    # a request of the child alone holds the child's lock while it waits for an approval
+    rv.request("undo-a", "a")
+    rv.wait_phase("undo-a", "AwaitingApproval")
+    rv.request("undo", "p")
+    waiting = rv.wait_phase("undo", "Waiting")
+    assert f"RollbackRequest {rv.ns}/undo-a is working on Run {rv.ns}/a" in _cond(waiting, "Running")["message"]
+    # all or nothing: the parent's run is not locked while its child is held by another request
+    assert rv.get("runs", "p")["status"].get("activeRequest") is None
+    assert rv.get("runs", "a")["status"]["activeRequest"] == "undo-a"
+    rv.patch("rollbackrequests", "undo-a", {"spec": {"cancel": True}})
+    rv.wait_phase("undo-a", "Incomplete")
+    # the tree's request takes the whole tree; the child (opened at 1) goes first, by its own request
+    sub = wait_for(lambda: next((s.get("request") for s in ((rv.get("rollbackrequests", "undo").get("status") or {})
+                                                            .get("report") or {}).get("runs", [])[1:]
+                                 if s.get("request")), None), timeout=60, what="the child's request")
+    rv.wait_phase(sub, "AwaitingApproval")
+    for run in ("p", "a"):
+        assert rv.get("runs", run)["status"]["activeRequest"] == "undo"
+    # the parent's step 0 waits for the child (it was recorded before the child was opened)
+    p0 = next(iter(ids))
+    assert rv.downstream.get(f"/inventory/reservations/{p0}")["status"] == "held"
+    rv.patch("rollbackrequests", "undo", {"spec": {"cancel": True}})
+    req = rv.wait_phase("undo", "Incomplete", "Succeeded", timeout=120)
+    assert req["status"]["phase"] == "Incomplete" and _cond(req, "Complete")["reason"] == "Cancelled"
+    assert rv.get("rollbackrequests", sub)["spec"]["cancel"] is True
+    sections = {s["run"]: s for s in req["status"]["report"]["runs"]}
+    assert sections["a"]["outcome"] == "cancelled" and sections["a"]["complete"] is False
+    assert req["status"]["report"]["cancelled"] == [0] and req["status"]["report"]["complete"] is False
+    # nothing ran: no compensator Job, no release; every run of the tree released
+    assert _compensators(rv, "p") == 0 and _compensators(rv, "a") == 0
+    assert rv.downstream.get(f"/inventory/reservations/{held['id']}")["status"] == "held"
+    for run in ("p", "a"):
+        assert rv.get("runs", run)["status"].get("activeRequest") is None

@@ -260,9 +260,9 @@ class Reconciler(TreeRollback):
         holding = (run_obj.get("status") or {}).get("activeRequest") == name or self._held_for(req, run_obj)
         if cancelling and not holding:
             pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
-        elif not self._lock_tree(req, run_obj, status):  # the Run's lock, and its child runs' (nested runs)
-            holder = (run_obj.get("status") or {}).get("activeRequest")
-            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends"
+        elif (blocked := self._lock_tree(req, run_obj, status)) is not None:  # the Run's lock, and its children's
+            held_run, holder = blocked
+            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{held_run}; this one starts when it ends"
             status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))

@@ -5,7 +5,7 @@ The order is :mod:`reversi.engine.tree`'s. The request works on its own run with
 machinery of :mod:`reversi.handlers.reconciler`, holding back the steps below the current
 *floor* (the opening index of the next child not yet rolled back). When everything at or above
 the floor is settled, the next child is rolled back as a unit by a RollbackRequest of its own,
-named ``<request>-<child>`` and owned by this one (its status holds the child's full report; a
+named ``<request>-<child>-<hash>`` and owned by this one (its status holds the child's full report; a
 child with children of its own does the same, recursively); then the floor moves down.
 
 - **Lock.** Taking the lock takes it on every Run of the tree (the request's run and every run
@@ -53,12 +53,11 @@ COPIED = ("retries", "backoff", "parallelism", "verify_command", "require_verifi
 
 def child_request_name(request: str, run: str) -> str:
     """The deterministic name of the RollbackRequest of child run ``run`` made by ``request``:
-    ``<request>-<run>``, shortened with a hash when longer than 253 characters."""
-    name = f"{request}-{run}"
-    if len(name) <= MAX_REQUEST_NAME:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{request[:MAX_REQUEST_NAME - len(run) - 12]}-{digest}-{run}"
+    ``<request>-<run>-<5 hex of a hash of both>`` (so a request a person named ``<request>-<run>``
+    is not taken for it), the request's name shortened when the whole is over 253 characters."""
+    digest = hashlib.sha256(f"{request}/{run}".encode()).hexdigest()[:5]
+    keep = MAX_REQUEST_NAME - len(run) - len(digest) - 2
+    return f"{request[:keep]}-{run}-{digest}"
 
 
 def child_request(req: dict, spec: RollbackRequestSpec, run: str) -> dict:
@@ -160,38 +159,39 @@ class TreeRollback:
             return False
         return parent["metadata"]["name"] == holder or self._held_for(parent, run_obj, hops + 1)
 
-    def _lock_tree(self, req: dict, run_obj: dict, status: dict) -> bool:
+    def _lock_tree(self, req: dict, run_obj: dict, status: dict) -> tuple[str, str] | None:
         """Take the lock of the request's run and of every run below it, all or nothing (pins
-        ``status.treeRuns``); False when another live request holds one of them (wait). A child
-        run's own request takes nothing: its tree's request holds the lock for it."""
+        ``status.treeRuns``): None when held, else ``(run, holder)`` — the run another live request
+        (or a concurrent write) keeps it from taking, so the request waits. A child run's own
+        request takes nothing: its tree's request holds the lock for it."""
         meta = req["metadata"]
         ns, name = meta["namespace"], meta["name"]
         held_for = self._held_for(req, run_obj)
         pinned = status.get("treeRuns")
         if pinned is not None and (held_for or (run_obj.get("status") or {}).get("activeRequest") == name):
-            return True
+            return None
         nodes = [n for n in tree_io.tree_nodes(self.kube, ns, run_obj) if n.name != run_obj["metadata"]["name"]]
         below = rules.descendants(rules.subtree(nodes, run_obj["metadata"]["name"]), run_obj["metadata"]["name"])
         entries = [{"run": n.name, "parent": n.parent, "opened": n.opened, "created": n.created or None}
                    for n in below]
         if held_for:
             status["treeRuns"] = [{k: v for k, v in e.items() if v is not None} for e in entries]
-            return True
+            return None
         objs = [o for o in (self.kube.get(RUNS, ns, n.name) for n in below) if o is not None]
         for obj in [*objs, run_obj]:  # a run held by another live request: wait, taking nothing
             holder = (obj.get("status") or {}).get("activeRequest")
             if holder and holder != name and self._live(ns, holder):
-                return False
+                return obj["metadata"]["name"], holder
         taken: list[str] = []
         for obj in [*objs, run_obj]:
             if not self._lock(obj, name, ns):
                 for run in taken:  # all or nothing
                     self._unlock(ns, run, name)
-                return False
+                return obj["metadata"]["name"], (obj.get("status") or {}).get("activeRequest") or "another request"
             if obj is not run_obj and (obj.get("status") or {}).get("activeRequest") != name:
                 taken.append(obj["metadata"]["name"])
         status["treeRuns"] = [{k: v for k, v in e.items() if v is not None} for e in entries]
-        return True
+        return None
 
     def _live(self, ns: str, request: str) -> bool:
         other = self.kube.get(REQUESTS, ns, request)
@@ -229,14 +229,13 @@ class TreeRollback:
         request rolled it back completely, else by its own request); settle a child whose request
         ended. With ``stopping`` (cancel, deadline): cancel a child's request in flight, and mark
         the children not started ``cancelled``."""
-        ns = req["metadata"]["namespace"]
         for child in rules.children_order(tp.children):
             sec = tp.sections.get(child.name) or section(child)
             tp.sections[child.name] = sec
             if sec.get("outcome") in rules.DONE_OUTCOMES:
                 continue
             if sec.get("request"):
-                self._follow_child(ns, tp, child, sec, stopping)
+                self._follow_child(req, tp, child, sec, stopping)
                 return  # one child at a time
             if stopping:
                 for n in [child, *rules.descendants(tp.tree, child.name)]:
@@ -264,11 +263,18 @@ class TreeRollback:
             self.kube.event(req, "ChildRollbackStarted", f"rolling back child Run {ns}/{child.name} (opened at step "
                             f"{child.opened}) as one unit: RollbackRequest {ns}/{sub}")
 
-    def _follow_child(self, ns: str, tp: TreePass, child: rules.Node, sec: dict, stopping: str | None) -> None:
+    def _follow_child(self, req: dict, tp: TreePass, child: rules.Node, sec: dict, stopping: str | None) -> None:
+        ns = req["metadata"]["namespace"]
         sub = self.kube.get(REQUESTS, ns, sec["request"])
         if sub is None:
             tp.sections[child.name] = section(child, request=sec["request"], outcome="incomplete",
                                               message=f"RollbackRequest {sec['request']} was deleted before it ended")
+            return
+        owners = [o.get("uid") for o in sub["metadata"].get("ownerReferences") or [] if o.get("controller")]
+        if owners != [req["metadata"]["uid"]]:
+            tp.sections[child.name] = section(child, outcome="incomplete", message=(
+                f"a RollbackRequest {sec['request']} that this request did not make exists: the child run was not "
+                "rolled back; delete or rename that request, then create a new request"))
             return
         sub_status = sub.get("status") or {}
         if sub_status.get("phase") not in TERMINAL_PHASES:
