@@ -113,3 +113,16 @@ def test_ancestry_refusals_say_what_to_fix():
     assert refused is not None and f"at most {MAX_RUN_DEPTH} deep" in refused
     full = ancestry_problem("a", "p", _chain(("p", None)), MAX_TREE_RUNS)
     assert full is not None and str(MAX_TREE_RUNS) in full
+
+
+def test_describe_shows_a_section_per_run():
+    from reversi.cli.views import run_section_lines
+
+    lines = run_section_lines([
+        {"run": "p", "outcome": "rolledBack", "compensated": 3},
+        {"run": "b", "parent": "p", "opened": 2, "outcome": "rolledBack", "compensated": 2, "request": "undo-b-1a2b3"},
+        {"run": "a", "parent": "p", "opened": 1, "outcome": "alreadyRecovered"}])
+    text = "\n".join(lines)
+    assert "Runs (nested, in rollback order):" in text
+    assert text.index(" b ") < text.index(" a ") and "at step 2 of p" in text and "alreadyRecovered" in text
+    assert run_section_lines([]) == []

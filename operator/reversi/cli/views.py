@@ -358,6 +358,25 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
+def run_section_lines(sections: list[Any]) -> list[str]:
+    """``describe``'s section per run of a tree rollback (nested runs): the request's run, then
+    the runs below it in the order they are rolled back, each with its outcome and the request
+    that holds its full report."""
+    if not sections:
+        return []
+    rows = []
+    for sec in sections:
+        if not isinstance(sec, dict):
+            continue
+        opened = f"at step {sec['opened']} of {sec['parent']}" if sec.get("parent") else "(this request's run)"
+        rows.append((sec.get("run", ""), opened, sec.get("outcome", ""), sec.get("compensated", 0), sec.get("failed", 0),
+                     sec.get("request") or "-"))
+    lines = ["", "Runs (nested, in rollback order):"]
+    lines += ["  " + line for line in table(("RUN", "OPENED", "OUTCOME", "COMPENSATED", "FAILED", "REPORT IN"),
+                                            rows).splitlines()]
+    return lines
+
+
 def residue_entries(residue: list[Any]) -> list[dict[str, Any]]:
     """Typed residue ``[{step, type, text}]`` from a report's ``residue``; a report written
     before typed residue (``[{step, residue: [lines]}]``) reads as one ``declared`` entry per line."""
@@ -580,6 +599,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         lines += residue_lines(report.get("residue") or [])
+        lines += run_section_lines(report.get("runs") or [])
 
     entries = status.get("steps") or []
     if entries and status.get("phase") not in ("Planned", "Failed"):
