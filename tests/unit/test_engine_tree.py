@@ -126,3 +126,55 @@ def test_describe_shows_a_section_per_run():
     assert "Runs (nested, in rollback order):" in text
     assert text.index(" b ") < text.index(" a ") and "at step 2 of p" in text and "alreadyRecovered" in text
     assert run_section_lines([]) == []
+
+
+def _simulate(tree, steps, run, out):
+    """What the reconciler does for one run of a tree, parallelism 1: start what ready_steps
+    allows above the floor; when nothing can start, roll back the next child as a unit."""
+    w = tool("w")
+    spec = run_spec([step(i, w) for i in range(steps[run])])
+    graph = build_graph(spec)
+    plan = build_plan(spec, [], run_id=RUN_ID, graph=graph)
+    progress: dict[int, str] = {}
+    done: set[str] = set()
+    children = tree.get(run, [])
+    while True:
+        ready = ready_steps(plan, graph, progress, 1, floor=floor(children, done))
+        if ready:
+            out.append((run, ready[0]))
+            progress[ready[0]] = COMPENSATED
+            continue
+        child = next_child(children, done)
+        if child is None:
+            assert is_finished(plan, graph, progress)
+            return
+        _simulate(tree, steps, child.name, out)
+        done.add(child.name)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trees())
+def test_the_schedule_with_a_floor_follows_the_tree_order(data):
+    nodes, steps = data
+    tree = subtree(nodes, "r0")
+    out: list[tuple[str, int]] = []
+    _simulate(tree, steps, "r0", out)
+    assert out == rollback_order(tree, steps, "r0")
+
+
+def test_child_requests_are_named_and_owned_deterministically():
+    from reversi.handlers.tree import child_request, child_request_name
+    from reversi.models.rollbackrequest import RollbackRequestSpec
+
+    name = child_request_name("undo", "a")
+    assert name.startswith("undo-a-") and len(name) == len("undo-a-") + 5
+    assert child_request_name("undo", "a") == name != child_request_name("undo-a", "x")
+    long = child_request_name("r" * 250, "child")
+    assert len(long) <= 253 and long.endswith("-child-" + long[-5:])
+    spec = RollbackRequestSpec.model_validate({"runRef": {"name": "p"}, "retries": 2, "approveCompensations": True,
+                                               "approvals": [{"step": 0}], "parallelism": 3, "cancel": True})
+    body = child_request({"metadata": {"name": "undo", "namespace": "shop", "uid": "u-1"}}, spec, "a")
+    assert body["spec"] == {"runRef": {"name": "a"}, "retries": 2, "backoff": body["spec"]["backoff"],
+                            "parallelism": 3, "requireVerification": False}
+    assert body["metadata"]["ownerReferences"][0] == {"apiVersion": "reversi.dev/v1alpha1", "kind": "RollbackRequest",
+                                                      "name": "undo", "uid": "u-1", "controller": True}
