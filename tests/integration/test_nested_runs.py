@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from reversi.adapters.journal import step_body
 from reversi.sdk import Halted, Recorder
 from tests.helpers import wait_for
+from tests.integration.test_plugin import kr
 
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
@@ -73,6 +74,22 @@ def _compensators(rv, run: str) -> int:
     return len(jobs.items)
 
 
+def _child_request(rv, request: str) -> str:
+    """The name of the first child request that ``request``'s report names, once it exists."""
+
+    def made():
+        runs = ((rv.get("rollbackrequests", request).get("status") or {}).get("report") or {}).get("runs", [])
+        name = next((s["request"] for s in runs[1:] if s.get("request")), None)
+        try:
+            return name and rv.get("rollbackrequests", name) and name
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    return wait_for(made, timeout=60, what=f"the child request of {request}")
+
+
 def _cond(obj: dict, ctype: str) -> dict:
     return next(x for x in obj["status"]["conditions"] if x["type"] == ctype)
 
@@ -87,16 +104,25 @@ def _refused(rv, fn) -> str:
         return str(body)
 
 
-def test_parent_with_two_children_rolls_back_all_three_in_causal_order_with_one_report(rv):
+def test_parent_with_two_children_rolls_back_all_three_in_causal_order_with_one_report(rv, cluster):
     rv.apply_manifest()
     ids: dict = {}
     _tree(rv, ids)
     assert rv.get("runs", "a")["spec"]["parentRef"] == {"name": "p", "step": 1}
     assert rv.get("runs", "b")["spec"]["parentRef"] == {"name": "p", "step": 2}
     assert rv.get("runs", "b")["metadata"]["labels"]["reversi.dev/parent"] == "p"
+    # the plugin's plan shows the order a rollback of p will follow
+    plan = kr(cluster, "plan", "p", namespace=rv.ns)
+    assert "Child runs: a rollback of this run undoes, in this order:" in plan.stdout, plan.stdout + plan.stderr
+    order_text = plan.stdout[plan.stdout.index("Child runs:"):]
+    assert [line.strip() for line in order_text.splitlines()[1:8]] == [
+        "- step 2 of p", "- child Run b (opened at step 2), as one unit", "- steps 1..0 of b", "- step 1 of p",
+        "- child Run a (opened at step 1), as one unit", "- steps 1..0 of a", "- step 0 of p"], plan.stdout
     started = time.time()
     rv.request("undo", "p")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=240)
+    described = kr(cluster, "describe", "undo", namespace=rv.ns).stdout
+    assert "Runs (nested, in rollback order):" in described, described
     # downstream truth: each reservation released once, in causal order
     order = _releases(rv, ids, started)
     assert order == [("p", 2), ("b", 1), ("b", 0), ("p", 1), ("a", 1), ("a", 0), ("p", 0)], order
@@ -255,9 +281,7 @@ def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reac
     rv.patch("rollbackrequests", "undo-a", {"spec": {"cancel": True}})
     rv.wait_phase("undo-a", "Incomplete")
     # the tree's request takes the whole tree; the child (opened at 1) goes first, by its own request
-    sub = wait_for(lambda: next((s.get("request") for s in ((rv.get("rollbackrequests", "undo").get("status") or {})
-                                                            .get("report") or {}).get("runs", [])[1:]
-                                 if s.get("request")), None), timeout=60, what="the child's request")
+    sub = _child_request(rv, "undo")
     rv.wait_phase(sub, "AwaitingApproval")
     for run in ("p", "a"):
         assert rv.get("runs", run)["status"]["activeRequest"] == "undo"
@@ -276,3 +300,38 @@ def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reac
     assert rv.downstream.get(f"/inventory/reservations/{held['id']}")["status"] == "held"
     for run in ("p", "a"):
         assert rv.get("runs", run)["status"].get("activeRequest") is None
+
+
+def test_deleting_the_tree_request_mid_way_releases_every_run_of_the_tree(rv):
+    rv.apply_manifest(extra_tools=[APPROVED_RESERVE])
+    ids: dict = {}
+    _open(rv, "p")
+    _reserve_step(rv, "p", 0, ids)
+    _open(rv, "a", parent="p")
+    held = rv.reserve("a-0")
+    rv.create("runsteps", step_body(rv.ns, "a", rv.step(0, APPROVED_RESERVE["name"],
+                                                        {"sku": "sku-mug", "qty": 1, "order_id": "a-0"}, held)))
+    rv.request("undo", "p")
+    sub = _child_request(rv, "undo")
+    rv.wait_phase(sub, "AwaitingApproval")
+    assert {rv.get("runs", r)["status"]["activeRequest"] for r in ("p", "a")} == {"undo"}
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "undo",
+                                              body=client.V1DeleteOptions(propagation_policy="Foreground"))
+
+    def released():
+        return all(not (rv.get("runs", r).get("status") or {}).get("activeRequest") for r in ("p", "a"))
+
+    wait_for(released, timeout=60, what="every run of the tree released")
+    for run in ("p", "a"):
+        locked = _cond(rv.get("runs", run), "Locked")
+        assert locked["status"] == "False", locked
+
+    def sub_gone():
+        try:
+            rv.get("rollbackrequests", sub)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(sub_gone, timeout=60, what="the child's request deleted with the tree's request")
+    assert _compensators(rv, "a") == 0 and _compensators(rv, "p") == 0

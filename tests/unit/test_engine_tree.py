@@ -178,3 +178,23 @@ def test_child_requests_are_named_and_owned_deterministically():
                             "parallelism": 3, "requireVerification": False}
     assert body["metadata"]["ownerReferences"][0] == {"apiVersion": "reversi.dev/v1alpha1", "kind": "RollbackRequest",
                                                       "name": "undo", "uid": "u-1", "controller": True}
+
+
+def test_plan_shows_the_tree_order():
+    from reversi.cli.views import tree_lines
+
+    tree = {"p": [Node("a", "p", 1), Node("b", "p", 2)], "a": [Node("g", "a", 1)], "b": [], "g": []}
+    lines = tree_lines("p", {"p": 3, "a": 2, "b": 2, "g": 1}, tree)
+    assert lines == [
+        "Child runs: a rollback of this run undoes, in this order:",
+        "  - step 2 of p",
+        "  - child Run b (opened at step 2), as one unit",
+        "    - steps 1..0 of b",
+        "  - step 1 of p",
+        "  - child Run a (opened at step 1), as one unit",
+        "    - step 1 of a",
+        "    - child Run g (opened at step 1), as one unit",
+        "      - step 0 of g",
+        "    - step 0 of a",
+        "  - step 0 of p",
+    ]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
+from ..engine.tree import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
 
 #: Fields of one action in ``plan --json``, in this order (snake_case, the plugin's JSON contract).
@@ -356,6 +357,22 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     shown = {s for key, _ in BUCKETS for s in _bucket_steps((report.get(key) or [])[:BUCKET_LIMIT])}
     shown |= {e.get("step") for e in (status.get("steps") or [])[:BUCKET_LIMIT]}
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
+
+
+def tree_lines(run: str, steps: Mapping[str, int], tree: Mapping[str, Sequence[Node]], depth: int = 0) -> list[str]:
+    """``plan``'s order of a tree rollback (nested runs): the run's step ranges and its child runs
+    as units, newest first, each child's own units indented below it. ``steps``: each run's step
+    count."""
+    lines = ["Child runs: a rollback of this run undoes, in this order:"] if depth == 0 else []
+    pad = "  " * (depth + 1)
+    for unit in units(steps.get(run, 0), tree.get(run, ())):
+        if unit.child is None:
+            span = f"step {unit.lo}" if unit.hi - unit.lo == 1 else f"steps {unit.hi - 1}..{unit.lo}"
+            lines.append(f"{pad}- {span} of {run}")
+        else:
+            lines.append(f"{pad}- child Run {unit.child} (opened at step {unit.lo}), as one unit")
+            lines += tree_lines(unit.child, steps, tree, depth + 1)
+    return lines
 
 
 def run_section_lines(sections: list[Any]) -> list[str]:
