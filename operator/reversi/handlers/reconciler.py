@@ -486,11 +486,15 @@ class Reconciler(TreeRollback):
                     "cancelled" if cancelling else "incomplete"), report, plan)
                 self.metrics.refresh_runs(self.kube)
             return None
-        if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
+        child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
+        if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
+                                                                           floor=floor):
             phase = "AwaitingApproval"
         else:
             phase = "Running"
         running_message = f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"
+        running_message += "".join(f"; child Run {x['run']} is being rolled back by RollbackRequest {x.get('request')}"
+                                   for x in child_busy)
         awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
                             if awaiting else "no step waits for approval")
         status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
