@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters.journal import step_body
+from reversi.models.run import MAX_TREE_RUNS
 from reversi.sdk import Halted, Recorder
 from tests.helpers import wait_for
 from tests.integration.test_plugin import kr
@@ -335,3 +336,14 @@ def test_deleting_the_tree_request_mid_way_releases_every_run_of_the_tree(rv):
 
     wait_for(sub_gone, timeout=60, what="the child's request deleted with the tree's request")
     assert _compensators(rv, "a") == 0 and _compensators(rv, "p") == 0
+
+
+def test_a_tree_holds_at_most_64_runs_below_its_root(rv):
+    rv.apply_manifest()
+    _open(rv, "big")
+    for i in range(MAX_TREE_RUNS - 1):
+        _open(rv, f"c{i}", parent="big")
+    _open(rv, "deep", parent=f"c{MAX_TREE_RUNS - 2}")  # a grandchild counts too: 64 below the root
+    msg = _refused(rv, lambda: _open(rv, "one-more", parent="c0"))
+    assert f"the tree of root Run big already has {MAX_TREE_RUNS} runs below its root" in msg, msg
+    assert rv.get("runs", "deep")["metadata"]["labels"]["reversi.dev/root"] == "big"
