@@ -204,22 +204,26 @@ class Recorder:
     @classmethod
     def open(cls, namespace: str, run: str, *, manifest: str, mode: str = "enforce",
              scope: Mapping[str, str] | None = None, api: client.ApiClient | None = None,
-             kubeconfig: str | None = None, recovery: str = "bestEffort", **kwargs: Any) -> Recorder:
+             kubeconfig: str | None = None, recovery: str = "bestEffort", parent: str | None = None,
+             **kwargs: Any) -> Recorder:
         """Create the Run ``namespace/run`` (or continue it if it exists) and return a recorder.
 
         ``manifest`` names the ToolManifest in the same namespace; ``mode`` is ``enforce`` or
         ``observe``; ``scope`` has ``actor``, ``tenant``, ``environment``; ``recovery``
         (``bestEffort`` or ``required``) is the new Run's ``spec.recovery``: with ``required``
         a call that cannot be undone raises :class:`RecoveryRequired` before it is made (checked
-        by the SDK and by admission). The principal is stamped by the API server from the
-        authenticated user. Raises :class:`RecordingRefused` when the server refuses the Run.
+        by the SDK and by admission). ``parent`` opens the run as a child of that Run (same
+        namespace; nested runs: rolling back the parent rolls this run back as one unit, in the
+        order it was opened). The principal is stamped by the API server from the
+        authenticated user. Raises :class:`RecordingRefused` when the server refuses the Run
+        (e.g. its parent is missing, closed or too deep).
         """
         api = api or _default_api(kubeconfig)
         rec = cls(api, namespace, run, recovery=recovery, **kwargs)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run",
                 "metadata": {"name": run, "namespace": namespace},
                 "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
-                         "recovery": recovery}}
+                         "recovery": recovery, **({"parentRef": {"name": parent}} if parent else {})}}
         try:
             rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body,
                                                        _request_timeout=TIMEOUT)

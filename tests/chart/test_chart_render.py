@@ -168,6 +168,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     needed = {("reversi.dev", k, v) for k in kinds for v in ("get", "list", "watch")}
     needed |= {("reversi.dev", f"{k}/status", "patch") for k in kinds}
     needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run
+    # nested runs: the request of a parent run makes (and cancels) one request per child run
+    needed |= {("reversi.dev", "rollbackrequests", "create"), ("reversi.dev", "rollbackrequests", "patch")}
     needed |= {("reversi.dev", "runs/finalizers", "update"),
                ("batch", "jobs", "create"), ("batch", "jobs", "get"), ("batch", "jobs", "list"),
                ("batch", "jobs", "watch"), ("", "secrets", "create"), ("", "pods", "get"), ("", "pods", "list"),

@@ -21,15 +21,15 @@ class FakeCustom:
     def __init__(self, kinds: list[str] | None):
         self.kinds = kinds
 
-    def get_api_resources(self, group, version):
+    def get_api_resources(self, group, version, **_):
         if self.kinds is None:
             raise _404({"message": "the server could not find the requested resource"})
         return {"resources": [{"name": k} for k in self.kinds]}
 
-    def get_namespaced_custom_object(self, group, version, ns, plural, name):
+    def get_namespaced_custom_object(self, group, version, ns, plural, name, **_):
         raise _404({"message": f'{plural}.{group} "{name}" not found', "details": {"name": name, "kind": plural}})
 
-    def create_namespaced_custom_object(self, group, version, ns, plural, body):
+    def create_namespaced_custom_object(self, group, version, ns, plural, body, **_):
         raise _404({"message": f'namespaces "{ns}" not found', "details": {"name": ns, "kind": "namespaces"}})
 
 
@@ -37,7 +37,7 @@ class FakeCore:
     def __init__(self, namespaces: set[str]):
         self.namespaces = namespaces
 
-    def read_namespace(self, name):
+    def read_namespace(self, name, **_):
         if name not in self.namespaces:
             raise _404({"message": f'namespaces "{name}" not found', "details": {"name": name, "kind": "namespaces"}})
         return {"metadata": {"name": name}}

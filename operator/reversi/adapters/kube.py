@@ -72,6 +72,13 @@ class Kube:
                 return None
             raise
 
+    def select(self, plural: str, namespace: str, selector: str) -> list[dict]:
+        """The objects of a kind in ``namespace`` whose labels match ``selector`` (one LIST, with
+        the client's timeout)."""
+        resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, label_selector=selector,
+                                                         _request_timeout=self.timeout)
+        return list(resp.get("items") or [])
+
     def list(self, plural: str, namespace: str | None = None, *, cached: bool = False) -> list[dict]:
         """All objects of a kind (in one namespace, or cluster-wide).
 
@@ -119,6 +126,22 @@ class Kube:
             if err.status == 409:
                 raise Conflict(str(err.reason)) from err
             raise
+
+    def create(self, plural: str, namespace: str, body: dict) -> bool:
+        """Create an object; False when one of that name exists already (it is left as it is)."""
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body,
+                                                        _request_timeout=self.timeout)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def merge(self, plural: str, namespace: str, name: str, patch: dict) -> dict:
+        """Merge-patch an object (not its status)."""
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch,
+                                                          _request_timeout=self.timeout)
 
     def json_patch_status(self, plural: str, namespace: str, name: str, ops: builtins.list[dict]) -> dict:
         """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""

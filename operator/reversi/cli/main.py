@@ -35,7 +35,10 @@ from collections.abc import Callable, Iterator
 import click
 from kubernetes.client.rest import ApiException
 
-from ..adapters.journal import JournalError, inline_moved, load
+from ..adapters.journal import JournalError, count_steps, inline_moved, load
+from ..adapters.tree import node_of
+from ..engine.tree import Node, subtree
+from ..models.run import LABEL_ROOT
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import Journal
@@ -180,7 +183,24 @@ def plan(run: str, as_json: bool) -> int:
             out(views.plan_table(p) if p.actions else "  no steps recorded")
             out("")
             out(views.plan_verdict(p, run, c.namespace))
+            tree = child_tree(c, obj)
+            if tree.get(run):
+                counts = {name: count_steps(c.custom, c.namespace, name) for name in tree if name != run}
+                out("")
+                out("\n".join(views.tree_lines(run, {**counts, run: len(p.actions)}, tree)))
     return 0 if p.fully_reversible else 2
+
+
+def child_tree(c: Connection, run_obj: dict) -> dict[str, list[Node]]:
+    """The runs below ``run_obj`` (nested runs): one LIST by the ``reversi.dev/root`` label."""
+    root = ((run_obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROOT) or run_obj["metadata"]["name"]
+    try:
+        items = c.custom.list_namespaced_custom_object("reversi.dev", "v1alpha1", c.namespace, "runs",
+                                                       label_selector=f"{LABEL_ROOT}={root}")
+    except ApiException as err:
+        raise c.api_error(err, f"listing the child runs of Run {c.namespace}/{run_obj['metadata']['name']}", "runs",
+                          c.namespace) from err
+    return subtree([node_of(o) for o in items.get("items") or []], run_obj["metadata"]["name"])
 
 
 # ---------------------------------------------------------------------------------- rollback

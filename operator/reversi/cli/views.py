@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
+from ..engine.tree import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
 
 #: Fields of one action in ``plan --json``, in this order (snake_case, the plugin's JSON contract).
@@ -358,6 +359,41 @@ def steps_without_tool(request: Mapping[str, Any]) -> list[int]:
     return sorted(s for s in shown if isinstance(s, int) and s not in known)
 
 
+def tree_lines(run: str, steps: Mapping[str, int], tree: Mapping[str, Sequence[Node]], depth: int = 0) -> list[str]:
+    """``plan``'s order of a tree rollback (nested runs): the run's step ranges and its child runs
+    as units, newest first, each child's own units indented below it. ``steps``: each run's step
+    count."""
+    lines = ["Child runs: a rollback of this run undoes, in this order:"] if depth == 0 else []
+    pad = "  " * (depth + 1)
+    for unit in units(steps.get(run, 0), tree.get(run, ())):
+        if unit.child is None:
+            span = f"step {unit.lo}" if unit.hi - unit.lo == 1 else f"steps {unit.hi - 1}..{unit.lo}"
+            lines.append(f"{pad}- {span} of {run}")
+        else:
+            lines.append(f"{pad}- child Run {unit.child} (opened at step {unit.lo}), as one unit")
+            lines += tree_lines(unit.child, steps, tree, depth + 1)
+    return lines
+
+
+def run_section_lines(sections: list[Any]) -> list[str]:
+    """``describe``'s section per run of a tree rollback (nested runs): the request's run, then
+    the runs below it in the order they are rolled back, each with its outcome and the request
+    that holds its full report."""
+    if not sections:
+        return []
+    rows = []
+    for sec in sections:
+        if not isinstance(sec, dict):
+            continue
+        opened = f"at step {sec['opened']} of {sec['parent']}" if sec.get("parent") else "(this request's run)"
+        rows.append((sec.get("run", ""), opened, sec.get("outcome", ""), sec.get("compensated", 0),
+                     sec.get("failed", 0), sec.get("request") or "-"))
+    lines = ["", "Runs (nested, in rollback order):"]
+    lines += ["  " + line for line in table(("RUN", "OPENED", "OUTCOME", "COMPENSATED", "FAILED", "REPORT IN"),
+                                            rows).splitlines()]
+    return lines
+
+
 def residue_entries(residue: list[Any]) -> list[dict[str, Any]]:
     """Typed residue ``[{step, type, text}]`` from a report's ``residue``; a report written
     before typed residue (``[{step, residue: [lines]}]``) reads as one ``declared`` entry per line."""
@@ -586,6 +622,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                 lines += _bucket_lines(key, items, tools, notes)
         lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
         lines += residue_lines(report.get("residue") or [])
+        lines += run_section_lines(report.get("runs") or [])
 
     entries = status.get("steps") or []
     if entries and status.get("phase") not in ("Planned", "Failed"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
@@ -86,15 +86,23 @@ def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str,
     return None
 
 
-def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: list[Step]) -> Refusal | None:
-    """Refuse recording any of ``steps`` that a halt matches: ``kill switch: <reason>``."""
-    scope = spec.scope.model_dump()
+def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: list[Step],
+                ancestors: Sequence[tuple[str, dict[str, str | None]]] = ()) -> Refusal | None:
+    """Refuse recording any of ``steps`` that a halt matches: ``kill switch: <reason>``. A step of a
+    child run (nested runs, issue 9 point 3) is matched with its own run's scope and with the scope
+    of each of its ancestors (``ancestors``: ``[(run name, its spec.scope), ...]`` from the parent
+    up): a halt on the parent's actor, tenant or environment stops its children's calls too."""
+    scopes: list[tuple[str | None, dict[str, str | None]]] = [(None, spec.scope.model_dump())]
+    scopes += [(name, scope) for name, scope in ancestors]
     for step in steps:
-        halt = matching_halt(halts, namespace=namespace, tool=step.tool, scope=scope)
-        if halt is not None:
+        for via, scope in scopes:
+            halt = matching_halt(halts, namespace=namespace, tool=step.tool, scope=scope)
+            if halt is None:
+                continue
             where = f"{halt.kind} {halt.namespace}/{halt.name}" if halt.namespace else f"{halt.kind} {halt.name}"
-            return Refusal(HALTED, f"kill switch: {halt.reason} ({where} refuses step {step.index}, {step.tool}; "
-                           "deleting the halt lifts it)", step.tool, (halt.kind, halt.namespace, halt.name))
+            through = f", by the scope of ancestor Run {via}" if via else ""
+            return Refusal(HALTED, f"kill switch: {halt.reason} ({where} refuses step {step.index}, {step.tool}"
+                           f"{through}; deleting the halt lifts it)", step.tool, (halt.kind, halt.namespace, halt.name))
     return None
 
 

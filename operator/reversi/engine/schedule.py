@@ -85,9 +85,11 @@ def _unsettled(kind: str, state: str | None) -> bool:
     return kind in BLOCKING_KINDS
 
 
-def allowed_steps(plan: Plan, graph: Graph, progress: Progress) -> tuple[list[int], list[int]]:
+def allowed_steps(plan: Plan, graph: Graph, progress: Progress, *, floor: int = 0) -> tuple[list[int], list[int]]:
     """Pending compensate steps that no unsettled dependent blocks, newest first, split by phase:
-    ``(inverse-kind, compensation-kind)``. O(n). Raises ``ValueError`` for an unknown state."""
+    ``(inverse-kind, compensation-kind)``. Steps below ``floor`` are held back (nested runs: they
+    wait until the child runs opened above them are undone, :mod:`reversi.engine.tree`). O(n).
+    Raises ``ValueError`` for an unknown state."""
     _check_full(plan)
     _check_states(progress)
     inverse: list[int] = []
@@ -97,7 +99,7 @@ def allowed_steps(plan: Plan, graph: Graph, progress: Progress) -> tuple[list[in
     for s in range(len(actions) - 1, -1, -1):
         kind = actions[s].kind
         state = progress.get(s, PENDING) if kind == COMPENSATE else None
-        if kind == COMPENSATE and state == PENDING and not index.blocked(s):
+        if kind == COMPENSATE and state == PENDING and s >= floor and not index.blocked(s):
             (inverse if actions[s].compensation_kind == INVERSE else amends).append(s)
         if _unsettled(kind, state):
             index.register(s)
@@ -105,17 +107,18 @@ def allowed_steps(plan: Plan, graph: Graph, progress: Progress) -> tuple[list[in
 
 
 def ready_steps(plan: Plan, graph: Graph, progress: Progress, parallelism: int, *,
-                compensations_open: bool = True) -> list[int]:
+                compensations_open: bool = True, floor: int = 0) -> list[int]:
     """Steps that may start now, newest first, at most ``parallelism`` minus those ``running``.
 
     A pending compensate step is allowed when no step depending on it is unsettled. Allowed
     inverse-kind steps are ready first; compensation-kind steps are ready only when no inverse-kind
     step is allowed or running, and ``compensations_open`` (``spec.compensationDeadlineSeconds`` not
-    passed). O(n). Raises ``ValueError`` for ``parallelism < 1`` or an unknown state.
+    passed). Steps below ``floor`` never start (nested runs). O(n). Raises ``ValueError`` for
+    ``parallelism < 1`` or an unknown state.
     """
     if parallelism < 1:
         raise ValueError(f"parallelism must be at least 1, not {parallelism}")
-    inverse, amends = allowed_steps(plan, graph, progress)
+    inverse, amends = allowed_steps(plan, graph, progress, floor=floor)
     running = [s for s, state in progress.items() if state == RUNNING]
     slots = parallelism - len(running)
     if slots <= 0:
@@ -156,11 +159,13 @@ def deferred_steps(plan: Plan, graph: Graph, progress: Progress, limit: int = MA
     return dict(sorted(out.items()))
 
 
-def is_finished(plan: Plan, graph: Graph, progress: Progress, *, compensations_open: bool = True) -> bool:
-    """True when nothing is running and nothing more can start (the rollback can be reported)."""
+def is_finished(plan: Plan, graph: Graph, progress: Progress, *, compensations_open: bool = True,
+                floor: int = 0) -> bool:
+    """True when nothing is running and nothing more can start (the rollback can be reported);
+    with ``floor``: nothing at or above it can start (the segment above a child run is done)."""
     if any(state == RUNNING for state in progress.values()):
         return False
-    return not ready_steps(plan, graph, progress, parallelism=1, compensations_open=compensations_open)
+    return not ready_steps(plan, graph, progress, parallelism=1, compensations_open=compensations_open, floor=floor)
 
 
 def progress_text(plan: Plan, progress: Progress) -> str:

@@ -41,14 +41,16 @@ from pydantic import BaseModel, ValidationError
 from ..adapters import journal as jr
 from ..adapters.jobs import Owner, build_job
 from ..adapters.kube import api_message
+from ..adapters import tree as tree_io
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
 from ..engine.templates import MissingValue
+from ..engine import tree as tree_rules
 from ..models.halt import ClusterHaltSpec, HaltSpec
 from ..models.rollbackrequest import RollbackRequestSpec
-from ..models.run import RunSpec
+from ..models.run import LABEL_PARENT, LABEL_ROOT, RunSpec
 from ..models.runstep import (LABEL_FORWARD_KEY, LABEL_RUN, MAX_CALL_BYTES, MAX_RUN_NAME, MAX_RUN_STEPS,
                               RunStepSpec, forward_key_label, step_name)
 from ..models.toolmanifest import ToolManifestSpec, ToolSpec
@@ -142,6 +144,11 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                name: str | None = None, **_: Any) -> None:
     """Stamp the principal, new steps' snapshots and times, and new resolutions' actors (of a
     valid spec only: a malformed one is refused here, with the field)."""
+    ref = (body.get("spec") or {}).get("parentRef") if isinstance(body.get("spec"), dict) else None
+    if isinstance(ref, dict) and "namespace" in ref:
+        raise kopf.AdmissionError(f"Run {namespace}/{name or ''}: spec.parentRef has no namespace: a parent Run is in "
+                                  "the same namespace as its child; remove spec.parentRef.namespace and name a Run of "
+                                  f"namespace {namespace}", code=422)
     _parse(RunSpec, body.get("spec"), f"Run {namespace}/{name or body.get('metadata', {}).get('generateName', '')}")
     user = _user(userinfo)
     spec = body.get("spec") or {}
@@ -150,6 +157,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         patch.spec["principal"] = user
     elif old_spec.get("principal") and not spec.get("principal"):
         patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
+    family = _family(namespace, spec, old, operation)
     manifest_ref = spec.get("manifestRef")
     manifest = _manifest(namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
     old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
@@ -189,8 +197,47 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
             else:
                 res["actor"] = user
                 res["resolvedAt"] = now
+        family(raw)
 
     patch.fns.append(_raw(stamp))
+
+
+def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[dict], None]:
+    """What a Run's place in a tree needs from the server (nested runs, issue 9 point 3): on create,
+    ``spec.parentRef.step`` = the parent's step count now (a client's value is overwritten) and the
+    labels ``reversi.dev/parent`` and ``reversi.dev/root`` (a client's are dropped); on update the
+    old values are kept (a client-side apply sends what it knows; a changed parent is refused by
+    the CRD: parentRef is immutable)."""
+    ref = spec.get("parentRef")
+    parent = ref.get("name") if isinstance(ref, dict) and isinstance(ref.get("name"), str) else None
+    old_obj: Any = old or {}
+    old_labels = (old_obj.get("metadata") or {}).get("labels") or {}
+    old_ref = (old_obj.get("spec") or {}).get("parentRef")
+    labels: dict[str, str] = {}
+    step: int | None = None
+    if operation == "CREATE" and parent is not None:
+        kube = runtime.state().kube
+        parent_obj = kube.get("runs", namespace, parent)
+        if parent_obj is not None:  # else refused by the validating webhook
+            step = jr.count_steps(kube.custom, namespace, parent)
+            labels = {LABEL_PARENT: parent, LABEL_ROOT: tree_io.root_of(parent_obj)}
+    elif operation != "CREATE":
+        labels = {k: old_labels[k] for k in (LABEL_PARENT, LABEL_ROOT) if k in old_labels}
+        if isinstance(old_ref, dict) and old_ref.get("name") == parent and isinstance(old_ref.get("step"), int):
+            step = old_ref["step"]
+
+    def apply(raw: dict) -> None:
+        meta = raw.setdefault("metadata", {})
+        kept = {k: v for k, v in (meta.get("labels") or {}).items() if k not in (LABEL_PARENT, LABEL_ROOT)}
+        meta["labels"] = {**kept, **labels}
+        s = raw.get("spec")
+        if isinstance(s, dict) and isinstance(s.get("parentRef"), dict):
+            if step is None:
+                s["parentRef"].pop("step", None)
+            else:
+                s["parentRef"]["step"] = step
+
+    return apply
 
 
 def _valid_or_empty(spec: Any) -> dict:
@@ -230,6 +277,8 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         else:
             _refuse(refusal, namespace, user, what, dryrun)
         return
+    if spec.parent_ref is not None:
+        _check_parent(namespace, name, spec.parent_ref.name, what)
     try:
         build_graph(spec)
     except InvalidRun as err:
@@ -250,6 +299,27 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
                 refusal = rules.check_duplicates(spec, added, set(), manifest)
     if refusal is not None:
         _refuse(refusal, namespace, user, what, dryrun)
+
+
+def _check_parent(namespace: str, name: str, parent: str, what: str) -> None:
+    """A new child Run (nested runs, issue 9 point 3): its parent exists in the same namespace, is
+    not the run itself, makes no cycle, nests at most 8 deep, its tree stays within 64 runs below
+    the root, and it is open (a parent being rolled back, or rolled back, takes no new child, as it
+    takes no new step)."""
+    kube = runtime.state().kube
+    chain = tree_io.ancestry(kube, namespace, name, parent) if parent != name else []
+    root = tree_rules.root_of(name, chain)
+    below = tree_io.count_below(kube, namespace, root) if chain and chain[0] is not None else 0
+    problem = tree_rules.ancestry_problem(name, parent, chain, below)
+    if problem is not None:
+        raise kopf.AdmissionError(f"{what}: {problem}", code=422)
+    parent_obj = kube.get("runs", namespace, parent) or {}
+    status = parent_obj.get("status") or {}
+    closed = rules.check_run_open(status.get("activeRequest"), status.get("closedBy"),
+                                  f"parent Run {namespace}/{parent}")
+    if closed is not None:
+        raise kopf.AdmissionError(f"{what}: {closed.message.replace('new steps', 'new steps or child runs')}",
+                                  code=403)
 
 
 def _check_inline_frozen(old: RunSpec, new: RunSpec, namespace: str, name: str, what: str) -> None:
@@ -476,7 +546,12 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     except ValidationError as err:
         raise kopf.AdmissionError(f"{what}: {run_ref} is invalid: {_validation_message(err)}", code=422) from err
     refusal = rules.check_call_size(step, MAX_CALL_BYTES)
-    refusal = refusal or rules.check_halts(_halts(namespace), namespace, run_spec, [step])
+    if refusal is None:
+        halts = _halts(namespace)
+        refusal = rules.check_halts(halts, namespace, run_spec, [step])
+        if refusal is None and halts and run_spec.parent_ref is not None:  # a child: its ancestors' scopes too
+            refusal = rules.check_halts(halts, namespace, run_spec, [step],
+                                        tree_io.ancestors(kube, namespace, run_spec))
     manifest = None
     if refusal is None:
         manifest = _manifest(namespace, run_spec.manifest_ref.name)

@@ -58,6 +58,7 @@ from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
 from . import runtime
+from .tree import TreeRollback
 
 log = logging.getLogger("reversi.rollback")
 
@@ -91,8 +92,9 @@ class Invalid(Exception):
         self.message = message
 
 
-class Reconciler:
-    """Reconciles RollbackRequests; one instance serves every worker thread."""
+class Reconciler(TreeRollback):
+    """Reconciles RollbackRequests; one instance serves every worker thread. A run with child
+    runs is rolled back as a tree (:mod:`reversi.handlers.tree`, issue 9 point 3)."""
 
     def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
                  allowed: Callable[[], bool] = lambda: True):
@@ -261,12 +263,12 @@ class Reconciler:
         # ---- the lock (rule 6) ----
         cancelling = spec.cancel
         stop = f"the request was cancelled by {spec.cancelled_by or 'an unknown user'}" if cancelling else None
-        holding = (run_obj.get("status") or {}).get("activeRequest") == name
+        holding = (run_obj.get("status") or {}).get("activeRequest") == name or self._held_for(req, run_obj)
         if cancelling and not holding:
             pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
-        elif not self._lock(run_obj, name, ns):
-            holder = (run_obj.get("status") or {}).get("activeRequest")
-            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{spec.run_ref.name}; this one starts when it ends"
+        elif (blocked := self._lock_tree(req, run_obj, status)) is not None:  # the Run's lock, and its children's
+            held_run, holder = blocked
+            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{held_run}; this one starts when it ends"
             status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
@@ -278,6 +280,8 @@ class Reconciler:
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
             if status["runSteps"] != journal.size:
                 return self.settings.tick_seconds  # plan again, with exactly those steps
+        tree = self._tree_pass(req, status)  # the runs below this one, locked with it (None: no child runs)
+        floor = tree.floor if tree is not None else 0  # steps below it wait for a child run (engine/tree.py)
         if recorded is None and not (cancelling and not holding):
             # record the runners this request uses before any Job starts: it uses only those until it ends
             # (a request cancelled before it took the lock never records: it starts nothing)
@@ -390,7 +394,7 @@ class Reconciler:
         open_ = not spec.compensation_deadline_seconds or now <= started + spec.compensation_deadline_seconds
         if not deadline_passed and not cancelling:
             journaled = undo_by_step(undo_all)
-            for s in ready_steps(plan, graph, progress, spec.parallelism, compensations_open=open_):
+            for s in ready_steps(plan, graph, progress, spec.parallelism, compensations_open=open_, floor=floor):
                 new, eff = ex.start(runs[s], journaled.get(s), guards[s])
                 self._durations(ns, plan.actions[s].tool, runs[s], new, memory, now)
                 runs[s] = new
@@ -428,7 +432,12 @@ class Reconciler:
         running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
         awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
         finished = (not running) and (deadline_passed or cancelling
-                                      or is_finished(plan, graph, progress, compensations_open=open_))
+                                      or is_finished(plan, graph, progress, compensations_open=open_, floor=floor))
+        if tree is not None:  # child runs: the next one as a unit once the steps above it are settled
+            next_child = tree.next
+            self._drive_tree(req, spec, tree, finished, stop or (
+                f"the request's deadline ({spec.deadline_seconds}s) passed" if deadline_passed else None))
+            finished = finished and next_child is None and tree.next is None
         if finished and not open_ and not deadline_passed and not cancelling:  # not started before the deadline
             for s in closed_steps(plan, graph, progress):
                 runs[s] = replace(runs[s], stage="compensationDeadlinePassed", reason=c.COMPENSATION_DEADLINE_PASSED,
@@ -438,6 +447,9 @@ class Reconciler:
         deferred = deferred_steps(plan, graph, progress)
         outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
         report = build_report(plan, outcomes, require_verification=spec.require_verification)
+        own_complete = report.complete
+        if tree is not None:  # complete only when every run of the tree is
+            report = report.model_copy(update={"complete": own_complete and tree.complete()})
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
         status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
@@ -447,14 +459,18 @@ class Reconciler:
                                                                            mlimit), key=lambda e: e["step"])
         status["progress"] = progress_text(plan, progress)
         status["report"] = st.report_status(report, mlimit)
+        if tree is not None:
+            status["report"]["runs"] = self._tree_sections(tree, report, own_complete, finished, cancelling)
         verdict = report_message(report)
+        if tree is not None:
+            verdict += "; runs below: " + ", ".join(f"{x['run']} {x['outcome']}" for x in tree.ordered())
         if finished and not (awaiting and not deadline_passed):
             phase = "Succeeded" if report.complete else "Incomplete"
             stalled_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
             # Complete=False says Partial (something was undone) or NotPossible (nothing could be)
             complete_reason = {"Partial": c.PARTIAL, "NotPossible": c.NOT_POSSIBLE}.get(outcome_reason(report),
                                                                                          c.ALL_COMPENSATED)
-            if report.complete and not plan.of_kind(COMPENSATE):
+            if report.complete and not plan.of_kind(COMPENSATE) and tree is None:
                 complete_reason = stalled_reason = c.NOTHING_TO_UNDO
             if cancelling:  # Cancelled wins over Partial/NotPossible: a person stopped it
                 verdict = (f"cancelled by {spec.cancelled_by or 'an unknown user'}"
@@ -473,7 +489,8 @@ class Reconciler:
                 *st.request_readiness(phase, ready_reason, ready_message)]))
             # the Run is released first: whoever sees the final phase finds the Run free (a crash in
             # between only means the next pass finishes the request again, from the journal)
-            self._release(ns, spec.run_ref.name, name, report.complete)
+            self._release(ns, spec.run_ref.name, name, own_complete)
+            self._release_tree(ns, name, status)
             self._write(req, status)
             self.kube.event(req, "RollbackComplete" if report.complete else (
                 "RollbackCancelled" if cancelling else "RollbackIncomplete"), verdict, warning=not report.complete)
@@ -481,11 +498,15 @@ class Reconciler:
                 self.metrics.request_finished(ns, "complete" if report.complete else (
                     "cancelled" if cancelling else "incomplete"), report, plan)
             return None
-        if awaiting and not running and not ready_steps(plan, graph, progress, spec.parallelism):
+        child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
+        if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
+                                                                           floor=floor):
             phase = "AwaitingApproval"
         else:
             phase = "Running"
         running_message = f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"
+        running_message += "".join(f"; child Run {x['run']} is being rolled back by RollbackRequest {x.get('request')}"
+                                   for x in child_busy)
         awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
                             if awaiting else "no step waits for approval")
         status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
@@ -646,6 +667,7 @@ class Reconciler:
         self._settle_orphans(run_obj, name)
         if (run_obj.get("status") or {}).get("activeRequest") == name:
             self._release(namespace, run_name, name, complete=False, deleted=True)
+            self._release_tree_of(run_obj, name)  # the runs below it, locked with it (nested runs)
 
     def lock_orphaned(self, namespace: str, run_name: str, holder: str) -> None:
         """Run ``namespace/run_name`` names ``holder`` in ``status.activeRequest``: when that
@@ -893,6 +915,7 @@ class Reconciler:
         run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name")
         if run_name:
             self._release(meta["namespace"], run_name, meta["name"], complete=False)
+            self._release_tree(meta["namespace"], meta["name"], status)
         self._write(req, status)
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:

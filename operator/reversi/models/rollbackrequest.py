@@ -359,6 +359,44 @@ class StepResidue(StatusModel):
     )
 
 
+RunOutcome = Literal["pending", "running", "rolledBack", "incomplete", "alreadyRecovered", "cancelled"]
+#: sections of one report: the run and every run below it (models.run.MAX_TREE_RUNS)
+MAX_SECTIONS = 65
+
+
+class RunSection(StatusModel):
+    """One run of a tree rollback (issue 9 point 3, nested runs): the request's run itself, or a
+    run below it, in the order they are rolled back. A child's full report is in the status of
+    the request that rolled it back (``request``, owned by this one)."""
+
+    run: str = Field(description="Name of the Run.")
+    parent: str | None = Field(default=None, description="Its parent Run (absent for the request's own run).")
+    opened: int | None = Field(
+        default=None, ge=0, description="The parent's step count when this run was opened (its spec.parentRef.step)."
+    )
+    request: str | None = Field(
+        default=None, description="RollbackRequest whose status holds this run's full report (for a child: one made "
+        "and owned by this request; absent when no request was needed).",
+    )
+    outcome: RunOutcome = Field(
+        description="pending (not reached yet), running, rolledBack (complete), incomplete, alreadyRecovered (rolled "
+        "back completely by an earlier request: nothing ran again) or cancelled (not started: the request was cancelled).",
+    )
+    complete: bool = Field(default=False, description="The run's own report is complete (alreadyRecovered counts).")
+    compensated: int = Field(default=0, ge=0, description="Steps of the run in its report's compensated bucket.")
+    failed: int = Field(default=0, ge=0, description="Steps in its failed bucket.")
+    message: str | None = Field(default=None, description="The run's verdict, for a person.")
+
+
+class TreeRun(StatusModel):
+    """A run below the request's run, locked with it (nested runs)."""
+
+    run: str = Field(description="Name of the Run.")
+    parent: str = Field(description="Its parent Run.")
+    opened: int = Field(default=0, ge=0, description="The parent's step count when it was opened.")
+    created: str | None = Field(default=None, description="Its creationTimestamp (orders children opened at one index).")
+
+
 class Report(StatusModel):
     """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
 
@@ -430,7 +468,14 @@ class Report(StatusModel):
         default=False,
         description="True only when every residue entry is declared (failed, unrecoverable, unresolved, unmanifested, "
         "deferred, awaitingApproval, unverified, pending, expired, handlerUnavailable, conflict, "
-        "compensationDeadlinePassed and cancelled are all empty).",
+        "compensationDeadlinePassed and cancelled are all empty). For a run with child runs: also every run "
+        "section is complete.",
+    )
+    runs: list[RunSection] = Field(
+        default_factory=list,
+        max_length=MAX_SECTIONS,
+        description="For a run with child runs (nested runs): a section per run, the request's run first, then each "
+        "run below it in the order it is rolled back. The buckets above are the request's own run's.",
     )
 
 
@@ -478,6 +523,12 @@ class RollbackRequestStatus(StatusModel):
         description="The runners this request uses, recorded from the ToolManifest when it took the Run's lock (only "
         "those its plan needs: compensators, readers, the verifyCommand check). Every Job it starts is built from "
         "them until it ends; a later ToolManifest change affects the next request. Unset before the lock and in a dry run.",
+    )
+    tree_runs: list[TreeRun] | None = Field(
+        default=None,
+        max_length=MAX_SECTIONS,
+        description="Nested runs: every Run below this request's run, locked with it when it took the lock (one lock "
+        "over the whole tree, released together at the end). Unset before the lock; empty for a run with no children.",
     )
     steps: list[StepStatus] = Field(
         default_factory=list,

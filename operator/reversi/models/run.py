@@ -29,6 +29,7 @@ from .common import (
     MAX_DEPENDS_ON,
     MAX_ERROR,
     MAX_NAME,
+    Name,
     MAX_SNAPSHOT_ID,
     MAX_SNAPSHOTS,
     MAX_RUN_STEPS,
@@ -207,6 +208,31 @@ class RunScope(ReversiModel):
     environment: str | None = Field(default=None, max_length=MAX_NAME, description="Environment, e.g. prod.")
 
 
+#: the deepest nesting of runs: a run with 8 ancestors (depth 9) is refused (issue 9 point 3)
+MAX_RUN_DEPTH = 8
+#: runs below one root run (the whole tree but the root): more are refused at admission
+MAX_TREE_RUNS = 64
+#: label of a child Run naming its parent (stamped at admission), and of every run of a tree naming its root
+LABEL_PARENT = "reversi.dev/parent"
+LABEL_ROOT = "reversi.dev/root"
+
+
+class ParentRef(ReversiModel):
+    """The run this run is a child of (issue 9 point 3, nested runs): same namespace, immutable.
+
+    ``step`` is stamped at admission from the server: the parent's step count when the child was
+    created (the parent step index at which it was opened); a client's value is overwritten. A
+    rollback of the parent undoes the child as one unit, after the parent's steps from ``step`` on
+    and before the parent's earlier steps."""
+
+    name: Name = Field(description="Name of the parent Run, in the same namespace.")
+    step: int | None = Field(
+        default=None, ge=0, le=MAX_RUN_STEPS,
+        description="The parent's step count when this run was created (stamped at admission; a client's value is "
+                    "ignored): the child is rolled back after the parent's steps from this index on.",
+    )
+
+
 class RunSpec(ReversiModel):
     """The journal: who runs, in what mode and scope, against which manifest, and its steps."""
 
@@ -219,6 +245,8 @@ class RunSpec(ReversiModel):
                     fieldPath=".principal",
                 ),
                 rule(_same_optional("scope"), "spec.scope is immutable", fieldPath=".scope"),
+                rule(_same_optional("parentRef"), "spec.parentRef is immutable: a run's parent is set when it is "
+                     "created and never changes (open a new Run under another parent)", fieldPath=".parentRef"),
                 rule(
                     "!has(oldSelf.steps) || (has(self.steps) && size(self.steps) >= size(oldSelf.steps))",
                     "steps are append-only: recorded steps cannot be removed",
@@ -264,6 +292,11 @@ class RunSpec(ReversiModel):
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.recovery")]},
     )
     scope: RunScope = Field(default_factory=RunScope, description="actor, tenant, environment. Immutable.")
+    parent_ref: ParentRef | None = Field(
+        default=None,
+        description="The parent Run (same namespace; immutable): rolling back the parent rolls this run back as one "
+                    "unit, in the order it was opened. No cycles; at most 8 deep; at most 64 runs below one root.",
+    )
     manifest_ref: ObjectRef = Field(
         description="The ToolManifest (same namespace) the steps' snapshots come from. Immutable.",
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.manifestRef")]},
