@@ -21,6 +21,10 @@ class OperatorSettings(BaseSettings):
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch; empty: the whole cluster.")
     tick_seconds: float = Field(1.0, gt=0, le=60, description="How often a running request looks at its Jobs.")
+    workers: int = Field(
+        4, ge=1, le=64,
+        description="Threads that run reconcile passes of RollbackRequests (a fixed pool fed by a keyed work queue; "
+                    "however many requests are active, the operator runs this many passes at once at most).")
     gauge_refresh_seconds: float = Field(30.0, gt=0, description="How often gauges are recomputed from the API.")
     run_status_quiet_seconds: float = Field(
         1.0, ge=0, le=300,

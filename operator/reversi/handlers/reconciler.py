@@ -65,6 +65,9 @@ RUNS, REQUESTS, MANIFESTS = "runs", "rollbackrequests", "toolmanifests"
 #: seconds between passes of a request that waits for the Run's lock or for an approval (a change
 #: to the request or the end of the other request wakes it at once)
 WAIT_SECONDS = 5.0
+#: seconds between passes of a request waiting for another request's lock on the Run: the Run's
+#: release wakes it at once (:meth:`Reconciler.lock_released`), this is only the fallback
+LOCK_WAIT_SECONDS = 15.0
 #: passes a request waits for a gap in the run's steps to close (the watch catching up) before it fails
 GAP_PASSES = 10
 
@@ -102,12 +105,23 @@ class Reconciler:
         self.metrics = metrics
         self.job_settings = jobs_mod.JobSettings(settings.job_ttl_seconds, settings.job_run_as_user)
         self._run_waiters: dict[tuple[str, str], set[str]] = {}
+        self._lock_waiters: dict[tuple[str, str], set[str]] = {}  # requests in phase Waiting, by Run
         self._waiters_lock = threading.Lock()
 
     def waiting_for(self, namespace: str, run: str) -> list[str]:
         """Requests waiting for Run ``namespace/run`` to be created (woken by its creation)."""
         with self._waiters_lock:
             return sorted(self._run_waiters.get((namespace, run), ()))
+
+    def lock_released(self, namespace: str, run: str) -> list[str]:
+        """Requests that waited for Run ``namespace/run``'s lock (phase ``Waiting``), forgotten
+        here: the Run's release wakes them (a request still waiting registers again)."""
+        with self._waiters_lock:
+            return sorted(self._lock_waiters.pop((namespace, run), ()))
+
+    def _wait_for_lock(self, namespace: str, run: str, request: str) -> None:
+        with self._waiters_lock:
+            self._lock_waiters.setdefault((namespace, run), set()).add(request)
 
     def _wait_for_run(self, namespace: str, run: str, request: str, waiting: bool) -> None:
         with self._waiters_lock:
@@ -265,7 +279,8 @@ class Reconciler:
                 (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
-            return WAIT_SECONDS
+            self._wait_for_lock(ns, spec.run_ref.name, name)
+            return LOCK_WAIT_SECONDS if holder else self.settings.tick_seconds  # no holder: the Run changed under us
         if status.get("runSteps") is None and not (cancelling and not holding):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
