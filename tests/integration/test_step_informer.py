@@ -35,6 +35,9 @@ def test_the_informer_lists_a_run_once_then_follows_it_from_the_watch(rv):
         first = journals.entries(rv.ns, "watched", wait=30)
         assert first is not None and sorted(first) == [0, 1, 2], "the first read waits for the LIST"
         assert journals.watching() == [(rv.ns, "watched")], "only the run that was read is watched"
+        before = journals.versioned_entries(rv.ns, "watched")
+        assert before is not None and before[1] == first
+        assert journals.versioned_entries(rv.ns, "watched")[0] == before[0], "no event: the same version"
 
         _steps(rv, "watched", range(3, 5))  # new steps
         rv.resolve("watched", 1, status="failed", note="the lookup never happened")  # a resolution
@@ -51,6 +54,8 @@ def test_the_informer_lists_a_run_once_then_follows_it_from_the_watch(rv):
             return now
 
         now = wait_for(caught_up, timeout=30, what="the informer to see the new steps, the resolution and the undo")
+        after = journals.versioned_entries(rv.ns, "watched")
+        assert after is not None and after[0] > before[0], "every watch event bumps the journal's version"
         assert now[1].spec.resolution.status == "failed"
         assert now[2].undo.state == "compensated"
         assert all(e.spec.run_ref.name == "watched" for e in now.values()), "steps of other runs never enter"

@@ -21,6 +21,7 @@ exponential backoff (tenacity) while the run is in use.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -54,6 +55,7 @@ class _RunWatch:
     stopped: threading.Event = field(default_factory=threading.Event)
     last_read: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    version: int = 0  # bumped on every LIST and watch event (see RunJournals.versioned_entries)
 
 
 class RunJournals:
@@ -72,6 +74,18 @@ class RunJournals:
         self.watch_seconds = watch_seconds
         self._runs: dict[tuple[str, str], _RunWatch] = {}
         self._lock = threading.Lock()
+        self._versions = itertools.count(1)  # shared by every informer: a version is never reused
+
+    def versioned_entries(self, namespace: str, run: str, wait: float = 0.0) -> tuple[int, Mapping[int, Entry]] | None:
+        """Like :meth:`entries`, with the journal's version: a number that changes whenever the
+        informer lists the run again or sees a watch event of one of its RunSteps (bookmarks
+        aside), and is never reused, also across informers of the same run. Equal versions:
+        equal entries. None while the first LIST is not in."""
+        found = self._informer(namespace, run)
+        if not found.synced.wait(wait):
+            return None
+        with found.lock:
+            return found.version, dict(found.entries)
 
     def entries(self, namespace: str, run: str, wait: float = 0.0) -> Mapping[int, Entry] | None:
         """The run's RunSteps by index, as the watch has seen them (a copy), or None while the
@@ -155,6 +169,7 @@ class RunJournals:
                 fresh[entry.spec.index] = entry
         with w.lock:
             w.entries = fresh
+            w.version = next(self._versions)
         w.synced.set()
         return version
 
@@ -176,11 +191,13 @@ class RunJournals:
                     with w.lock:
                         if index is not None:
                             w.entries.pop(index, None)
+                        w.version = next(self._versions)
                 else:
                     entry = _parse(obj)
-                    if entry is not None:
-                        with w.lock:
+                    with w.lock:
+                        if entry is not None:
                             w.entries[entry.spec.index] = entry
+                        w.version = next(self._versions)
                 if self._idle(w):
                     stream.stop()
         except ApiException as err:

@@ -82,6 +82,11 @@ class Memory:
     since: dict[tuple[int, str], float] = field(default_factory=dict)
     written: dict[int, StepUndo] = field(default_factory=dict)
     gap_passes: int = 0
+    #: the run journal's version when it was last read (None: read by a LIST, no informer)
+    journal_version: int | None = None
+    #: the graph and plan of the last pass, and what they were built from (see ``_plan_key``)
+    plan_key: tuple | None = None
+    plan: tuple | None = None
 
 
 class Invalid(Exception):
@@ -188,6 +193,8 @@ class Reconciler:
         settle = self._run_settling(req, run_obj)
         if settle:
             return settle
+        if self._still_waiting(req, spec, run_obj):
+            return LOCK_WAIT_SECONDS  # the Run's release wakes it; no plan is built while another request works
         try:
             if not jr.inline_moved(run_obj):
                 jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
@@ -227,14 +234,20 @@ class Reconciler:
         runner_names = set(runners)
         now = time.time()
         started = _epoch((req.get("status") or {}).get("startTime")) or now
+        plan_key = _plan_key(run_obj, req, memory, started, runner_names, readers_now,
+                             recorded is not None or manifest is not None)
         try:
-            graph = build_graph(run_spec)
-            plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                              runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
-                              # a step whose runner is not there (not in the manifest, not recorded) is
-                              # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
-                              handlers=runner_names if (recorded is not None or manifest is not None) else None,
-                              now=started)  # undo windows are judged when the request started
+            if plan_key is not None and memory.plan is not None and memory.plan_key == plan_key:
+                graph, plan = memory.plan  # nothing it is built from changed since the last pass
+            else:
+                graph = build_graph(run_spec)
+                plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
+                                  runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
+                                  # a step whose runner is not there (not in the manifest, not recorded) is
+                                  # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
+                                  handlers=runner_names if (recorded is not None or manifest is not None) else None,
+                                  now=started)  # undo windows are judged when the request started
+                memory.plan_key, memory.plan = plan_key, (graph, plan)
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
@@ -280,7 +293,8 @@ class Reconciler:
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
             self._wait_for_lock(ns, spec.run_ref.name, name)
-            return LOCK_WAIT_SECONDS if holder else self.settings.tick_seconds  # no holder: the Run changed under us
+            # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
+            return WAIT_SECONDS if holder else self.settings.tick_seconds
         if status.get("runSteps") is None and not (cancelling and not holding):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
@@ -581,6 +595,31 @@ class Reconciler:
                 out[s] = StepOutcome("pending")
         return out
 
+    def _still_waiting(self, req: dict, spec: RollbackRequestSpec, run_obj: dict) -> bool:
+        """Whether the request, already ``Waiting`` for the lock (same generation, same holder),
+        still must wait: then the pass ends before it reads the journal or plans (a 10,000-step
+        plan is not rebuilt every pass while another request works on the Run). The request is
+        registered for the Run's release first and the Run read again, so a release in between
+        is never missed. Raises ``ApiException``."""
+        meta = req["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        status = req.get("status") or {}
+        holder = (run_obj.get("status") or {}).get("activeRequest")
+        if not holder or holder == name or spec.cancel or spec.dry_run:
+            return False
+        if status.get("phase") != "Waiting" or status.get("observedGeneration") != meta.get("generation", 1):
+            return False
+        said = (c.get_condition(status.get("conditions"), c.RUNNING) or {}).get("message") or ""
+        if not said.startswith(f"RollbackRequest {ns}/{holder} is working"):
+            return False  # another holder than the status names: a full pass says who
+        self._wait_for_lock(ns, spec.run_ref.name, name)
+        fresh = self.kube.get(RUNS, ns, spec.run_ref.name)
+        if fresh is None or (fresh.get("status") or {}).get("activeRequest") != holder:
+            return False
+        other = self.kube.get(REQUESTS, ns, holder)
+        return other is not None and (other.get("status") or {}).get("phase") not in TERMINAL_PHASES \
+            and not other["metadata"].get("deletionTimestamp")
+
     def _lock(self, run_obj: dict, name: str, ns: str) -> bool:
         """Take the Run's lock for request ``name`` (optimistic concurrency), or report that
         another live request holds it."""
@@ -727,11 +766,13 @@ class Reconciler:
         its own, e.g. in a test)."""
         meta = run_obj["metadata"]
         journals = runtime.state().journals if runtime.initialised() else None
+        memory.journal_version = None
         if journals is None:
             return jr.load(self.kube.custom, run_obj)
-        entries = journals.entries(meta["namespace"], meta["name"], wait=self.settings.journal_sync_seconds)
-        if entries is None:
+        found = journals.versioned_entries(meta["namespace"], meta["name"], wait=self.settings.journal_sync_seconds)
+        if found is None:
             return None
+        memory.journal_version, entries = found
         spec, legacy = jr.inline_journal(run_obj)
         return ix.journal(entries, spec, legacy, overlay=memory.written)
 
@@ -899,6 +940,21 @@ def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict
     comp = snapshot.compensation if snapshot is not None else None
     precheck = verify if comp is not None and comp.precheck and verify.mode == "reader" else None
     return ex.Guards(precheck=precheck, precondition=ex.precondition_plan(snapshot, args, result), forced_by=forced_by)
+
+
+def _plan_key(run_obj: dict, req: dict, memory: Memory, started: float, runner_names: set[str],
+              readers: dict[str, str], handlers_known: bool) -> tuple | None:
+    """What a request's plan is built from: the Run (its resourceVersion), its journal (the
+    informer's version, and the undo this process wrote but has not seen come back), the steps
+    pinned at the lock, the start time and the runners. Equal keys give equal plans, so the plan
+    is rebuilt only when one of them changed. None (never cached) without an informer."""
+    if memory.journal_version is None:
+        return None
+    written = tuple((s, u.state, u.attempts, u.verification, u.verified_by, u.request)
+                    for s, u in sorted(memory.written.items()))
+    return (run_obj["metadata"].get("resourceVersion"), memory.journal_version, written,
+            (req.get("status") or {}).get("runSteps"), started, tuple(sorted(runner_names)),
+            tuple(sorted(readers.items())), handlers_known)
 
 
 def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:
