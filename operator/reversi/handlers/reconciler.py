@@ -364,7 +364,7 @@ class Reconciler:
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
                            require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
-        jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
+        jobs = ix.jobs_of_run(runtime.state().indices if runtime.initialised() else None, self.kube, ns, run_uid)
 
         def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
             jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
