@@ -147,7 +147,7 @@ class Kube:
         """A Job as the client's ``V1Job`` (what :meth:`job_view` reads) from its JSON dict (a
         watch event's object, e.g. from kopf's index)."""
         text = json.dumps(body, default=str)
-        if "content_type" in inspect.signature(self.api.deserialize).parameters:  # newer clients take the text and its type
+        if "content_type" in inspect.signature(self.api.deserialize).parameters:  # newer: the text and its type
             job: client.V1Job = self.api.deserialize(text, "V1Job", "application/json")
         else:  # older clients read a response object's data
             job = self.api.deserialize(SimpleNamespace(data=text), "V1Job")
