@@ -58,7 +58,7 @@ class OperatorSettings(BaseSettings):
         2.0, ge=0, le=60, description="A request that waited for its Run plans this long after the Run's creation, "
         "so the steps created with the Run (one GitOps apply) are in.")
     journal_idle_seconds: float = Field(
-        120.0, gt=0, description="A run's RunSteps are watched while requests read them; the watch stops after this "
+        120.0, gt=0, description="A run's RunSteps are watched while requests read them; the run is dropped after this "
                                  "many seconds unread.")
     journal_sync_seconds: float = Field(
         30.0, gt=0, description="How long a pass waits for a run's RunSteps to be listed before it tries again.")

@@ -4,6 +4,8 @@ sees only its own run, and stops when no one reads it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 
@@ -74,5 +76,34 @@ def test_an_unread_informer_stops_and_a_later_read_lists_again(rv):
         _steps(rv, "brief", range(2, 3))  # recorded while nobody watched
         again = journals.entries(rv.ns, "brief", wait=30)
         assert again is not None and sorted(again) == [0, 1, 2], "a new read lists the run again"
+    finally:
+        journals.stop_all()
+
+
+def test_runs_of_a_namespace_share_one_watch_and_a_joining_run_is_listed_at_once(rv):
+    """Threads grow with namespaces, not runs (issue 11 P5): the second run joins the first run's
+    informer, whose WATCH (30 s server timeout, no events) is interrupted so the new run is listed
+    at once; both runs then follow their own events only."""
+    rv.apply_manifest()
+    for run in ("one", "two", "three"):
+        rv.run(run, [])
+        _steps(rv, run, range(2))
+    journals = RunJournals(client.CustomObjectsApi(rv.api), idle_seconds=60, watch_seconds=30)
+    try:
+        assert sorted(journals.entries(rv.ns, "one", wait=30) or {}) == [0, 1]
+        wait_for(lambda: journals._informers and journals._informers[0].stream is not None, timeout=10,
+                 what="the first run's WATCH to start")
+        for run in ("two", "three"):
+            began = time.monotonic()
+            joined = journals.entries(rv.ns, run, wait=30)
+            assert joined is not None and sorted(joined) == [0, 1]
+            assert time.monotonic() - began < 10, "a joining run waited for the WATCH's timeout"
+        assert journals.informers() == 1, "runs of one namespace share one informer"
+        assert journals.watching() == [(rv.ns, "one"), (rv.ns, "three"), (rv.ns, "two")]
+        _steps(rv, "two", range(2, 4))
+        wait_for(lambda: sorted(journals.entries(rv.ns, "two") or {}) == [0, 1, 2, 3], timeout=30,
+                 what="the shared watch to bring run two's new steps")
+        assert sorted(journals.entries(rv.ns, "one") or {}) == [0, 1]
+        assert sorted(journals.entries(rv.ns, "three") or {}) == [0, 1]
     finally:
         journals.stop_all()

@@ -35,6 +35,7 @@ def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     global _state
     reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
     workers = Workers(reconciler, settings.tick_seconds, size=settings.workers, paused=peering.paused)
+    workers.start()  # a fixed pool from the start: the threads do not grow with the requests
     _state = State(settings, kube, reconciler, workers, metrics,
                    journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
     return _state

@@ -60,6 +60,10 @@ class Workers:
         self._failures: dict[str, int] = {}  # failing passes in a row
         self._hold: dict[str, float] = {}  # backing off until (monotonic seconds): events do not wake it
 
+    def start(self) -> None:
+        """Start the pool's threads (also done by the first :meth:`ensure`)."""
+        self.queue.start()
+
     def ensure(self, namespace: str, name: str) -> None:
         """Queue a pass of the request now (or when its backoff ends). Safe from any thread; many
         calls at once still make one pass at a time."""
