@@ -28,6 +28,7 @@ def body(name: str, conditions: list[dict]) -> dict:
 
 def test_jobs_come_from_the_index_as_v1jobs():
     kube = Listing()
+    ix._listed[("shop", "u1")] = time.monotonic()  # listed a moment ago: no resync due
     done = body("rv-u1-0-1", [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}])
     indices = ix.Indices(manifests={}, jobs={("shop", "u1"): [done]})
     jobs = ix.jobs_of_run(indices, kube, "shop", "u1")
@@ -40,6 +41,7 @@ def test_jobs_come_from_the_index_as_v1jobs():
 
 def test_a_job_created_here_is_running_until_the_watch_brings_it():
     kube = Listing()
+    ix._listed[("shop", "u1")] = time.monotonic()
     kube._created[("shop", "rv-u1-2-1")] = time.monotonic()  # as create_job records it
     indices = ix.Indices(manifests={}, jobs={})
     job = ix.jobs_of_run(indices, kube, "shop", "u1").get("rv-u1-2-1")
@@ -54,3 +56,15 @@ def test_a_list_before_the_index_is_known():
     kube = Listing()
     assert ix.jobs_of_run(None, kube, "shop", "u1") == {}
     assert kube.lists == [("shop", "reversi.dev/run-uid=u1")]
+
+
+def test_a_runs_jobs_are_listed_on_the_first_read_and_once_a_minute_after():
+    kube = Listing()
+    ix._listed.pop(("shop", "u2"), None)
+    indices = ix.Indices(manifests={}, jobs={})
+    ix.jobs_of_run(indices, kube, "shop", "u2")
+    ix.jobs_of_run(indices, kube, "shop", "u2")
+    assert kube.lists == [("shop", "reversi.dev/run-uid=u2")]  # the first read only
+    ix._listed[("shop", "u2")] -= ix.RESYNC_SECONDS
+    ix.jobs_of_run(indices, kube, "shop", "u2")
+    assert len(kube.lists) == 2

@@ -18,6 +18,8 @@ per-run informer (:func:`journal`), and a single step from one GET (:func:`step_
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,10 +133,32 @@ class RunJobs:
         return None
 
 
+#: seconds after which a run's Jobs are LISTed once instead of read from the index: kopf does not
+#: drop from its index a Job deleted while its watch was down long enough to be listed again
+RESYNC_SECONDS = 60.0
+_listed: dict[tuple[str, str], float] = {}
+_listed_lock = threading.Lock()
+
+
+def _resync_due(namespace: str, run_uid: str) -> bool:
+    now = time.monotonic()
+    with _listed_lock:
+        if len(_listed) > 10_000:  # forget runs not read for a while
+            for key in [k for k, at in _listed.items() if now - at > RESYNC_SECONDS]:
+                del _listed[key]
+        last = _listed.get((namespace, run_uid))
+        if last is not None and now - last < RESYNC_SECONDS:
+            return False
+        _listed[(namespace, run_uid)] = now
+        return True
+
+
 def jobs_of_run(indices: Indices | None, kube: Any, namespace: str, run_uid: str) -> Mapping[str, Any] | RunJobs:
     """The Jobs of the run with uid ``run_uid``, by name: from kopf's index once a handler has
-    seen it (kopf fills indices before any handler runs), else one LIST (right after start-up)."""
-    if indices is None or indices.jobs is None:
+    seen it (kopf fills indices before any handler runs), else one LIST (right after start-up).
+    A run's Jobs are also LISTed once every ``RESYNC_SECONDS`` (the first read of a run
+    included), so a Job deleted while kopf's watch was away is not taken as alive for long."""
+    if indices is None or indices.jobs is None or _resync_due(namespace, run_uid):
         return kube.list_jobs(namespace, f"{LABEL_RUN_UID}={run_uid}")
     for _ in range(5):
         try:  # kopf updates the index from its event loop while this thread reads it
