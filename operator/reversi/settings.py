@@ -21,6 +21,10 @@ class OperatorSettings(BaseSettings):
     namespaces: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Namespaces to watch; empty: the whole cluster.")
     tick_seconds: float = Field(1.0, gt=0, le=60, description="How often a running request looks at its Jobs.")
+    workers: int = Field(
+        4, ge=1, le=64,
+        description="Threads that run reconcile passes of RollbackRequests (a fixed pool fed by a keyed work queue; "
+                    "however many requests are active, the operator runs this many passes at once at most).")
     gauge_refresh_seconds: float = Field(30.0, gt=0, description="How often gauges are recomputed from the API.")
     run_status_quiet_seconds: float = Field(
         1.0, ge=0, le=300,
@@ -54,7 +58,7 @@ class OperatorSettings(BaseSettings):
         2.0, ge=0, le=60, description="A request that waited for its Run plans this long after the Run's creation, "
         "so the steps created with the Run (one GitOps apply) are in.")
     journal_idle_seconds: float = Field(
-        120.0, gt=0, description="A run's RunSteps are watched while requests read them; the watch stops after this "
+        120.0, gt=0, description="A run's RunSteps are watched while requests read them; the run is dropped after this "
                                  "many seconds unread.")
     journal_sync_seconds: float = Field(
         30.0, gt=0, description="How long a pass waits for a run's RunSteps to be listed before it tries again.")

@@ -87,11 +87,18 @@ def list_objects_and_version(custom: client.CustomObjectsApi, namespace: str,
                              run: str) -> tuple[list[dict[str, Any]], str]:
     """Every RunStep of ``run`` (dicts, paged, ordered by index) and the LIST's resourceVersion
     (a WATCH from it sees every later change)."""
+    return list_selected_and_version(custom, namespace, f"{LABEL_RUN}={run}")
+
+
+def list_selected_and_version(custom: client.CustomObjectsApi, namespace: str,
+                              selector: str) -> tuple[list[dict[str, Any]], str]:
+    """Every RunStep matching the label ``selector`` (dicts, paged, ordered by index) and the
+    LIST's resourceVersion (one snapshot: a WATCH from it sees every later change)."""
     items: list[dict[str, Any]] = []
     token: str | None = None
     version = ""
     while True:
-        kwargs: dict[str, Any] = {"label_selector": f"{LABEL_RUN}={run}", "limit": PAGE,
+        kwargs: dict[str, Any] = {"label_selector": selector, "limit": PAGE,
                                   "_request_timeout": TIMEOUT, "_preload_content": False}
         if token:
             kwargs["_continue"] = token

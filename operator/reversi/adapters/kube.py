@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
+import inspect
 import json
 import logging
+import threading
+import time
 import uuid
+from types import SimpleNamespace
 from typing import Any, Literal
 
 from kubernetes import client
@@ -59,6 +63,8 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self._created: dict[tuple[str, str], float] = {}  # Jobs created (or adopted) by this process: when
+        self._created_lock = threading.Lock()
 
     # ----- custom objects -------------------------------------------------------------------
 
@@ -160,10 +166,36 @@ class Kube:
         jobs = self.batch.list_namespaced_job(namespace, label_selector=selector, _request_timeout=self.timeout).items
         return {j.metadata.name: j for j in jobs}
 
+    def job_object(self, body: dict) -> client.V1Job:
+        """A Job as the client's ``V1Job`` (what :meth:`job_view` reads) from its JSON dict (a
+        watch event's object, e.g. from kopf's index)."""
+        text = json.dumps(body, default=str)
+        if "content_type" in inspect.signature(self.api.deserialize).parameters:  # newer: the text and its type
+            job: client.V1Job = self.api.deserialize(text, "V1Job", "application/json")
+        else:  # older clients read a response object's data
+            job = self.api.deserialize(SimpleNamespace(data=text), "V1Job")
+        return job
+
+    def created_recently(self, namespace: str, name: str, seconds: float) -> bool:
+        """Whether this process created (or adopted) Job ``namespace/name`` less than ``seconds``
+        ago: a watch may not have brought it back yet. Older records are dropped."""
+        now = time.monotonic()
+        with self._created_lock:
+            for key in [k for k, at in self._created.items() if now - at > seconds]:
+                del self._created[key]
+            return (namespace, name) in self._created
+
+    def seen(self, namespace: str, name: str) -> None:
+        """Job ``namespace/name`` came back through a watch: no longer only recently created."""
+        with self._created_lock:
+            self._created.pop((namespace, name), None)
+
     def create_job(self, secret: dict, job: dict) -> bool:
         """Create the call Secret and the Job; an existing one (same deterministic name) is
         adopted, not replaced. Returns True when the Job was created now."""
         ns = job["metadata"]["namespace"]
+        with self._created_lock:
+            self._created[(ns, job["metadata"]["name"])] = time.monotonic()
         try:
             self.core.create_namespaced_secret(ns, secret, _request_timeout=self.timeout)
         except ApiException as err:

@@ -27,6 +27,7 @@ from .. import certs
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
+from ..handlers import peering as _peering  # noqa: F401 - workers follow kopf's peering pause
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import runtime
@@ -146,8 +147,8 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.probe(id="rollbacks")
 def rollbacks_probe(**_: Any) -> int:
-    """Liveness detail: how many rollback workers run (kopf answers /healthz only while its
-    watches and handlers run; this adds what the operator is doing)."""
+    """Liveness detail: how many RollbackRequests are queued or in a pass (kopf answers /healthz
+    only while its watches and handlers run; this adds what the operator is doing)."""
     return runtime.state().workers.count() if runtime.initialised() else 0
 
 

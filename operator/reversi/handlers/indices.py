@@ -1,10 +1,15 @@
-"""The operator's in-memory view of ToolManifests (a kopf index) and of run journals.
+"""The operator's in-memory view of ToolManifests and of its Jobs (kopf indices), and of run journals.
 
 One watch of ToolManifests feeds ``manifest_specs`` (kopf fills it before any handler runs), so a
 reconcile pass or an admission review reads a manifest from memory instead of a GET per pass;
 a miss falls back to one GET. kopf passes the index to every handler as the keyword argument
 ``manifest_specs``: ``(namespace, name)`` -> :class:`~reversi.models.toolmanifest.ToolManifestSpec`
 (``None`` when invalid).
+
+The project's Jobs (label ``app.kubernetes.io/managed-by=reversi``) are the index ``run_jobs``:
+``(namespace, run uid)`` -> each Job's metadata and status, kept from the one watch of Jobs the
+operator has anyway; a reconcile pass reads a run's Jobs from it (:func:`jobs_of_run`) instead of
+a LIST per pass.
 
 RunSteps are not a kopf index: a cluster holds far more of them than kopf's per-object workers
 handle (see :mod:`reversi.adapters.stepwatch`). A run's journal comes from the operator's
@@ -13,6 +18,8 @@ per-run informer (:func:`journal`), and a single step from one GET (:func:`step_
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +28,7 @@ import kopf
 from pydantic import ValidationError
 
 from ..adapters import journal as jr
+from ..adapters.jobs import LABEL_MANAGED_BY, LABEL_RUN_UID
 from ..engine.journal import Entry, Journal, assemble
 from ..models.run import RunSpec, StepUndo
 from ..models.runstep import step_name
@@ -42,18 +50,32 @@ def manifest_specs(namespace: str | None, name: str, body: kopf.Body,
     return {(namespace, name): spec}
 
 
+@kopf.index("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
+def run_jobs(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
+             **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The project's Jobs (compensators and readers) by ``(namespace, run uid)``: each Job's
+    metadata and status (its pod template is left out to keep memory small). It shares the one
+    watch of Jobs with :func:`reversi.handlers.rollback.rollback_job_event`."""
+    assert namespace is not None  # Jobs are namespaced
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations", "creationTimestamp",
+                                 "resourceVersion") if k in meta}
+    return {(namespace, labels.get(LABEL_RUN_UID, "")): {"metadata": kept, "status": dict(body.get("status") or {})}}
+
+
 @dataclass
 class Indices:
     """The live kopf indices (see the module docstring), captured from a handler's kwargs."""
 
     manifests: Mapping[Any, Any]
+    jobs: Mapping[Any, Any] | None = None
 
 
 def capture(kwargs: Mapping[str, Any]) -> Indices | None:
     """Keep the indices kopf passed to a handler for code that runs outside handlers (workers)."""
     if "manifest_specs" not in kwargs:
         return None
-    found = Indices(kwargs["manifest_specs"])
+    found = Indices(kwargs["manifest_specs"], kwargs.get("run_jobs"))
     state = runtime.state()
     if state.indices is None:
         state.indices = found
@@ -85,6 +107,69 @@ def manifest(indices: Indices | None, namespace: str, name: str | None) -> ToolM
         return ToolManifestSpec.model_validate(obj.get("spec") or {})
     except ValidationError:
         return None
+
+
+#: seconds a Job this process created is taken as running while the watch has not brought it back
+CREATED_GRACE_SECONDS = 60.0
+
+
+class RunJobs:
+    """A run's Jobs by name, from kopf's index (:func:`run_jobs`): ``get(name)`` gives the Job as
+    a ``V1Job`` or None. A Job this process created that the watch has not brought back yet is a
+    Job without status (running), so a pass right after the create does not create it again."""
+
+    def __init__(self, kube: Any, namespace: str, bodies: list[dict[str, Any]]):
+        self.kube = kube
+        self.namespace = namespace
+        self.bodies = {(b.get("metadata") or {}).get("name"): b for b in bodies}
+
+    def labels(self) -> list[dict[str, str]]:
+        """The labels of each Job of the run the index holds (see ``adapters.jobs.guard_read``)."""
+        return [dict((b.get("metadata") or {}).get("labels") or {}) for b in self.bodies.values()]
+
+    def get(self, name: str) -> Any:
+        body = self.bodies.get(name)
+        if body is not None:
+            self.kube.seen(self.namespace, name)
+            return self.kube.job_object(body)
+        if self.kube.created_recently(self.namespace, name, CREATED_GRACE_SECONDS):
+            return self.kube.job_object({"metadata": {"name": name, "namespace": self.namespace}, "status": {}})
+        return None
+
+
+#: seconds after which a run's Jobs are LISTed once instead of read from the index: kopf does not
+#: drop from its index a Job deleted while its watch was down long enough to be listed again
+RESYNC_SECONDS = 60.0
+_listed: dict[tuple[str, str], float] = {}
+_listed_lock = threading.Lock()
+
+
+def _resync_due(namespace: str, run_uid: str) -> bool:
+    now = time.monotonic()
+    with _listed_lock:
+        if len(_listed) > 10_000:  # forget runs not read for a while
+            for key in [k for k, at in _listed.items() if now - at > RESYNC_SECONDS]:
+                del _listed[key]
+        last = _listed.get((namespace, run_uid))
+        if last is not None and now - last < RESYNC_SECONDS:
+            return False
+        _listed[(namespace, run_uid)] = now
+        return True
+
+
+def jobs_of_run(indices: Indices | None, kube: Any, namespace: str, run_uid: str) -> Mapping[str, Any] | RunJobs:
+    """The Jobs of the run with uid ``run_uid``, by name: from kopf's index once a handler has
+    seen it (kopf fills indices before any handler runs), else one LIST (right after start-up).
+    A run's Jobs are also LISTed once every ``RESYNC_SECONDS`` (the first read of a run
+    included), so a Job deleted while kopf's watch was away is not taken as alive for long."""
+    if indices is None or indices.jobs is None or _resync_due(namespace, run_uid):
+        return kube.list_jobs(namespace, f"{LABEL_RUN_UID}={run_uid}")
+    for _ in range(5):
+        try:  # kopf updates the index from its event loop while this thread reads it
+            return RunJobs(kube, namespace, list(indices.jobs.get((namespace, run_uid), ())))
+        except RuntimeError:
+            continue
+    return kube.list_jobs(namespace, f"{LABEL_RUN_UID}={run_uid}")
 
 
 def journal(entries: Mapping[int, Entry], run_spec: RunSpec, legacy_undo: list[StepUndo] | None = None,

@@ -66,6 +66,9 @@ RUNS, REQUESTS, MANIFESTS = "runs", "rollbackrequests", "toolmanifests"
 #: seconds between passes of a request that waits for the Run's lock or for an approval (a change
 #: to the request or the end of the other request wakes it at once)
 WAIT_SECONDS = 5.0
+#: seconds between passes of a request waiting for another request's lock on the Run: the Run's
+#: release wakes it at once (:meth:`Reconciler.lock_released`), this is only the fallback
+LOCK_WAIT_SECONDS = 15.0
 #: passes a request waits for a gap in the run's steps to close (the watch catching up) before it fails
 GAP_PASSES = 10
 
@@ -80,6 +83,11 @@ class Memory:
     since: dict[tuple[int, str], float] = field(default_factory=dict)
     written: dict[int, StepUndo] = field(default_factory=dict)
     gap_passes: int = 0
+    #: the run journal's version when it was last read (None: read by a LIST, no informer)
+    journal_version: int | None = None
+    #: the graph and plan of the last pass, and what they were built from (see ``_plan_key``)
+    plan_key: tuple | None = None
+    plan: tuple | None = None
 
 
 class Invalid(Exception):
@@ -104,12 +112,23 @@ class Reconciler(TreeRollback):
         self.metrics = metrics
         self.job_settings = jobs_mod.JobSettings(settings.job_ttl_seconds, settings.job_run_as_user)
         self._run_waiters: dict[tuple[str, str], set[str]] = {}
+        self._lock_waiters: dict[tuple[str, str], set[str]] = {}  # requests in phase Waiting, by Run
         self._waiters_lock = threading.Lock()
 
     def waiting_for(self, namespace: str, run: str) -> list[str]:
         """Requests waiting for Run ``namespace/run`` to be created (woken by its creation)."""
         with self._waiters_lock:
             return sorted(self._run_waiters.get((namespace, run), ()))
+
+    def lock_released(self, namespace: str, run: str) -> list[str]:
+        """Requests that waited for Run ``namespace/run``'s lock (phase ``Waiting``), forgotten
+        here: the Run's release wakes them (a request still waiting registers again)."""
+        with self._waiters_lock:
+            return sorted(self._lock_waiters.pop((namespace, run), ()))
+
+    def _wait_for_lock(self, namespace: str, run: str, request: str) -> None:
+        with self._waiters_lock:
+            self._lock_waiters.setdefault((namespace, run), set()).add(request)
 
     def _wait_for_run(self, namespace: str, run: str, request: str, waiting: bool) -> None:
         with self._waiters_lock:
@@ -182,6 +201,8 @@ class Reconciler(TreeRollback):
         settle = self._run_settling(req, run_obj)
         if settle:
             return settle
+        if self._still_waiting(req, spec, run_obj):
+            return LOCK_WAIT_SECONDS  # the Run's release wakes it; no plan is built while another request works
         try:
             if not jr.inline_moved(run_obj):
                 jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
@@ -221,14 +242,20 @@ class Reconciler(TreeRollback):
         runner_names = set(runners)
         now = time.time()
         started = _epoch((req.get("status") or {}).get("startTime")) or now
+        plan_key = _plan_key(run_obj, req, memory, started, runner_names, readers_now,
+                             recorded is not None or manifest is not None)
         try:
-            graph = build_graph(run_spec)
-            plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                              runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
-                              # a step whose runner is not there (not in the manifest, not recorded) is
-                              # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
-                              handlers=runner_names if (recorded is not None or manifest is not None) else None,
-                              now=started)  # undo windows are judged when the request started
+            if plan_key is not None and memory.plan is not None and memory.plan_key == plan_key:
+                graph, plan = memory.plan  # nothing it is built from changed since the last pass
+            else:
+                graph = build_graph(run_spec)
+                plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
+                                  runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
+                                  # a step whose runner is not there (not in the manifest, not recorded) is
+                                  # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
+                                  handlers=runner_names if (recorded is not None or manifest is not None) else None,
+                                  now=started)  # undo windows are judged when the request started
+                memory.plan_key, memory.plan = plan_key, (graph, plan)
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
@@ -273,7 +300,9 @@ class Reconciler(TreeRollback):
                 (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
                 *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
             self._write(req, status)
-            return WAIT_SECONDS
+            self._wait_for_lock(ns, held_run or spec.run_ref.name, name)  # the held run's release wakes it
+            # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
+            return WAIT_SECONDS if holder else self.settings.tick_seconds
         if status.get("runSteps") is None and not (cancelling and not holding):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
@@ -346,9 +375,9 @@ class Reconciler(TreeRollback):
         policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
                            require_verification=spec.require_verification, stop=stop)
         effects: list[ex.Effect] = []
-        jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid}")
+        jobs = ix.jobs_of_run(runtime.state().indices if runtime.initialised() else None, self.kube, ns, run_uid)
         req_uid = meta.get("uid", "")
-        job_labels = [j.metadata.labels or {} for j in jobs.values()]
+        job_labels = jobs.labels() if isinstance(jobs, ix.RunJobs) else [j.metadata.labels or {} for j in jobs.values()]
 
         def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
             if role in jobs_mod.GUARD_ROLES:  # this request's own guard read, never an earlier request's answer
@@ -599,6 +628,31 @@ class Reconciler(TreeRollback):
                 out[s] = StepOutcome("pending")
         return out
 
+    def _still_waiting(self, req: dict, spec: RollbackRequestSpec, run_obj: dict) -> bool:
+        """Whether the request, already ``Waiting`` for the lock (same generation, same holder),
+        still must wait: then the pass ends before it reads the journal or plans (a 10,000-step
+        plan is not rebuilt every pass while another request works on the Run). The request is
+        registered for the Run's release first and the Run read again, so a release in between
+        is never missed. Raises ``ApiException``."""
+        meta = req["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        status = req.get("status") or {}
+        holder = (run_obj.get("status") or {}).get("activeRequest")
+        if not holder or holder == name or spec.cancel or spec.dry_run:
+            return False
+        if status.get("phase") != "Waiting" or status.get("observedGeneration") != meta.get("generation", 1):
+            return False
+        said = (c.get_condition(status.get("conditions"), c.RUNNING) or {}).get("message") or ""
+        if not said.startswith(f"RollbackRequest {ns}/{holder} is working"):
+            return False  # another holder than the status names: a full pass says who
+        self._wait_for_lock(ns, spec.run_ref.name, name)
+        fresh = self.kube.get(RUNS, ns, spec.run_ref.name)
+        if fresh is None or (fresh.get("status") or {}).get("activeRequest") != holder:
+            return False
+        other = self.kube.get(REQUESTS, ns, holder)
+        return other is not None and (other.get("status") or {}).get("phase") not in TERMINAL_PHASES \
+            and not other["metadata"].get("deletionTimestamp")
+
     def _lock(self, run_obj: dict, name: str, ns: str) -> bool:
         """Take the Run's lock for request ``name`` (optimistic concurrency), or report that
         another live request holds it."""
@@ -756,11 +810,13 @@ class Reconciler(TreeRollback):
         its own, e.g. in a test)."""
         meta = run_obj["metadata"]
         journals = runtime.state().journals if runtime.initialised() else None
+        memory.journal_version = None
         if journals is None:
             return jr.load(self.kube.custom, run_obj)
-        entries = journals.entries(meta["namespace"], meta["name"], wait=self.settings.journal_sync_seconds)
-        if entries is None:
+        found = journals.versioned_entries(meta["namespace"], meta["name"], wait=self.settings.journal_sync_seconds)
+        if found is None:
             return None
+        memory.journal_version, entries = found
         spec, legacy = jr.inline_journal(run_obj)
         return ix.journal(entries, spec, legacy, overlay=memory.written)
 
@@ -945,6 +1001,21 @@ def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict
     comp = snapshot.compensation if snapshot is not None else None
     precheck = verify if comp is not None and comp.precheck and verify.mode == "reader" else None
     return ex.Guards(precheck=precheck, precondition=ex.precondition_plan(snapshot, args, result), forced_by=forced_by)
+
+
+def _plan_key(run_obj: dict, req: dict, memory: Memory, started: float, runner_names: set[str],
+              readers: dict[str, str], handlers_known: bool) -> tuple | None:
+    """What a request's plan is built from: the Run (its resourceVersion), its journal (the
+    informer's version, and the undo this process wrote but has not seen come back), the steps
+    pinned at the lock, the start time and the runners. Equal keys give equal plans, so the plan
+    is rebuilt only when one of them changed. None (never cached) without an informer."""
+    if memory.journal_version is None:
+        return None
+    written = tuple((s, u.state, u.attempts, u.verification, u.verified_by, u.request)
+                    for s, u in sorted(memory.written.items()))
+    return (run_obj["metadata"].get("resourceVersion"), memory.journal_version, written,
+            (req.get("status") or {}).get("runSteps"), started, tuple(sorted(runner_names)),
+            tuple(sorted(readers.items())), handlers_known)
 
 
 def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:

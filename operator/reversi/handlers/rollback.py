@@ -1,4 +1,4 @@
-"""Thin kopf handlers for RollbackRequests and their Jobs: they only start or wake workers.
+"""Thin kopf handlers for RollbackRequests, their Jobs and Runs: they queue reconcile passes.
 
 The work happens in :mod:`reversi.handlers.reconciler`, driven by :mod:`reversi.handlers.workers`.
 """
@@ -65,14 +65,18 @@ def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", *
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
 def move_inline_journal(type: str, body: kopf.Body, **kwargs: Any) -> None:
-    """A Run was created or changed: wake the requests waiting for it to exist (no polling).
+    """A Run was created or changed: wake the requests waiting for it to exist, and those waiting
+    for its lock once ``status.activeRequest`` is empty (no polling).
     A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)
     state = runtime.state()
+    meta = body["metadata"]
     if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
-        meta = body["metadata"]
         for request in state.reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
+            state.workers.ensure(meta["namespace"], request)
+    if not (body.get("status") or {}).get("activeRequest"):  # the lock is free: wake the requests waiting for it
+        for request in state.reconciler.lock_released(meta.get("namespace", ""), meta.get("name", "")):
             state.workers.ensure(meta["namespace"], request)
     if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
         return

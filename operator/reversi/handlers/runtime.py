@@ -8,6 +8,7 @@ from typing import Any
 from ..adapters.kube import Kube
 from ..adapters.stepwatch import RunJournals
 from ..settings import OperatorSettings
+from . import peering
 from .reconciler import Reconciler
 from .workers import Workers
 
@@ -33,7 +34,9 @@ def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     """Build the shared objects once; handlers reach them through :func:`state`."""
     global _state
     reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
-    _state = State(settings, kube, reconciler, Workers(reconciler, settings.tick_seconds), metrics,
+    workers = Workers(reconciler, settings.tick_seconds, size=settings.workers, paused=peering.paused)
+    workers.start()  # a fixed pool from the start: the threads do not grow with the requests
+    _state = State(settings, kube, reconciler, workers, metrics,
                    journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
     return _state
 

@@ -1,22 +1,41 @@
-"""One worker thread per unfinished RollbackRequest.
+"""Rollback workers: a keyed work queue of RollbackRequests served by a fixed pool of threads.
 
-kopf tells us about requests (:mod:`reversi.handlers.rollback`); a worker runs reconcile passes
-every ``tick_seconds`` until the request is final or deleted. Workers are plain threads rather
-than kopf daemons because kopf puts a finalizer on objects with daemons, and a finalizer would keep
-requests (and their namespaces) from being deleted whenever the operator is not running.
+kopf tells us about requests, their Jobs and their Runs (:mod:`reversi.handlers.rollback`); each
+event adds the request's key (``namespace/name``) to a :class:`reversi.workqueue.WorkQueue`.
+``settings.workers`` threads take the keys that are due and run one reconcile pass each;
+:meth:`Reconciler.reconcile` returns the seconds until the request's next pass (None: final, no
+requeue). So the operator's threads do not grow with the requests, a request never has two
+passes at once, and a burst of events for one request makes one pass.
+
+A pass that raises is retried with exponential backoff (``tick * 2**failures``, at most 30 s);
+during the backoff an event does not bring the pass forward (the request's own status write
+would), and after three failures in a row the request says so (``report_error``). While kopf's
+peering pauses the operator (a standby replica), no pass starts (``paused``).
+
+Workers are plain threads rather than kopf daemons because kopf puts a finalizer on objects with
+daemons, and a finalizer would keep requests (and their namespaces) from being deleted whenever
+the operator is not running.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 
 from ..adapters.kube import api_message
+from ..workqueue import WorkQueue
 from .reconciler import Memory, Reconciler
 
 log = logging.getLogger("reversi.workers")
+
+#: the longest backoff between failing passes of one request (seconds)
+MAX_BACKOFF_SECONDS = 30.0
+#: failing passes in a row after which the request's status says the operator keeps failing
+REPORT_AFTER_FAILURES = 3
 
 
 def _describe(err: Exception) -> str:
@@ -28,79 +47,78 @@ def _describe(err: Exception) -> str:
 
 
 class Workers:
-    """The registry of worker threads, keyed by ``namespace/name``."""
+    """The rollback work queue and its pool (see the module docstring). ``size``: threads in the
+    pool (``settings.workers``); ``paused``: true while no pass may start (kopf's peering pause)."""
 
-    def __init__(self, reconciler: Reconciler, tick_seconds: float):
+    def __init__(self, reconciler: Reconciler, tick_seconds: float, size: int = 4,
+                 paused: Callable[[], bool] = lambda: False):
         self.reconciler = reconciler
         self.tick = tick_seconds
-        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self.queue = WorkQueue(size, self._pass, paused=paused, name="rollback-worker")
         self._lock = threading.Lock()
-        self._wake: dict[str, threading.Event] = {}
+        self._memory: dict[str, Memory] = {}  # what a request's passes keep between them
+        self._failures: dict[str, int] = {}  # failing passes in a row
+        self._hold: dict[str, float] = {}  # backing off until (monotonic seconds): events do not wake it
+
+    def start(self) -> None:
+        """Start the pool's threads (also done by the first :meth:`ensure`)."""
+        self.queue.start()
 
     def ensure(self, namespace: str, name: str) -> None:
-        """Start a worker for the request unless one runs; wake it up if it does. Safe to call
-        from many threads at once (kopf's request and Job handlers do, right after a start): the
-        thread is started under the lock, so a second caller never sees a registered worker that
-        is not alive yet and starts another one for the same request."""
+        """Queue a pass of the request now (or when its backoff ends). Safe from any thread; many
+        calls at once still make one pass at a time."""
         key = f"{namespace}/{name}"
         with self._lock:
-            current = self._threads.get(key)
-            if current and current[0].is_alive():
-                self._wake[key].set()
-                return
-            stop, wake = threading.Event(), threading.Event()
-            thread = threading.Thread(target=self._loop, args=(namespace, name, stop, wake), daemon=True,
-                                      name=f"rollback-{key}")
-            self._threads[key] = (thread, stop)
-            self._wake[key] = wake
-            thread.start()
+            hold = self._hold.get(key)
+        self.queue.start()
+        self.queue.add(key, max(hold - time.monotonic(), 0.0) if hold else 0.0)
 
     def stop(self, namespace: str, name: str) -> None:
-        """Stop the request's worker (the request was deleted)."""
-        with self._lock:
-            entry = self._threads.pop(f"{namespace}/{name}", None)
-            self._wake.pop(f"{namespace}/{name}", None)
-        if entry:
-            entry[1].set()
+        """Forget the request (it was deleted): no further pass; one running now ends as it is."""
+        key = f"{namespace}/{name}"
+        self.queue.forget(key)
+        self._drop(key)
 
     def count(self) -> int:
-        """Workers alive now."""
-        with self._lock:
-            return sum(1 for thread, _ in self._threads.values() if thread.is_alive())
+        """Requests queued or in a pass now."""
+        return len(self.queue.keys())
+
+    def threads(self) -> int:
+        """The pool's threads alive (at most ``size``)."""
+        return self.queue.threads()
 
     def stop_all(self) -> None:
-        with self._lock:
-            entries = list(self._threads.values())
-            self._threads.clear()
-        for _, stop in entries:
-            stop.set()
+        self.queue.stop()
 
-    def _loop(self, namespace: str, name: str, stop: threading.Event, wake: threading.Event) -> None:
-        memory = Memory()
-        failures = 0
-        while not stop.is_set():
-            try:
-                delay = self.reconciler.reconcile(namespace, name, memory)
-                failures = 0
-            except Exception as err:  # log, back off, try again: never crash the operator
-                failures += 1
-                log.exception("RollbackRequest %s/%s: reconcile failed (%d in a row); retrying", namespace, name,
-                              failures)
-                if failures >= 3:
-                    try:
-                        self.reconciler.report_error(namespace, name, _describe(err))
-                    except Exception:  # noqa: BLE001 - the API may be what fails
-                        log.warning("RollbackRequest %s/%s: could not report the error on it", namespace, name)
-                delay = min(self.tick * (2 ** min(failures, 5)), 30.0)
-            if delay is None:
-                break
-            if failures:
-                stop.wait(delay)  # back off in full: the request's own status write must not wake it early
-            else:
-                wake.wait(delay)
-            wake.clear()
+    def _drop(self, key: str) -> None:
         with self._lock:
-            key = f"{namespace}/{name}"
-            if key in self._threads and self._threads[key][1] is stop:
-                self._threads.pop(key, None)
-                self._wake.pop(key, None)
+            self._memory.pop(key, None)
+            self._failures.pop(key, None)
+            self._hold.pop(key, None)
+
+    def _pass(self, key: str) -> float | None:
+        """One reconcile pass of ``key``; the seconds until the next one, or None."""
+        namespace, name = key.split("/", 1)
+        with self._lock:
+            memory = self._memory.setdefault(key, Memory())
+        delay: float | None
+        try:
+            delay = self.reconciler.reconcile(namespace, name, memory)
+            with self._lock:
+                self._failures.pop(key, None)
+                self._hold.pop(key, None)
+        except Exception as err:  # log, back off, try again: never crash the operator
+            with self._lock:
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+            log.exception("RollbackRequest %s: reconcile failed (%d in a row); retrying", key, failures)
+            if failures >= REPORT_AFTER_FAILURES:
+                try:
+                    self.reconciler.report_error(namespace, name, _describe(err))
+                except Exception:  # noqa: BLE001 - the API may be what fails
+                    log.warning("RollbackRequest %s: could not report the error on it", key)
+            delay = min(self.tick * (2 ** min(failures, 5)), MAX_BACKOFF_SECONDS)
+            with self._lock:
+                self._hold[key] = time.monotonic() + delay  # back off in full: events must not wake it early
+        if delay is None:
+            self._drop(key)
+        return delay
