@@ -310,11 +310,30 @@ class Cluster:
         for comp in stopped:
             since = time.time()
             offset = self.paths.log(comp).stat().st_size if self.paths.log(comp).exists() else 0
+            self._wait_ports_free(comp)  # a killed predecessor's sockets may outlive it for a moment
             self._start(comp, *self._command(comp, certs))
             self._wait(comp, self._ready_check(comp, first=False, since=since, log_offset=offset))
             log(f"started {comp} (pid {self.paths.pid(comp).read_text().strip()})")
             started.append(comp)
         return started
+
+    def _ports(self, comp: str) -> list[int]:
+        """The ports on 127.0.0.1 that ``comp`` listens on (those ``up`` checks are free)."""
+        s = self.settings
+        return {"etcd": [s.etcd_port, s.etcd_peer_port], "kube-apiserver": [s.apiserver_port],
+                "node-agent": [s.kubelet_port]}.get(comp, [])
+
+    def _wait_ports_free(self, comp: str, timeout: float = 15.0) -> None:
+        """Wait until no socket holds ``comp``'s ports (the kernel frees them when the last
+        process of a killed group is gone, which can be a moment after its leader); raises
+        :class:`ClusterError` naming the port after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        for port in self._ports(comp):
+            while _port_in_use(port):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{comp}: port {port} on 127.0.0.1 is still in use {timeout:.0f}s after its "
+                                       f"process was stopped (`ss -ltnp 'sport = :{port}'` shows what holds it)")
+                time.sleep(0.05)
 
     def _stop(self, comp: str, *, kill: bool) -> None:
         pidfile = self.paths.pid(comp)

@@ -31,7 +31,7 @@ from ..models.rollbackrequest import Plan, RecordedRunner
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner
 from .executor import verify_plan
-from .plan import COMPENSATE
+from .plan import COMPENSATE, DEFER
 
 #: largest JSON of ``status.runners`` (bytes): the request object must stay far below etcd's
 #: 1.5 MiB while it also carries the plan, the steps and the report
@@ -79,7 +79,9 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
         if vp.tool and vp.runner != declared:
             read_back[vp.tool] = vp.runner
 
-    for action in plan.of_kind(COMPENSATE):
+    for action in plan.actions:
+        if action.kind not in (COMPENSATE, DEFER):  # a deferred step is undone once its blockers settle
+            continue
         if action.runner:
             names.add(action.runner)
         reader(action.step)  # the read-back, and the precheck read (the same reader)

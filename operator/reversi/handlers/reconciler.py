@@ -71,6 +71,10 @@ WAIT_SECONDS = 5.0
 LOCK_WAIT_SECONDS = 15.0
 #: passes a request waits for a gap in the run's steps to close (the watch catching up) before it fails
 GAP_PASSES = 10
+#: seconds a request waits after pinning ``status.runSteps`` before it counts the steps again at
+#: its end (rule 11): a step the webhook admitted while the Run was still open can be stored a
+#: moment after the count; the recount finds it, and the request plans it instead of leaving it out
+BOUNDARY_GRACE_SECONDS = 2.0
 
 
 @dataclass
@@ -88,6 +92,8 @@ class Memory:
     #: the graph and plan of the last pass, and what they were built from (see ``_plan_key``)
     plan_key: tuple | None = None
     plan: tuple | None = None
+    #: when this process pinned ``status.runSteps`` (``time.time()``): the recount at the end waits for it
+    pinned_at: float | None = None
 
 
 class Invalid(Exception):
@@ -307,6 +313,7 @@ class Reconciler(TreeRollback):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
             self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
+            memory.pinned_at = time.time()
             if status["runSteps"] != journal.size:
                 return self.settings.tick_seconds  # plan again, with exactly those steps
         tree = self._tree_pass(req, status)  # the runs below this one, locked with it (None: no child runs)
@@ -493,7 +500,10 @@ class Reconciler(TreeRollback):
         verdict = report_message(report)
         if tree is not None:
             verdict += "; runs below: " + ", ".join(f"{x['run']} {x['outcome']}" for x in tree.ordered())
-        if finished and not (awaiting and not deadline_passed):
+        ending = finished and not (awaiting and not deadline_passed)
+        # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
+        late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
+        if ending and late is None:
             phase = "Succeeded" if report.complete else "Incomplete"
             stalled_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
             # Complete=False says Partial (something was undone) or NotPossible (nothing could be)
@@ -546,6 +556,8 @@ class Reconciler(TreeRollback):
             *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
               else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
         self._write(req, status)
+        if late is not None:
+            return late
         return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
 
     # --------------------------------------------------------------------------- helpers
@@ -583,8 +595,12 @@ class Reconciler(TreeRollback):
         if journaled is not None:
             # the journal outranks the request's status: it is written first (rule 3)
             if journaled.state == "compensated":
+                reason = _verification_reason(journaled.verification)
+                said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
+                if journaled.verification == "unverified" and said in (c.READ_BACK_REQUIRED, c.CANCELLED):
+                    reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
                 return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
-                               error=None, reason=_verification_reason(journaled.verification))
+                               error=None, reason=reason)
             if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
                 return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
                                error=journaled.last_error)
@@ -627,6 +643,33 @@ class Reconciler(TreeRollback):
             else:
                 out[s] = StepOutcome("pending")
         return out
+
+    def _count_again(self, req: dict, run: str, status: dict, memory: Memory, now: float) -> float | None:
+        """The last check of the run boundary (rule 11) before a request that took the lock ends.
+
+        The step webhook admits a step when it reads the Run open, and the API server stores the
+        step a moment later; a lock taken in between counts the steps (``status.runSteps``)
+        without it, although its call was made. So, once ``BOUNDARY_GRACE_SECONDS`` have passed
+        since this process pinned the count, the steps are counted again (consistent GETs): more
+        steps are pinned (an Event ``StepsAdmittedAtLock`` says which) and the request plans them
+        like any other. Returns the seconds to wait before the next pass, or ``None`` to finish
+        now. Raises ``ApiException``."""
+        pinned = status.get("runSteps")
+        if pinned is None:
+            return None  # never took the lock (a dry run, cancelled while waiting)
+        if memory.pinned_at is not None and now < memory.pinned_at + BOUNDARY_GRACE_SECONDS:
+            return memory.pinned_at + BOUNDARY_GRACE_SECONDS - now
+        meta = req["metadata"]
+        found = jr.count_steps(self.kube.custom, meta["namespace"], run, pinned)
+        if found <= pinned:
+            return None
+        status["runSteps"] = found
+        self.kube.merge_status(REQUESTS, meta["namespace"], meta["name"], {"runSteps": found})
+        memory.pinned_at = now
+        self.kube.event(req, "StepsAdmittedAtLock",
+                        f"step(s) {pinned}..{found - 1} of Run {meta['namespace']}/{run} were admitted as the lock was "
+                        f"taken and stored after the steps were counted: they are part of this rollback", True)
+        return self.settings.tick_seconds
 
     def _still_waiting(self, req: dict, spec: RollbackRequestSpec, run_obj: dict) -> bool:
         """Whether the request, already ``Waiting`` for the lock (same generation, same holder),
