@@ -23,10 +23,12 @@ lint: install
 test: build
 	$(PYTHON) -m pytest -q
 
-# the long variants: runs of 5,000 steps and a rollback of 2,000 (recording is sequential per run: many minutes)
+# the long variants: runs of 5,000 steps, a rollback of 2,000 (recording is sequential per run: many minutes), and
+# 25 races of an agent recording while a rollback takes the lock (make test makes 6)
 test-long: build
-	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 $(PYTHON) -m pytest -q tests/integration/test_journal.py \
-	  tests/integration/test_crash_and_scale.py
+	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 REVERSI_BOUNDARY_ATTEMPTS=25 $(PYTHON) -m pytest -q \
+	  tests/integration/test_journal.py tests/integration/test_crash_and_scale.py \
+	  tests/integration/test_breaker_findings.py::test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can
 
 # malformed objects of every kind against the webhooks: 2,000 of them (make test sends 240)
 fuzz: build

@@ -74,7 +74,7 @@ GAP_PASSES = 10
 #: seconds a request waits after pinning ``status.runSteps`` before it counts the steps again at
 #: its end (rule 11): a step the webhook admitted while the Run was still open can be stored a
 #: moment after the count; the recount finds it, and the request plans it instead of leaving it out
-BOUNDARY_GRACE_SECONDS = 2.0
+BOUNDARY_GRACE_SECONDS = 0.5
 
 
 @dataclass
@@ -602,8 +602,10 @@ class Reconciler(TreeRollback):
                 return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
                                error=None, reason=reason)
             if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
+                said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
+                why = "VerificationArgumentsUnavailable" if said == c.VERIFICATION_ARGUMENTS_UNAVAILABLE else run.reason
                 return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
-                               error=journaled.last_error)
+                               error=journaled.last_error, reason=why)
             if journaled.state == "compensating" and run.stage in ("pending", "awaitingApproval", "failed"):
                 return replace(run, stage="compensating", attempts=journaled.attempts)
             run = replace(run, attempts=max(run.attempts, journaled.attempts))
