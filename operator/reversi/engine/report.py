@@ -197,8 +197,8 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         elif kind in STATUS_BUCKETS:  # expired, handlerUnavailable (plan kinds)
             _status_item(statuses, kind, step, action.reason)
         elif kind == DEFER:
-            blocked = list(outcome.blocked_by) if outcome is not None and outcome.blocked_by else list(action.blocked_by)
-            deferred.append(StepBlocked(step=step, blocked_by=blocked))
+            known = outcome.blocked_by if outcome is not None and outcome.blocked_by else action.blocked_by
+            deferred.append(StepBlocked(step=step, blocked_by=list(known)))
         elif kind == COMPENSATE:
             state = outcome.state if outcome is not None else PENDING
             if state == COMPENSATED:
@@ -325,7 +325,8 @@ def _residue_text(status: str, kind: str, action, item, denied: dict[int, str]) 
         return f"the undo of {tool} failed, so its effect may remain: {detail or 'compensation failed'}"
     if kind == UNKNOWN:
         if status == "unresolved":
-            return f"the outcome of {tool} is uncertain: whether it had an effect is unknown (settle it with a resolution)"
+            return (f"the outcome of {tool} is uncertain: whether it had an effect is unknown "
+                    "(settle it with a resolution)")
         if status == "unverified":
             return f"{tool} was undone but the undo was not checked: whether its effect is gone is unknown"
         return f"the undo of {tool} ran but could not be checked, so whether its effect is gone is unknown: {detail}"
@@ -387,7 +388,8 @@ def report_message(report: Report) -> str:
     add("unmanifested", report.unmanifested)
     if report.deferred:
         shown = ", ".join(
-            f"{d.step} blocked by {', '.join(str(b) for b in d.blocked_by) or 'a dependent'}" for d in report.deferred[:10]
+            f"{d.step} blocked by {', '.join(str(b) for b in d.blocked_by) or 'a dependent'}"
+            for d in report.deferred[:10]
         )
         parts.append(f"{len(report.deferred)} deferred ({shown}{', ...' if len(report.deferred) > 10 else ''})")
     denied = {d.step for d in report.denied}

@@ -162,7 +162,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     manifest = _manifest(namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
     old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
-    known_steps, known_res = set(old_steps), set(old_res)
+    known_steps = set(old_steps)
     now = _now()
 
     def stamp(raw: dict) -> None:
@@ -189,14 +189,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
                 else:
                     step["snapshot"] = wire
             step["recordedAt"] = now  # the server's clock, not the client's
-        for res in s.get("resolutions") or []:
-            if not isinstance(res, dict):
-                continue
-            if res.get("step") in known_res:
-                _carry(old_res[res["step"]], res, ("actor", "resolvedAt"))
-            else:
-                res["actor"] = user
-                res["resolvedAt"] = now
+        _stamp(s.get("resolutions"), old_res, ("actor", "resolvedAt"), user, now)
         family(raw)
 
     patch.fns.append(_raw(stamp))
@@ -243,6 +236,20 @@ def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[d
 def _valid_or_empty(spec: Any) -> dict:
     """An old object's spec as a dict (it was admitted; anything else is treated as empty)."""
     return spec if isinstance(spec, dict) else {}
+
+
+def _stamp(entries: list | None, old: dict, fields: tuple[str, str], user: str, now: str) -> None:
+    """Stamp ``fields`` (who, when) on each entry of a list keyed by ``step`` (approvals,
+    denials, forces, resolutions): a new entry gets the authenticated ``user`` and the server's
+    ``now``, never what the client sent; an entry that was there before (``old``, by step) keeps
+    its stamps (:func:`_carry`). Entries that are not objects are left to the schema."""
+    for entry in entries or []:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("step") in old:
+            _carry(old[entry["step"]], entry, fields)
+        else:
+            entry[fields[0]], entry[fields[1]] = user, now
 
 
 def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
@@ -669,30 +676,10 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     old_forces = {f.get("step"): f for f in old_spec.get("force") or [] if isinstance(f, dict)}
 
     def stamp(raw: dict) -> None:
-        for approval in (raw.get("spec") or {}).get("approvals") or []:
-            if not isinstance(approval, dict):
-                continue
-            if approval.get("step") in old:
-                _carry(old[approval["step"]], approval, ("approver", "approvedAt"))
-            else:
-                approval["approver"] = user
-                approval["approvedAt"] = now
-        for denial in (raw.get("spec") or {}).get("denials") or []:
-            if not isinstance(denial, dict):
-                continue
-            if denial.get("step") in old_denials:
-                _carry(old_denials[denial["step"]], denial, ("actor", "deniedAt"))
-            else:
-                denial["actor"] = user
-                denial["deniedAt"] = now
-        for force in (raw.get("spec") or {}).get("force") or []:  # who forced is the server's word (issue 9)
-            if not isinstance(force, dict):
-                continue
-            if force.get("step") in old_forces:
-                _carry(old_forces[force["step"]], force, ("actor", "forcedAt"))
-            else:
-                force["actor"] = user
-                force["forcedAt"] = now
+        new_spec = raw.get("spec") or {}
+        _stamp(new_spec.get("approvals"), old, ("approver", "approvedAt"), user, now)
+        _stamp(new_spec.get("denials"), old_denials, ("actor", "deniedAt"), user, now)
+        _stamp(new_spec.get("force"), old_forces, ("actor", "forcedAt"), user, now)  # who forced: the server's word
 
     patch.fns.append(_raw(stamp))
 

@@ -171,7 +171,8 @@ class Reconciler(TreeRollback):
             return
         status = req.get("status") or {}
         gen = req["metadata"].get("generation", 1)
-        message = f"the operator keeps failing on this request and retries: {st.cut(error, self.settings.message_limit)}"
+        message = ("the operator keeps failing on this request and retries: "
+                   f"{st.cut(error, self.settings.message_limit)}")
         current = c.get_condition(status.get("conditions"), c.RUNNING) or {}
         if current.get("reason") == c.RECONCILE_ERROR and current.get("message") == message:
             return
@@ -256,14 +257,16 @@ class Reconciler(TreeRollback):
             else:
                 graph = build_graph(run_spec)
                 plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                                  runner_names=runner_names, readers=readers_now,  # the plan's verified: a reader exists
+                                  # the plan's verified: a reader exists
+                                  runner_names=runner_names, readers=readers_now,
                                   # a step whose runner is not there (not in the manifest, not recorded) is
                                   # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
                                   handlers=runner_names if (recorded is not None or manifest is not None) else None,
                                   now=started)  # undo windows are judged when the request started
                 memory.plan_key, memory.plan = plan_key, (graph, plan)
         except InvalidRun as err:
-            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
+            raise Invalid(c.INVALID_DEPENDENCIES,
+                          f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
         status = dict(req.get("status") or {})
         status.setdefault("startTime", st.iso(started))
         limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
@@ -354,7 +357,8 @@ class Reconciler(TreeRollback):
                 verify_plans[u.step] = ex.VerifyPlan("reader", tool=done_snap.verification.tool
                                                      if done_snap is not None and done_snap.verification else None)
                 reverify[u.step] = ex.StepRun(u.step, stage="compensated" if u.state == "compensated" else "failed",
-                                              attempts=u.attempts, reads=(old_entries.get(u.step) or {}).get("reads", 1),
+                                              attempts=u.attempts,
+                                              reads=(old_entries.get(u.step) or {}).get("reads", 1),
                                               verification=u.verification, error=u.last_error)
                 continue
             if u.state != "compensated" or u.verification != "unverified" or u.verified_by is not None:
@@ -451,7 +455,8 @@ class Reconciler(TreeRollback):
                         raise  # transient: the next pass tries again
                     # refused for good (an invalid Job or Secret, a forbidden field)
                     why = api_message(err) if isinstance(err, ApiException) else _first_error(err)
-                    if e.role == "compensator" and runs.get(e.step) is not None:  # its handler cannot run: only this step
+                    # its handler cannot run: only this step
+                    if e.role == "compensator" and runs.get(e.step) is not None:
                         runs[e.step], more = ex.unavailable(runs[e.step], f"cannot create the compensator Job: {why}")
                         progress[e.step] = ex.schedule_state(runs[e.step].stage)
                         self._journal(ns, spec.run_ref.name, name, [x for x in more if isinstance(x, ex.Journal)],
@@ -488,11 +493,11 @@ class Reconciler(TreeRollback):
             report = report.model_copy(update={"complete": own_complete and tree.complete()})
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
-        status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by, gen,
-                                          old_entries, verify_tools, limit, mlimit)
+        status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by,
+                                          gen, old_entries, verify_tools, limit, mlimit)
         if reverify:
-            status["steps"] = sorted(status["steps"] + st.reverify_entries(plan, reverify, verify_tools, gen, old_entries,
-                                                                           mlimit), key=lambda e: e["step"])
+            reread = st.reverify_entries(plan, reverify, verify_tools, gen, old_entries, mlimit)
+            status["steps"] = sorted(status["steps"] + reread, key=lambda e: e["step"])
         status["progress"] = progress_text(plan, progress)
         status["report"] = st.report_status(report, mlimit)
         if tree is not None:
@@ -505,7 +510,8 @@ class Reconciler(TreeRollback):
         late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
         if ending and late is None:
             phase = "Succeeded" if report.complete else "Incomplete"
-            stalled_reason = c.ALL_COMPENSATED if report.complete else (c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
+            stalled_reason = (c.ALL_COMPENSATED if report.complete
+                              else c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
             # Complete=False says Partial (something was undone) or NotPossible (nothing could be)
             complete_reason = {"Partial": c.PARTIAL, "NotPossible": c.NOT_POSSIBLE}.get(outcome_reason(report),
                                                                                          c.ALL_COMPENSATED)
@@ -546,12 +552,12 @@ class Reconciler(TreeRollback):
         running_message = f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"
         running_message += "".join(f"; child Run {x['run']} is being rolled back by RollbackRequest {x.get('request')}"
                                    for x in child_busy)
-        awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, or spec.approveCompensations)"
-                            if awaiting else "no step waits for approval")
+        awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, "
+                            "or spec.approveCompensations)" if awaiting else "no step waits for approval")
         status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
             (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else c.NOT_STARTED, running_message),
-            (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
-             awaiting_message),
+            (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE,
+             c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL, awaiting_message),
             (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
             *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
               else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
@@ -599,8 +605,8 @@ class Reconciler(TreeRollback):
                 said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
                 if journaled.verification == "unverified" and said in (c.READ_BACK_REQUIRED, c.CANCELLED):
                     reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
-                return replace(run, stage="compensated", attempts=journaled.attempts, verification=journaled.verification,
-                               error=None, reason=reason)
+                return replace(run, stage="compensated", attempts=journaled.attempts,
+                               verification=journaled.verification, error=None, reason=reason)
             if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
                 said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
                 why = "VerificationArgumentsUnavailable" if said == c.VERIFICATION_ARGUMENTS_UNAVAILABLE else run.reason
@@ -787,8 +793,9 @@ class Reconciler(TreeRollback):
         if not request or not run_name:
             return
         req = self.kube.get(REQUESTS, namespace, request)
-        if req is not None and req["metadata"].get("uid") == (meta.get("labels") or {}).get(jobs_mod.LABEL_REQUEST_UID) \
-                and not req["metadata"].get("deletionTimestamp"):
+        started_by = (meta.get("labels") or {}).get(jobs_mod.LABEL_REQUEST_UID)
+        meta_now = (req or {}).get("metadata") or {}
+        if req is not None and not meta_now.get("deletionTimestamp") and meta_now.get("uid") == started_by:
             return  # its request lives: its worker records the outcome
         self.request_deleted(namespace, request, run_name)
 
@@ -878,7 +885,8 @@ class Reconciler(TreeRollback):
         return self._manifest(ref, ns, name)
 
     def _record_runners(self, req: dict, status: dict, plan, run_spec: RunSpec, prior: list[StepUndo],
-                        runners: dict[str, Runner], readers: dict[str, str]) -> tuple[dict[str, Runner], dict[str, str]]:
+                        runners: dict[str, Runner],
+                        readers: dict[str, str]) -> tuple[dict[str, Runner], dict[str, str]]:
         """Write ``status.runners`` (the runners the plan needs, as the ToolManifest gives them
         now) and say so in an Event; return them as :func:`reversi.engine.runners.from_record`
         reads them back. Raises :class:`Invalid` (``RunnersTooLarge``) when they are too big to keep."""
@@ -905,7 +913,8 @@ class Reconciler(TreeRollback):
         try:
             return ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
         except ValidationError as err:
-            raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
+            raise Invalid(c.MANIFEST_INVALID,
+                          f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
                    spec: RollbackRequestSpec, e: ex.StartJob, guards: dict[int, ex.Guards] | None = None) -> None:
@@ -929,11 +938,12 @@ class Reconciler(TreeRollback):
                                              role=e.role, read=e.read, **common)
         else:
             runner = runners[action.runner]
-            call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step, action.compensation_tool,
-                                             step.tool, action.args, action.idempotency_key)
+            call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step,
+                                             action.compensation_tool, step.tool, action.args, action.idempotency_key)
             secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
                                              idempotency_key=action.idempotency_key,
-                                             command=list(spec.verify_command or []) if e.role == "check" else None, **common)
+                                             command=list(spec.verify_command or []) if e.role == "check" else None,
+                                             **common)
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
@@ -971,7 +981,8 @@ class Reconciler(TreeRollback):
         meta = req["metadata"]
         gen = meta.get("generation", 1)
         status = dict(req.get("status") or {})
-        message = f"cancelled by {spec.cancelled_by or 'an unknown user'} before anything was planned ({why}): nothing was undone"
+        message = (f"cancelled by {spec.cancelled_by or 'an unknown user'} before anything was planned ({why}): "
+                   "nothing was undone")
         status.update(phase="Incomplete", observedGeneration=gen, completionTime=st.iso(time.time()),
                       conditions=st.summary_conditions(status.get("conditions") or [], gen, [
                           (c.RUNNING, c.FALSE, c.FINISHED, "no compensation ran"),
@@ -991,7 +1002,8 @@ class Reconciler(TreeRollback):
         cond = c.get_condition((req.get("status") or {}).get("conditions"), c.PLANNED) or {}
         if cond.get("reason") != c.RUN_NOT_FOUND:
             return None
-        left = (_epoch(run_obj["metadata"].get("creationTimestamp")) or 0) + self.settings.run_settle_seconds - time.time()
+        created = _epoch(run_obj["metadata"].get("creationTimestamp")) or 0
+        left = created + self.settings.run_settle_seconds - time.time()
         return left if left > 0 else None
 
     def _write(self, req: dict, status: dict) -> None:

@@ -46,7 +46,8 @@ StepStage = Literal["pending", "awaitingApproval", "prechecking", "preconditioni
 ActionKind = Literal["compensate", "skip", "unrecoverable", "unresolved", "unmanifested", "defer", "expired",
                      "handlerUnavailable"]
 
-PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete", "Failed")
+PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "AwaitingApproval", "Succeeded", "Incomplete",
+                           "Failed")
 TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
 
 
@@ -66,7 +67,8 @@ class Approval(ReversiModel):
 
     step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step whose compensation is approved.")
     approver: str | None = Field(
-        default=None, max_length=MAX_NAME * 2, description="Who approved (stamped at admission from the authenticated user)."
+        default=None, max_length=MAX_NAME * 2, description="Who approved (stamped at admission from the authenticated "
+        "user)."
     )
     approved_at: datetime | None = Field(default=None, description="When it was approved.")
 
@@ -90,7 +92,8 @@ class Denial(ReversiModel):
     step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step whose compensation is denied.")
     note: str = Field(min_length=1, max_length=1024, description="Why it is denied, for the record.")
     actor: str | None = Field(
-        default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated user)."
+        default=None, max_length=MAX_NAME * 2, description="Who denied (stamped at admission from the authenticated "
+        "user)."
     )
     denied_at: datetime | None = Field(default=None, description="When it was denied (stamped at admission).")
 
@@ -112,7 +115,8 @@ class Force(ReversiModel):
 
     step: int = Field(ge=0, le=MAX_STEPS - 1, description="Index of the step to undo despite a failed precondition.")
     actor: str | None = Field(
-        default=None, max_length=MAX_NAME * 2, description="Who forced it (stamped at admission from the authenticated user)."
+        default=None, max_length=MAX_NAME * 2, description="Who forced it (stamped at admission from the "
+        "authenticated user)."
     )
     forced_at: datetime | None = Field(default=None, description="When it was forced (stamped at admission).")
 
@@ -172,8 +176,10 @@ class RollbackRequestSpec(ReversiModel):
         max_length=MAX_NAME * 2,
         description="Who set approveCompensations (stamped at admission). Immutable once set.",
     )
-    retries: int = Field(default=3, ge=1, le=10, description="Attempts per compensation before it is compensationFailed.")
-    backoff: Backoff = Field(default_factory=Backoff, description="Backoff between attempts (exponential, with jitter).")
+    retries: int = Field(default=3, ge=1, le=10, description="Attempts per compensation before it is "
+    "compensationFailed.")
+    backoff: Backoff = Field(default_factory=Backoff, description="Backoff between attempts (exponential, with "
+    "jitter).")
     parallelism: int = Field(default=1, ge=1, le=32, description="Compensations running at once (order still holds).")
     verify_command: list[Text] | None = Field(
         default=None,
@@ -186,7 +192,8 @@ class RollbackRequestSpec(ReversiModel):
         description="Count an undo whose tool declares no read-back as unverified (incomplete) instead of compensated.",
     )
     deadline_seconds: int | None = Field(
-        default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report says what is left."
+        default=None, ge=1, le=7 * 86400, description="Give up starting new work after this many seconds; the report "
+        "says what is left."
     )
     compensation_deadline_seconds: int | None = Field(
         default=None,
@@ -207,7 +214,8 @@ class RollbackRequestSpec(ReversiModel):
         default=False,
         description="Stop the request (kubectl reversi cancel): no new Job starts; running Jobs finish and are "
         "recorded with their true outcome; every step not started is cancelled; the Run is released; the request "
-        "ends Incomplete with Complete=False reason Cancelled. Cannot be set back to false; a no-op on a finished request.",
+        "ends Incomplete with Complete=False reason Cancelled. Cannot be set back to false; a no-op on a finished "
+        "request.",
     )
     cancelled_by: str | None = Field(
         default=None,
@@ -237,7 +245,8 @@ class PlanAction(StatusModel):
     runner: str | None = Field(default=None, description="compensate: runner of the compensator Job.")
     args: JSONObject | None = Field(default=None, description="compensate: resolved compensation arguments.")
     idempotency_key: str | None = Field(
-        default=None, description="compensate: compensation idempotency key (64 hex), the same on every retry and re-run."
+        default=None, description="compensate: compensation idempotency key (64 hex), the same on every retry and "
+        "re-run."
     )
     needs_approval: bool = Field(default=False, description="compensate: waits for approval before it runs.")
     residue: list[str] = Field(
@@ -253,7 +262,8 @@ class Plan(StatusModel):
     """The dry run: one action per step (skip for steps that failed) and fullyReversible."""
 
     fully_reversible: bool = Field(
-        description="Every standing step is compensate or skip, assuming each compensation succeeds; residue does not make it false."
+        description="Every standing step is compensate or skip, assuming each compensation succeeds; residue does not "
+        "make it false."
     )
     actions: list[PlanAction] = Field(
         default_factory=list, description="One action per step, in step order (see omitted)."
@@ -261,7 +271,8 @@ class Plan(StatusModel):
     omitted: int = Field(
         default=0,
         ge=0,
-        description="Actions left out to keep the status small (skips first, then the oldest); the report lists every step.",
+        description="Actions left out to keep the status small (skips first, then the oldest); the report lists every "
+        "step.",
     )
 
     def action(self, step: int) -> PlanAction:
@@ -287,23 +298,28 @@ class StepStatus(StatusModel):
     compensation_tool: str | None = Field(default=None, description="Tool that undoes it.")
     stage: StepStage | None = Field(
         default=None,
-        description="Where the step is: pending, awaitingApproval, prechecking, preconditioning, compensating, retrying, "
+        description="Where the step is: pending, awaitingApproval, prechecking, preconditioning, compensating, "
+        "retrying, "
         "checking (verifyCommand), verifying, rereading, compensated, failed, deferred, alreadyRecovered, expired, "
         "handlerUnavailable, conflict, compensationDeadlinePassed or cancelled (not started: the request was "
         "cancelled). docs/concepts.md has a table of every step status.",
     )
-    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt number).")
+    attempts: int = Field(default=0, ge=0, description="Compensation attempts so far (across requests: the attempt "
+    "number).")
     first_attempt: int | None = Field(
         default=None, ge=1,
-        description="The first attempt this request ran: its retries budget counts from there (retries are per request).",
+        description="The first attempt this request ran: its retries budget counts from there (retries are per "
+        "request).",
     )
     reads: int = Field(default=0, ge=0, description="Read-backs of the current attempt so far (verification).")
     idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
-    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from being undone.")
+    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from "
+    "being undone.")
     last_error: str | None = Field(default=None, description="Error of the last failed attempt or check.")
     next_attempt_at: datetime | None = Field(default=None, description="Earliest time of the next attempt (backoff).")
     forced_by: str | None = Field(
-        default=None, description="Who forced the undo although its compensation's precondition did not hold (spec.force)."
+        default=None, description="Who forced the undo although its compensation's precondition did not hold "
+        "(spec.force)."
     )
     conditions: list[Condition] = Field(
         default_factory=list,
@@ -331,7 +347,8 @@ class StepBlocked(StatusModel):
     """A step that was not undone because dependents still stand."""
 
     step: int = Field(ge=0, description="Index of the step.")
-    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep it from being undone.")
+    blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep it from being "
+    "undone.")
 
 
 ResidueType = Literal["declared", "failed", "notAttempted", "unknown"]
@@ -349,7 +366,8 @@ class StepResidue(StatusModel):
     type: ResidueType = Field(
         default="declared",
         description="declared (stated in the manifest, for an undone step), failed (the undo failed: the effect may "
-        "remain), notAttempted (not undone: the effect remains) or unknown (uncertain outcome, unchecked undo, failed read).",
+        "remain), notAttempted (not undone: the effect remains) or unknown (uncertain outcome, unchecked undo, failed "
+        "read).",
     )
     text: str = Field(default="", description="What is left behind, for a person.")
     residue: list[str] | None = Field(
@@ -380,7 +398,8 @@ class RunSection(StatusModel):
     )
     outcome: RunOutcome = Field(
         description="pending (not reached yet), running, rolledBack (complete), incomplete, alreadyRecovered (rolled "
-        "back completely by an earlier request: nothing ran again) or cancelled (not started: the request was cancelled).",
+        "back completely by an earlier request: nothing ran again) or cancelled (not started: the request was "
+        "cancelled).",
     )
     complete: bool = Field(default=False, description="The run's own report is complete (alreadyRecovered counts).")
     compensated: int = Field(default=0, ge=0, description="Steps of the run in its report's compensated bucket.")
@@ -394,7 +413,8 @@ class TreeRun(StatusModel):
     run: str = Field(description="Name of the Run.")
     parent: str = Field(description="Its parent Run.")
     opened: int = Field(default=0, ge=0, description="The parent's step count when it was opened.")
-    created: str | None = Field(default=None, description="Its creationTimestamp (orders children opened at one index).")
+    created: str | None = Field(default=None, description="Its creationTimestamp (orders children opened at one "
+    "index).")
 
 
 class Report(StatusModel):
@@ -411,13 +431,16 @@ class Report(StatusModel):
     unrecoverable: list[StepReason] = Field(
         default_factory=list, description="Cannot be undone: irreversible, or compensation arguments missing."
     )
-    unresolved: list[int] = Field(default_factory=list, description="Outcome intended or uncertain: settle with a resolution.")
+    unresolved: list[int] = Field(default_factory=list, description="Outcome intended or uncertain: settle with a "
+    "resolution.")
     unmanifested: list[int] = Field(default_factory=list, description="No manifest entry (observe mode).")
     deferred: list[StepBlocked] = Field(default_factory=list, description="Not undone because dependents still stand.")
-    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval, or denied (see denied).")
+    awaiting_approval: list[int] = Field(default_factory=list, description="Waiting for approval, or denied (see "
+    "denied).")
     denied: list[StepReason] = Field(
         default_factory=list,
-        description="Steps of awaitingApproval whose compensation was denied: denied by <actor>: <note>. Not a bucket of its own.",
+        description="Steps of awaitingApproval whose compensation was denied: denied by <actor>: <note>. Not a bucket "
+        "of its own.",
     )
     unverified: list[int] = Field(
         default_factory=list,
@@ -434,7 +457,8 @@ class Report(StatusModel):
     )
     cancelled: list[int] = Field(
         default_factory=list,
-        description="Not started because the request was cancelled (spec.cancel): no compensator ran for them in this request.",
+        description="Not started because the request was cancelled (spec.cancel): no compensator ran for them in this "
+        "request.",
     )
     already_recovered: list[int] = Field(
         default_factory=list,
@@ -457,7 +481,8 @@ class Report(StatusModel):
     )
     forced: list[StepReason] = Field(
         default_factory=list,
-        description="Steps undone although their precondition did not hold: forced by <actor>. Not a bucket of its own.",
+        description="Steps undone although their precondition did not hold: forced by <actor>. Not a bucket of its "
+        "own.",
     )
     residue: list[StepResidue] = Field(
         default_factory=list,
@@ -492,7 +517,8 @@ class RecordedRunner(Runner):
         default_factory=list,
         max_length=MAX_TOOLS,
         description="Read-back tools this runner reads for because the ToolManifest gave it to them at the lock "
-        "(the step's own reader runner was not defined then): a re-verify or a reader of this request uses it for them.",
+        "(the step's own reader runner was not defined then): a re-verify or a reader of this request uses it for "
+        "them.",
     )
 
 
@@ -502,7 +528,8 @@ class RollbackRequestStatus(StatusModel):
     observed_generation: int | None = Field(default=None, ge=0, description="metadata.generation last processed.")
     phase: Phase | None = Field(
         default=None,
-        description="Pending, Waiting, Planned, Running, AwaitingApproval, Succeeded, Incomplete or Failed (the request is invalid).",
+        description="Pending, Waiting, Planned, Running, AwaitingApproval, Succeeded, Incomplete or Failed (the "
+        "request is invalid).",
     )
     conditions: list[Condition] = Field(
         default_factory=list,
@@ -515,14 +542,16 @@ class RollbackRequestStatus(StatusModel):
     run_steps: int | None = Field(
         default=None,
         ge=0,
-        description="Steps of the Run when this request took its lock: only steps 0..runSteps-1 are planned and undone.",
+        description="Steps of the Run when this request took its lock: only steps 0..runSteps-1 are planned and "
+        "undone.",
     )
     runners: list[RecordedRunner] | None = Field(
         default=None,
         max_length=MAX_RUNNERS,
         description="The runners this request uses, recorded from the ToolManifest when it took the Run's lock (only "
         "those its plan needs: compensators, readers, the verifyCommand check). Every Job it starts is built from "
-        "them until it ends; a later ToolManifest change affects the next request. Unset before the lock and in a dry run.",
+        "them until it ends; a later ToolManifest change affects the next request. Unset before the lock and in a dry "
+        "run.",
     )
     tree_runs: list[TreeRun] | None = Field(
         default=None,
