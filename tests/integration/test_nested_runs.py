@@ -347,3 +347,23 @@ def test_a_tree_holds_at_most_64_runs_below_its_root(rv):
     msg = _refused(rv, lambda: _open(rv, "one-more", parent="c0"))
     assert f"the tree of root Run big already has {MAX_TREE_RUNS} runs below its root" in msg, msg
     assert rv.get("runs", "deep")["metadata"]["labels"]["reversi.dev/root"] == "big"
+
+
+def test_plan_of_a_parent_is_not_fully_reversible_when_a_child_run_is_not(rv, cluster):
+    """The plan's verdict and exit code cover the whole tree: a parent whose own steps can all be
+    undone, with a child that sent an email (irreversible), is not fully reversible."""
+    rv.apply_manifest()
+    ids: dict = {}
+    _open(rv, "shop")
+    _reserve_step(rv, "shop", 0, ids)
+    _open(rv, "mail", parent="shop")
+    rv.create("runsteps", step_body(rv.ns, "mail", rv.step(0, "email.send", {"to": "c@example.com"}, {"id": "m1"})))
+    alone = kr(cluster, "plan", "mail", namespace=rv.ns)
+    assert alone.returncode == 2, alone.stdout + alone.stderr
+    text = kr(cluster, "plan", "shop", namespace=rv.ns)
+    assert text.returncode == 2, text.stdout + text.stderr
+    assert "Not fully reversible below this run: mail" in text.stdout, text.stdout
+    as_json = kr(cluster, "plan", "shop", "--json", namespace=rv.ns)
+    doc = json.loads(as_json.stdout)
+    assert as_json.returncode == 2 and doc["fully_reversible"] is False
+    assert {r["run"]: r["fully_reversible"] for r in doc["runs"]} == {"shop": True, "mail": False}

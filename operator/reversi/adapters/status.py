@@ -266,10 +266,11 @@ def request_readiness(phase: str, reason: str, message: str) -> list[tuple[str, 
     return readiness(PROGRESSING, reason, message)
 
 
-def run_readiness(conditions: list[dict] | None) -> list[tuple[str, str, str, str]]:
+def run_readiness(conditions: list[dict] | None, name: str = "NAME") -> list[tuple[str, str, str, str]]:
     """Ready/Reconciling/Stalled of a Run from its ``Locked`` and ``RolledBack`` conditions:
     progressing while a rollback holds it, stalled when its last rollback is incomplete, ready
-    otherwise (rolled back completely, or never rolled back)."""
+    otherwise (rolled back completely, or never rolled back). ``name``: the Run's, for the
+    command the Stalled message gives."""
     locked = c.get_condition(conditions, c.LOCKED)
     if locked and locked.get("status") == c.TRUE:
         return readiness(PROGRESSING, c.HELD_BY_REQUEST, locked.get("message", ""))
@@ -279,16 +280,16 @@ def run_readiness(conditions: list[dict] | None) -> list[tuple[str, str, str, st
     if rolled.get("status") == c.TRUE:
         return readiness(READY_STATE, c.ALL_COMPENSATED, rolled.get("message", ""))
     return readiness(STALLED_STATE, c.INCOMPLETE, f"{rolled.get('message', '')}: read its report "
-                     "(kubectl reversi describe run/NAME) and settle what is left")
+                     f"(kubectl reversi describe run/{name}) and settle what is left")
 
 
-def run_status_update(status: dict | None, generation: int | None) -> dict | None:
+def run_status_update(status: dict | None, generation: int | None, name: str = "NAME") -> dict | None:
     """The status merge patch that makes a Run's ``observedGeneration`` current and its
     Ready/Reconciling/Stalled agree with its Locked/RolledBack conditions, or ``None`` when
     nothing would change (then nothing is written)."""
     status = status or {}
     old = status.get("conditions") or []
-    conds = summary_conditions(old, generation or 0, run_readiness(old))
+    conds = summary_conditions(old, generation or 0, run_readiness(old, name))
     if status.get("observedGeneration") == generation and same_conditions(conds, old):
         return None
     return {"observedGeneration": generation, "conditions": conds}

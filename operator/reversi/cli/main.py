@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 import click
 from kubernetes.client.rest import ApiException
 
-from ..adapters.journal import JournalError, count_steps, inline_moved, load
+from ..adapters.journal import JournalError, inline_moved, load
 from ..adapters.tree import node_of
 from ..engine.tree import Node, subtree
 from ..models.run import LABEL_ROOT
@@ -48,7 +48,8 @@ from ..models.rollbackrequest import Plan
 from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
 from . import views
-from .api import API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts, server_message
+from .api import (TIMEOUT, API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts,
+                  server_message)
 
 KILL_SWITCH = "reversi-kill-switch"
 POLL_SECONDS = 1.0
@@ -167,7 +168,8 @@ def plan_of(c: Connection, run: dict) -> Plan:
             raise CliError(f"Run {c.namespace}/{run['metadata']['name']} cannot be planned: {err}") from err
 
 
-@cli.command(help="What undoing RUN would do, computed locally. Exit 2 when it is not fully reversible.")
+@cli.command(help="What undoing RUN would do, computed locally (with its child runs, if any). "
+             "Exit 2 when it is not fully reversible.")
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (snake_case fields).")
 @global_options
@@ -176,19 +178,32 @@ def plan(run: str, as_json: bool) -> int:
     obj = load_run(c, run)
     with no_cyclic_gc():
         p = plan_of(c, obj)
+        tree = child_tree(c, obj)
+        # nested runs: the tree is fully reversible only when every run in it is
+        children = {name: plan_of(c, load_run(c, name)) for name in tree if name != run} if tree.get(run) else {}
+        blocking = sorted(name for name, cp in children.items() if not cp.fully_reversible)
+        whole = p.fully_reversible and not blocking
         if as_json:
-            out(json.dumps(views.plan_json(p, run_id=obj["metadata"].get("uid")), indent=2))
+            doc = views.plan_json(p, run_id=obj["metadata"].get("uid"))
+            if children:
+                doc["runs"] = [{"run": run, "steps": len(p.actions), "fully_reversible": p.fully_reversible}] + [
+                    {"run": name, "steps": len(cp.actions), "fully_reversible": cp.fully_reversible}
+                    for name, cp in sorted(children.items())]
+                doc["fully_reversible"] = whole
+            out(json.dumps(doc, indent=2))
         else:
             out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
             out(views.plan_table(p) if p.actions else "  no steps recorded")
             out("")
             out(views.plan_verdict(p, run, c.namespace))
-            tree = child_tree(c, obj)
-            if tree.get(run):
-                counts = {name: count_steps(c.custom, c.namespace, name) for name in tree if name != run}
+            if children:
                 out("")
-                out("\n".join(views.tree_lines(run, {**counts, run: len(p.actions)}, tree)))
-    return 0 if p.fully_reversible else 2
+                out("\n".join(views.tree_lines(run, {**{n: len(cp.actions) for n, cp in children.items()},
+                                                     run: len(p.actions)}, tree)))
+                if blocking:
+                    out(f"Not fully reversible below this run: {', '.join(blocking)} "
+                        f"(kubectl reversi plan {blocking[0]} {views.ns_flag(c.namespace)} shows why).")
+    return 0 if whole else 2
 
 
 def child_tree(c: Connection, run_obj: dict) -> dict[str, list[Node]]:
@@ -196,7 +211,7 @@ def child_tree(c: Connection, run_obj: dict) -> dict[str, list[Node]]:
     root = ((run_obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROOT) or run_obj["metadata"]["name"]
     try:
         items = c.custom.list_namespaced_custom_object("reversi.dev", "v1alpha1", c.namespace, "runs",
-                                                       label_selector=f"{LABEL_ROOT}={root}")
+                                                       label_selector=f"{LABEL_ROOT}={root}", _request_timeout=TIMEOUT)
     except ApiException as err:
         raise c.api_error(err, f"listing the child runs of Run {c.namespace}/{run_obj['metadata']['name']}", "runs",
                           c.namespace) from err

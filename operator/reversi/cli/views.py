@@ -159,7 +159,8 @@ REPORT_JSON_FIELDS = (
 def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
     """``rollback --wait --json``: the final report of ``request`` with the contract's field
     names (snake_case: ``awaiting_approval``, ``deferred[].blocked_by``), plus ``request``,
-    ``run``, ``phase``, ``dry_run`` and, for a dry run, ``fully_reversible``."""
+    ``run``, ``phase``, ``dry_run``, for a dry run ``fully_reversible``, and for a run with
+    child runs ``runs`` (one section per run, as in ``status.report.runs``)."""
     meta = request.get("metadata") or {}
     spec = request.get("spec") or {}
     status = request.get("status") or {}
@@ -177,6 +178,8 @@ def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
         if wire == "residue":
             value = residue_entries(value)
         doc[name] = value
+    if report.get("runs"):  # nested runs: one section per run of the tree, in rollback order
+        doc["runs"] = [dict(sec) for sec in report["runs"] if isinstance(sec, Mapping)]
     if spec.get("dryRun"):
         doc["fully_reversible"] = bool((status.get("plan") or {}).get("fullyReversible"))
     return doc
@@ -484,7 +487,12 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
         out.append(f"  kubectl reversi resolve {run_name} {unresolved[-1]} --status succeeded|failed "
                    f"[--result JSON] --note TEXT {n}")
         out.append(f"  then undo what they unblock: kubectl reversi rollback {run_name} {n}")
-    awaiting = report.get("awaitingApproval") or []
+    denied = {int(d["step"]) for d in report.get("denied") or [] if isinstance(d, Mapping) and "step" in d}
+    if denied:
+        out.append(f"Step(s) {steps_text(sorted(denied))} were denied: they stay as they are (the residue says "
+                   f"what remains); to undo them after all, start a new request and approve them: "
+                   f"kubectl reversi rollback {run_name} {n}")
+    awaiting = [s for s in report.get("awaitingApproval") or [] if s not in denied]
     if awaiting and phase not in TERMINAL_PHASES:
         out.append(f"Approve step(s) {steps_text(awaiting)}: kubectl reversi approve {name} "
                    + " ".join(f"--step {s}" for s in awaiting[:10]) + f" {n}  (or --all)")
@@ -523,12 +531,23 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
                    f"{run_name} {n}")
     conflicts = report.get("conflict") or []
     if conflicts:
-        out.append(f"Step(s) {steps_text([x['step'] for x in conflicts])} were not undone: their precondition no "
-                   "longer holds (someone changed the state since). Check it; to undo anyway, a user with the RBAC "
-                   f"verb force creates a new request with spec.force: [{{step: N}}] for run {run_name}.")
+        steps = [x["step"] for x in conflicts]
+        out.append(f"Step(s) {steps_text(steps)} were not undone: their precondition no longer holds (someone "
+                   "changed the state since). Check it; to undo anyway, a user with the RBAC verb force runs: "
+                   f"kubectl reversi rollback {run_name} " + " ".join(f"--force {s}" for s in steps[:10]) + f" {n}")
     if report.get("compensationDeadlinePassed"):
         out.append(f"Step(s) {steps_text(report['compensationDeadlinePassed'])} did not start before "
                    f"spec.compensationDeadlineSeconds: re-run kubectl reversi rollback {run_name} {n} or undo by hand")
+    cancelled = report.get("cancelled") or []
+    if cancelled and phase in TERMINAL_PHASES:
+        out.append(f"Step(s) {steps_text(cancelled)} were not started because the request was cancelled; a new "
+                   f"request undoes them when you are ready: kubectl reversi rollback {run_name} {n}")
+    for sec in (report.get("runs") or [])[1:]:  # nested runs: each child run's section (the first is this run's)
+        if isinstance(sec, Mapping) and sec.get("outcome") in ("incomplete", "cancelled"):
+            child = sec.get("request")
+            out.append(f"Run {sec.get('run')} (a child run) is {sec.get('outcome')}"
+                       + (f": kubectl reversi describe {child} {n}" if child else "")
+                       + f"; a new request on {run_name} rolls back what is left")
     if report.get("pending") and phase in TERMINAL_PHASES:
         out.append(f"Step(s) {steps_text(report['pending'])} were not settled (deadline?): re-run "
                    f"kubectl reversi rollback {run_name} {n}")
@@ -640,8 +659,13 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     todo = next_steps(request, run)
     lines.append("")
     lines.append("What to do next:")
-    lines += [f"  - {line}" if not line.startswith("  ") else f"    {line.strip()}" for line in todo] or \
-        ["  nothing: every standing step is undone and checked."]
+    if (status.get("report") or {}).get("complete") or status.get("phase") == "Planned":
+        idle = ["  nothing: every standing step is undone and checked."]
+    elif status.get("phase") not in TERMINAL_PHASES:
+        idle = ["  nothing yet: the rollback is still working (describe it again to follow it)."]
+    else:
+        idle = ["  nothing more Reversi can do: read the report and the residue above."]
+    lines += [f"  - {line}" if not line.startswith("  ") else f"    {line.strip()}" for line in todo] or idle
 
     if events:
         lines.append("")

@@ -274,7 +274,8 @@ RESIDUE_TYPES: dict[str, str] = {
 _NOT_ATTEMPTED_WHY = {
     "unmanifested": "it has no manifest entry (recorded in observe mode)",
     "awaitingApproval": "its compensation was not approved",
-    "pending": "the rollback ended before its undo started or settled (deadline)",
+    "pending": "its undo had not started or settled when this report was made (still running, or the deadline "
+               "passed)",
     "cancelled": "the request was cancelled before its undo started",
     "expired": "the window in which it could be undone has passed",
     "handlerUnavailable": "no runner could run its compensator",

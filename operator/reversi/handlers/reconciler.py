@@ -719,7 +719,7 @@ class Reconciler(TreeRollback):
         run_gen = run_obj["metadata"].get("generation")
         conds = c.set_condition(run_status.get("conditions") or [], c.condition(
             c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
-        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
+        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_obj["metadata"]["name"]))
         # taking the lock closes the run to new steps for good (issue 9): closedBy is never cleared
         closed = {"closedBy": run_status.get("closedBy") or name}
         try:
@@ -747,7 +747,7 @@ class Reconciler(TreeRollback):
         conds = c.set_condition(conds, c.condition(
             c.ROLLED_BACK, c.TRUE if complete else c.FALSE, c.ALL_COMPENSATED if complete else c.INCOMPLETE,
             rolled, run_gen))
-        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds))
+        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_name))
         try:
             self.kube.merge_status(RUNS, ns, run_name,
                                    {"activeRequest": None, "conditions": conds, "observedGeneration": run_gen},

@@ -71,7 +71,7 @@ class Quiet:
 def _write(key: tuple[str, str], body: dict) -> None:
     if not runtime.reconciling():
         return
-    update = st.run_status_update(body.get("status"), body["metadata"].get("generation"))
+    update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1])
     if update is None:
         return
     try:
@@ -103,7 +103,7 @@ def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
             runtime.state().reconciler.lock_orphaned(namespace, name, holder)
         except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
             log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
-    if st.run_status_update(status, meta.get("generation")) is not None:
+    if st.run_status_update(status, meta.get("generation"), name) is not None:
         # keep only what the write needs, not the Run's steps
         _queue.put((namespace, name), {
             "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion")},
