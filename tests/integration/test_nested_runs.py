@@ -261,7 +261,9 @@ APPROVED_RESERVE = {"name": "inventory.reserve_approved", "effect": "write",
                                      "runner": "tools"}}
 
 
-def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reaches_the_child(rv):
+def _parent_and_approval_child(rv) -> tuple[dict, dict]:
+    """p (one reservation) and its child a, whose one reservation needs approval to be released:
+    ``({reservation id: (run, step)} of p, the child's reservation)``."""
     rv.apply_manifest(extra_tools=[APPROVED_RESERVE])
     ids: dict = {}
     _open(rv, "p")
@@ -270,6 +272,11 @@ def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reac
     held = rv.reserve("a-0")
     rv.create("runsteps", step_body(rv.ns, "a", rv.step(0, APPROVED_RESERVE["name"],
                                                         {"sku": "sku-mug", "qty": 1, "order_id": "a-0"}, held)))
+    return ids, held
+
+
+def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reaches_the_child(rv):
+    ids, held = _parent_and_approval_child(rv)
     # a request of the child alone holds the child's lock while it waits for an approval
     rv.request("undo-a", "a")
     rv.wait_phase("undo-a", "AwaitingApproval")
@@ -304,14 +311,7 @@ def test_a_child_held_by_another_request_makes_the_parent_wait_and_a_cancel_reac
 
 
 def test_deleting_the_tree_request_mid_way_releases_every_run_of_the_tree(rv):
-    rv.apply_manifest(extra_tools=[APPROVED_RESERVE])
-    ids: dict = {}
-    _open(rv, "p")
-    _reserve_step(rv, "p", 0, ids)
-    _open(rv, "a", parent="p")
-    held = rv.reserve("a-0")
-    rv.create("runsteps", step_body(rv.ns, "a", rv.step(0, APPROVED_RESERVE["name"],
-                                                        {"sku": "sku-mug", "qty": 1, "order_id": "a-0"}, held)))
+    _parent_and_approval_child(rv)
     rv.request("undo", "p")
     sub = _child_request(rv, "undo")
     rv.wait_phase(sub, "AwaitingApproval")

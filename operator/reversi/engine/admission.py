@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from ..models.run import UNKNOWN_OUTCOMES, RunSpec, Step
@@ -320,29 +320,30 @@ def _strings(value: Any) -> list[str]:
 
 def check_approvals(spec: RunSpec, steps: list[int]) -> Refusal | None:
     """Approvals must name steps of the run whose compensation asks for approval (rule 8)."""
-    by_index = {s.index: s for s in spec.steps}
-    for index in steps:
-        step = by_index.get(index)
-        if step is None:
-            return Refusal(INVALID, f"approval of step {index}: the run has no such step")
-        entry = spec.snapshot_of(step)
-        if entry is None or entry.compensation is None or not entry.compensation.requires_approval:
-            return Refusal(INVALID, f"approval of step {index}: its compensation does not require approval")
-    return None
+    return _check_named_steps(spec, steps, "approval", lambda comp: comp.requires_approval,
+                              "its compensation does not require approval")
 
 
 def check_forces(spec: RunSpec, steps: list[int]) -> Refusal | None:
     """Forces must name steps of the run whose compensation has a precondition (issue 9: forcing
     is checked like approvals); anything else would be admitted and do nothing."""
+    return _check_named_steps(spec, steps, "force", lambda comp: comp.precondition is not None,
+                              "its compensation has no precondition, so there is nothing to force (spec.force "
+                              "undoes a step whose precondition does not hold)")
+
+
+def _check_named_steps(spec: RunSpec, steps: list[int], what: str, applies: Callable[[Any], bool],
+                       otherwise: str) -> Refusal | None:
+    """The first of ``steps`` that the run lacks, or whose compensation ``applies`` is false for,
+    as a :class:`Refusal` naming it (``<what> of step N: ...``); ``None`` when all are fine."""
     by_index = {s.index: s for s in spec.steps}
     for index in steps:
         step = by_index.get(index)
         if step is None:
-            return Refusal(INVALID, f"force of step {index}: the run has no such step")
+            return Refusal(INVALID, f"{what} of step {index}: the run has no such step")
         entry = spec.snapshot_of(step)
-        if entry is None or entry.compensation is None or entry.compensation.precondition is None:
-            return Refusal(INVALID, f"force of step {index}: its compensation has no precondition, so there is "
-                           "nothing to force (spec.force undoes a step whose precondition does not hold)")
+        if entry is None or entry.compensation is None or not applies(entry.compensation):
+            return Refusal(INVALID, f"{what} of step {index}: {otherwise}")
     return None
 
 
