@@ -462,6 +462,7 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     report = status.get("report") or {}
     phase = status.get("phase")
     n = ns_flag(ns)
+    manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
     out: list[str] = []
     invalid = _conditions(status).get("Invalid") or {}
     if phase == "Failed" and invalid.get("status") == "True":
@@ -505,7 +506,6 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
                    f"kubectl reversi rollback {run_name} {n}  (same idempotency keys, compensated steps are skipped)")
     unverified = report.get("unverified") or []
     if unverified:
-        manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
         out.append(f"Step(s) {steps_text(unverified)} were undone but not checked: add a reader runner to the "
                    f"tools' verification in ToolManifest {ns}/{manifest} so the next undo is checked.")
     deferred = report.get("deferred") or []
@@ -525,7 +525,6 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
                    "(compensation.windowSeconds): undo them by hand, or tell the people affected.")
     handlers = report.get("handlerUnavailable") or []
     if handlers:
-        manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
         out.append(f"Step(s) {steps_text([h['step'] for h in handlers])} have no runner that can run: add it to "
                    f"spec.runners of ToolManifest {ns}/{manifest} (reasons above), then kubectl reversi rollback "
                    f"{run_name} {n}")

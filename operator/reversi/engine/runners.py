@@ -51,12 +51,14 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
                    runner_names: Iterable[str], readers: Mapping[str, str]) -> Needs:
     """The runners the request's plan needs, decided against the ToolManifest as it is now.
 
-    ``plan``: the request's plan; ``run_spec``: the Run's steps (snapshots, resolutions);
-    ``prior``: undo states written by *other* requests (steps compensated but unverified are
-    re-verified when a reader can run now); a compensation's precondition read needs its runner
-    (the precondition's, else the compensation's); ``runner_names``/``readers``: what the ToolManifest
-    defines now (see :func:`reversi.engine.executor.verify_plan`). Never raises; a compensate
-    action whose runner is not defined still names it (the caller refuses the request).
+    ``plan``: the request's plan (compensate and defer actions: a deferred step is undone once
+    its blockers settle); ``run_spec``: the Run's steps (snapshots, resolutions); ``prior``: undo
+    states written by *other* requests (steps compensated but unverified are re-verified when a
+    reader can run now); a compensation's precondition read needs its runner (the
+    precondition's, else the compensation's); ``runner_names``/``readers``: what the
+    ToolManifest defines now (see :func:`reversi.engine.executor.verify_plan`). Never raises; an
+    action whose runner is not defined still names it (:func:`record` leaves it out, and the
+    plan built from the record makes that step ``handlerUnavailable``).
     """
     names_now = frozenset(runner_names)
     steps = {s.index: s for s in run_spec.steps}
@@ -99,8 +101,8 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
 def record(runners: Mapping[str, Runner], needs: Needs) -> list[dict]:
     """``status.runners``: each needed runner that ``runners`` (the ToolManifest's, by name)
     defines, as the ToolManifest gives it plus its ``readBackTools``, sorted by name (wire form,
-    camelCase). Runners ``needs`` names but ``runners`` lacks are left out (the caller refuses a
-    request whose compensator runner is missing before it records)."""
+    camelCase). Runners ``needs`` names but ``runners`` lacks are left out: the steps that need
+    them are ``handlerUnavailable`` (issue 9), the rest of the request proceeds."""
     out = []
     for name in sorted(needs.names):
         runner = runners.get(name)
