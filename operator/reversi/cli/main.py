@@ -36,7 +36,7 @@ import click
 from kubernetes.client.rest import ApiException
 
 from ..adapters.journal import JournalError, inline_moved, load
-from ..adapters.tree import node_of
+from ..adapters.tree import node_of, root_of
 from ..engine.tree import Node, subtree
 from ..models.run import LABEL_ROOT
 from ..engine import admission as rules
@@ -208,7 +208,7 @@ def plan(run: str, as_json: bool) -> int:
 
 def child_tree(c: Connection, run_obj: dict) -> dict[str, list[Node]]:
     """The runs below ``run_obj`` (nested runs): one LIST by the ``reversi.dev/root`` label."""
-    root = ((run_obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROOT) or run_obj["metadata"]["name"]
+    root = root_of(run_obj)
     try:
         items = c.custom.list_namespaced_custom_object("reversi.dev", "v1alpha1", c.namespace, "runs",
                                                        label_selector=f"{LABEL_ROOT}={root}", _request_timeout=TIMEOUT)
