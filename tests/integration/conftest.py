@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -234,6 +235,12 @@ class RV:
 
     def condition(self, entry: dict, ctype: str) -> dict:
         return next(c for c in entry["conditions"] if c["type"] == ctype)
+
+    def secret_env(self, job, name: str) -> str:
+        """The value the Job's container gets in variable ``name`` from a Secret (a calls Secret
+        holds several steps' calls: the Job names its key)."""
+        ref = next(e.value_from.secret_key_ref for e in job.spec.template.spec.containers[0].env if e.name == name)
+        return base64.b64decode(self.core.read_namespaced_secret(ref.name, self.ns).data[ref.key]).decode()
 
     # downstream helpers: real calls, as the agent made them
     def charge(self, order_id: str, amount: int = 700) -> dict:

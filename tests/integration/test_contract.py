@@ -93,7 +93,7 @@ def test_rule6_each_request_gets_its_full_retries_budget_with_the_same_key(rv):
     assert {j.metadata.annotations["reversi.dev/request"] for j in jobs
             if j.metadata.labels["reversi.dev/attempt"] in ("3", "4")} \
         == {"second"}
-    keys = {rv.core.read_namespaced_secret(j.metadata.name, rv.ns).data["idempotency-key"] for j in jobs}
+    keys = {rv.secret_env(j, "REVERSI_IDEMPOTENCY_KEY") for j in jobs}
     assert len(keys) == 1, "every attempt of both requests carries the same idempotency key"
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1  # one real refund
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True

@@ -340,7 +340,7 @@ def test_describe_run_shows_the_newest_request_and_errors_name_the_fix(rv, clust
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Name:         newer\n")
     assert "Phase:        Succeeded" in proc.stdout and "Compensated (undone and checked by a reader): 1" in proc.stdout
-    assert "CompensationStarted" in proc.stdout  # the request's events
+    assert "RunnersRecorded" in proc.stdout and "RollbackComplete" in proc.stdout  # the request's events
     by_name = kr(cluster, "describe", "older", namespace=rv.ns)
     assert by_name.returncode == 0 and "Phase:        Planned" in by_name.stdout
     assert f"kubectl reversi rollback r -n {rv.ns}" in by_name.stdout
@@ -556,7 +556,7 @@ def test_export_writes_journal_resolutions_undo_and_transitions_in_time_order(rv
     assert {t["request"] for t in transitions} == {"undo"}
     reasons = [t["reason"] for t in transitions]
     assert reasons.count("CompensationRetrying") == 1 and reasons[-1] == "RollbackComplete"
-    assert reasons.index("CompensationStarted") < reasons.index("CompensationRetrying")
+    assert reasons.index("RunnersRecorded") < reasons.index("CompensationRetrying")
     times = [t["time"] for t in transitions]
     assert times == sorted(times) and all(times)
     assert types == sorted(types, key=["run", "step", "resolution", "undo", "transition"].index)

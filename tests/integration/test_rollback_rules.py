@@ -126,8 +126,8 @@ def test_rule4_failing_compensation_is_retried_with_the_same_key(rv):
     assert req["status"]["phase"] == "Succeeded", req["status"]
     entry = rv.step_status(req, 0)
     assert entry["attempts"] == 3
-    keys = {rv.core.read_namespaced_secret(f"{j.metadata.name}", rv.ns).data["idempotency-key"]
-            for j in rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items}
+    jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    keys = {rv.secret_env(j, "REVERSI_IDEMPOTENCY_KEY") for j in jobs}
     assert len(keys) == 1, "every attempt carries the same idempotency key"
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
     events = rv.core.list_namespaced_event(rv.ns, field_selector="involvedObject.name=undo").items

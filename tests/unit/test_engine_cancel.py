@@ -13,8 +13,13 @@ CANCELLED = ex.Policy(retries=3, base_ms=10, max_ms=20, stop=STOP)
 READER = ex.VerifyPlan("reader", tool="get", args={}, expect={"ok": True}, runner="tools", retries=3)
 
 
+_ROLE_OF_STAGE = {"compensating": "compensator", "checking": "check", "verifying": "reader", "rereading": "reader"}
+
+
 def _advance(run, view, verify=READER, policy=CANCELLED):
-    return ex.advance(run, lambda role, attempt, read: view, verify, policy, now=100.0)
+    """``view`` is the Job of the step's current stage; the next stage's Job does not exist yet."""
+    role = _ROLE_OF_STAGE.get(run.stage)
+    return ex.advance(run, lambda r, attempt, read: view if r == role else None, verify, policy, now=100.0)
 
 
 def test_cancel_a_failed_attempt_is_not_retried():

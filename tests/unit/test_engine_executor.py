@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -221,3 +222,40 @@ def test_rule5_a_reader_configured_since_the_step_was_recorded_is_used_for_its_r
     assert later.mode == "reader" and later.runner == "reader" and later.tool == "r" and later.expect == {"ok": True}
     assert ex.verify_plan(snapshot, {}, {}, {"cli"}, readers={"r": "gone"}).mode == "noReader"
     assert ex.verify_plan(snapshot, {}, {}, {"cli", "reader"}, readers={"other": "reader"}).mode == "noReader"
+
+
+def _jobs(**views):
+    """observe() over Jobs named by role (attempt 1, first read)."""
+    return lambda role, attempt, read: views.get(role) if attempt == 1 and read in (0, 1) else None
+
+
+def test_a_read_back_started_by_an_unwritten_pass_is_followed_not_created_again():
+    # status still says compensating (the hand-over to the read-back is not written): the reader
+    # Job exists, so the pass follows it instead of creating it again
+    run = ex.StepRun(0, stage="compensating", attempts=1, first_attempt=1)
+    policy = ex.Policy(retries=2, base_ms=10, max_ms=20)
+    new, effects = ex.advance(run, _jobs(compensator=ex.JobView("succeeded"), reader=ex.JobView("running")),
+                              READER, policy, now=1.0)
+    assert (new.stage, new.reads) == ("verifying", 1) and effects == []
+    # the compensator's Job is gone (ttlSecondsAfterFinished) but its read-back is there: not run again
+    new, effects = ex.advance(run, _jobs(reader=ex.JobView("running")), READER, policy, now=1.0)
+    assert new.stage == "verifying" and not any(isinstance(e, ex.StartJob) for e in effects)
+    # no read-back Job yet: it is started, once
+    new, effects = ex.advance(run, _jobs(compensator=ex.JobView("succeeded")), READER, policy, now=1.0)
+    assert new.stage == "verifying" and effects == [ex.StartJob(0, "reader", 1, 1)]
+    # a failed compensator never counts a read-back as its success
+    new, _ = ex.advance(run, _jobs(compensator=ex.JobView("failed", "502"), reader=ex.JobView("succeeded")),
+                        READER, policy, now=1.0)
+    assert new.stage == "retrying"
+
+
+def test_a_check_started_by_an_unwritten_pass_is_followed_too():
+    run = ex.StepRun(0, stage="compensating", attempts=1, first_attempt=1)
+    policy = ex.Policy(retries=2, base_ms=10, max_ms=20, check=True)
+    new, effects = ex.advance(run, _jobs(compensator=ex.JobView("succeeded"), check=ex.JobView("running")),
+                              READER, policy, now=1.0)
+    assert new.stage == "checking" and effects == []
+    new, effects = ex.advance(replace(run, stage="checking"),
+                              _jobs(check=ex.JobView("succeeded"), reader=ex.JobView("running")), READER, policy,
+                              now=1.0)
+    assert new.stage == "verifying" and effects == []

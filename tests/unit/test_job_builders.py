@@ -138,3 +138,57 @@ def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while()
     assert not reader_log_pending(404, done, soon), "the log is gone: the read failed"
     assert not reader_log_pending(403, done, soon)
     assert not reader_log_pending(None, done, soon)
+
+
+def _slice_entries(steps, size=10):
+    return {s: jobs.step_calls(s, {"compensator": {"args": "x" * size, "step": s},
+                                   "reader": {"tool": "r", "arguments": s}, "precheck": None}, f"key-{s}")
+            for s in steps}
+
+
+def test_a_slice_of_steps_shares_one_calls_secret_and_each_job_mounts_only_its_own_call():
+    entries = _slice_entries(range(32, 64))
+    [(name, data)] = jobs.pack_calls("run-uid-1", entries)
+    assert name.startswith(f"rv-{jobs.run_hash('run-uid-1')}-k1-") and len(name) <= 63
+    assert set(data) == {f"{s}.{k}" for s in range(32, 64) for k in ("compensator.json", "reader.json",
+                                                                      "idempotency-key")}
+    ref = jobs.CallRef(name, jobs.call_key(40, "check"), jobs.idempotency_key_key(40))
+    assert ref.call_key == "40.compensator.json"  # verifyCommand's check gets the compensator's call
+    job = jobs.job_for(owner=OWNER, run_name="order-1", run_uid="run-uid-1", step=40, attempt=2, runner=RUNNER,
+                       role="check", call_ref=ref)
+    pod = job["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["REVERSI_CALL"]["valueFrom"]["secretKeyRef"] == {"name": name, "key": "40.compensator.json"}
+    assert env["REVERSI_IDEMPOTENCY_KEY"]["valueFrom"]["secretKeyRef"] == {"name": name, "key": "40.idempotency-key"}
+    [vol] = [v for v in pod["volumes"] if v["name"] == "call"]
+    assert vol["secret"]["items"] == [{"key": "40.compensator.json", "path": "call.json"}]
+    whole = jobs.calls_secret(name, OWNER, "run-uid-1", data)
+    assert whole["immutable"] and whole["stringData"] == data and whole["metadata"]["ownerReferences"]
+
+
+def test_calls_secret_names_say_their_content():
+    entries = _slice_entries(range(0, 5))
+    assert jobs.pack_calls("u", entries) == jobs.pack_calls("u", dict(reversed(list(entries.items()))))
+    changed = dict(entries)
+    changed[3] = jobs.step_calls(3, {"compensator": {"args": "settled since"}}, "key-3")
+    assert jobs.pack_calls("u", changed)[0][0] != jobs.pack_calls("u", entries)[0][0]
+    try:
+        jobs.pack_calls("u", _slice_entries([31, 32]))
+    except ValueError as err:
+        assert "slices [0, 1]" in str(err)
+    else:
+        raise AssertionError("steps of two slices packed together")
+
+
+@given(st.lists(st.integers(0, 200_000), min_size=1, max_size=32), st.integers(1, 400_000))
+def test_a_large_slice_is_split_in_step_order_and_no_step_is_lost_or_split(sizes, limit):
+    entries = _slice_entries([], 0)
+    for i, n in enumerate(sizes):
+        entries.update(_slice_entries([i], n))
+    packs = jobs.pack_calls("u", entries, max_bytes=limit)
+    steps = [sorted({int(k.split(".")[0]) for k in data}) for _, data in packs]
+    assert [s for group in steps for s in group] == sorted(entries)  # each step once, in order
+    assert len({name for name, _ in packs}) == len(packs)
+    for (_, data), group in zip(packs, steps, strict=True):
+        size = sum(len(k) + len(v.encode()) for k, v in data.items())
+        assert size <= limit or len(group) == 1  # over the limit only a step alone (it must go somewhere)

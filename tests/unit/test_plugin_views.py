@@ -287,7 +287,7 @@ def test_export_records_order_and_snapshots():
     run = {"metadata": {"name": "r", "namespace": "shop", "uid": "u"},
            "spec": {"principal": "agent", "mode": "enforce", "manifestRef": {"name": "m"}}}
     transitions = [{"request": "b", "reason": "RollbackComplete", "message": "done", "time": "2025-01-02T03:00:09Z"},
-                   {"request": "a", "reason": "CompensationStarted", "message": "go", "time": "2025-01-02T03:00:01.5Z"}]
+                   {"request": "a", "reason": "RunnersRecorded", "message": "go", "time": "2025-01-02T03:00:01.5Z"}]
     records = list(views.export_records(run, steps, transitions))
     assert [r["type"] for r in records] == ["run", "step", "step", "resolution", "undo", "transition", "transition"]
     assert records[0]["principal"] == "agent" and records[0]["steps"] == 2
@@ -296,7 +296,7 @@ def test_export_records_order_and_snapshots():
     assert "runRef" not in records[2] and "resolution" not in records[2]
     assert records[3] == {"type": "resolution", "step": 1, "status": "failed", "note": "n", "actor": "alice"}
     assert records[4] == {"type": "undo", "step": 0, "state": "compensated", "attempts": 1, "idempotencyKey": "k"}
-    assert [r["reason"] for r in records[5:]] == ["CompensationStarted", "RollbackComplete"]
+    assert [r["reason"] for r in records[5:]] == ["RunnersRecorded", "RollbackComplete"]
     assert set(records[5]) == {"type", "request", "reason", "message", "time"}
     full = list(views.export_records(run, steps, [], with_snapshots=True))
     assert full[1]["snapshot"]["name"] == full[2]["snapshot"]["name"] == "pay.charge"

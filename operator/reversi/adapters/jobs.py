@@ -11,9 +11,19 @@ Shapes:
   and the variable ``REVERSI_CALL``, both from a Secret owned, like the Job, by the Run; the
   compensation idempotency key is also in ``REVERSI_IDEMPOTENCY_KEY``. Nothing of the call is
   plain text in the Job spec.
+- **Calls Secrets** (issue 11, P4): the operator does not create a Secret per Job. The calls of the
+  steps of one *slice* (``CALLS_PER_SECRET`` consecutive step indices) share one Secret: a key
+  ``<step>.<role>.json`` per call a step may need (compensator, reader, precheck, precondition) and
+  ``<step>.idempotency-key``. A Job mounts only its own key (``items``), so a pod sees its call and
+  nothing else. A slice larger than ``MAX_CALLS_SECRET_BYTES`` is split, in step order, into
+  several Secrets. The name ends in a hash of the content, so the same calls always give the same
+  name (a restarted operator creates nothing new) and changed calls (a resolution settled a result
+  since) never reuse a Secret that holds the old ones; Secrets are immutable.
 - Names are deterministic (≤ 63 characters) from the run's uid, the step, the attempt and the
   read-back number, so a restarted operator finds (adopts) the Job it already created instead of
-  starting another (rule 3). The Secret has the Job's name.
+  starting another (rule 3). A Job built without a :class:`CallRef` has a Secret of its own, with
+  the Job's name (the SDK's reader probe, the admission dry run of a runner, the benchmark's bare
+  Jobs).
 - Ownership (issue 9 point 6): a Job and its Secret are owned by the **Run**, not the request, so
   deleting a RollbackRequest mid-way never garbage-collects a compensator in the middle of its
   call; the Job finishes and its outcome is journaled (by the handler of its Job events, or by the
@@ -36,6 +46,11 @@ CALL_DIR = "/var/run/reversi"
 CALL_FILE = f"{CALL_DIR}/call.json"
 CALL_KEY = "call.json"
 KEY_KEY = "idempotency-key"
+#: consecutive step indices whose calls share one Secret (a slice)
+CALLS_PER_SECRET = 32
+#: largest data (bytes of JSON text and keys) of one calls Secret; the API server's limit is 1 MiB,
+#: and one step's calls (args and result ≤ 64 KiB each, four roles) always fit
+MAX_CALLS_SECRET_BYTES = 640 * 1024
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RUN_UID = "reversi.dev/run-uid"
@@ -136,6 +151,89 @@ def guard_read(job_labels: Iterable[Mapping[str, str]], request_uid: str, step: 
     return max(taken) + 1 if taken else 0
 
 
+@dataclass(frozen=True)
+class CallRef:
+    """Where a Job's call is: the calls Secret ``secret``, key ``call_key`` (and
+    ``key_key``, the idempotency key, for a compensator and its check)."""
+
+    secret: str
+    call_key: str
+    key_key: str | None = None
+
+
+def call_key(step: int, role: Role) -> str:
+    """The key of a step's call in its calls Secret; the ``check`` of ``verifyCommand`` gets the
+    compensator's call."""
+    return f"{step}.{'compensator' if role == 'check' else role}.json"
+
+
+def idempotency_key_key(step: int) -> str:
+    """The key of a step's compensation idempotency key in its calls Secret."""
+    return f"{step}.{KEY_KEY}"
+
+
+def step_calls(step: int, calls: Mapping[str, dict[str, Any] | None], idempotency_key: str | None) -> dict[str, str]:
+    """The calls Secret entries of one step: ``{"<step>.<role>.json": JSON text}`` for each role in
+    ``calls`` (``compensator``, ``reader``, ``precheck``, ``precondition``; None: the step has no
+    such read) and ``{"<step>.idempotency-key": key}``."""
+    data = {call_key(step, role): _dump(call)  # type: ignore[arg-type]
+            for role, call in calls.items() if call is not None}
+    if idempotency_key:
+        data[idempotency_key_key(step)] = idempotency_key
+    return data
+
+
+def slice_of(step: int) -> int:
+    """The slice (calls Secret group) of a step index."""
+    return step // CALLS_PER_SECRET
+
+
+def pack_calls(run_uid: str, entries: Mapping[int, Mapping[str, str]],
+               max_bytes: int = MAX_CALLS_SECRET_BYTES) -> list[tuple[str, dict[str, str]]]:
+    """Pack the calls of one slice's steps (``entries``: step -> :func:`step_calls`) into Secrets:
+    returns ``[(name, data)]``, steps in index order, a new Secret whenever the next step would take
+    the data past ``max_bytes``. ``name`` is ``rv-<run hash>-k<slice>-<content hash>``.
+
+    Raises ``ValueError`` when the steps are not all of one slice.
+    """
+    slices = {slice_of(s) for s in entries}
+    if len(slices) > 1:
+        raise ValueError(f"steps of slices {sorted(slices)} given to one pack")
+    groups: list[dict[str, str]] = []
+    size = 0
+    for step in sorted(entries):
+        data = entries[step]
+        n = sum(len(k) + len(v.encode()) for k, v in data.items())
+        if not groups or size + n > max_bytes:
+            groups.append({})
+            size = 0
+        groups[-1].update(data)
+        size += n
+    part = slices.pop() if slices else 0
+    out = []
+    for data in groups:
+        digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
+        out.append((f"rv-{run_hash(run_uid)}-k{part}-{digest}", data))
+    return out
+
+
+def calls_secret(name: str, owner: Owner, run_uid: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """A calls Secret (immutable, owned by the Run) with the entries of :func:`pack_calls`."""
+    return {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": owner.namespace,
+                     "labels": {LABEL_MANAGED_BY: "reversi", LABEL_RUN_UID: run_uid},
+                     "ownerReferences": [owner.reference()]},
+        "type": "Opaque",
+        "immutable": True,
+        "stringData": dict(data),
+    }
+
+
+def _dump(call: dict[str, Any]) -> str:
+    return json.dumps(call, sort_keys=True, separators=(",", ":"))
+
+
 def _labels(owner: Owner, run_uid: str, step: int, attempt: int, role: Role, read: int) -> dict[str, str]:
     labels = {
         LABEL_MANAGED_BY: "reversi",
@@ -153,7 +251,7 @@ def _labels(owner: Owner, run_uid: str, step: int, attempt: int, role: Role, rea
 def call_secret(name: str, owner: Owner, labels: dict[str, str], call: dict[str, Any],
                 idempotency_key: str | None) -> dict[str, Any]:
     """The Secret carrying a call: ``call.json`` and, for compensators, the idempotency key."""
-    data = {CALL_KEY: json.dumps(call, sort_keys=True, separators=(",", ":"))}
+    data = {CALL_KEY: _dump(call)}
     if idempotency_key:
         data[KEY_KEY] = idempotency_key
     return {
@@ -183,7 +281,35 @@ def build_job(
     settings: JobSettings = JobSettings(),
     request: Owner | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Return ``(secret, job)`` for one compensator, reader or check run.
+    """Return ``(secret, job)`` for one compensator, reader or check run whose call is in a Secret
+    of its own (the Job's name): :func:`job_for` with that Secret. Same parameters."""
+    name = job_name(run_uid, step, attempt, role, read)
+    secret = call_secret(name, owner, _labels(request or owner, run_uid, step, attempt, role, read), call,
+                         idempotency_key)
+    return secret, job_for(owner=owner, run_name=run_name, run_uid=run_uid, step=step, attempt=attempt,
+                           runner=runner, role=role, read=read, command=command, deadline_seconds=deadline_seconds,
+                           settings=settings, request=request,
+                           call_ref=CallRef(name, CALL_KEY, KEY_KEY if idempotency_key else None))
+
+
+def job_for(
+    *,
+    owner: Owner,
+    run_name: str,
+    run_uid: str,
+    step: int,
+    attempt: int,
+    runner: Runner,
+    call_ref: CallRef,
+    role: Role = "compensator",
+    read: int = 0,
+    command: list[str] | None = None,
+    deadline_seconds: int | None = None,
+    settings: JobSettings = JobSettings(),
+    request: Owner | None = None,
+) -> dict[str, Any]:
+    """The Job of one compensator, reader or check run, reading its call from ``call_ref`` (a
+    calls Secret built by :func:`pack_calls` and :func:`calls_secret`, or the Job's own).
 
     ``runner`` gives image, command, args, env, envFrom, service account, resources and the
     deadline (``deadline_seconds`` overrides it when smaller: the request's own deadline).
@@ -198,15 +324,14 @@ def build_job(
     name = job_name(run_uid, step, attempt, role, read)
     labels = _labels(request, run_uid, step, attempt, role, read)
     annotations = {ANNOTATION_RUN: run_name, ANNOTATION_REQUEST: request.name}
-    secret = call_secret(name, owner, labels, call, idempotency_key)
     env: list[dict[str, Any]] = [
         {"name": "REVERSI_CALL_FILE", "value": CALL_FILE},
-        {"name": "REVERSI_CALL", "valueFrom": {"secretKeyRef": {"name": name, "key": CALL_KEY}}},
+        {"name": "REVERSI_CALL", "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.call_key}}},
         {"name": "REVERSI_ROLE", "value": role},
     ]
-    if idempotency_key:
+    if call_ref.key_key:
         env.append({"name": "REVERSI_IDEMPOTENCY_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": name, "key": KEY_KEY}}})
+                    "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.key_key}}})
     env += [dict(e) for e in runner.env]
     container: dict[str, Any] = {
         "name": role,
@@ -248,7 +373,9 @@ def build_job(
         },
         "containers": [container],
         "volumes": [
-            {"name": "call", "secret": {"secretName": name, "defaultMode": 0o440}},
+            # only the Job's own call: a calls Secret holds the calls of other steps too
+            {"name": "call", "secret": {"secretName": call_ref.secret, "defaultMode": 0o440,
+                                        "items": [{"key": call_ref.call_key, "path": CALL_KEY}]}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
@@ -265,4 +392,4 @@ def build_job(
             "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
         },
     }
-    return secret, job
+    return job

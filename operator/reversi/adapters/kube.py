@@ -28,6 +28,8 @@ JobState = Literal["running", "succeeded", "failed"]
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 JSON_PATCH = "application/json-patch+json"
 log = logging.getLogger("reversi.kube")
+#: call Secrets (namespace, name) a Kube remembers as existing (not created again)
+SECRETS_REMEMBERED = 4096
 
 
 def read_crds(api: client.ApiClient, names: tuple[str, ...]) -> list[dict]:
@@ -65,6 +67,7 @@ class Kube:
         self.batch = client.BatchV1Api(api)
         self._created: dict[tuple[str, str], float] = {}  # Jobs created (or adopted) by this process: when
         self._created_lock = threading.Lock()
+        self._secrets: dict[tuple[str, str], None] = {}  # call Secrets known to exist, oldest first
 
     # ----- custom objects -------------------------------------------------------------------
 
@@ -192,15 +195,25 @@ class Kube:
 
     def create_job(self, secret: dict, job: dict) -> bool:
         """Create the call Secret and the Job; an existing one (same deterministic name) is
-        adopted, not replaced. Returns True when the Job was created now."""
+        adopted, not replaced. Returns True when the Job was created now.
+
+        A calls Secret is shared by the Jobs of several steps (adapters/jobs.py) and its name
+        says its content, so one this process created (or found) is not created again: the last
+        ``SECRETS_REMEMBERED`` names are remembered."""
         ns = job["metadata"]["namespace"]
         with self._created_lock:
             self._created[(ns, job["metadata"]["name"])] = time.monotonic()
-        try:
-            self.core.create_namespaced_secret(ns, secret, _request_timeout=self.timeout)
-        except ApiException as err:
-            if err.status != 409:
-                raise
+        key = (ns, secret["metadata"]["name"])
+        if key not in self._secrets:
+            try:
+                self.core.create_namespaced_secret(ns, secret, _request_timeout=self.timeout)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+            with self._created_lock:
+                self._secrets[key] = None
+                while len(self._secrets) > SECRETS_REMEMBERED:
+                    self._secrets.pop(next(iter(self._secrets)))
         try:
             self.batch.create_namespaced_job(ns, job, _request_timeout=self.timeout)
             return True

@@ -253,9 +253,9 @@ def start(run: StepRun, journaled: StepUndo | None, guards: Guards = NO_GUARDS) 
 def _compensate(run: StepRun, attempt: int) -> tuple[StepRun, list[Effect]]:
     first = run.first_attempt if run.first_attempt is not None else attempt
     new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None, first_attempt=first)
-    return new, [Journal(run.step, "compensating", attempt),
-                 StartJob(run.step, "compensator", attempt),
-                 Note(run.step, "CompensationStarted", f"step {run.step}: compensation attempt {attempt} started")]
+    # no Event for a routine start or success (issue 11, P4): status.steps and the journal say it;
+    # Events are for what a person may need to act on (retries, failures, unverified undos)
+    return new, [Journal(run.step, "compensating", attempt), StartJob(run.step, "compensator", attempt)]
 
 
 def _precondition(run: StepRun, guards: Guards, attempt: int) -> tuple[StepRun, list[Effect]]:
@@ -350,6 +350,11 @@ def advance(
         return new, effects
     if run.stage == "compensating":
         job = observe("compensator", run.attempts, 0)
+        handed = _handed_over(run, observe, verify, policy) if job is None or job.state == "succeeded" else None
+        if handed is not None:
+            # its check or read-back Job exists (started after the compensator succeeded by a pass
+            # whose status was not written, or the compensator's Job is gone since): go on from there
+            return advance(handed, observe, verify, policy, now, rng, guards)
         if job is None:  # journaled but not created yet (a crash in between): create it now
             return run, [StartJob(s, "compensator", run.attempts)]
         if job.state == "running":
@@ -386,6 +391,9 @@ def advance(
         if job.state == "failed":
             return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
                          "verificationFailed", "VerificationFailed")
+        handed = _handed_over(run, observe, verify, policy)
+        if handed is not None:
+            return advance(handed, observe, verify, policy, now, rng, guards)
         if policy.stop and verify.mode == "reader":
             return _unchecked(run, policy.stop)
         return _begin_verification(run, verify, policy)
@@ -404,8 +412,7 @@ def advance(
                 problem = f"read failed: {err}"
         if problem is None:
             done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
-            return done, [Journal(s, "compensated", run.attempts, "verified"),
-                          Note(s, "Verified", f"step {s}: undone and verified by {verify.tool}")]
+            return done, [Journal(s, "compensated", run.attempts, "verified")]
         if run.reads < verify.retries and not policy.stop:
             wait = ceiling_ms(run.reads, verify.backoff_ms, 2**31) / 1000.0
             return replace(run, stage="rereading", next_at=now + wait, error=problem), [
@@ -460,6 +467,23 @@ def _attempts_text(run: StepRun) -> str:
     return text
 
 
+def _handed_over(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan,
+                 policy: Policy) -> StepRun | None:
+    """The stage a ``compensating`` or ``checking`` step is really in when the next Job of its
+    attempt already exists (the check of ``verifyCommand``, or the first read-back), else None.
+
+    Those Jobs start only once the one before succeeded, and the request's status is not written
+    for that hand-over (issue 11, P4): a pass that rebuilds the step from an older status finds the
+    Job by its deterministic name and follows it, instead of creating it again, and a compensator
+    whose Job was deleted since (``ttlSecondsAfterFinished``) is not run again.
+    """
+    if run.stage == "compensating" and policy.check and observe("check", run.attempts, 0) is not None:
+        return replace(run, stage="checking", reads=0, error=None)
+    if verify.mode == "reader" and observe("reader", run.attempts, 1) is not None:
+        return replace(run, stage="verifying", reads=1, next_at=None, error=None)
+    return None
+
+
 def _begin_verification(run: StepRun, verify: VerifyPlan, policy: Policy) -> tuple[StepRun, list[Effect]]:
     s = run.step
     if verify.mode == "reader":
@@ -468,8 +492,7 @@ def _begin_verification(run: StepRun, verify: VerifyPlan, policy: Policy) -> tup
         return _fail(run, verify.detail or UNAVAILABLE, "verificationFailed", "VerificationArgumentsUnavailable")
     if verify.mode == "none" and not policy.require_verification:
         done = replace(run, stage="compensated", verification="none", reason="NoReadBackDeclared", error=None)
-        return done, [Journal(s, "compensated", run.attempts, "none"),
-                      Note(s, "Compensated", f"step {s}: undone, no read-back declared")]
+        return done, [Journal(s, "compensated", run.attempts, "none")]
     reason = "ReadBackRequired" if verify.mode == "none" else "NoReader"
     done = replace(run, stage="compensated", verification="unverified", reason=reason,
                    error=None)

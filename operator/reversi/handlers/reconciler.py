@@ -315,10 +315,13 @@ class Reconciler(TreeRollback):
         if status.get("runSteps") is None and not (cancelling and not holding):
             # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
             status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
-            self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
             memory.pinned_at = time.time()
-            if status["runSteps"] != journal.size:
-                return self.settings.tick_seconds  # plan again, with exactly those steps
+            if status["runSteps"] != journal.size or recorded is not None:
+                self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
+                if status["runSteps"] != journal.size:
+                    return self.settings.tick_seconds  # plan again, with exactly those steps
+            # else it is written with the runners below, before any Job starts (a crash before
+            # that pins again: the Run is closed, and the count before the end catches a late step)
         tree = self._tree_pass(req, status)  # the runs below this one, locked with it (None: no child runs)
         floor = tree.floor if tree is not None else 0  # steps below it wait for a child run (engine/tree.py)
         if recorded is None and not (cancelling and not holding):
@@ -561,7 +564,8 @@ class Reconciler(TreeRollback):
             (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
             *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
               else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
-        self._write(req, status)
+        if not only_hand_overs(req.get("status") or {}, status):
+            self._write(req, status)
         if late is not None:
             return late
         return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
@@ -575,7 +579,8 @@ class Reconciler(TreeRollback):
         if new.stage == "compensating" and (old.stage != "compensating" or old.attempts != new.attempts):
             memory.since[(s, "compensation")] = now
         if new.stage == "verifying" and old.stage not in ("verifying", "rereading"):
-            memory.since[(s, "verification")] = now
+            # setdefault: a pass that rebuilds the step from a status without its hand-over sees it again
+            memory.since.setdefault((s, "verification"), now)
         if old.stage == "compensating" and new.stage != "compensating":
             started = memory.since.pop((s, "compensation"), None)
             if started is not None and self.metrics:
@@ -899,7 +904,9 @@ class Reconciler(TreeRollback):
                           f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
                           "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
         status["runners"] = entries
-        self.kube.merge_status(REQUESTS, ns, name, {"runners": entries})
+        # with the step count pinned in this pass (one write)
+        pinned = {"runSteps": status["runSteps"]} if status.get("runSteps") is not None else {}
+        self.kube.merge_status(REQUESTS, ns, name, {"runners": entries, **pinned})
         manifest = run_spec.manifest_ref.name
         used = ", ".join(f"{e['name']} ({e['image']})" for e in entries) or "none"
         self.kube.event(req, "RunnersRecorded", f"uses runners {used} as ToolManifest {ns}/{manifest} gave them now "
@@ -926,27 +933,49 @@ class Reconciler(TreeRollback):
         # owned by the Run: deleting the request never kills a compensator mid-call (issue 9 point 6)
         owner = jobs_mod.Owner(meta["namespace"], run_meta["name"], run_meta["uid"], kind="Run")
         action = plan.actions[e.step]
-        step = steps_by_index[e.step]
         common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
                       deadline_seconds=spec.deadline_seconds, settings=self.job_settings,
                       request=jobs_mod.Owner(meta["namespace"], meta["name"], meta["uid"]))
-        if e.role in ex.READ_ROLES:
-            gs = (guards or {}).get(e.step) or ex.NO_GUARDS
-            vp = {"reader": verify_plans[e.step], "precheck": gs.precheck, "precondition": gs.precondition}[e.role]
-            runner = runners[vp.runner]  # the plan made a step whose runners are missing handlerUnavailable
+        gs = (guards or {}).get(e.step) or ex.NO_GUARDS
+        vp = {"reader": verify_plans.get(e.step), "precheck": gs.precheck, "precondition": gs.precondition,
+              "compensator": None, "check": None}[e.role]
+        # the plan made a step whose runners are missing handlerUnavailable: its runner is there
+        runner = runners[vp.runner] if vp is not None and vp.runner else runners[action.runner]
+        command = list(spec.verify_command or []) if e.role == "check" else None
+        if action.kind == COMPENSATE and action.runner:
+            # a step of this request's plan reads its call from its slice's calls Secret
+            secret, ref = self._calls_secret(run_obj, plan, steps_by_index, verify_plans, guards or {}, e, owner)
+            job = jobs_mod.job_for(runner=runner, call_ref=ref, role=e.role, read=e.read, command=command, **common)
+        else:  # the read-back of an earlier request's undo (re-verify, rule 5): a Secret of its own
+            assert vp is not None and vp.tool is not None, f"step {e.step}: a {e.role} Job without a read"
             secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
                                              role=e.role, read=e.read, **common)
-        else:
-            runner = runners[action.runner]
-            call = jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", e.step,
-                                             action.compensation_tool, step.tool, action.args, action.idempotency_key)
-            secret, job = jobs_mod.build_job(runner=runner, call=call, role=e.role, read=e.read,
-                                             idempotency_key=action.idempotency_key,
-                                             command=list(spec.verify_command or []) if e.role == "check" else None,
-                                             **common)
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
+
+    def _calls_secret(self, run_obj: dict, plan, steps_by_index, verify_plans, guards: dict[int, ex.Guards],
+                      e: ex.StartJob, owner: jobs_mod.Owner) -> tuple[dict, jobs_mod.CallRef]:
+        """The calls Secret of the slice of ``e.step`` (every call the plan's compensations of that
+        slice may need; adapters/jobs.py) and where ``e``'s call is in it."""
+        run_meta = run_obj["metadata"]
+        part = jobs_mod.slice_of(e.step)
+        entries: dict[int, dict[str, str]] = {}
+        for a in plan.of_kind(COMPENSATE):
+            if jobs_mod.slice_of(a.step) != part or not a.runner:
+                continue
+            gs = guards.get(a.step) or ex.NO_GUARDS
+            reads = {"reader": verify_plans.get(a.step), "precheck": gs.precheck, "precondition": gs.precondition}
+            calls = {"compensator": _compensator_call(run_meta, a, steps_by_index[a.step]),
+                     **{role: jobs_mod.reader_call(r.tool, r.args) if r is not None and r.mode == "reader" and r.tool
+                        else None for role, r in reads.items()}}
+            entries[a.step] = jobs_mod.step_calls(a.step, calls, a.idempotency_key)
+        for name, data in jobs_mod.pack_calls(run_meta["uid"], entries):
+            if e.step in {int(k.split(".", 1)[0]) for k in data}:
+                key = jobs_mod.idempotency_key_key(e.step) if e.role in ("compensator", "check") else None
+                ref = jobs_mod.CallRef(name, jobs_mod.call_key(e.step, e.role), key)
+                return jobs_mod.calls_secret(name, owner, run_meta["uid"], data), ref
+        raise AssertionError(f"step {e.step} is not in the calls of its slice")
 
     def _run_missing(self, req: dict, run: str) -> float:
         """The Run does not exist (yet): wait for it, phase ``Pending`` with ``Planned=False``
@@ -1033,6 +1062,35 @@ class Reconciler(TreeRollback):
         self.kube.event(req, reason, message, warning=True)
         if self.metrics:
             self.metrics.request_finished(meta["namespace"], "invalid")
+
+
+def only_hand_overs(old: dict, new: dict) -> bool:
+    """Whether request status ``new`` differs from the stored ``old`` only in steps handed over
+    from their compensator to its check or first read-back (``compensating`` -> ``checking`` or
+    ``verifying``, same attempt). Such a status is not written (issue 11, P4: a step's status is
+    written when it starts and when it ends, not at each Job of it); a later pass writes it with
+    the step's outcome, and one that rebuilds the step from the older status follows the Jobs by
+    their names (``executor._handed_over``) instead of creating them again."""
+    before = {e.get("step"): e for e in old.get("steps") or []}
+    after = new.get("steps") or []
+    if not before or len(after) != len(before):
+        return False
+    kept = []
+    for entry in after:
+        was = before.get(entry.get("step"))
+        if was is None:
+            return False
+        if was != entry and not (was.get("stage") in ("compensating", "checking")
+                                 and entry.get("stage") in ("checking", "verifying")
+                                 and entry.get("attempts") == was.get("attempts") and entry.get("reads", 0) <= 1):
+            return False
+        kept.append(was)
+    return {**new, "steps": kept} == old
+
+
+def _compensator_call(run_meta: dict, action, step) -> dict:
+    return jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", action.step,
+                                     action.compensation_tool, step.tool, action.args, action.idempotency_key)
 
 
 def run_gone(status: dict, run_obj: dict | None) -> str | None:

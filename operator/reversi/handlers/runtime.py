@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..adapters.kube import Kube
 from ..adapters.stepwatch import RunJournals
 from ..settings import OperatorSettings
 from . import peering
-from .reconciler import Reconciler
-from .workers import Workers
+
+if TYPE_CHECKING:  # built in init(): the reconciler reaches this module's state while it is imported
+    from .reconciler import Reconciler
+    from .workers import Workers
 
 
 @dataclass
@@ -33,6 +35,9 @@ _state: State | None = None
 def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     """Build the shared objects once; handlers reach them through :func:`state`."""
     global _state
+    from .reconciler import Reconciler
+    from .workers import Workers
+
     reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
     workers = Workers(reconciler, settings.tick_seconds, size=settings.workers, paused=peering.paused)
     workers.start()  # a fixed pool from the start: the threads do not grow with the requests
