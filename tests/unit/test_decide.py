@@ -6,8 +6,12 @@ journal is written first, then Jobs, then the request's status)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +25,7 @@ from reversi.models.rollbackrequest import RollbackRequestSpec
 from reversi.models.run import StepUndo
 from reversi_testkit import RUN_ID, run_spec, snapshot, step, tool
 
+ROOT = Path(__file__).resolve().parents[2]
 NOW = 1_000_000.0
 KEY = "a" * 64
 
@@ -199,6 +204,27 @@ def test_the_reasons_are_the_conditions_module_s():
 
 def test_epoch_reads_rfc3339():
     assert dc.epoch("1970-01-01T00:01:00Z") == 60.0 and dc.epoch(None) is None and dc.epoch("") is None
+
+
+def test_rule3_a_journal_entry_is_this_requests_and_a_read_back_keeps_the_earlier_undo():
+    mine = dc.journal_entry(ex.Journal(2, "compensating", 3), key=KEY, request="undo", at="2026-01-01T00:00:00Z",
+                            error=None)
+    assert (mine.step, mine.state, mine.attempts, mine.request, mine.idempotency_key) == (2, "compensating", 3,
+                                                                                          "undo", KEY)
+    assert mine.verified_by is None and mine.updated_at is not None
+    earlier = undo(2, "compensated", attempts=5, request="older", verification="unverified")
+    checked = dc.journal_entry(ex.Journal(2, "compensated", 1, "verified"), key="b" * 64, request="undo",
+                               at="2026-01-01T00:00:00Z", error=None, earlier=earlier)
+    assert (checked.attempts, checked.idempotency_key, checked.request) == (5, KEY, "older")
+    assert (checked.verification, checked.verified_by) == ("verified", "undo") and checked.verified_at is not None
+
+
+def test_decide_imports_no_kubernetes():
+    code = ("import json, sys; import reversi.engine.decide; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kopf'))))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 # ------------------------------------------------------------------------------ properties

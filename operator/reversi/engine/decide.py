@@ -251,6 +251,21 @@ def outcomes(runs: Mapping[int, ex.StepRun], deferred: Mapping[int, list[int]], 
     return out
 
 
+def journal_entry(j: ex.Journal, *, key: str, request: str, at: str | None, error: str | None,
+                  earlier: StepUndo | None = None) -> StepUndo:
+    """The undo entry a :class:`~reversi.engine.executor.Journal` effect writes on the step's
+    RunStep (rule 3): ``key`` the step's idempotency key, ``request`` this request's name, ``at``
+    the time (RFC 3339), ``error`` the effect's error as it is kept (shortened). A read-back of an
+    earlier request's undo (``earlier``, rule 5) keeps the undo that request's (its attempts, key
+    and request) and records this one as the checker (``verifiedBy``, ``verifiedAt``)."""
+    if earlier is not None:
+        return StepUndo(step=j.step, state=j.state, attempts=earlier.attempts, idempotency_key=earlier.idempotency_key,
+                        verification=j.verification, last_error=error, request=earlier.request,
+                        updated_at=at, verified_by=request, verified_at=at)
+    return StepUndo(step=j.step, state=j.state, attempts=j.attempts, idempotency_key=key, last_error=error,
+                    verification=j.verification, request=request, updated_at=at)
+
+
 def _reverify(inputs: PassInputs, verify_plans: dict[int, ex.VerifyPlan]) -> dict[int, ex.StepRun]:
     """The undos of earlier requests this request reads back (rule 5): the ones it read back in an
     earlier pass (shown as they ended), and every undo left ``unverified`` whose declared reader

@@ -12,9 +12,10 @@ where it was (rule 3). The pass:
    pins the Run's steps (``status.runSteps``) and records the runners it needs
    (``status.runners``): from then on it plans and builds every Job from that record, never from
    the live ToolManifest;
-4. moves every active step on (:func:`reversi.engine.executor.advance`) and starts what the
-   schedule allows (newest first, dependents first, within ``parallelism``; rule 1);
-5. carries out the effects: journal on the Run first, then Jobs, then Events;
+4. decides (:func:`reversi.engine.decide.decide`, pure): rebuilds each step from status and journal,
+   moves every active step on and starts what the schedule allows (newest first, dependents
+   first, within ``parallelism``; rule 1), with the outcomes and the report;
+5. acts: carries out the effects, journal on the Run first, then Jobs, then Events;
 6. when nothing can move any more, writes the report (§5), releases the lock and ends
    ``Succeeded`` (complete) or ``Incomplete``.
 
@@ -674,19 +675,9 @@ class Reconciler(TreeRollback):
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
         for j in entries:
-            action = plan.actions[j.step]
-            earlier = (reverified or {}).get(j.step)
-            if earlier is not None:  # a re-verify: the undo stays the earlier request's; the check is this one's
-                at = st.iso(time.time())
-                value = StepUndo(step=j.step, state=j.state, attempts=earlier.attempts,
-                                 idempotency_key=earlier.idempotency_key, verification=j.verification,
-                                 last_error=st.cut(j.error, self.settings.message_limit), request=earlier.request,
-                                 updated_at=at, verified_by=request, verified_at=at)
-            else:
-                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
-                                 idempotency_key=action.idempotency_key,
-                                 last_error=st.cut(j.error, self.settings.message_limit),
-                                 verification=j.verification, request=request, updated_at=st.iso(time.time()))
+            value = dc.journal_entry(j, key=plan.actions[j.step].idempotency_key, request=request,
+                                     at=st.iso(time.time()), error=st.cut(j.error, self.settings.message_limit),
+                                     earlier=(reverified or {}).get(j.step))
             try:
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
