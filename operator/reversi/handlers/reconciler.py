@@ -12,9 +12,10 @@ where it was (rule 3). The pass:
    pins the Run's steps (``status.runSteps``) and records the runners it needs
    (``status.runners``): from then on it plans and builds every Job from that record, never from
    the live ToolManifest;
-4. moves every active step on (:func:`reversi.engine.executor.advance`) and starts what the
-   schedule allows (newest first, dependents first, within ``parallelism``; rule 1);
-5. carries out the effects: journal on the Run first, then Jobs, then Events;
+4. decides (:func:`reversi.engine.decide.decide`, pure): rebuilds each step from status and journal,
+   moves every active step on and starts what the schedule allows (newest first, dependents
+   first, within ``parallelism``; rule 1), with the outcomes and the report;
+5. acts: carries out the effects, journal on the Run first, then Jobs, then Events;
 6. when nothing can move any more, writes the report (§5), releases the lock and ends
    ``Succeeded`` (complete) or ``Incomplete``.
 
@@ -27,8 +28,6 @@ left to stop). A cancelled request that does not hold the lock never takes it.
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
 import logging
 import random
 import threading
@@ -45,13 +44,15 @@ from ..adapters import jobs as jobs_mod
 from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
+from ..engine import decide as dc
 from ..engine import executor as ex
 from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
 from ..engine import runners as rs
-from ..engine.plan import COMPENSATE, build_plan, undo_by_step
-from ..engine.report import StepOutcome, build_report, outcome_reason, report_message
-from ..engine.schedule import closed_steps, deferred_steps, is_finished, progress_text, ready_steps
+from ..engine.decide import epoch as _epoch
+from ..engine.plan import COMPENSATE, build_plan
+from ..engine.report import build_report, outcome_reason, report_message
+from ..engine.schedule import progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
@@ -298,7 +299,7 @@ class Reconciler(TreeRollback):
 
         # ---- the lock (rule 6) ----
         cancelling = spec.cancel
-        stop = f"the request was cancelled by {spec.cancelled_by or 'an unknown user'}" if cancelling else None
+        stop = dc.stop_reason(spec)
         holding = (run_obj.get("status") or {}).get("activeRequest") == name or self._held_for(req, run_obj)
         if cancelling and not holding:
             pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
@@ -330,65 +331,7 @@ class Reconciler(TreeRollback):
             runners, readers_now = self._record_runners(req, status, plan, run_spec, prior, runners, readers_now)
             runner_names = set(runners)
 
-        # ---- per-step state ----
-        old_entries = {e["step"]: e for e in status.get("steps") or []}
-        approved = {a.step: (a.approver or "an unknown approver") for a in spec.approvals}
-        approved_all_by = (spec.approved_by or "an unknown approver") if spec.approve_compensations else None
-        denied = {d.step: f"denied by {d.actor or 'an unknown user'}: {d.note}" for d in spec.denials}
-        steps_by_index = {s.index: s for s in run_spec.steps}
-        resolutions = {r.step: r for r in run_spec.resolutions}
-        runs: dict[int, ex.StepRun] = {}
-        verify_plans: dict[int, ex.VerifyPlan] = {}
-        guards: dict[int, ex.Guards] = {}
-        forced = {f.step: (f.actor or "an unknown user") for f in spec.force}
-        for action in plan.of_kind(COMPENSATE):
-            s = action.step
-            step = steps_by_index[s]
-            res = resolutions.get(s)
-            args, result = step.args, (res.result if res and res.result is not None else step.result)
-            snapshot = run_spec.snapshot_of(step)
-            verify_plans[s] = ex.verify_plan(snapshot, args, result, runner_names, readers_now)
-            guards[s] = step_guards(snapshot, verify_plans[s], args, result, forced.get(s))
-            runs[s] = self._step_run(action, old_entries.get(s), mine.get(s), approved, approved_all_by, denied)
-
-        # re-verify (rule 5): an undo left unverified by an earlier request, whose declared reader can run now
-        reverify: dict[int, ex.StepRun] = {}
-        for u in prior:
-            if u.verified_by == name:  # read back by this request in an earlier pass: keep showing it
-                done_step = steps_by_index.get(u.step)
-                done_snap = run_spec.snapshot_of(done_step) if done_step is not None else None
-                verify_plans[u.step] = ex.VerifyPlan("reader", tool=done_snap.verification.tool
-                                                     if done_snap is not None and done_snap.verification else None)
-                reverify[u.step] = ex.StepRun(u.step, stage="compensated" if u.state == "compensated" else "failed",
-                                              attempts=u.attempts,
-                                              reads=(old_entries.get(u.step) or {}).get("reads", 1),
-                                              verification=u.verification, error=u.last_error)
-                continue
-            if u.state != "compensated" or u.verification != "unverified" or u.verified_by is not None:
-                continue
-            step = steps_by_index.get(u.step)
-            snapshot = run_spec.snapshot_of(step) if step is not None else None
-            if step is None or snapshot is None or snapshot.verification is None:
-                continue
-            res = resolutions.get(u.step)
-            vp = ex.verify_plan(snapshot, step.args, res.result if res and res.result is not None else step.result,
-                                runner_names, readers_now)
-            if vp.mode != "reader":
-                continue
-            verify_plans[u.step] = vp
-            entry = old_entries.get(u.step) or {}
-            if entry.get("stage") in ("verifying", "rereading"):
-                reverify[u.step] = ex.StepRun(u.step, stage=entry["stage"], attempts=u.attempts,
-                                              reads=entry.get("reads", 1), next_at=_epoch(entry.get("nextAttemptAt")),
-                                              error=entry.get("lastError"))
-            else:
-                reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
-
-        deadline_passed = (spec.deadline_seconds is not None and started is not None
-                           and now > started + spec.deadline_seconds)
-        policy = ex.Policy(spec.retries, spec.backoff.base_ms, spec.backoff.max_ms, check=bool(spec.verify_command),
-                           require_verification=spec.require_verification, stop=stop)
-        effects: list[ex.Effect] = []
+        # ---- decide (engine/decide.py: pure) ----
         jobs = ix.jobs_of_run(runtime.state().indices if runtime.initialised() else None, self.kube, ns, run_uid)
         req_uid = meta.get("uid", "")
         job_labels = jobs.labels() if isinstance(jobs, ix.RunJobs) else [j.metadata.labels or {} for j in jobs.values()]
@@ -407,46 +350,21 @@ class Reconciler(TreeRollback):
                 memory.views[jname] = view
             return view
 
-        for s, run in list(runs.items()):
-            if (deadline_passed or cancelling) and run.stage in ("retrying", "rereading"):
-                new, eff = ex.give_up(run, stop or f"the request's deadline ({spec.deadline_seconds}s) passed")
-                runs[s] = new
-                effects += eff
-                continue
-            if run.stage in ex.ACTIVE_STAGES:
-                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now, memory.rng,
-                                      guards[s])
-                runs[s] = new
-                effects += eff
-                self._durations(ns, plan.actions[s].tool, run, new, memory, now)
-        for s, run in list(reverify.items()):
-            if cancelling and run.stage == "verifying" and observe("reader", run.attempts, run.reads, s) is None:
-                del reverify[s]  # its read-back has not started: no new Job; the undo stays unverified
-                continue
-            if (deadline_passed or cancelling) and run.stage == "rereading":
-                new, eff = ex.give_up(run, stop or f"the request's deadline ({spec.deadline_seconds}s) passed")
-            else:
-                new, eff = ex.advance(run, functools.partial(observe, step=s), verify_plans[s], policy, now,
-                                      memory.rng)
-            reverify[s] = new
-            effects += eff
-        if cancelling:
-            runs = {s: ex.cancel(r, stop or "") for s, r in runs.items()}
-        progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}
-        # the compensation phase closes at spec.compensationDeadlineSeconds (checked before each start)
-        open_ = not spec.compensation_deadline_seconds or now <= started + spec.compensation_deadline_seconds
-        if not deadline_passed and not cancelling:
-            journaled = undo_by_step(undo_all)
-            for s in ready_steps(plan, graph, progress, spec.parallelism, compensations_open=open_, floor=floor):
-                new, eff = ex.start(runs[s], journaled.get(s), guards[s])
-                self._durations(ns, plan.actions[s].tool, runs[s], new, memory, now)
-                runs[s] = new
-                progress[s] = ex.schedule_state(new.stage)
-                effects += eff
+        old_entries = {e["step"]: e for e in status.get("steps") or []}
+        inputs = dc.PassInputs(request=name, spec=spec, plan=plan, graph=graph, run=run_spec, mine=mine, prior=prior,
+                               entries=old_entries, now=now, started=started,
+                               observe=observe, floor=floor, runner_names=frozenset(runner_names),
+                               readers=readers_now)
+        d = dc.decide(inputs, memory.rng)
+        for old, new in d.moves:
+            self._durations(ns, plan.actions[new.step].tool, old, new, memory, now)
+        steps_by_index = {s.index: s for s in run_spec.steps}
+        verify_plans, guards = d.verify_plans, dict(d.guards)
 
         # ---- act: journal first, then Jobs, then Events (rule 3) ----
+        effects = list(d.effects)
         self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory,
-                      reverified={u.step: u for u in prior if u.step in reverify})
+                      reverified={u.step: u for u in prior if u.step in d.reverify})
         for e in effects:
             if isinstance(e, ex.StartJob):
                 if e.role in jobs_mod.GUARD_ROLES:
@@ -459,9 +377,8 @@ class Reconciler(TreeRollback):
                     # refused for good (an invalid Job or Secret, a forbidden field)
                     why = api_message(err) if isinstance(err, ApiException) else _first_error(err)
                     # its handler cannot run: only this step
-                    if e.role == "compensator" and runs.get(e.step) is not None:
-                        runs[e.step], more = ex.unavailable(runs[e.step], f"cannot create the compensator Job: {why}")
-                        progress[e.step] = ex.schedule_state(runs[e.step].stage)
+                    if e.role == "compensator" and e.step in d.runs:
+                        d, more = dc.refused(inputs, d, e.step, f"cannot create the compensator Job: {why}")
                         self._journal(ns, spec.run_ref.name, name, [x for x in more if isinstance(x, ex.Journal)],
                                       plan, memory)
                         effects += [x for x in more if isinstance(x, ex.Note)]
@@ -473,29 +390,21 @@ class Reconciler(TreeRollback):
                 self.kube.event(req, e.reason, e.message, e.warning)
 
         # ---- report ----
-        running = any(r.stage in ex.ACTIVE_STAGES for r in [*runs.values(), *reverify.values()])
-        awaiting = sorted(s for s, r in runs.items() if r.stage == "awaitingApproval" and r.reason != c.DENIED)
-        finished = (not running) and (deadline_passed or cancelling
-                                      or is_finished(plan, graph, progress, compensations_open=open_, floor=floor))
+        running, awaiting, deadline_passed = d.running, d.awaiting, d.deadline_passed
+        approved, approved_all_by = dict(d.approved), d.approved_all_by
+        end = d.ending
         if tree is not None:  # child runs: the next one as a unit once the steps above it are settled
             next_child = tree.next
-            self._drive_tree(req, spec, tree, finished, stop or (
-                f"the request's deadline ({spec.deadline_seconds}s) passed" if deadline_passed else None))
-            finished = finished and next_child is None and tree.next is None
-        if finished and not open_ and not deadline_passed and not cancelling:  # not started before the deadline
-            for s in closed_steps(plan, graph, progress):
-                runs[s] = replace(runs[s], stage="compensationDeadlinePassed", reason=c.COMPENSATION_DEADLINE_PASSED,
-                                  error=f"not started: spec.compensationDeadlineSeconds "
-                                  f"({spec.compensation_deadline_seconds}s) had passed")
-                progress[s] = ex.schedule_state(runs[s].stage)
-        deferred = deferred_steps(plan, graph, progress)
-        outcomes = self._outcomes(plan, runs, deferred, prior, finished, reverify)
-        report = build_report(plan, outcomes, require_verification=spec.require_verification)
+            self._drive_tree(req, spec, tree, d.settled, stop or (dc.deadline_text(spec) if deadline_passed else None))
+            end = dc.conclude(inputs, d, children_left=next_child is not None or tree.next is not None)
+        finished = end.finished
+        runs, progress, deferred, report = dict(end.runs), dict(end.progress), dict(end.deferred), end.report
         own_complete = report.complete
         if tree is not None:  # complete only when every run of the tree is
             report = report.model_copy(update={"complete": own_complete and tree.complete()})
         keys = {s: u.idempotency_key for s, u in mine.items()}
         verify_tools = {s: v.tool for s, v in verify_plans.items()}
+        reverify = dict(d.reverify)
         status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by,
                                           gen, old_entries, verify_tools, limit, mlimit)
         if reverify:
@@ -589,73 +498,6 @@ class Reconciler(TreeRollback):
             started = memory.since.pop((s, "verification"), None)
             if started is not None and self.metrics:
                 self.metrics.observe_verification(ns, tool, now - started)
-
-    def _step_run(self, action, entry: dict | None, journaled: StepUndo | None,
-                  approved: dict[int, str], approved_all_by: str | None,
-                  denied: dict[int, str] | None = None) -> ex.StepRun:
-        """Rebuild a step's progress from status (in-flight detail) and the Run's journal."""
-        s = action.step
-        if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
-            run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
-                             next_at=_epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
-                             first_attempt=entry.get("firstAttempt"), forced_by=entry.get("forcedBy"))
-        else:
-            run = ex.StepRun(s)
-        if run.stage in ex.NOT_UNDONE_STAGES:  # final in this request (a refused Job's journal says compensationFailed)
-            return run
-        if journaled is not None:
-            # the journal outranks the request's status: it is written first (rule 3)
-            if journaled.state == "compensated":
-                reason = _verification_reason(journaled.verification)
-                said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
-                if journaled.verification == "unverified" and said in (c.READ_BACK_REQUIRED, c.CANCELLED):
-                    reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
-                return replace(run, stage="compensated", attempts=journaled.attempts,
-                               verification=journaled.verification, error=None, reason=reason)
-            if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
-                said = (c.get_condition((entry or {}).get("conditions"), c.VERIFIED) or {}).get("reason")
-                why = "VerificationArgumentsUnavailable" if said == c.VERIFICATION_ARGUMENTS_UNAVAILABLE else run.reason
-                return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
-                               error=journaled.last_error, reason=why)
-            if journaled.state == "compensating" and run.stage in ("pending", "awaitingApproval", "failed"):
-                return replace(run, stage="compensating", attempts=journaled.attempts)
-            run = replace(run, attempts=max(run.attempts, journaled.attempts))
-        if run.stage in ("pending", "awaitingApproval"):
-            needs = action.needs_approval and s not in approved and approved_all_by is None
-            run = replace(run, stage="awaitingApproval" if needs else "pending")
-            if denied and s in denied:  # a denial of a step not started: it is not undone, for good
-                run = replace(run, stage="awaitingApproval", reason=c.DENIED, error=denied[s])
-        return run
-
-    def _outcomes(self, plan, runs: dict[int, ex.StepRun], deferred: dict[int, list[int]], prior: list[StepUndo],
-                  finished: bool, reverify: dict[int, ex.StepRun] | None = None) -> dict[int, StepOutcome]:
-        out: dict[int, StepOutcome] = {}
-        for u in prior:  # settled by earlier requests (rule 6): reported, never redone
-            if u.state == "compensated":
-                out[u.step] = StepOutcome("compensated", verification=u.verification)
-            elif u.state == "compensationFailed" and u.verification == "verificationFailed" and u.verified_by:
-                out[u.step] = StepOutcome("compensated", verification=u.verification, error=u.last_error)
-        for s, r in (reverify or {}).items():  # read back in this pass (the journal just written)
-            if r.stage in ("compensated", "failed"):
-                out[s] = StepOutcome("compensated", verification=r.verification, error=r.error)
-        for s, r in runs.items():
-            if r.stage == "compensated":
-                out[s] = StepOutcome("compensated", verification=r.verification, forced_by=r.forced_by)
-            elif r.stage in ex.NOT_UNDONE_STAGES:
-                out[s] = StepOutcome(r.stage, error=r.error)
-            elif r.stage == "failed":
-                out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
-            elif r.stage == "awaitingApproval":
-                out[s] = StepOutcome("awaitingApproval", error=r.error if r.reason == c.DENIED else None)
-            elif r.stage == "cancelled":
-                out[s] = StepOutcome("cancelled", error=r.error)
-            elif finished and s in deferred:
-                out[s] = StepOutcome("deferred", blocked_by=tuple(deferred[s]))
-            elif r.stage in ex.ACTIVE_STAGES:
-                out[s] = StepOutcome("running")
-            else:
-                out[s] = StepOutcome("pending")
-        return out
 
     def _count_again(self, req: dict, run: str, status: dict, memory: Memory, now: float) -> float | None:
         """The last check of the run boundary (rule 11) before a request that took the lock ends.
@@ -838,19 +680,9 @@ class Reconciler(TreeRollback):
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
         for j in entries:
-            action = plan.actions[j.step]
-            earlier = (reverified or {}).get(j.step)
-            if earlier is not None:  # a re-verify: the undo stays the earlier request's; the check is this one's
-                at = st.iso(time.time())
-                value = StepUndo(step=j.step, state=j.state, attempts=earlier.attempts,
-                                 idempotency_key=earlier.idempotency_key, verification=j.verification,
-                                 last_error=st.cut(j.error, self.settings.message_limit), request=earlier.request,
-                                 updated_at=at, verified_by=request, verified_at=at)
-            else:
-                value = StepUndo(step=j.step, state=j.state, attempts=j.attempts,
-                                 idempotency_key=action.idempotency_key,
-                                 last_error=st.cut(j.error, self.settings.message_limit),
-                                 verification=j.verification, request=request, updated_at=st.iso(time.time()))
+            value = dc.journal_entry(j, key=plan.actions[j.step].idempotency_key, request=request,
+                                     at=st.iso(time.time()), error=st.cut(j.error, self.settings.message_limit),
+                                     earlier=(reverified or {}).get(j.step))
             try:
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
@@ -1109,15 +941,6 @@ def run_gone(status: dict, run_obj: dict | None) -> str | None:
     return None
 
 
-def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict | None,
-                forced_by: str | None) -> ex.Guards:
-    """What runs before a step's compensator (issue 9): the precheck read when the compensation
-    asks for it and a reader can run, the precondition read when declared, and who forced it."""
-    comp = snapshot.compensation if snapshot is not None else None
-    precheck = verify if comp is not None and comp.precheck and verify.mode == "reader" else None
-    return ex.Guards(precheck=precheck, precondition=ex.precondition_plan(snapshot, args, result), forced_by=forced_by)
-
-
 def _plan_key(run_obj: dict, req: dict, memory: Memory, started: float, runner_names: set[str],
               readers: dict[str, str], handlers_known: bool) -> tuple | None:
     """What a request's plan is built from: the Run (its resourceVersion), its journal (the
@@ -1140,17 +963,6 @@ def current_readers(manifest: ToolManifestSpec | None) -> dict[str, str]:
     names = {r.name for r in manifest.runners}
     return {t.verification.tool: t.verification.runner for t in manifest.tools
             if t.verification is not None and t.verification.runner in names}
-
-
-def _verification_reason(verification: str | None) -> str:
-    """The Verified condition reason of a journaled verification."""
-    return {"verified": c.VERIFIED, "none": c.NO_READ_BACK_DECLARED}.get(verification or "", c.NO_READER)
-
-
-def _epoch(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _first_error(err: ValidationError) -> str:

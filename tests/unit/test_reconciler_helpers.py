@@ -1,0 +1,94 @@
+"""The pure pieces of handlers/reconciler.py: the plan cache key, the readers a manifest gives,
+the timing of attempts, and who waits for a Run's lock (no API: these touch none)."""
+
+from __future__ import annotations
+
+import reversi.handlers.runtime  # noqa: F401  (imports the handlers in their order: reconciler <-> indices)
+from reversi.engine import executor as ex
+from reversi.handlers.reconciler import Memory, Reconciler, _plan_key, current_readers, run_gone
+from reversi.models.run import StepUndo
+from reversi.models.toolmanifest import ToolManifestSpec
+from reversi.settings import OperatorSettings
+
+RUN = {"metadata": {"resourceVersion": "41"}}
+REQ = {"status": {"runSteps": 3}}
+
+
+def key(memory: Memory, run=RUN, req=REQ, started=100.0, runners=frozenset({"cli"}), readers=None, known=True):
+    return _plan_key(run, req, memory, started, set(runners), readers or {}, known)
+
+
+def test_the_plan_is_never_cached_without_an_informer():
+    assert key(Memory()) is None  # journal read by a LIST: no version to compare
+
+
+def test_the_plan_key_changes_with_everything_the_plan_is_built_from():
+    memory = Memory(journal_version=7)
+    base = key(memory)
+    assert base is not None and key(Memory(journal_version=7)) == base
+    assert key(Memory(journal_version=8)) != base
+    assert key(memory, run={"metadata": {"resourceVersion": "42"}}) != base
+    assert key(memory, req={"status": {"runSteps": 4}}) != base
+    assert key(memory, started=101.0) != base
+    assert key(memory, runners={"cli", "other"}) != base
+    assert key(memory, readers={"get": "cli"}) != base
+    assert key(memory, known=False) != base
+    written = Memory(journal_version=7, written={1: StepUndo(step=1, state="compensating", attempts=1,
+                                                             idempotency_key="a" * 64)})
+    assert key(written) != base  # undo this process wrote that the watch has not brought back yet
+
+
+def test_current_readers_are_the_read_back_tools_with_a_reader_runner():
+    manifest = ToolManifestSpec.model_validate({
+        "runners": [{"name": "cli", "image": "x:1", "command": ["x"]}],
+        "tools": [
+            {"name": "a", "effect": "write", "compensation": {"tool": "undo-a", "kind": "inverse", "runner": "cli"},
+             "verification": {"tool": "get-a", "expect": {}, "runner": "cli"}},
+            {"name": "b", "effect": "write", "compensation": {"tool": "undo-b", "kind": "inverse", "runner": "cli"},
+             "verification": {"tool": "get-b", "expect": {}}},  # no reader runner,
+            {"name": "c", "effect": "read"}]})
+    assert current_readers(manifest) == {"get-a": "cli"}
+    assert current_readers(None) == {}
+
+
+def test_a_run_not_locked_yet_is_never_gone():
+    assert run_gone({}, None) is None
+    assert run_gone({"runSteps": 2}, {"status": {"closedBy": "undo"}}) is None
+
+
+class Metrics:
+    def __init__(self):
+        self.seen: list[tuple[str, str, float]] = []
+
+    def observe_compensation(self, ns, tool, seconds):
+        self.seen.append(("compensation", tool, seconds))
+
+    def observe_verification(self, ns, tool, seconds):
+        self.seen.append(("verification", tool, seconds))
+
+
+def test_attempts_and_read_backs_are_timed_from_the_moves_of_a_pass():
+    metrics = Metrics()
+    rec = Reconciler(None, OperatorSettings(), metrics)  # type: ignore[arg-type]  # no API used
+    memory = Memory()
+    pending, compensating = ex.StepRun(2), ex.StepRun(2, stage="compensating", attempts=1)
+    verifying = ex.StepRun(2, stage="verifying", attempts=1, reads=1)
+    done = ex.StepRun(2, stage="compensated", attempts=1, verification="verified")
+    rec._durations("ns", "w", pending, compensating, memory, now=10.0)
+    rec._durations("ns", "w", compensating, compensating, memory, now=12.0)  # still running: nothing
+    rec._durations("ns", "w", compensating, verifying, memory, now=13.5)
+    rec._durations("ns", "w", verifying, done, memory, now=14.0)
+    assert metrics.seen == [("compensation", "w", 3.5), ("verification", "w", 0.5)]
+    assert memory.since == {}
+
+
+def test_requests_waiting_for_a_runs_lock_are_woken_once():
+    rec = Reconciler(None, OperatorSettings())  # type: ignore[arg-type]
+    rec._wait_for_lock("ns", "r", "b")
+    rec._wait_for_lock("ns", "r", "a")
+    assert rec.lock_released("ns", "r") == ["a", "b"]
+    assert rec.lock_released("ns", "r") == []
+    rec._wait_for_run("ns", "r", "x", True)
+    assert rec.waiting_for("ns", "r") == ["x"]
+    rec._wait_for_run("ns", "r", "x", False)
+    assert rec.waiting_for("ns", "r") == []
