@@ -112,6 +112,19 @@ def test_rule3_a_journaled_compensation_whose_job_is_missing_is_created_not_jour
     assert d.runs[0].stage == "compensating" and d.runs[0].attempts == 2
 
 
+def test_rule3_a_final_failure_journaled_before_a_crash_is_never_run_again():
+    # the journal says the attempt failed for good; the status (not written before the crash) still
+    # shows it under way, and its Job is gone (ttlSecondsAfterFinished): no Job, failed
+    for stage in ("compensating", "retrying", "checking", "verifying", "rereading"):
+        d = dc.decide(inputs(1, mine={0: undo(0, "compensationFailed", attempts=2, last_error="502")},
+                             entries={0: {"step": 0, "stage": stage, "attempts": 2, "reads": 1}}))
+        assert d.runs[0].stage == "failed" and not any(isinstance(e, ex.StartJob) for e in d.effects), stage
+    # a later attempt under way (a request of the same name, created again) goes on
+    d = dc.decide(inputs(1, mine={0: undo(0, "compensationFailed", attempts=2)},
+                         entries={0: {"step": 0, "stage": "compensating", "attempts": 3}}))
+    assert d.runs[0].stage == "compensating" and starts(d) == [ex.StartJob(0, "compensator", 3)]
+
+
 def test_rule8_a_step_that_needs_approval_waits_until_approved():
     waiting = dc.decide(inputs(2, approval=frozenset({1})))
     assert waiting.runs[1].stage == "awaitingApproval" and waiting.awaiting == [1]

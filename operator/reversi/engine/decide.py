@@ -179,8 +179,8 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
     """A step's progress at the start of a pass, from the request's status entry (in-flight
     detail) and the Run's journal, which outranks it (it is written first, rule 3): journaled
     ``compensated`` is compensated; ``compensationFailed`` is failed unless the status shows a
-    later attempt under way; ``compensating`` resumes a step the status shows not started (or
-    failed). A final stage of this request in which nothing was undone stays. A step not
+    later attempt under way (or a guard read before one); ``compensating`` resumes a step the
+    status shows not started (or failed). A final stage of this request in which nothing was undone stays. A step not
     started waits for approval when it needs one it does not have (rule 8); a denied one waits
     for good (reason ``Denied``)."""
     s = action.step
@@ -201,7 +201,12 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
                 reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
             return replace(run, stage="compensated", attempts=journaled.attempts,
                            verification=journaled.verification, error=None, reason=reason)
-        if journaled.state == "compensationFailed" and run.stage not in ex.ACTIVE_STAGES:
+        # failed for good at this attempt: the status (still showing its Jobs under way) was not
+        # written before a crash, and those Jobs may be gone (ttlSecondsAfterFinished): never again.
+        # A guard read (precheck, precondition) comes before the next attempt: it goes on.
+        ended = (run.stage in ex.ACTIVE_STAGES and run.stage not in ("prechecking", "preconditioning")
+                 and run.attempts <= journaled.attempts)
+        if journaled.state == "compensationFailed" and (run.stage not in ex.ACTIVE_STAGES or ended):
             why = VERIFICATION_ARGUMENTS_UNAVAILABLE if _said(entry) == VERIFICATION_ARGUMENTS_UNAVAILABLE \
                 else run.reason
             return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
