@@ -30,6 +30,12 @@ otherwise); ``b.rollback(reason=...)`` rolls back from inside the block and clos
 (later calls raise :class:`RunClosed`); ``rec.reconcile(probe)`` settles unknown outcomes with
 what ``probe(step)`` finds out (:class:`Settlement`), e.g. ``rec.reader_probe()``.
 ``recovery="required"`` refuses calls that could not be undone (:class:`RecoveryRequired`).
+
+Every API call goes through :mod:`reversi.adapters.apicalls` (a timeout of :data:`TIMEOUT`
+seconds, paging, retries of transient errors — 429, 5xx, connection errors — where repeating
+the call cannot record anything twice: a step's ``intended`` record is repeated only when it
+surely did not reach the API server, an outcome's write is read back when a repetition finds
+it written).
 """
 
 from __future__ import annotations
@@ -47,13 +53,14 @@ from collections.abc import Callable, Iterator, Mapping
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from .adapters import apicalls as calls
 from .adapters.journal import list_objects, step_body
 from .models.runstep import MAX_RUN_STEPS, step_name
 from .models.toolmanifest import ToolManifestSpec, ToolSpec
 
-GROUP, VERSION = "reversi.dev", "v1alpha1"
-JSON_PATCH = "application/json-patch+json"
-TIMEOUT = 30  # seconds per API request
+GROUP, VERSION = calls.GROUP, calls.VERSION
+JSON_PATCH = calls.JSON_PATCH
+TIMEOUT = calls.TIMEOUT  # seconds per API request
 DEFAULT_TIMEOUT = 300.0  # seconds a boundary waits for its rollback
 POLL_SECONDS = 0.5  # between looks at a rollback's phase
 REASON_ANNOTATION = "reversi.dev/reason"
@@ -224,13 +231,13 @@ class Recorder:
                 "metadata": {"name": run, "namespace": namespace},
                 "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
                          "recovery": recovery, **({"parentRef": {"name": parent}} if parent else {})}}
-        try:
-            rec.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "runs", body,
-                                                       _request_timeout=TIMEOUT)
-            rec._mode, rec._manifest_name, rec._next = mode, manifest, 0  # a new run: step 0 is next
+        try:  # an existing run is continued, so a create that may have landed is repeated
+            created = calls.create(rec.custom, "runs", body, namespace, exists_ok=True)
         except ApiException as err:
-            if err.status != 409:
-                raise _refusal(err, f"Run {namespace}/{run}") from err
+            raise _refusal(err, f"Run {namespace}/{run}") from err
+        if created is not None:
+            rec._mode, rec._manifest_name, rec._next = mode, manifest, 0  # a new run: step 0 is next
+        else:
             rec._load()
         return rec
 
@@ -244,8 +251,7 @@ class Recorder:
 
     def _load(self) -> dict:
         try:
-            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runs", self.run,
-                                                           _request_timeout=TIMEOUT)
+            obj = calls.read(self.custom, "runs", self.run, self.namespace)
         except ApiException as err:
             raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
         self._mode = obj["spec"].get("mode", "enforce")
@@ -257,13 +263,9 @@ class Recorder:
     def manifest(self, refresh: bool = False) -> ToolManifestSpec | None:
         """The run's ToolManifest spec (cached), or None when it does not exist."""
         if self._manifest is None or refresh:
-            try:
-                obj = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, "toolmanifests", self._manifest_name, _request_timeout=TIMEOUT)
-            except ApiException as err:
-                if err.status == 404:
-                    return None
-                raise
+            obj = calls.get(self.custom, "toolmanifests", self._manifest_name, self.namespace)
+            if obj is None:
+                return None
             self._manifest = ToolManifestSpec.model_validate(obj["spec"])
         return self._manifest
 
@@ -272,12 +274,8 @@ class Recorder:
     def _recorded(self, index: int) -> bool:
         """Whether step ``index`` of the run exists (one GET of its RunStep)."""
         try:
-            self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
-                                                     step_name(self.run, index), _request_timeout=TIMEOUT)
-            return True
+            return calls.get(self.custom, "runsteps", step_name(self.run, index), self.namespace) is not None
         except ApiException as err:
-            if err.status == 404:
-                return False
             raise _refusal(err, f"reading Run {self.namespace}/{self.run}") from err
 
     def _first_free(self, start: int = 0) -> int:
@@ -348,9 +346,8 @@ class Recorder:
                 raise RecordingRefused(f"recording {tool}: Run {self.namespace}/{self.run} has reached the limit of "
                                        f"{MAX_RUN_STEPS:,} steps; open a new Run for further calls", reason="Invalid")
             body = step_body(self.namespace, self.run, {**value, "index": index})
-            try:
-                self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps", body,
-                                                            _request_timeout=TIMEOUT)
+            try:  # a 409 means "index taken": repeated only when it surely did not land (never twice)
+                calls.create(self.custom, "runsteps", body, self.namespace)
             except ApiException as err:
                 if err.status == 409 and _reason(err) == "AlreadyExists":  # another writer took it
                     self.index_conflicts += 1
@@ -380,15 +377,34 @@ class Recorder:
                           "value": result if isinstance(result, dict) else {"value": result}})
         if error:
             patch.append({"op": "add", "path": "/spec/error", "value": error[:500]})
-        try:
-            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
-                                                       step_name(self.run, step.index), patch,
-                                                       _content_type=JSON_PATCH, _request_timeout=TIMEOUT)
+        tries = 0
+
+        def write(**kw: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
+                                                              step_name(self.run, step.index), patch,
+                                                              _content_type=JSON_PATCH, **kw)
+
+        try:  # guarded by its test: a repetition of a write that landed fails the test, then is read back
+            calls.call(write)
         except ApiException as err:
-            refused = _refusal(err, f"recording the outcome of step {step.index} of Run {self.namespace}/{self.run}")
-            raise OutcomeNotRecorded(f"{refused.message}; the call was made, and step {step.index} stays intended "
-                                     "(settle it with a resolution)", reason=refused.reason, status=err.status) from err
+            if not (tries > 1 and calls.failed_test(err) and self._outcome(step.index) == outcome):
+                refused = _refusal(err, f"recording the outcome of step {step.index} of Run "
+                                        f"{self.namespace}/{self.run}")
+                raise OutcomeNotRecorded(f"{refused.message}; the call was made, and step {step.index} stays intended "
+                                         "(settle it with a resolution)", reason=refused.reason,
+                                         status=err.status) from err
+            # else: an earlier attempt failed on the way but had landed (read back): recorded
         step.outcome, step.result, step.error = outcome, result, error
+
+    def _outcome(self, index: int) -> str | None:
+        """Step ``index``'s recorded outcome, read back (None when it cannot be read)."""
+        try:
+            obj = calls.get(self.custom, "runsteps", step_name(self.run, index), self.namespace)
+        except ApiException:
+            return None
+        return ((obj or {}).get("spec") or {}).get("outcome")
 
     @contextlib.contextmanager
     def step(self, tool: str, args: Mapping[str, Any], depends_on: list[int] | None = None) -> Iterator[Step]:
@@ -435,9 +451,9 @@ class Recorder:
                 "metadata": {"generateName": f"{self.run[:40]}-undo-",
                              "annotations": {REASON_ANNOTATION: reason[:1024]} if reason else {}},
                 "spec": {**dict(spec or {}), "runRef": {"name": self.run}}}
-        try:
-            created = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "rollbackrequests",
-                                                                  body, _request_timeout=TIMEOUT)
+        try:  # a generated name: repeated only when it surely did not land (never two requests)
+            created = calls.create(self.custom, "rollbackrequests", body, self.namespace)
+            assert created is not None  # without exists_ok a 409 raises
         except ApiException as err:
             raise _refusal(err, f"rolling back Run {self.namespace}/{self.run}") from err
         name = created["metadata"]["name"]
@@ -452,8 +468,7 @@ class Recorder:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "rollbackrequests",
-                                                               request, _request_timeout=TIMEOUT)
+                obj = calls.read(self.custom, "rollbackrequests", request, self.namespace)
             except ApiException as err:
                 if err.status != 404 or time.monotonic() >= deadline:
                     raise _refusal(err, f"reading RollbackRequest {self.namespace}/{request}") from err
@@ -504,11 +519,9 @@ class Recorder:
             if settlement.result is not None:
                 resolution["result"] = settlement.result if isinstance(settlement.result, dict) else {
                     "value": settlement.result}
-            try:
-                self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "runsteps",
-                                                           step_name(self.run, step.index),
-                                                           {"spec": {"resolution": resolution}},
-                                                           _request_timeout=TIMEOUT)
+            try:  # admission stamps the resolution: repeated only when it surely did not land
+                calls.call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, self.namespace, "runsteps",
+                           step_name(self.run, step.index), {"spec": {"resolution": resolution}}, repeat="unsent")
             except ApiException as err:
                 done.left.append(step.index)
                 done.errors[step.index] = _refusal(err, f"settling step {step.index}").message
@@ -556,8 +569,7 @@ class Recorder:
             kube.create_job(secret, job)
             name, deadline = job["metadata"]["name"], time.monotonic() + timeout
             while True:
-                view = kube.job_view(kube.batch.read_namespaced_job(name, rec.namespace, _request_timeout=TIMEOUT),
-                                     reader=True)
+                view = kube.job_view(calls.call(kube.batch.read_namespaced_job, name, rec.namespace), reader=True)
                 if view.state != "running" or time.monotonic() >= deadline:
                     break
                 time.sleep(poll)

@@ -9,12 +9,12 @@ known in one place:
 - :func:`write_undo`: a step's undo state, on its RunStep's status;
 - :func:`migrate_inline`: move an inline journal of Reversi 0.1 into RunSteps.
 
-Every call takes a ``CustomObjectsApi`` and uses :data:`TIMEOUT` seconds per request.
+Every call takes a ``CustomObjectsApi`` and goes through :mod:`~reversi.adapters.apicalls`
+(:data:`TIMEOUT` seconds per request, paging, retries of transient errors).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,14 +24,15 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from ..engine.journal import Entry, Journal, assemble
-from .kube import api_message
+from . import apicalls as calls
+from .apicalls import api_message
 from ..models.run import RunSpec, Step, StepUndo
 from ..models.runstep import LABEL_RUN, RunStepSpec, step_name
 
-GROUP, VERSION = "reversi.dev", "v1alpha1"
+GROUP, VERSION = calls.GROUP, calls.VERSION
 RUNS, STEPS = "runs", "runsteps"
-PAGE = 500  # RunSteps per LIST page
-TIMEOUT = 30  # seconds per API request
+PAGE = calls.PAGE  # RunSteps per LIST page
+TIMEOUT = calls.TIMEOUT  # seconds per API request
 MOVE_WORKERS = 8  # RunSteps created at once when an inline journal is moved
 JSON_PATCH = "application/json-patch+json"
 log = logging.getLogger("reversi.journal")
@@ -94,22 +95,8 @@ def list_selected_and_version(custom: client.CustomObjectsApi, namespace: str,
                               selector: str) -> tuple[list[dict[str, Any]], str]:
     """Every RunStep matching the label ``selector`` (dicts, paged, ordered by index) and the
     LIST's resourceVersion (one snapshot: a WATCH from it sees every later change)."""
-    items: list[dict[str, Any]] = []
-    token: str | None = None
-    version = ""
-    while True:
-        kwargs: dict[str, Any] = {"label_selector": selector, "limit": PAGE,
-                                  "_request_timeout": TIMEOUT, "_preload_content": False}
-        if token:
-            kwargs["_continue"] = token
-        resp = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, STEPS, **kwargs)
-        page = json.loads(resp.data)
-        items.extend(page.get("items") or [])
-        meta = page.get("metadata") or {}
-        version = version or meta.get("resourceVersion") or ""  # a paged LIST is one snapshot: the first page's
-        token = meta.get("continue")
-        if not token:
-            break
+    items, version = calls.list_objects_and_version(custom, STEPS, namespace, label_selector=selector, page=PAGE,
+                                                    _preload_content=False)
     items.sort(key=lambda o: (o.get("spec") or {}).get("index", -1))
     return items, version
 
@@ -161,8 +148,8 @@ def undo_patch(undo: StepUndo) -> dict[str, Any]:
 
 def write_undo(custom: client.CustomObjectsApi, namespace: str, run: str, undo: StepUndo) -> dict[str, Any]:
     """Record a step's undo state on its RunStep (status subresource). Raises ``ApiException``."""
-    return custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, STEPS, step_name(run, undo.step), undo_patch(undo), _request_timeout=TIMEOUT)
+    return calls.call(custom.patch_namespaced_custom_object_status,  # a merge patch: safe to repeat
+                      GROUP, VERSION, namespace, STEPS, step_name(run, undo.step), undo_patch(undo))
 
 
 def inline_step_spec(run_spec: RunSpec, step: Step) -> dict[str, Any]:
@@ -202,22 +189,21 @@ def migrate_inline(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> 
 
     def move(step: Step) -> None:
         body = step_body(ns, run, inline_step_spec(spec, step), owner_uid=meta["uid"])
-        try:
-            custom.create_namespaced_custom_object(GROUP, VERSION, ns, STEPS, body, _request_timeout=TIMEOUT)
+        try:  # a RunStep that exists is kept: repeating a create that may have landed is safe
+            calls.create(custom, STEPS, body, ns, exists_ok=True)
         except ApiException as err:
             if err.status != 409:
                 raise JournalError(f"Run {ns}/{run}: moving step {step.index} into a RunStep was refused: "
                                    f"{api_message(err)}") from err
         if step.index in undo:
-            custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, ns, STEPS, step_name(run, step.index), {"status": {"undo": undo[step.index]}},
-                _request_timeout=TIMEOUT)
+            calls.call(custom.patch_namespaced_custom_object_status,
+                       GROUP, VERSION, ns, STEPS, step_name(run, step.index), {"status": {"undo": undo[step.index]}})
 
     with ThreadPoolExecutor(MOVE_WORKERS) as pool:  # moved copies are admitted in any order
         for future in [pool.submit(move, step) for step in spec.steps]:
             future.result()
-    custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, RUNS, run,
-                                                 {"status": {"movedSteps": len(spec.steps)}}, _request_timeout=TIMEOUT)
+    calls.call(custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, RUNS, run,
+               {"status": {"movedSteps": len(spec.steps)}})
     log.info("Run %s/%s: moved %d inline steps into RunSteps", ns, run, len(spec.steps))
     return len(spec.steps)
 
@@ -229,14 +215,7 @@ def count_steps(custom: client.CustomObjectsApi, namespace: str, run: str, hint:
     right (the size a watch has seen) and O(log n) otherwise."""
 
     def recorded(index: int) -> bool:
-        try:
-            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "runsteps", step_name(run, index),
-                                                _request_timeout=TIMEOUT)
-            return True
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
+        return calls.get(custom, STEPS, step_name(run, index), namespace) is not None
 
     low, high = -1, None  # low: known recorded (or -1); high: known free
     probe = max(hint, 0)

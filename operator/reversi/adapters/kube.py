@@ -1,7 +1,8 @@
 """Kubernetes reads and writes for the operator: the only module that talks to the API for it.
 
-Every call is blocking (the official client): use it from sync kopf handlers or worker threads,
-never from ``async`` code (DESIGN §9).
+Every call goes through :mod:`~reversi.adapters.apicalls` (request timeout, paging, conflicts,
+retries of transient errors). Every call is blocking (the official client): use it from sync
+kopf handlers or worker threads, never from ``async`` code (DESIGN §9).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ..engine.executor import JobView
+from . import apicalls as calls
+from .apicalls import FAILED_TEST, Conflict, api_message, failed_test  # noqa: F401 - re-exported: callers import them from here
 
 #: a Job's verdict (:attr:`JobView.state`)
 JobState = Literal["running", "succeeded", "failed"]
 
-GROUP, VERSION = "reversi.dev", "v1alpha1"
-JSON_PATCH = "application/json-patch+json"
+GROUP, VERSION = calls.GROUP, calls.VERSION
+JSON_PATCH = calls.JSON_PATCH
 log = logging.getLogger("reversi.kube")
 #: call Secrets (namespace, name) a Kube remembers as existing (not created again)
 SECRETS_REMEMBERED = 4096
@@ -39,17 +42,13 @@ def read_crds(api: client.ApiClient, names: tuple[str, ...]) -> list[dict]:
     out = []
     for name in names:
         try:
-            crd = ext.read_custom_resource_definition(name)
+            crd = calls.call(ext.read_custom_resource_definition, name)
         except ApiException as err:
             if err.status == 404:
                 continue
             raise
         out.append(api.sanitize_for_serialization(crd))
     return out
-
-
-class Conflict(Exception):
-    """A write lost an optimistic-concurrency race (HTTP 409, or a failed JSON-patch test)."""
 
 
 def _now() -> str:
@@ -73,53 +72,25 @@ class Kube:
 
     def get(self, plural: str, namespace: str, name: str) -> dict | None:
         """The object as a dict, or None when it does not exist."""
-        try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name,
-                                                          _request_timeout=self.timeout)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        return calls.get(self.custom, plural, name, namespace, timeout=self.timeout)
 
     def select(self, plural: str, namespace: str, selector: str) -> list[dict]:
-        """The objects of a kind in ``namespace`` whose labels match ``selector`` (one LIST, with
-        the client's timeout)."""
-        resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, label_selector=selector,
-                                                         _request_timeout=self.timeout)
-        return list(resp.get("items") or [])
+        """The objects of a kind in ``namespace`` whose labels match ``selector`` (a paged LIST)."""
+        return calls.list_objects(self.custom, plural, namespace, label_selector=selector, timeout=self.timeout)
 
     def list(self, plural: str, namespace: str | None = None, *, cached: bool = False) -> list[dict]:
-        """All objects of a kind (in one namespace, or cluster-wide).
+        """All objects of a kind (in one namespace, or cluster-wide), paged.
 
         ``cached``: served from the API server's watch cache as it is (``resourceVersion=0``),
         possibly milliseconds behind etcd, instead of a consistent read that may wait for the
         cache to catch up (up to ~100 ms when the kind was not written lately).
         """
-        kwargs: dict[str, Any] = {"resource_version": "0"} if cached else {}
-        kwargs["_request_timeout"] = self.timeout
-        if namespace:
-            resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
-        else:
-            resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
-        return resp.get("items", [])
+        return calls.list_objects(self.custom, plural, namespace, cached=cached, timeout=self.timeout)
 
     def list_paged(self, plural: str, namespace: str | None = None, page: int = 500) -> builtins.list[dict]:
         """All objects of a kind, read ``page`` at a time (a cluster with thousands of Runs is
         never one unbounded response)."""
-        items: list[dict] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": page, "_request_timeout": self.timeout}
-            if token:
-                kwargs["_continue"] = token
-            if namespace:
-                resp = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **kwargs)
-            else:
-                resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
-            items.extend(resp.get("items", []))
-            token = (resp.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        return calls.list_objects(self.custom, plural, namespace, page=page, timeout=self.timeout)
 
     def merge_status(self, plural: str, namespace: str, name: str, status: dict,
                      resource_version: str | None = None) -> dict:
@@ -128,45 +99,29 @@ class Kube:
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        try:
-            return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, body, _request_timeout=self.timeout)
-        except ApiException as err:
-            if err.status == 409:
-                raise Conflict(str(err.reason)) from err
-            raise
+        return calls.patch(self.custom, plural, name, body, namespace, status=True, timeout=self.timeout)
 
     def create(self, plural: str, namespace: str, body: dict) -> bool:
-        """Create an object; False when one of that name exists already (it is left as it is)."""
-        try:
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body,
-                                                        _request_timeout=self.timeout)
-        except ApiException as err:
-            if err.status == 409:
-                return False
-            raise
-        return True
+        """Create an object; False when one of that name exists already (it is left as it is;
+        also when a first attempt that failed on the way had created it: names are
+        deterministic, so the object is there either way)."""
+        return calls.create(self.custom, plural, body, namespace, exists_ok=True, timeout=self.timeout) is not None
 
     def merge(self, plural: str, namespace: str, name: str, patch: dict) -> dict:
         """Merge-patch an object (not its status)."""
-        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch,
-                                                          _request_timeout=self.timeout)
+        return calls.patch(self.custom, plural, name, patch, namespace, timeout=self.timeout)
 
     def json_patch_status(self, plural: str, namespace: str, name: str, ops: builtins.list[dict]) -> dict:
         """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""
-        try:
-            return self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, ops, _content_type=JSON_PATCH, _request_timeout=self.timeout)
-        except ApiException as err:
-            if err.status == 409 or failed_test(err):
-                raise Conflict(api_message(err)) from err
-            raise
+        return calls.patch(self.custom, plural, name, ops, namespace, status=True, json_patch=True,
+                           timeout=self.timeout)
 
     # ----- jobs -------------------------------------------------------------------------------
 
     def list_jobs(self, namespace: str, selector: str) -> dict[str, Any]:
         """Jobs matching a label selector, by name."""
-        jobs = self.batch.list_namespaced_job(namespace, label_selector=selector, _request_timeout=self.timeout).items
+        jobs, _ = calls.list_all(self.batch.list_namespaced_job, namespace, label_selector=selector,
+                                 timeout=self.timeout)
         return {j.metadata.name: j for j in jobs}
 
     def job_object(self, body: dict) -> client.V1Job:
@@ -205,8 +160,8 @@ class Kube:
             self._created[(ns, job["metadata"]["name"])] = time.monotonic()
         key = (ns, secret["metadata"]["name"])
         if key not in self._secrets:
-            try:
-                self.core.create_namespaced_secret(ns, secret, _request_timeout=self.timeout)
+            try:  # names are deterministic: "exists" is done, so a create that may have landed is repeated
+                calls.call(self.core.create_namespaced_secret, ns, secret, timeout=self.timeout)
             except ApiException as err:
                 if err.status != 409:
                     raise
@@ -215,7 +170,7 @@ class Kube:
                 while len(self._secrets) > SECRETS_REMEMBERED:
                     self._secrets.pop(next(iter(self._secrets)))
         try:
-            self.batch.create_namespaced_job(ns, job, _request_timeout=self.timeout)
+            calls.call(self.batch.create_namespaced_job, ns, job, timeout=self.timeout)
             return True
         except ApiException as err:
             if err.status == 409:
@@ -241,8 +196,8 @@ class Kube:
         if state == "running":
             return JobView("running")
         ns, name = job.metadata.namespace, job.metadata.name
-        pods = self.core.list_namespaced_pod(ns, label_selector=f"job-name={name}",
-                                             _request_timeout=self.timeout).items
+        pods, _ = calls.list_all(self.core.list_namespaced_pod, ns, label_selector=f"job-name={name}",
+                                 timeout=self.timeout)
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
         message, output = "", None
         if pods:
@@ -263,8 +218,8 @@ class Kube:
                 try:
                     # the container is named after the Job's role: reader, precheck or precondition
                     container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else "reader"
-                    resp = self.core.read_namespaced_pod_log(pod.metadata.name, ns, container=container,
-                                                             _preload_content=False, _request_timeout=self.timeout)
+                    resp = calls.call(self.core.read_namespaced_pod_log, pod.metadata.name, ns, container=container,
+                                      _preload_content=False, timeout=self.timeout)
                     output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
                 except ApiException as err:
                     if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.UTC)):
@@ -297,7 +252,8 @@ class Kube:
             "firstTimestamp": now, "lastTimestamp": now, "eventTime": now, "action": reason, "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=self.timeout)
+            calls.call(self.core.create_namespaced_event, meta["namespace"], body, repeat="unsent",
+                       timeout=self.timeout)
         except ApiException as err:  # an event is worth a log line, never a failure
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
 
@@ -326,23 +282,3 @@ def reader_log_pending(status: int | None, finished_at: dt.datetime | None, now:
     if status is None or not (status >= 500 or status == 429):
         return False
     return finished_at is None or (now - finished_at).total_seconds() < READER_LOG_GRACE_SECONDS
-
-
-#: what the API server answers when a JSON-patch ``test`` operation fails (422, no causes)
-FAILED_TEST = "the server rejected our request due to an error in our request"
-
-
-def failed_test(err: ApiException) -> bool:
-    """Whether ``err`` is a failed JSON-patch ``test`` (optimistic concurrency lost), not a
-    validation error (those have their own message)."""
-    return err.status == 422 and api_message(err) == FAILED_TEST
-
-
-def api_message(err: ApiException) -> str:
-    """The API server's own message (``Status.message``) of an error, else its HTTP reason."""
-    try:
-        body = json.loads(err.body or "{}")
-    except (TypeError, ValueError):
-        body = {}
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or err.reason or f"HTTP {err.status}")

@@ -1,7 +1,8 @@
 """The plugin's connection to the API server and the reads and writes its commands make.
 
 Every expected failure becomes a :class:`CliError` whose message names the object and the fix;
-``main`` prints it as one line (``error: ...``) and exits 1.
+``main`` prints it as one line (``error: ...``) and exits 1. Every API call goes through
+:mod:`reversi.adapters.apicalls` (timeout, paging, retries of transient errors).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from collections.abc import Callable
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from ..adapters import apicalls as calls
 from ..adapters import journal
-from ..adapters.kube import api_message as server_message  # re-exported: the commands quote the server
+from ..adapters.apicalls import api_message as server_message  # re-exported: the commands quote the server
 
-GROUP, VERSION = "reversi.dev", "v1alpha1"
+GROUP, VERSION = calls.GROUP, calls.VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
-JSON_PATCH = "application/json-patch+json"
+JSON_PATCH = calls.JSON_PATCH
 #: Seconds any one API call may take (connect and read) before the plugin gives up on it.
-TIMEOUT = 30.0
+TIMEOUT = calls.TIMEOUT
 IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 #: plural -> kind, for messages
@@ -63,11 +65,7 @@ def _details(err: ApiException) -> dict:
 
 def _not_found_is_object(err: ApiException, name: str) -> bool:
     """A 404 for the object itself (``details.name``), not for its kind (CRD not installed)."""
-    try:
-        details = json.loads(err.body or "{}").get("details") or {}
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return details.get("name") == name
+    return calls.not_found(err, name)
 
 
 def refused(err: ApiException, what: str) -> CliError:
@@ -121,9 +119,7 @@ class Connection:
         check_name(name, _kind(plural))
         ns = None if cluster else (namespace or self.namespace)
         try:
-            if cluster:
-                return self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name, _request_timeout=TIMEOUT)
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, plural, name, _request_timeout=TIMEOUT)
+            return calls.read(self.custom, plural, name, ns)
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
                 if ns:
@@ -136,26 +132,12 @@ class Connection:
     def list(self, plural: str, namespace: str | None = None, *, cluster: bool = False,
              all_namespaces: bool = False) -> list[dict]:
         """Every object of a kind in the namespace (or all namespaces, or cluster-scoped), paged."""
-        items: list[dict] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 500, "_request_timeout": TIMEOUT}
-            if token:
-                kwargs["_continue"] = token
-            try:
-                if cluster or all_namespaces:
-                    resp = self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
-                else:
-                    resp = self.custom.list_namespaced_custom_object(
-                        GROUP, VERSION, namespace or self.namespace, plural, **kwargs)
-            except ApiException as err:
-                where = "all namespaces" if cluster or all_namespaces else f"namespace {namespace or self.namespace}"
-                raise self.api_error(err, f"listing {plural}.{GROUP} in {where}", plural,
-                                     None if cluster or all_namespaces else namespace or self.namespace) from err
-            items += resp.get("items") or []
-            token = (resp.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        ns = None if cluster or all_namespaces else namespace or self.namespace
+        try:
+            return calls.list_objects(self.custom, plural, ns)
+        except ApiException as err:
+            where = f"namespace {ns}" if ns else "all namespaces"
+            raise self.api_error(err, f"listing {plural}.{GROUP} in {where}", plural, ns) from err
 
     def run_steps(self, run: str, namespace: str | None = None) -> builtins.list[dict]:
         """Every RunStep of Run ``run`` (dicts), ordered by index: one paged LIST by the run's
@@ -180,28 +162,20 @@ class Connection:
         out: list[dict] = []
         if not uids:
             return out
-        token: str | None = None
         selector = f"involvedObject.kind={kind}"
         if len(uids) == 1:
             selector += f",involvedObject.uid={next(iter(uids))}"
-        while True:
-            kwargs: dict[str, Any] = {"field_selector": selector, "limit": 500, "_request_timeout": TIMEOUT}
-            if token:
-                kwargs["_continue"] = token
-            try:
-                resp = self.core.list_namespaced_event(namespace, **kwargs)
-            except ApiException as err:
-                raise self.api_error(err, f"listing Events in namespace {namespace}") from err
-            for e in resp.items:
-                obj = e.involved_object
-                if obj is None or obj.uid not in uids:
-                    continue
-                moment = e.event_time or e.last_timestamp or e.first_timestamp or e.metadata.creation_timestamp
-                out.append({"uid": obj.uid, "name": obj.name, "reason": e.reason, "message": e.message,
-                            "type": e.type, "time": _rfc3339(moment)})
-            token = resp.metadata._continue if resp.metadata else None
-            if not token:
-                break
+        try:
+            events, _ = calls.list_all(self.core.list_namespaced_event, namespace, field_selector=selector)
+        except ApiException as err:
+            raise self.api_error(err, f"listing Events in namespace {namespace}") from err
+        for e in events:
+            obj = e.involved_object
+            if obj is None or obj.uid not in uids:
+                continue
+            moment = e.event_time or e.last_timestamp or e.first_timestamp or e.metadata.creation_timestamp
+            out.append({"uid": obj.uid, "name": obj.name, "reason": e.reason, "message": e.message,
+                        "type": e.type, "time": _rfc3339(moment)})
         out.sort(key=lambda e: e["time"] or "")
         return out
 
@@ -210,11 +184,10 @@ class Connection:
     def create(self, plural: str, body: dict, *, cluster: bool = False) -> dict:
         name = check_name(body["metadata"].get("name", ""), _kind(plural))
         ns = None if cluster else body["metadata"].get("namespace") or self.namespace
-        try:
-            if cluster:
-                return self.custom.create_cluster_custom_object(GROUP, VERSION, plural, body, _request_timeout=TIMEOUT)
-            return self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, body,
-                                                              _request_timeout=TIMEOUT)
+        try:  # a 409 is "choose another name": repeated only when it surely did not land
+            created = calls.create(self.custom, plural, body, ns)
+            assert created is not None  # without exists_ok a 409 raises
+            return created
         except ApiException as err:
             if err.status == 409:
                 raise CliError(f"{self.where(plural, name, ns)} already exists; choose another name") from err
@@ -222,26 +195,28 @@ class Connection:
 
     def patch(self, plural: str, name: str, body: Any, *, json_patch: bool = False, cluster: bool = False,
               namespace: str | None = None) -> dict:
-        """Patch an object (merge patch, or a JSON patch); a refusal raises :class:`ApiException`."""
+        """Patch an object (merge patch, or a JSON patch); a refusal raises :class:`ApiException`
+        (a lost race too: :func:`retry_conflicts` reads it). Retried on transient errors: the
+        commands' patches are merge patches or guarded by a ``test`` whose caller reads again
+        (:mod:`reversi.adapters.apicalls`)."""
         check_name(name, _kind(plural))
-        kwargs: dict[str, Any] = {"_request_timeout": TIMEOUT}
-        if json_patch:
-            kwargs["_content_type"] = JSON_PATCH
-        if cluster:
-            return self.custom.patch_cluster_custom_object(GROUP, VERSION, plural, name, body, **kwargs)
-        return self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace or self.namespace, plural, name, body, **kwargs)
+        try:
+            return calls.patch(self.custom, plural, name, body, None if cluster else namespace or self.namespace,
+                               json_patch=json_patch)
+        except calls.Conflict as lost:
+            assert lost.error is not None
+            raise lost.error from None
 
     def delete(self, plural: str, name: str, *, cluster: bool = False, namespace: str | None = None) -> bool:
         """Delete an object; False when it did not exist."""
         check_name(name, _kind(plural))
         ns = None if cluster else namespace or self.namespace
         try:
-            if cluster:
-                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name, _request_timeout=TIMEOUT)
-            else:
-                self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, plural, name, _request_timeout=TIMEOUT)
-            return True
+            if calls.delete(self.custom, plural, name, ns):
+                return True
+            if ns:
+                self.check_namespace(ns)
+            return False
         except ApiException as err:
             if err.status == 404 and _not_found_is_object(err, name):
                 if ns:
@@ -252,8 +227,8 @@ class Connection:
     def whoami(self) -> str | None:
         """The authenticated user's name (SelfSubjectReview), or ``None`` when the server cannot tell."""
         try:
-            review = client.AuthenticationV1Api(self.api).create_self_subject_review(
-                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+            review = calls.call(client.AuthenticationV1Api(self.api).create_self_subject_review,  # changes nothing
+                                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
         except (ApiException, ValueError, AttributeError):
             return None
         info = getattr(getattr(review, "status", None), "user_info", None)
@@ -266,7 +241,7 @@ class Connection:
         when it does or when the server will not tell (no permission to read namespaces)."""
         ns = namespace or self.namespace
         try:
-            self.core.read_namespace(ns, _request_timeout=TIMEOUT)
+            calls.call(self.core.read_namespace, ns)
         except ApiException as err:
             if err.status == 404:
                 raise CliError(f"namespace {ns} not found; check -n/--namespace "
@@ -275,7 +250,7 @@ class Connection:
     def kind_known(self, plural: str) -> bool | None:
         """Whether discovery lists ``plural`` in reversi.dev/v1alpha1 (None: discovery failed)."""
         try:
-            resources = self.custom.get_api_resources(GROUP, VERSION, _request_timeout=TIMEOUT)
+            resources = calls.call(self.custom.get_api_resources, GROUP, VERSION)
         except ApiException as err:
             return False if err.status == 404 else None
         names = {r.get("name") if isinstance(r, dict) else getattr(r, "name", None)
@@ -369,14 +344,14 @@ def connect(kubeconfig: str | None, context: str | None, namespace: str | None) 
 
 
 #: What the API server says when a JSON patch cannot be applied, e.g. a failed ``test`` op.
-PATCH_NOT_APPLICABLE = "the server rejected our request due to an error in our request"
+PATCH_NOT_APPLICABLE = calls.FAILED_TEST
 
 
 def lost_race(err: ApiException) -> bool:
     """The write lost an optimistic-concurrency race: a 409, or a 422 whose message is the
     generic "cannot apply the patch" (our ``test`` of ``metadata.resourceVersion`` failed).
     Validation and webhook refusals carry their own message and are not races."""
-    return err.status == 409 or (err.status == 422 and server_message(err) == PATCH_NOT_APPLICABLE)
+    return calls.conflict(err)
 
 
 def retry_conflicts(action: Callable[[], Any], what: str, attempts: int = 5) -> Any:

@@ -48,7 +48,8 @@ from ..models.rollbackrequest import Plan
 from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
 from . import views
-from .api import (TIMEOUT, API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts,
+from ..adapters import apicalls as calls
+from .api import (API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts,
                   server_message)
 
 KILL_SWITCH = "reversi-kill-switch"
@@ -210,12 +211,11 @@ def child_tree(c: Connection, run_obj: dict) -> dict[str, list[Node]]:
     """The runs below ``run_obj`` (nested runs): one LIST by the ``reversi.dev/root`` label."""
     root = root_of(run_obj)
     try:
-        items = c.custom.list_namespaced_custom_object("reversi.dev", "v1alpha1", c.namespace, "runs",
-                                                       label_selector=f"{LABEL_ROOT}={root}", _request_timeout=TIMEOUT)
+        items = calls.list_objects(c.custom, "runs", c.namespace, label_selector=f"{LABEL_ROOT}={root}")
     except ApiException as err:
         raise c.api_error(err, f"listing the child runs of Run {c.namespace}/{run_obj['metadata']['name']}", "runs",
                           c.namespace) from err
-    return subtree([node_of(o) for o in items.get("items") or []], run_obj["metadata"]["name"])
+    return subtree([node_of(o) for o in items], run_obj["metadata"]["name"])
 
 
 # ---------------------------------------------------------------------------------- rollback

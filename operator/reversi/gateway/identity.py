@@ -19,6 +19,8 @@ from kubernetes import client, config
 from kubernetes.client import rest
 from urllib3 import HTTPHeaderDict
 
+from ..adapters import apicalls
+
 
 class Unauthenticated(Exception):
     """The agent's token is missing or the API server does not accept it (HTTP 401)."""
@@ -92,8 +94,8 @@ class TokenReviewer:
         spec: dict = {"token": token}
         if self.audiences:
             spec["audiences"] = self.audiences
-        review = self.auth.create_token_review({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                                "spec": spec})
+        review = apicalls.call(self.auth.create_token_review,  # a review changes nothing: safe to repeat
+                               {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec})
         status = review.status
         if not status or not status.authenticated or not status.user or not status.user.username:
             why = (status.error if status and status.error else "the API server did not authenticate it")

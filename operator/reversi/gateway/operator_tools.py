@@ -28,14 +28,15 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from mcp.server import Server
 
-from ..adapters.kube import api_message
+from ..adapters import apicalls as calls_api
+from ..adapters.apicalls import api_message
 from . import calls
 from .identity import Agent, impersonating_with_groups
 
-G, V = "reversi.dev", "v1alpha1"
+G, V = calls_api.GROUP, calls_api.VERSION
 PLAN_TIMEOUT = 30.0
 #: Seconds any one API call may take before it is abandoned.
-API_TIMEOUT = 30.0
+API_TIMEOUT = calls_api.TIMEOUT
 FINAL_OR_PLANNED = ("Planned", "Succeeded", "Incomplete", "Failed")
 
 TOOLS = [
@@ -107,20 +108,20 @@ class OperatorTools:
     def request(self, agent: Agent, namespace: str, run: str) -> dict[str, Any]:
         """Create the RollbackRequest as ``agent``; ``{"request", "namespace"}``."""
         custom = self._custom(agent)
-        custom.get_namespaced_custom_object(G, V, namespace, "runs", run,  # a clear "not found" first
-                                            _request_timeout=API_TIMEOUT)
+        calls_api.read(custom, "runs", run, namespace, timeout=API_TIMEOUT)  # a clear "not found" first
         name = request_name(run, "undo")
-        custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", request_body(run, name, False),
-                                               _request_timeout=API_TIMEOUT)
+        # a random name: repeated only when it surely did not land (never two rollbacks)
+        calls_api.create(custom, "rollbackrequests", request_body(run, name, False), namespace, timeout=API_TIMEOUT)
         return {"request": name, "namespace": namespace}
 
     def plan(self, agent: Agent, namespace: str, run: str, timeout: float = PLAN_TIMEOUT) -> dict[str, Any]:
         """Create a dry run as ``agent`` and wait (watch) until its plan is written."""
         custom = self._custom(agent)
-        custom.get_namespaced_custom_object(G, V, namespace, "runs", run, _request_timeout=API_TIMEOUT)
+        calls_api.read(custom, "runs", run, namespace, timeout=API_TIMEOUT)
         name = request_name(run, "plan")
-        created = custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests",
-                                                         request_body(run, name, True), _request_timeout=API_TIMEOUT)
+        created = calls_api.create(custom, "rollbackrequests", request_body(run, name, True), namespace,
+                                   timeout=API_TIMEOUT)
+        assert created is not None  # without exists_ok a 409 raises
         obj = created
         if _phase(obj) not in FINAL_OR_PLANNED:
             w = watch.Watch()

@@ -38,7 +38,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..adapters.kube import api_message
+from ..adapters import apicalls
+from ..adapters.apicalls import api_message
 from ..models.toolmanifest import ToolManifestSpec
 from ..sdk import OutcomeNotRecorded, Recorder, RecordingRefused, Step
 from . import calls
@@ -287,8 +288,8 @@ class Gateway:
         return step, (spec.tool_errors if spec is not None else None)
 
     def _manifest_tools(self, agent: Agent | None, namespace: str) -> set[str]:
-        obj = client.CustomObjectsApi(self._api(agent)).get_namespaced_custom_object(
-            "reversi.dev", "v1alpha1", namespace, "toolmanifests", self.settings.manifest, _request_timeout=30.0)
+        obj = apicalls.read(client.CustomObjectsApi(self._api(agent)), "toolmanifests", self.settings.manifest,
+                            namespace)
         return {t.name for t in ToolManifestSpec.model_validate(obj["spec"]).tools}
 
 

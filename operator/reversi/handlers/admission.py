@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..adapters import journal as jr
 from ..adapters.jobs import Owner, build_job
+from ..adapters import apicalls as calls
 from ..adapters.kube import api_message
 from ..adapters import tree as tree_io
 from ..engine import admission as rules
@@ -582,11 +583,10 @@ def _forward_duplicate(namespace: str, run: str, step: Any, template: Any, since
     except MissingValue:
         return None
     label = forward_key_label(step.tool, key)
-    resp = runtime.state().kube.custom.list_namespaced_custom_object(
-        G, V, namespace, "runsteps", label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}",
-        _request_timeout=jr.TIMEOUT, **fresh)
+    found = calls.list_objects(runtime.state().kube.custom, "runsteps", namespace,
+                               label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}", **fresh)
     earlier = []
-    for obj in resp.get("items") or []:
+    for obj in found:
         try:
             entry = jr.entry_of(obj)
         except jr.JournalError:
@@ -623,8 +623,7 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
     plural = "halts" if kind == "Halt" else "clusterhalts"
     for _ in range(5):
         try:
-            obj = (kube.get(plural, namespace, name) if namespace else
-                   kube.custom.get_cluster_custom_object(G, V, plural, name, _request_timeout=kube.timeout))
+            obj = calls.get(kube.custom, plural, name, namespace, timeout=kube.timeout)
         except ApiException:
             return
         if obj is None:
@@ -632,16 +631,14 @@ def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
         count = (obj.get("status") or {}).get("refusedCalls", 0) + 1
         body = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": {"refusedCalls": count}}
         try:
-            if namespace:
-                kube.custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, body,
-                                                                  _request_timeout=kube.timeout)
-            else:
-                kube.custom.patch_cluster_custom_object_status(G, V, plural, name, body, _request_timeout=kube.timeout)
+            # a count: a repeated +1 that had landed would count twice, so only an unsent one is repeated
+            calls.patch(kube.custom, plural, name, body, namespace, status=True, repeat="unsent", timeout=kube.timeout)
             return
+        except calls.Conflict:
+            continue
         except ApiException as err:
-            if err.status != 409:
-                log.warning("counting a refusal on %s %s: %s", kind, name, err.reason)
-                return
+            log.warning("counting a refusal on %s %s: %s", kind, name, err.reason)
+            return
 
 
 # ---------------------------------------------------------------------------- rollbackrequests
@@ -749,7 +746,8 @@ def _allowed(userinfo: dict, namespace: str, group: str, resource: str, verb: st
         resource_attributes=client.V1ResourceAttributes(
             group=group, resource=resource, verb=verb, namespace=namespace, name=name)))
     kube = runtime.state().kube
-    result = client.AuthorizationV1Api(kube.api).create_subject_access_review(review, _request_timeout=kube.timeout)
+    result = calls.call(client.AuthorizationV1Api(kube.api).create_subject_access_review, review,  # changes nothing
+                        timeout=kube.timeout)
     return bool(result.status and result.status.allowed)
 
 
@@ -808,8 +806,8 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
                            call={}, idempotency_key="0" * 64)
         job["metadata"]["ownerReferences"] = []
         try:
-            client.BatchV1Api(state.kube.api).create_namespaced_job(namespace, job, dry_run="All",
-                                                                    _request_timeout=state.kube.timeout)
+            calls.call(client.BatchV1Api(state.kube.api).create_namespaced_job, namespace, job,  # a dry run
+                       dry_run="All", timeout=state.kube.timeout)
         except (ApiException, ValidationError) as err:
             # the API server's validation, or the client's own (it checks shapes before sending)
             message = _validation_message(err) if isinstance(err, ValidationError) else api_message(err)

@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from .. import conditions as c
+from ..adapters import apicalls as calls
 from ..adapters import status as st
 from ..engine import admission as rules
 from ..engine.admission import reach_text, tools_in_reach
@@ -121,14 +122,9 @@ def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck
     if update is None:
         return
     patch = {"status": update}
-    custom = runtime.state().kube.custom
+    kube = runtime.state().kube
     try:
-        if namespace:
-            custom.patch_namespaced_custom_object_status(G, V, namespace, plural, name, patch,
-                                                         _request_timeout=runtime.state().kube.timeout)
-        else:
-            custom.patch_cluster_custom_object_status(G, V, plural, name, patch,
-                                                      _request_timeout=runtime.state().kube.timeout)
+        calls.patch(kube.custom, plural, name, patch, namespace or None, status=True, timeout=kube.timeout)
     except ApiException as err:
         if err.status != 404:  # lifted (deleted) meanwhile: nothing to report
             raise

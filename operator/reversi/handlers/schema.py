@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import conditions as c
 from .. import schema
+from ..adapters import apicalls as calls
 from ..adapters import status as st
 from ..adapters.kube import read_crds
 from ..models.rollbackrequest import TERMINAL_PHASES
@@ -71,7 +72,7 @@ def _crd_event(kube: Any, crd: dict, reason: str, message: str, warning: bool) -
         "action": reason, "count": 1,
     }
     try:
-        kube.core.create_namespaced_event("default", body, _request_timeout=kube.timeout)
+        calls.call(kube.core.create_namespaced_event, "default", body, repeat="unsent", timeout=kube.timeout)
     except ApiException as err:
         log.warning("event %s on CRD %s not posted: %s", reason, meta["name"], err.reason)
     except (OSError, urllib3.exceptions.HTTPError) as err:  # a timeout or a broken connection
