@@ -192,3 +192,28 @@ def test_a_large_slice_is_split_in_step_order_and_no_step_is_lost_or_split(sizes
     for (_, data), group in zip(packs, steps, strict=True):
         size = sum(len(k) + len(v.encode()) for k, v in data.items())
         assert size <= limit or len(group) == 1  # over the limit only a step alone (it must go somewhere)
+
+
+#: the API server's limit on a Secret's data, and Linux's on one environment string (``NAME=value``)
+SECRET_LIMIT, ENV_STRING_LIMIT = 1024 * 1024, 128 * 1024
+
+
+def test_a_step_whose_calls_carry_non_ascii_text_fits_one_secret_and_each_call_an_environment_variable():
+    # args and result at their limit (64 KiB of UTF-8 JSON each, the size admission measures) in
+    # non-ASCII text; every call of the step carries half of each: 4 calls of ~62 KiB of UTF-8.
+    # Written with \u escapes each is ~3 times larger: past what one environment variable can
+    # hold (exec fails with E2BIG, no Job of the step runs its program), and a step's calls
+    # three times nearer the API server's 1 MiB per Secret.
+    text = "é" * 15_800  # 31,600 bytes of UTF-8
+    call = jobs.compensator_call("shop/order-1", 3, "payments.refund", "payments.create_charge",
+                                 {"charge_id": "ch_1", "memo": text, "note": text}, "k" * 64)
+    read = jobs.reader_call("payments.get_charge", {"charge_id": "ch_1", "memo": text, "note": text})
+    entries = {3: jobs.step_calls(3, {"compensator": call, "reader": read, "precheck": read, "precondition": read},
+                                  "k" * 64)}
+    [(_, data)] = jobs.pack_calls("run-uid-1", entries)
+    assert sum(len(k) + len(v.encode()) for k, v in data.items()) < SECRET_LIMIT
+    for key in ("3.compensator.json", "3.reader.json"):
+        assert len(f"REVERSI_CALL={data[key]}".encode()) < ENV_STRING_LIMIT
+        assert json.loads(data[key])["args" if "compensator" in key else "arguments"]["memo"] == text
+    secret, _ = build(call=call)  # a Job's own Secret too
+    assert len(secret["stringData"][jobs.CALL_KEY].encode()) < ENV_STRING_LIMIT
