@@ -6,7 +6,12 @@ demo server's log of calls.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+from tests.helpers import wait_for
+from tests.integration.conftest import TOOL
 
 pytestmark = pytest.mark.cluster
 
@@ -40,3 +45,42 @@ def test_a_step_whose_calls_carry_non_ascii_text_near_the_limits_is_undone_and_v
     assert done["status"]["report"]["compensated"] and done["status"]["report"].get("unverified") in (None, [])
     refunds = rv.downstream.calls("/payments/refunds", since=rv.started)
     assert len(refunds) == 1, refunds
+
+
+def test_operator_killed_at_the_hand_over_to_the_read_back_runs_no_compensator_or_reader_twice(rv, operator):
+    """Two steps at parallelism 2: each compensator succeeds and its read-back Job starts (a slow
+    reader), the request's status is not written for that hand-over. The operator is SIGKILLed
+    then, the compensator Jobs are deleted (as their TTL would) and the operator restarts: it must
+    follow the reader Jobs by name, never run a compensator again nor start a second reader, and
+    journal both steps verified."""
+    slow_reader = [sys.executable, "-c", "import os, sys, time; time.sleep(4); "
+                   f"os.execv(sys.executable, [sys.executable, {str(TOOL)!r}])"]
+    rv.apply_manifest(reader_command=slow_reader)
+    steps = []
+    for i in range(2):
+        charge = rv.charge(f"o-hand-{i}")
+        steps.append(rv.step(i, "payments.create_charge", {"order_id": f"o-hand-{i}", "amount": 700}, charge))
+    rv.run("r", steps)
+    rv.request("h", "r", parallelism=2)
+    readers = lambda: rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=reader").items  # noqa: E731
+    try:
+        wait_for(lambda: len(readers()) == 2, timeout=60, interval=0.05, what="both read-backs started")
+        stages = [e.get("stage") for e in rv.get("rollbackrequests", "h")["status"]["steps"]]
+        operator.kill()
+        for job in rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items:
+            rv.batch.delete_namespaced_job(job.metadata.name, rv.ns, propagation_policy="Background")
+        wait_for(lambda: not rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items,
+                 timeout=30, what="the compensator Jobs gone")
+        operator.start()
+    finally:
+        if not operator.alive():
+            operator.start()
+    done = rv.wait_phase("h", "Succeeded", "Incomplete", "Failed", timeout=120)
+    assert done["status"]["phase"] == "Succeeded", (stages, done["status"]["report"])
+    assert sorted(done["status"]["report"]["compensated"]) == [0, 1]
+    assert not rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator").items
+    assert sorted(j.metadata.name for j in readers()) == sorted({j.metadata.name for j in readers()})
+    assert len(readers()) == 2 and all(j.metadata.labels.get("reversi.dev/read") == "1" for j in readers())
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 2
+    undo = rv.undo("r")
+    assert [(u["state"], u["attempts"], u["verification"]) for u in undo] == [("compensated", 1, "verified")] * 2
