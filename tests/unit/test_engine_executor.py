@@ -259,3 +259,17 @@ def test_a_check_started_by_an_unwritten_pass_is_followed_too():
                               _jobs(check=ex.JobView("succeeded"), reader=ex.JobView("running")), READER, policy,
                               now=1.0)
     assert new.stage == "verifying" and effects == []
+
+
+def test_a_check_whose_job_is_gone_is_not_run_again_once_its_read_back_started():
+    # status says checking (written with another step's change in the same pass); the check
+    # succeeded and the read-back started (that hand-over is not written); then the check's Job
+    # was deleted (ttlSecondsAfterFinished, or by hand): the pass follows the reader, it does not
+    # run verifyCommand again
+    run = ex.StepRun(0, stage="checking", attempts=1, first_attempt=1)
+    policy = ex.Policy(retries=2, base_ms=10, max_ms=20, check=True)
+    new, effects = ex.advance(run, _jobs(reader=ex.JobView("running")), READER, policy, now=1.0)
+    assert (new.stage, new.reads) == ("verifying", 1) and effects == []
+    # no read-back yet and no check Job: the check is started (it never ran)
+    new, effects = ex.advance(run, _jobs(), READER, policy, now=1.0)
+    assert new.stage == "checking" and effects == [ex.StartJob(0, "check", 1, 0)]

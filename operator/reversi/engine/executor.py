@@ -384,6 +384,9 @@ def advance(
             Journal(s, "compensating", attempt), StartJob(s, "compensator", attempt)]
     if run.stage == "checking":
         job = observe("check", run.attempts, 0)
+        handed = _handed_over(run, observe, verify, policy) if job is None else None
+        if handed is not None:  # the check ran, its read-back started since, and its Job is gone (TTL)
+            return advance(handed, observe, verify, policy, now, rng, guards)
         if job is None:
             return run, [StartJob(s, "check", run.attempts, 0)]
         if job.state == "running":
@@ -475,7 +478,7 @@ def _handed_over(run: StepRun, observe: Callable[[Role, int, int], JobView | Non
     Those Jobs start only once the one before succeeded, and the request's status is not written
     for that hand-over (issue 11, P4): a pass that rebuilds the step from an older status finds the
     Job by its deterministic name and follows it, instead of creating it again, and a compensator
-    whose Job was deleted since (``ttlSecondsAfterFinished``) is not run again.
+    or check whose Job was deleted since (``ttlSecondsAfterFinished``) is not run again.
     """
     if run.stage == "compensating" and policy.check and observe("check", run.attempts, 0) is not None:
         return replace(run, stage="checking", reads=0, error=None)
