@@ -84,3 +84,25 @@ def test_operator_killed_at_the_hand_over_to_the_read_back_runs_no_compensator_o
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 2
     undo = rv.undo("r")
     assert [(u["state"], u["attempts"], u["verification"]) for u in undo] == [("compensated", 1, "verified")] * 2
+
+
+def test_steps_across_a_slice_boundary_each_get_their_own_call_from_two_stable_calls_secrets(rv):
+    """34 steps (slices 0 and 1 of the calls Secrets, boundary 31/32) with a read-back each, at
+    parallelism 8: every refund goes to its own charge, once, and the Run has one calls Secret
+    per slice (the content, hence the name, is the same in every pass)."""
+    rv.apply_manifest()
+    steps, charges = [], []
+    for i in range(34):
+        charge = rv.charge(f"o-slice-{i}", amount=100 + i)
+        charges.append(charge)
+        steps.append(rv.step(i, "payments.create_charge", {"order_id": f"o-slice-{i}", "amount": 100 + i}, charge))
+    run = rv.run("r", steps)
+    rv.request("s", "r", parallelism=8)
+    done = rv.wait_phase("s", "Succeeded", "Incomplete", "Failed", timeout=240)
+    assert done["status"]["phase"] == "Succeeded", done["status"]["report"]
+    refunds = rv.downstream.calls("/payments/refunds", since=rv.started)
+    assert len(refunds) == 34  # one each: all 34 charges are refunded
+    assert all(rv.downstream.get(f"/payments/charges/{ch['id']}")["refunded"] is True for ch in charges)
+    secrets = rv.core.list_namespaced_secret(rv.ns, label_selector=f"reversi.dev/run-uid={run['metadata']['uid']}")
+    names = sorted(s.metadata.name for s in secrets.items)
+    assert len(names) == 2 and [n.split("-")[2] for n in names] == ["k0", "k1"], names
