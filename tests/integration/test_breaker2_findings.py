@@ -106,3 +106,23 @@ def test_steps_across_a_slice_boundary_each_get_their_own_call_from_two_stable_c
     secrets = rv.core.list_namespaced_secret(rv.ns, label_selector=f"reversi.dev/run-uid={run['metadata']['uid']}")
     names = sorted(s.metadata.name for s in secrets.items)
     assert len(names) == 2 and [n.split("-")[2] for n in names] == ["k0", "k1"], names
+
+
+def test_verify_command_runs_once_per_undo_with_the_compensators_call_from_the_calls_secret(rv):
+    """No integration test ran spec.verifyCommand: its check Job must get the compensator's call
+    (key ``<step>.compensator.json`` of the calls Secret) and the idempotency key, run once, and
+    the read-back follows it."""
+    check = [sys.executable, "-c", "import json, os; c = json.load(open(os.environ['REVERSI_CALL_FILE'])); "
+             "assert c['tool'] == 'payments.refund' and c['args']['charge_id'], c; "
+             "assert os.environ['REVERSI_IDEMPOTENCY_KEY'] == c['idempotency_key']"]
+    rv.apply_manifest()
+    charge = rv.charge("o-check")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-check", "amount": 700}, charge)])
+    rv.request("c", "r", verifyCommand=check)
+    done = rv.wait_phase("c", "Succeeded", "Incomplete", "Failed", timeout=90)
+    entry = rv.step_status(done, 0)
+    assert done["status"]["phase"] == "Succeeded", (entry.get("stage"), entry.get("lastError"))
+    assert [u["verification"] for u in rv.undo("r")] == ["verified"]
+    checks = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=check").items
+    assert len(checks) == 1 and checks[0].status.succeeded == 1
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
