@@ -126,3 +126,28 @@ def test_verify_command_runs_once_per_undo_with_the_compensators_call_from_the_c
     checks = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=check").items
     assert len(checks) == 1 and checks[0].status.succeeded == 1
     assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
+
+
+def test_a_call_too_long_for_its_job_is_refused_by_name_and_starts_no_job(rv):
+    """A compensation whose declared arguments repeat ``$args`` makes a call of ~190 KB: more than
+    one environment string can hold (``REVERSI_CALL``, 128 KiB), so its Job could never start its
+    program. The operator creates no Job: the step is ``handlerUnavailable`` with a message that
+    says what to fix, the other step is undone, and nothing reaches the downstream for it."""
+    tool = {"name": "payments.bulky_charge", "effect": "write",
+            "compensation": {"tool": "payments.refund", "kind": "compensation", "runner": "tools",
+                             "args": {"charge_id": "$result.id", "copy": "$args", "again": "$args", "more": "$args"}}}
+    rv.apply_manifest(extra_tools=[tool])
+    big, small = rv.charge("o-big"), rv.charge("o-small")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-small", "amount": 700}, small),
+                 rv.step(1, tool["name"], {"order_id": "o-big", "amount": 700, "memo": "x" * 60_000}, big)])
+    rv.request("u", "r")
+    done = rv.wait_phase("u", "Succeeded", "Incomplete", "Failed", timeout=90)
+    entry = rv.step_status(done, 1)
+    assert done["status"]["phase"] == "Incomplete" and entry["stage"] == "handlerUnavailable", entry
+    assert "bytes of JSON, more than the" in entry["lastError"] and "REVERSI_CALL" in entry["lastError"]
+    assert done["status"]["report"]["compensated"] == [0]
+    jobs = rv.batch.list_namespaced_job(rv.ns, label_selector="reversi.dev/role=compensator,reversi.dev/step=1")
+    assert jobs.items == []
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
+    assert rv.downstream.get(f"/payments/charges/{small['id']}")["refunded"] is True
+    assert rv.downstream.get(f"/payments/charges/{big['id']}")["refunded"] is False

@@ -217,3 +217,14 @@ def test_a_step_whose_calls_carry_non_ascii_text_fits_one_secret_and_each_call_a
         assert json.loads(data[key])["args" if "compensator" in key else "arguments"]["memo"] == text
     secret, _ = build(call=call)  # a Job's own Secret too
     assert len(secret["stringData"][jobs.CALL_KEY].encode()) < ENV_STRING_LIMIT
+
+
+def test_a_call_longer_than_one_environment_string_is_refused_by_name():
+    jobs.check_call_size("x" * jobs.MAX_CALL_BYTES, "the compensator call of step 3")
+    try:
+        jobs.check_call_size("é" * (jobs.MAX_CALL_BYTES // 2 + 1), "the compensator call of step 3")
+    except jobs.CallTooLarge as err:
+        assert str(err).startswith(f"the compensator call of step 3 is {2 * (jobs.MAX_CALL_BYTES // 2 + 1)} bytes")
+        assert "REVERSI_CALL" in str(err)
+    else:
+        raise AssertionError("a call too long for REVERSI_CALL was let through")

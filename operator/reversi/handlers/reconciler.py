@@ -371,11 +371,12 @@ class Reconciler(TreeRollback):
                     e = replace(e, read=jobs_mod.guard_read(job_labels, req_uid, e.step, e.attempt, e.role))
                 try:
                     self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e, guards)
-                except (ApiException, ValidationError) as err:
+                except (ApiException, ValidationError, jobs_mod.CallTooLarge) as err:
                     if isinstance(err, ApiException) and (err.status >= 500 or err.status == 429):
                         raise  # transient: the next pass tries again
-                    # refused for good (an invalid Job or Secret, a forbidden field)
-                    why = api_message(err) if isinstance(err, ApiException) else _first_error(err)
+                    # refused for good (an invalid Job or Secret, a forbidden field, a call too long)
+                    why = (api_message(err) if isinstance(err, ApiException)
+                           else _first_error(err) if isinstance(err, ValidationError) else str(err))
                     # its handler cannot run: only this step
                     if e.role == "compensator" and e.step in d.runs:
                         d, more = dc.refused(inputs, d, e.step, f"cannot create the compensator Job: {why}")
@@ -774,6 +775,7 @@ class Reconciler(TreeRollback):
         # the plan made a step whose runners are missing handlerUnavailable: its runner is there
         runner = runners[vp.runner] if vp is not None and vp.runner else runners[action.runner]
         command = list(spec.verify_command or []) if e.role == "check" else None
+        ref: jobs_mod.CallRef | None = None  # None: the Job's own Secret
         if action.kind == COMPENSATE and action.runner:
             # a step of this request's plan reads its call from its slice's calls Secret
             secret, ref = self._calls_secret(run_obj, plan, steps_by_index, verify_plans, guards or {}, e, owner)
@@ -782,6 +784,9 @@ class Reconciler(TreeRollback):
             assert vp is not None and vp.tool is not None, f"step {e.step}: a {e.role} Job without a read"
             secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
                                              role=e.role, read=e.read, **common)
+        # a call too long for REVERSI_CALL: no Job, which could never start its program
+        jobs_mod.check_call_size(secret["stringData"][ref.call_key if ref is not None else jobs_mod.CALL_KEY],
+                                 f"the {e.role} call of step {e.step}")
         created = self.kube.create_job(secret, job)
         if not created:
             log.info("adopted existing Job %s/%s", meta["namespace"], job["metadata"]["name"])
