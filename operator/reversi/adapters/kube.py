@@ -195,6 +195,8 @@ class Kube:
                 job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
         if state == "running":
             return JobView("running")
+        if state == "succeeded" and not reader:
+            return JobView("succeeded")  # nothing to read from its pod: no output, no error, no truth to correct
         ns, name = job.metadata.namespace, job.metadata.name
         pods, _ = calls.list_all(self.core.list_namespaced_pod, ns, label_selector=f"job-name={name}",
                                  timeout=self.timeout)

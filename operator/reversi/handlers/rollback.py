@@ -49,16 +49,18 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
 def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", **kwargs: Any) -> None:
-    """A compensator or reader Job changed: wake its request's worker at once. A compensator
-    that finished after its request was deleted is settled here (the Job is the Run's)."""
+    """A compensator or reader Job finished or was deleted: wake its request's worker at once (a
+    Job that only started, or whose pod changed, does not: nothing in a pass would change, and
+    the pass of a request's Jobs runs one at a time). A compensator that finished after its
+    request was deleted is settled here (the Job is the Run's)."""
     assert namespace is not None  # Jobs are namespaced
     ix.capture(kwargs)
-    request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
-    if request:
-        runtime.state().workers.ensure(namespace, request)
-    labels = body.get("metadata", {}).get("labels") or {}
     finished = any(cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True"
                    for cond in (body.get("status") or {}).get("conditions") or [])
+    request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
+    if request and (finished or type in (None, "DELETED")):  # None: listed when the watch (re)starts
+        runtime.state().workers.ensure(namespace, request)
+    labels = body.get("metadata", {}).get("labels") or {}
     if finished and labels.get(LABEL_ROLE) == "compensator" and type != "DELETED" and runtime.reconciling():
         runtime.state().reconciler.job_finished(namespace, dict(body))
 
