@@ -220,11 +220,11 @@ def test_a_step_whose_calls_carry_non_ascii_text_fits_one_secret_and_each_call_a
 
 
 def test_a_call_longer_than_one_environment_string_is_refused_by_name():
-    jobs.check_call_size("x" * jobs.MAX_CALL_BYTES, "the compensator call of step 3")
+    jobs.check_job_call_size("x" * jobs.MAX_JOB_CALL_BYTES, "the compensator call of step 3")
     try:
-        jobs.check_call_size("é" * (jobs.MAX_CALL_BYTES // 2 + 1), "the compensator call of step 3")
+        jobs.check_job_call_size("é" * (jobs.MAX_JOB_CALL_BYTES // 2 + 1), "the compensator call of step 3")
     except jobs.CallTooLarge as err:
-        assert str(err).startswith(f"the compensator call of step 3 is {2 * (jobs.MAX_CALL_BYTES // 2 + 1)} bytes")
+        assert str(err).startswith(f"the compensator call of step 3 is {2 * (jobs.MAX_JOB_CALL_BYTES // 2 + 1)} bytes")
         assert "REVERSI_CALL" in str(err)
     else:
         raise AssertionError("a call too long for REVERSI_CALL was let through")

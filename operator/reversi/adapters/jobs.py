@@ -232,20 +232,20 @@ def calls_secret(name: str, owner: Owner, run_uid: str, data: Mapping[str, str])
 
 #: longest call (bytes of UTF-8 JSON) a Job can take: ``REVERSI_CALL=<call>`` is one environment
 #: string, and Linux refuses to start a program with a string over 128 KiB (MAX_ARG_STRLEN)
-MAX_CALL_BYTES = 128 * 1024 - len("REVERSI_CALL=") - 1
+MAX_JOB_CALL_BYTES = 128 * 1024 - len("REVERSI_CALL=") - 1
 
 
 class CallTooLarge(ValueError):
-    """A call longer than :data:`MAX_CALL_BYTES`: its Job could never start its program."""
+    """A call longer than :data:`MAX_JOB_CALL_BYTES`: its Job could never start its program."""
 
 
-def check_call_size(text: str, what: str) -> None:
+def check_job_call_size(text: str, what: str) -> None:
     """Raise :class:`CallTooLarge` when the call JSON ``text`` is longer than
-    :data:`MAX_CALL_BYTES` (UTF-8); ``what`` names the call in the message, e.g. ``"the
+    :data:`MAX_JOB_CALL_BYTES` (UTF-8); ``what`` names the call in the message, e.g. ``"the
     compensator call of step 3"``."""
     n = len(text.encode())
-    if n > MAX_CALL_BYTES:
-        raise CallTooLarge(f"{what} is {n} bytes of JSON, more than the {MAX_CALL_BYTES} a Job can take "
+    if n > MAX_JOB_CALL_BYTES:
+        raise CallTooLarge(f"{what} is {n} bytes of JSON, more than the {MAX_JOB_CALL_BYTES} a Job can take "
                            "(REVERSI_CALL is one environment variable, at most 128 KiB): declare smaller "
                            "arguments in the ToolManifest (name the fields the call needs, not $args or "
                            "$result whole)")

@@ -785,7 +785,7 @@ class Reconciler(TreeRollback):
             secret, job = jobs_mod.build_job(runner=runner, call=jobs_mod.reader_call(vp.tool, vp.args),
                                              role=e.role, read=e.read, **common)
         # a call too long for REVERSI_CALL: no Job, which could never start its program
-        jobs_mod.check_call_size(secret["stringData"][ref.call_key if ref is not None else jobs_mod.CALL_KEY],
+        jobs_mod.check_job_call_size(secret["stringData"][ref.call_key if ref is not None else jobs_mod.CALL_KEY],
                                  f"the {e.role} call of step {e.step}")
         created = self.kube.create_job(secret, job)
         if not created:
@@ -798,8 +798,9 @@ class Reconciler(TreeRollback):
         run_meta = run_obj["metadata"]
         part = jobs_mod.slice_of(e.step)
         entries: dict[int, dict[str, str]] = {}
-        for a in plan.of_kind(COMPENSATE):
-            if jobs_mod.slice_of(a.step) != part or not a.runner:
+        first = part * jobs_mod.CALLS_PER_SECRET  # plan.actions[s] is step s's action
+        for a in plan.actions[first:first + jobs_mod.CALLS_PER_SECRET]:
+            if a.kind != COMPENSATE or not a.runner:
                 continue
             gs = guards.get(a.step) or ex.NO_GUARDS
             reads = {"reader": verify_plans.get(a.step), "precheck": gs.precheck, "precondition": gs.precondition}
@@ -807,12 +808,13 @@ class Reconciler(TreeRollback):
                      **{role: jobs_mod.reader_call(r.tool, r.args) if r is not None and r.mode == "reader" and r.tool
                         else None for role, r in reads.items()}}
             entries[a.step] = jobs_mod.step_calls(a.step, calls, a.idempotency_key)
+        key = jobs_mod.call_key(e.step, e.role)
         for name, data in jobs_mod.pack_calls(run_meta["uid"], entries):
-            if e.step in {int(k.split(".", 1)[0]) for k in data}:
-                key = jobs_mod.idempotency_key_key(e.step) if e.role in ("compensator", "check") else None
-                ref = jobs_mod.CallRef(name, jobs_mod.call_key(e.step, e.role), key)
+            if key in data:
+                ref = jobs_mod.CallRef(name, key, jobs_mod.idempotency_key_key(e.step)
+                                       if e.role in ("compensator", "check") else None)
                 return jobs_mod.calls_secret(name, owner, run_meta["uid"], data), ref
-        raise AssertionError(f"step {e.step} is not in the calls of its slice")
+        raise AssertionError(f"the {e.role} call of step {e.step} is not in the calls of its slice")
 
     def _run_missing(self, req: dict, run: str) -> float:
         """The Run does not exist (yet): wait for it, phase ``Pending`` with ``Planned=False``
