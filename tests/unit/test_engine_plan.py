@@ -355,3 +355,56 @@ def test_rule2_plan_says_verified_only_when_the_reader_runner_exists_now():
     assert build_plan(spec, run_id=RUN_ID).action(0).verified is True
     assert build_plan(spec, run_id=RUN_ID, runner_names=[]).action(0).verified is False
     assert "not defined in the ToolManifest" in build_plan(spec, run_id=RUN_ID, runner_names=[]).action(0).reason
+
+
+def test_planning_pauses_the_cyclic_collector_and_restores_it_as_it_found_it():
+    import gc
+    import threading
+
+    from reversi.engine.gcpause import no_cyclic_gc
+
+    seen: list[bool] = []
+    assert gc.isenabled()
+    with no_cyclic_gc():
+        seen.append(gc.isenabled())
+        with no_cyclic_gc():  # nested
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())  # the inner pause ended, the outer still holds
+    assert seen == [False, False, False] and gc.isenabled()
+
+    # overlapping pauses in two threads: the collector resumes only when the last one ends
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with no_cyclic_gc():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(10)
+    with no_cyclic_gc():
+        pass
+    assert not gc.isenabled()  # the other thread's pause still holds
+    release.set()
+    t.join(10)
+    assert gc.isenabled()
+
+    gc.disable()  # a collector someone else disabled stays disabled
+    try:
+        with no_cyclic_gc():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_each_action_has_its_own_lists():
+    # actions are shallow copies of one blank action: their list fields must not be shared
+    plan = build_plan(example_run_spec(), None, run_id=RUN_ID)
+    first, second = plan.actions[0], plan.actions[1]
+    assert first.blocked_by is not second.blocked_by and first.residue is not second.residue
+    first.blocked_by.append(99)
+    first.residue.append("x")
+    assert 99 not in second.blocked_by and "x" not in second.residue
+    assert build_plan(example_run_spec(), None, run_id=RUN_ID).actions[0].blocked_by == []

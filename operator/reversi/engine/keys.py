@@ -18,9 +18,13 @@ from .templates import resolve
 COMPENSATION_KEY_VERSION = "reversi.compensation.v1"
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
-    """Canonical JSON text of ``value``: sorted keys, no spaces, UTF-8 kept (not escaped)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Canonical JSON text of ``value``: sorted keys, no spaces, UTF-8 kept (not escaped).
+    Raises ``TypeError`` for a value JSON cannot hold and ``ValueError`` for NaN or infinity."""
+    return _CANONICAL.encode(value)
 
 
 def compensation_key(run_id: str, step: int, compensation_tool: str) -> str:

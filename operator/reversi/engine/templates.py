@@ -50,28 +50,31 @@ def lookup(path: str, args: dict[str, Any] | None, result: dict[str, Any] | None
     current: Any = args if root == "args" else result
     if current is None:
         raise MissingValue(path, "the call has no result" if root == "result" else "the call has no args")
-    walked = f"${root}"
-    if rest or path.endswith("."):
-        for segment in rest.split("."):
-            if segment == "":
-                raise MissingValue(path, f"empty segment after {walked}")
-            if isinstance(current, dict):
-                if segment not in current:
-                    raise MissingValue(path, f"{walked} has no {segment!r}")
-                current = current[segment]
-            elif isinstance(current, list):
-                if not (segment.isdigit() and segment.isascii()):
-                    raise MissingValue(path, f"{walked} is a list; {segment!r} is not an index")
-                position = int(segment)
-                if position >= len(current):
-                    raise MissingValue(path, f"{walked} has {len(current)} items; no index {position}")
-                current = current[position]
-            else:
-                raise MissingValue(path, f"{walked} is not an object or a list")
-            walked = f"{walked}.{segment}"
+    segments = rest.split(".") if rest or path.endswith(".") else []
+    for i, segment in enumerate(segments):
+        if segment == "":
+            raise MissingValue(path, f"empty segment after {_walked(root, segments, i)}")
+        if isinstance(current, dict):
+            if segment not in current:
+                raise MissingValue(path, f"{_walked(root, segments, i)} has no {segment!r}")
+            current = current[segment]
+        elif isinstance(current, list):
+            if not (segment.isdigit() and segment.isascii()):
+                raise MissingValue(path, f"{_walked(root, segments, i)} is a list; {segment!r} is not an index")
+            position = int(segment)
+            if position >= len(current):
+                raise MissingValue(path, f"{_walked(root, segments, i)} has {len(current)} items; no index {position}")
+            current = current[position]
+        else:
+            raise MissingValue(path, f"{_walked(root, segments, i)} is not an object or a list")
     if current is None:
-        raise MissingValue(path, f"{walked} is null")
+        raise MissingValue(path, f"{_walked(root, segments, len(segments))} is null")
     return current
+
+
+def _walked(root: str, segments: list[str], count: int) -> str:
+    """The reference walked so far (for messages): ``$root`` and the first ``count`` segments."""
+    return ".".join([f"${root}", *segments[:count]])
 
 
 def resolve(template: Any, args: dict[str, Any] | None, result: dict[str, Any] | None) -> Any:
