@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -52,10 +53,17 @@ def incomplete_run(run: dict) -> bool:
         return False
     return any(cond.get("type") == "RolledBack" and cond.get("status") == "False"
                for cond in (run.get("status") or {}).get("conditions") or [])
+
+
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
            "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
            "handler_unavailable", "conflict", "compensation_deadline_passed")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+def _incomplete_key(run: dict) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a Run that :func:`incomplete_run` counts, else ``None``."""
+    return (run["metadata"]["namespace"], run["metadata"]["name"]) if incomplete_run(run) else None
 
 
 class Metrics:
@@ -139,9 +147,8 @@ class Metrics:
         with self._lock:
             seen = self._run_events
         found: dict[str, set[str]] = {}
-        for run in self._list(kube, "runs"):
-            if incomplete_run(run):
-                found.setdefault(run["metadata"]["namespace"], set()).add(run["metadata"]["name"])
+        for namespace, name in self._list(kube, "runs", keep=_incomplete_key):
+            found.setdefault(namespace, set()).add(name)
         with self._lock:
             if self._run_events != seen:
                 return  # an event came in while listing: it is newer than the list, keep it
@@ -179,11 +186,12 @@ class Metrics:
                 self.halts.labels(ns).set(n)
             self._known_halts |= set(halts)
 
-    def _list(self, kube: Any, plural: str) -> list[dict]:
-        """Every object of a kind in the watched namespaces, read a page at a time."""
+    def _list(self, kube: Any, plural: str, keep: Callable[[dict], Any] | None = None) -> list[Any]:
+        """Every object of a kind in the watched namespaces (or what ``keep`` keeps of each), read
+        a page at a time."""
         if not self.namespaces:
-            return kube.list_paged(plural)
-        return [obj for ns in self.namespaces for obj in kube.list_paged(plural, ns)]
+            return kube.list_paged(plural, keep=keep)
+        return [obj for ns in self.namespaces for obj in kube.list_paged(plural, ns, keep=keep)]
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``port`` (a daemon thread)."""

@@ -25,6 +25,15 @@ class OperatorSettings(BaseSettings):
         4, ge=1, le=64,
         description="Threads that run reconcile passes of RollbackRequests (a fixed pool fed by a keyed work queue; "
                     "however many requests are active, the operator runs this many passes at once at most).")
+    handler_threads: int = Field(
+        8, ge=1, le=64,
+        description="Threads kopf runs the event and admission handlers in (settings.execution.max_workers); each "
+                    "handler call is short and every API call it makes has a timeout.")
+    malloc_arenas: int = Field(
+        2, ge=0, le=64,
+        description="glibc malloc arenas of the operator process (mallopt M_ARENA_MAX; 0: glibc's default of 8 per "
+                    "core). Threads share them, so the resident memory does not grow with each thread's free lists; "
+                    "the MALLOC_ARENA_MAX environment variable, when set, wins.")
     gauge_refresh_seconds: float = Field(30.0, gt=0, description="How often gauges are recomputed from the API.")
     run_status_quiet_seconds: float = Field(
         1.0, ge=0, le=300,

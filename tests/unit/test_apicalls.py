@@ -168,6 +168,13 @@ def test_a_list_is_read_page_by_page(typed: bool) -> None:
     assert all(c["_request_timeout"] == calls.TIMEOUT for c in method.calls)
 
 
+def test_keep_keeps_a_projection_of_each_item_and_drops_none() -> None:
+    method = Pages(1203)
+    items, _ = calls.list_all(method, page=500, policy=FAST, keep=lambda i: i["n"] * 2 if i["n"] % 100 == 0 else None)
+    assert items == [n * 2 for n in range(0, 1203, 100)]
+    assert len(method.calls) == 3  # still every page
+
+
 def test_an_expired_continue_token_lists_again_from_the_start() -> None:
     method = Pages(1203, expire_at=2)
     items, version = calls.list_all(method, page=500, policy=FAST)

@@ -43,10 +43,11 @@ class _Kube:
     def __init__(self, runs: list[dict], during=None):
         self.runs, self.during = runs, during
 
-    def list_paged(self, plural: str, namespace: str | None = None) -> list[dict]:
+    def list_paged(self, plural: str, namespace: str | None = None, keep=None) -> list:
         if self.during:
             self.during()
-        return self.runs if plural == "runs" else []
+        found = self.runs if plural == "runs" else []
+        return found if keep is None else [k for k in map(keep, found) if k is not None]
 
 
 def test_a_resync_replaces_the_counts_unless_an_event_came_in_while_it_listed():

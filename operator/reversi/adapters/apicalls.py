@@ -226,14 +226,16 @@ def _page(resp: Any) -> tuple[list[Any], str | None, str]:
 
 
 def list_all(method: Callable[..., Any], *args: Any, page: int = PAGE, timeout: float = TIMEOUT,
-             policy: Policy = POLICY, relists: int = RELISTS, **kwargs: Any) -> tuple[list[Any], str]:
+             policy: Policy = POLICY, relists: int = RELISTS, keep: Callable[[Any], Any] | None = None,
+             **kwargs: Any) -> tuple[list[Any], str]:
     """Every item a LIST method returns, read ``page`` at a time, and the LIST's
     resourceVersion (the first page's: a paged LIST is one snapshot, so a WATCH from it sees
     every later change). Items are as the method returns them (dicts for custom objects, typed
     objects otherwise). Each page is a :func:`call` (timeout, retried). A 410 Gone on a continue
     token (the snapshot expired) lists again from the start, up to ``relists`` times; then, like
     any other error, it is raised. ``resource_version`` in ``kwargs`` applies to the first page
-    only (the server refuses it with a continue token)."""
+    only (the server refuses it with a continue token). ``keep``: what to keep of each item (its
+    answer; ``None`` drops the item), so only one page of whole objects is in memory at a time."""
     for attempt in range(relists + 1):
         items: list[Any] = []
         token: str | None = None
@@ -246,7 +248,11 @@ def list_all(method: Callable[..., Any], *args: Any, page: int = PAGE, timeout: 
                     kw.pop("resource_version", None)
                     kw.pop("resource_version_match", None)
                 found, token, rv = _page(call(method, *args, timeout=timeout, policy=policy, **kw))
-                items.extend(found)
+                if keep is None:
+                    items.extend(found)
+                else:
+                    items.extend(kept for kept in map(keep, found) if kept is not None)
+                del found
                 version = version or rv
                 if not token:
                     return items, version
@@ -283,27 +289,28 @@ def get(custom: client.CustomObjectsApi, plural: str, name: str, namespace: str 
 
 def list_objects_and_version(custom: client.CustomObjectsApi, plural: str, namespace: str | None = None, *,
                              cached: bool = False, page: int = PAGE, timeout: float = TIMEOUT,
-                             policy: Policy = POLICY, **kwargs: Any) -> tuple[list[dict], str]:
+                             policy: Policy = POLICY, keep: Callable[[dict], Any] | None = None,
+                             **kwargs: Any) -> tuple[list[Any], str]:
     """Every object of a kind in ``namespace`` (or every namespace / cluster-scoped), paged
     (:func:`list_all`), and the LIST's resourceVersion. ``kwargs``: ``label_selector``,
     ``field_selector``, ``_preload_content=False`` (faster: JSON parsed once). ``cached``:
     served from the API server's watch cache as it is (``resourceVersion=0``), possibly
-    milliseconds behind etcd, instead of a consistent read."""
+    milliseconds behind etcd, instead of a consistent read. ``keep``: as for :func:`list_all`."""
     if cached:
         kwargs["resource_version"] = "0"
     if namespace:
         return list_all(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural, page=page,
-                        timeout=timeout, policy=policy, **kwargs)
+                        timeout=timeout, policy=policy, keep=keep, **kwargs)
     return list_all(custom.list_cluster_custom_object, GROUP, VERSION, plural, page=page, timeout=timeout,
-                    policy=policy, **kwargs)
+                    policy=policy, keep=keep, **kwargs)
 
 
 def list_objects(custom: client.CustomObjectsApi, plural: str, namespace: str | None = None, *,
                  cached: bool = False, page: int = PAGE, timeout: float = TIMEOUT, policy: Policy = POLICY,
-                 **kwargs: Any) -> list[dict]:
-    """Like :func:`list_objects_and_version`, the objects only."""
+                 keep: Callable[[dict], Any] | None = None, **kwargs: Any) -> list[Any]:
+    """Like :func:`list_objects_and_version`, the objects (or what ``keep`` keeps of them) only."""
     return list_objects_and_version(custom, plural, namespace, cached=cached, page=page, timeout=timeout,
-                                    policy=policy, **kwargs)[0]
+                                    policy=policy, keep=keep, **kwargs)[0]
 
 
 def create(custom: client.CustomObjectsApi, plural: str, body: dict, namespace: str | None = None, *,

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -87,10 +88,12 @@ class Kube:
         """
         return calls.list_objects(self.custom, plural, namespace, cached=cached, timeout=self.timeout)
 
-    def list_paged(self, plural: str, namespace: str | None = None, page: int = 500) -> builtins.list[dict]:
+    def list_paged(self, plural: str, namespace: str | None = None, page: int = 500,
+                   keep: Callable[[dict], Any] | None = None) -> builtins.list[Any]:
         """All objects of a kind, read ``page`` at a time (a cluster with thousands of Runs is
-        never one unbounded response)."""
-        return calls.list_objects(self.custom, plural, namespace, page=page, timeout=self.timeout)
+        never one unbounded response); with ``keep``, what it keeps of each object (``None``:
+        nothing), so no more than a page of whole objects is held at once."""
+        return calls.list_objects(self.custom, plural, namespace, page=page, timeout=self.timeout, keep=keep)
 
     def merge_status(self, plural: str, namespace: str, name: str, status: dict,
                      resource_version: str | None = None) -> dict:
