@@ -338,14 +338,16 @@ def test_rule13_a_cancelled_request_begins_nothing(loaded):
 
 @PROPS
 @given(passes())
-def test_parallelism_bounds_what_the_pass_starts(loaded):
+def test_parallelism_bounds_the_compensations_under_way(loaded):
+    # parallelism counts the steps whose compensation is under way (SLOT_STAGES); a step whose undo
+    # is done and being checked or read back holds no slot
     d = dc.decide(loaded, random.Random(0))
     started = [new for old, new in d.moves if old.stage in ("pending", "awaitingApproval")]
-    active_before = sum(1 for old, _ in d.moves if old.stage in ex.ACTIVE_STAGES)
-    running = sum(1 for state in d.progress.values() if state == "running")
-    assert running <= max(loaded.spec.parallelism, active_before)
+    holding_before = sum(1 for old, _ in d.moves if old.stage in ex.SLOT_STAGES)
+    holding = sum(1 for run in d.runs.values() if run.stage in ex.SLOT_STAGES)
+    assert holding <= max(loaded.spec.parallelism, holding_before)
     if started:
-        assert running <= loaded.spec.parallelism
+        assert holding <= loaded.spec.parallelism
 
 
 @PROPS

@@ -66,6 +66,21 @@ def test_parallelism_caps_running_compensations():
         ready_steps(plan, graph, progress, parallelism=0)
 
 
+def test_a_step_being_read_back_holds_no_parallelism_slot():
+    # 5 and 4 are running, but only 5's compensation is under way (4's undo is done: its
+    # read-back runs): at parallelism 2 one more compensation may start
+    plan, graph = setup([step(i, W) for i in range(6)])
+    progress = initial_progress(plan)
+    progress[5] = RUNNING
+    progress[4] = RUNNING
+    assert ready_steps(plan, graph, progress, parallelism=2, holding={5}) == [3]
+    assert ready_steps(plan, graph, progress, parallelism=2, holding={5, 4}) == []
+    assert ready_steps(plan, graph, progress, parallelism=2) == []  # default: every running step holds one
+    # the order still holds: a step whose dependent is being read back does not start
+    plan, graph = setup([step(0, CHARGE), step(1, CAPTURE)])
+    assert ready_steps(plan, graph, {0: PENDING, 1: RUNNING}, parallelism=2, holding=set()) == []
+
+
 def test_rule8_compensation_needing_approval_waits_until_approved():
     plan, graph = setup([step(0, W), step(1, NEEDS_OK)])
     assert initial_progress(plan) == {0: PENDING, 1: AWAITING_APPROVAL}

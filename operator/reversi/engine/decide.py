@@ -377,7 +377,7 @@ def decide(inputs: PassInputs, rng: random.Random | None = None) -> Decision:
     if not deadline_passed and not cancelling:
         journaled = undo_by_step([*inputs.mine.values(), *inputs.prior])
         for s in ready_steps(plan, inputs.graph, progress, spec.parallelism, compensations_open=open_,
-                             floor=inputs.floor):
+                             floor=inputs.floor, holding=ex.holding_slots(runs)):
             new, eff = ex.start(runs[s], journaled.get(s), guards[s])
             moves.append((runs[s], new))
             runs[s] = new

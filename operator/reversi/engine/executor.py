@@ -57,6 +57,10 @@ STAGES: tuple[str, ...] = ("pending", "awaitingApproval", "prechecking", "precon
                            "compensationDeadlinePassed")
 ACTIVE_STAGES = frozenset({"prechecking", "preconditioning", "compensating", "retrying", "checking", "verifying",
                            "rereading"})
+#: stages that hold one of the request's ``parallelism`` slots: its compensation is under way (the
+#: reads before it, the compensator, its retries); a step whose undo is done and being checked or
+#: read back (checking, verifying, rereading) holds none (``parallelism``: compensations at once)
+SLOT_STAGES = frozenset({"prechecking", "preconditioning", "compensating", "retrying"})
 #: final stages in which no undo happened in this request (and none is journaled unless a Job was refused)
 NOT_UNDONE_STAGES = frozenset({"alreadyRecovered", "conflict", "handlerUnavailable", "compensationDeadlinePassed"})
 FINAL_STAGES = frozenset({"compensated", "failed"}) | NOT_UNDONE_STAGES
@@ -507,6 +511,11 @@ def _fail(run: StepRun, error: str, verification: str | None, reason: str) -> tu
     failed = replace(run, stage="failed", error=error, verification=verification, next_at=None, reason=reason)
     return failed, [Journal(run.step, "compensationFailed", run.attempts, verification, error),
                     Note(run.step, reason, f"step {run.step}: {error}", warning=True)]
+
+
+def holding_slots(runs: Mapping[int, StepRun]) -> set[int]:
+    """The steps of ``runs`` (``{step: StepRun}``) that hold a parallelism slot (:data:`SLOT_STAGES`)."""
+    return {s for s, run in runs.items() if run.stage in SLOT_STAGES}
 
 
 def schedule_state(stage: str) -> str:

@@ -27,7 +27,7 @@ Newest first; at most ``parallelism`` running at once. Every function takes the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from ..models.rollbackrequest import Plan
 from .graph import MAX_BLOCKED_BY, DependentIndex, Graph
@@ -107,20 +107,24 @@ def allowed_steps(plan: Plan, graph: Graph, progress: Progress, *, floor: int = 
 
 
 def ready_steps(plan: Plan, graph: Graph, progress: Progress, parallelism: int, *,
-                compensations_open: bool = True, floor: int = 0) -> list[int]:
-    """Steps that may start now, newest first, at most ``parallelism`` minus those ``running``.
+                compensations_open: bool = True, floor: int = 0,
+                holding: Collection[int] | None = None) -> list[int]:
+    """Steps that may start now, newest first, at most ``parallelism`` minus the steps holding a
+    slot: ``holding`` (the steps whose compensation is under way; the executor's
+    :data:`~reversi.engine.executor.SLOT_STAGES`), by default every ``running`` step.
 
     A pending compensate step is allowed when no step depending on it is unsettled. Allowed
     inverse-kind steps are ready first; compensation-kind steps are ready only when no inverse-kind
-    step is allowed or running, and ``compensations_open`` (``spec.compensationDeadlineSeconds`` not
-    passed). Steps below ``floor`` never start (nested runs). O(n). Raises ``ValueError`` for
-    ``parallelism < 1`` or an unknown state.
+    step is allowed or running (a running one may be holding no slot: its read-back runs), and
+    ``compensations_open`` (``spec.compensationDeadlineSeconds`` not passed). Steps below ``floor``
+    never start (nested runs). O(n). Raises ``ValueError`` for ``parallelism < 1`` or an unknown
+    state.
     """
     if parallelism < 1:
         raise ValueError(f"parallelism must be at least 1, not {parallelism}")
     inverse, amends = allowed_steps(plan, graph, progress, floor=floor)
     running = [s for s, state in progress.items() if state == RUNNING]
-    slots = parallelism - len(running)
+    slots = parallelism - (len(running) if holding is None else len(holding))
     if slots <= 0:
         return []
     if inverse:

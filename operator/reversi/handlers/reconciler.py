@@ -458,7 +458,7 @@ class Reconciler(TreeRollback):
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
         if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
-                                                                           floor=floor):
+                                                                           floor=floor, holding=ex.holding_slots(runs)):
             phase = "AwaitingApproval"
         else:
             phase = "Running"

@@ -180,7 +180,10 @@ class RollbackRequestSpec(ReversiModel):
     "compensationFailed.")
     backoff: Backoff = Field(default_factory=Backoff, description="Backoff between attempts (exponential, with "
     "jitter).")
-    parallelism: int = Field(default=1, ge=1, le=32, description="Compensations running at once (order still holds).")
+    parallelism: int = Field(
+        default=1, ge=1, le=32,
+        description="Compensations under way at once (the reads before a compensator, the compensator and its "
+        "retries); a step whose undo is done and is being checked or read back holds no slot. Order still holds.")
     verify_command: list[Text] | None = Field(
         default=None,
         min_length=1,
