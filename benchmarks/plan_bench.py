@@ -6,8 +6,10 @@ The runs use ten tools in a ``requires`` chain (t1 requires t0, t2 requires t1, 
 ``dependsOn`` on the previous step for every third step, 2% uncertain and 1% irreversible steps
 (so deferrals happen) and 5% read steps. Reported: the median of ``--repeat`` runs of
 ``build_plan`` (graph included), plus model validation, one scheduling pass and the report, and
-the 10k/1k ratio of planning (near 10 means linear; CPython's cyclic GC and CPU caches add a
-little at 10k: the algorithm itself is O(n + edges), see ``reversi.engine.graph``).
+the 10k/1k ratio of planning (near 10 means linear; the algorithm is O(n + edges), see
+``reversi.engine.graph``, and the cyclic collector is paused while a plan is built, see
+``reversi.engine.gcpause``; what is left above 10 is memory: a 10,000-step run and its plan,
+about 20 MB of the plan alone, do not fit in the CPU's caches as a 1,000-step one does).
 """
 
 from __future__ import annotations
