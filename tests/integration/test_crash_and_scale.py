@@ -53,8 +53,8 @@ def test_rule3_operator_killed_while_compensations_run_finishes_without_running_
     assert rv.get("runs", "r")["status"].get("activeRequest") is None
 
 
-#: steps of the big rollback below: 2,000 in ``make test-long`` (at parallelism 8), 1,000 in ``make test``
-BIG_RUN = int(os.environ.get("REVERSI_BIG_RUN_STEPS", "1000"))
+#: steps of the big rollback below: 2,000 in ``make test-long`` (at parallelism 8), 400 in ``make test`` (16 charges)
+BIG_RUN = int(os.environ.get("REVERSI_BIG_RUN_STEPS", "400"))
 
 
 def test_a_big_run_with_a_large_journal_plans_and_rolls_back_at_parallelism_8(rv):
