@@ -95,6 +95,9 @@ class Memory:
     plan: tuple | None = None
     #: when this process pinned ``status.runSteps`` (``time.time()``): the recount at the end waits for it
     pinned_at: float | None = None
+    #: since when (``time.monotonic()``) the request's status has steps under way that are not
+    #: written yet (see :func:`only_under_way`); None: the stored status is up to date
+    unwritten_since: float | None = None
 
 
 class Invalid(Exception):
@@ -474,8 +477,14 @@ class Reconciler(TreeRollback):
             (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
             *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
               else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
-        if not only_hand_overs(req.get("status") or {}, status):
+        now_mono = time.monotonic()
+        if only_under_way(req.get("status") or {}, status) and (
+                memory.unwritten_since is None or now_mono - memory.unwritten_since < STATUS_DEFER_SECONDS):
+            if memory.unwritten_since is None:
+                memory.unwritten_since = now_mono
+        else:
             self._write(req, status)
+            memory.unwritten_since = None
         if late is not None:
             return late
         return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
@@ -903,28 +912,46 @@ class Reconciler(TreeRollback):
             self.metrics.request_finished(meta["namespace"], "invalid")
 
 
-def only_hand_overs(old: dict, new: dict) -> bool:
-    """Whether request status ``new`` differs from the stored ``old`` only in steps handed over
-    from their compensator to its check or first read-back (``compensating`` -> ``checking`` or
-    ``verifying``, same attempt). Such a status is not written (issue 11, P4: a step's status is
-    written when it starts and when it ends, not at each Job of it); a later pass writes it with
-    the step's outcome, and one that rebuilds the step from the older status follows the Jobs by
-    their names (``executor._handed_over``) instead of creating them again."""
+#: the longest a request's status may go unwritten while it only has steps under way (see
+#: :func:`only_under_way`): a step started or handed over shows in status within this time
+STATUS_DEFER_SECONDS = 5.0
+
+
+def only_under_way(old: dict, new: dict) -> bool:
+    """Whether request status ``new`` differs from the stored ``old`` only in steps under way:
+    started (``pending`` -> a stage that holds a parallelism slot, :data:`executor.SLOT_STAGES`)
+    or handed over from their compensator to its check or first read-back (``compensating`` ->
+    ``checking`` or ``verifying``, same attempt), and in what those change in the summary (the
+    conditions' messages, the report). Such a status is not written at once (issue 11, P4: a
+    step's status is written when it ends, with the starts since; at the latest after
+    :data:`STATUS_DEFER_SECONDS`). It is what a crash between a Job's creation and the status
+    write leaves: a pass that rebuilds from the older status finds each step's journal entry
+    (rule 3: written before its Job) and adopts its Jobs by their names (``executor._handed_over``).
+    A phase, an outcome, an approval, a retry, pinned RunSteps or runners are written at once."""
     before = {e.get("step"): e for e in old.get("steps") or []}
     after = new.get("steps") or []
     if not before or len(after) != len(before):
         return False
-    kept = []
     for entry in after:
         was = before.get(entry.get("step"))
         if was is None:
             return False
-        if was != entry and not (was.get("stage") in ("compensating", "checking")
-                                 and entry.get("stage") in ("checking", "verifying")
-                                 and entry.get("attempts") == was.get("attempts") and entry.get("reads", 0) <= 1):
+        if was == entry:
+            continue
+        handed_over = (was.get("stage") in ("compensating", "checking")
+                       and entry.get("stage") in ("checking", "verifying")
+                       and entry.get("attempts") == was.get("attempts") and entry.get("reads", 0) <= 1)
+        started = was.get("stage") == "pending" and entry.get("stage") in ex.SLOT_STAGES
+        if not (handed_over or started):
             return False
-        kept.append(was)
-    return {**new, "steps": kept} == old
+
+    def summary(status: dict) -> dict:
+        rest = {k: v for k, v in status.items() if k not in ("steps", "conditions", "report")}
+        rest["conditions"] = sorted(tuple(sorted((k, str(v)) for k, v in cond.items() if k != "message"))
+                                    for cond in status.get("conditions") or [])
+        return rest
+
+    return summary(new) == summary(old)
 
 
 def _compensator_call(run_meta: dict, action, step) -> dict:
