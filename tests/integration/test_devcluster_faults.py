@@ -136,7 +136,8 @@ def test_restarted_components_keep_the_cluster_state_and_a_restarted_node_agent_
     """Cluster.restart SIGKILLs components and starts them on the same state: etcd's objects
     survive; the node agent kills what its predecessor left running, marks that pod Failed
     (NodeAgentRestarted, its container ContainerStatusUnknown 137) so its Job fails instead of
-    running it twice, and still serves the log of a pod that finished before the restart."""
+    running it twice, still serves the log of a pod that finished before the restart, and reports
+    the true exit of a container that ended while the API server was down."""
     from kubernetes import client, config
 
     from tests.helpers import wait_for
@@ -182,6 +183,23 @@ def test_restarted_components_keep_the_cluster_state_and_a_restarted_node_agent_
         assert marks.read_text().split() == [str(pid)], "the pod ran again"
         log = core.read_namespaced_pod_log(pod_of("done").metadata.name, "default", container="main")
         assert log.strip() == "hello from before"
+
+        # a container that exits while the API server is down, its agent killed before the status
+        # is written: the restarted agent reports the exit it recorded (as a runtime keeps an exited
+        # container), so the Job completes instead of failing as lost, and nothing runs twice
+        go = tmp_path / "go"
+        job("quiet", f"while [ ! -e {go} ]; do sleep 0.1; done; echo quiet >> {marks}")
+        wait_for(lambda: pod_of("quiet") and pod_of("quiet").status.phase == "Running", what="the quiet pod running")
+        uid = pod_of("quiet").metadata.uid
+        c._stop("kube-apiserver", kill=True)
+        go.touch()
+        wait_for(lambda: (c.paths.node / "pods" / uid / "main.exit.json").exists(), what="the quiet container's exit")
+        c._stop("node-agent", kill=True)
+        c.start_stopped(["kube-apiserver", "node-agent"], log=lambda *_: None)
+        assert wait_for(lambda: verdict("quiet"), what="the quiet Job to end") == "Complete"
+        term = pod_of("quiet").status.container_statuses[0].state.terminated
+        assert (term.exit_code, term.reason) == (0, "Completed")
+        assert marks.read_text().split().count("quiet") == 1, "the quiet pod ran again"
 
         c.restart(["etcd", "kube-apiserver"], log=lambda *_: None)
         assert core.read_namespaced_config_map("kept", "default").data == {"k": "v"}

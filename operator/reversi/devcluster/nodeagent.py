@@ -362,6 +362,9 @@ class PodWorker(threading.Thread):
         if message:
             terminated["message"] = message
         r.state = {"terminated": terminated}
+        # kept on disk before it is reported, as a container runtime keeps an exited container: an
+        # agent restarted before the API server took the status still reports the true exit code
+        (self.dir / f"{r.name}.exit.json").write_text(json.dumps(terminated))
         self.report()
         return code
 
@@ -772,18 +775,34 @@ class NodeAgent:
         return any((self.state_dir / "pods" / uid).glob("*.spec.json"))
 
     def _orphaned(self, pod: dict) -> None:
-        """Mark a pod an earlier agent process ran ``Failed`` (reason ``NodeAgentRestarted``), each
-        container terminated with exit code 137 and reason ``ContainerStatusUnknown``, as kubelet
-        reports containers it lost; retried until written (or the pod is gone)."""
+        """Report a pod an earlier agent process ran, which is never run again. A container whose
+        exit that process recorded (``<container>.exit.json``, written before its status was sent)
+        is reported terminated as it ended, as kubelet reports an exited container its runtime
+        kept; the others terminated with exit code 137 and reason ``ContainerStatusUnknown``, as
+        kubelet reports containers it lost. Phase ``Succeeded`` when every container exited 0, else
+        ``Failed`` (reason ``NodeAgentRestarted`` when one was lost). Retried until written (or
+        the pod is gone)."""
         meta = pod["metadata"]
         at = now()
-        lost = {"terminated": {"exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": at,
-                               "message": "The container could not be located when the pod was terminated"}}
-        statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
-                     "started": False, "restartCount": 0, "state": lost, "lastState": {}}
-                    for c in pod["spec"].get("containers") or []]
-        body = {"status": {"phase": "Failed", "reason": "NodeAgentRestarted", "containerStatuses": statuses,
-                           "message": "the node agent restarted while this pod ran; it is not run again"}}
+        lost = {"exitCode": 137, "reason": "ContainerStatusUnknown", "finishedAt": at,
+                "message": "The container could not be located when the pod was terminated"}
+        folder = self.state_dir / "pods" / meta["uid"]
+        statuses, codes, lost_any = [], [], False
+        for c in pod["spec"].get("containers") or []:
+            try:
+                terminated = json.loads((folder / f"{c['name']}.exit.json").read_text())
+            except (OSError, ValueError):
+                terminated, lost_any = dict(lost), True
+            codes.append(terminated.get("exitCode", 137))
+            statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+                             "started": False, "restartCount": 0, "state": {"terminated": terminated},
+                             "lastState": {}})
+        status: dict = {"phase": "Succeeded" if codes and all(code == 0 for code in codes) else "Failed",
+                        "containerStatuses": statuses}
+        if lost_any:
+            status.update(reason="NodeAgentRestarted",
+                          message="the node agent restarted while this pod ran; it is not run again")
+        body = {"status": status}
         wait = 0.5
         while not self.stopping.is_set():
             try:
