@@ -27,9 +27,11 @@ subresource: no scheduler runs), and runs each container of those pods **as a lo
   ``/containerLogs/{namespace}/{pod}/{container}`` so ``kubectl logs`` works (``follow``,
   ``tailLines``, ``limitBytes``, ``previous``), also for containers an earlier agent process ran.
 - A restarted agent (its state folder kept) kills the pod processes its predecessor left and
-  marks the pods that may have started ``Failed`` (reason ``NodeAgentRestarted``, containers
-  ``ContainerStatusUnknown`` with exit code 137): a pod is never run twice. Status writes are
-  retried until the API server takes them.
+  reports the pods that may have started, never running one twice: a container whose exit its
+  predecessor recorded (``<container>.exit.json``, written before the status is sent) as it
+  ended, the others lost (``Failed``, reason ``NodeAgentRestarted``, containers
+  ``ContainerStatusUnknown`` with exit code 137). Status writes are retried until the API server
+  takes them.
 
 Pods run concurrently, one thread per pod and one per container process.
 """
