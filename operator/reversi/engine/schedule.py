@@ -21,7 +21,8 @@ so it does not hold the compensation phase back).
 A step is *unsettled* while it stands and is not compensated: a compensate action in any state but
 ``compensated``, and every standing step the plan will not undo (unrecoverable, unresolved,
 unmanifested, defer). A step never starts while any step that depends on it is unsettled.
-Newest first; at most ``parallelism`` running at once. Every function takes the full plan of
+Newest first; at most ``parallelism`` compensations under way at once (a step whose undo is done and
+is being read back holds no slot, :data:`~reversi.engine.executor.SLOT_STAGES`). Every function takes the full plan of
 ``build_plan`` (``plan.actions[i].step == i``) and the graph it was built from.
 """
 
