@@ -6,6 +6,9 @@
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
+# make test runs the suite on this many pytest-xdist workers, each with a local control plane of its
+# own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 
 .PHONY: install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway bench-rollback
 
@@ -21,7 +24,7 @@ lint: install
 	$(PYTHON) -m mypy
 
 test: build
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the long variants: runs of 5,000 steps, a rollback of 2,000 (recording is sequential per run: many minutes), and
 # 25 races of an agent recording while a rollback takes the lock (make test makes 6)

@@ -4,6 +4,12 @@ The control plane is started by the first test that needs it and stopped at the 
 run. Set ``REVERSI_REUSE_CLUSTER=1`` to reuse one that is already running (``reversi-devcluster
 up``) and leave it running afterwards. When a test that used the cluster fails, the report
 names the folder with every component's log.
+
+Under pytest-xdist (``make test`` runs ``-n 2``) each worker has a control plane of its own:
+worker ``gwN`` (N >= 1) uses the state folder ``<cluster dir>-gwN`` and every port of the
+cluster, the test operator and the chart releases moved up by ``WORKER_PORT_STEP * N``
+(pods share the host's network on the local control plane, so two releases must not share a
+port). Worker ``gw0`` and a run without workers use the settings as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +20,34 @@ import uuid
 
 import pytest
 
-from reversi.devcluster.cluster import Cluster
+from reversi.devcluster.cluster import Cluster, ClusterSettings
+
+#: how far apart the ports of two pytest-xdist workers are
+WORKER_PORT_STEP = 10
+#: the ports a worker moves (environment variable, default): the cluster's, the test operator's
+#: (tests/integration/conftest.py) and the chart releases' (tests/chart/chartkit.py)
+WORKER_PORTS = {
+    "REVERSI_APISERVER_PORT": 16443, "REVERSI_ETCD_PORT": 12379, "REVERSI_ETCD_PEER_PORT": 12380,
+    "REVERSI_KUBELET_PORT": 20250, "REVERSI_TEST_METRICS_PORT": 18089, "REVERSI_TEST_WEBHOOK_PORT": 19089,
+    "REVERSI_TEST_CHART_METRICS_PORT": 58080, "REVERSI_TEST_CHART_WEBHOOK_PORT": 59443,
+    "REVERSI_TEST_CHART_HEALTH_PORT": 58081,
+}
+
+
+def _worker_environment(worker: str | None) -> dict[str, str]:
+    """The environment a pytest-xdist worker named ``worker`` (``gw0``, ``gw1``, ...) runs with:
+    for ``gwN`` with N >= 1 its own cluster folder and ports (see the module docstring); empty
+    for ``gw0`` and outside xdist."""
+    if not worker or not worker.startswith("gw") or not worker[2:].isdigit() or worker == "gw0":
+        return {}
+    n = int(worker[2:])
+    env = {"REVERSI_CLUSTER_DIR": f"{ClusterSettings().cluster_dir}-{worker}"}
+    for name, default in WORKER_PORTS.items():
+        env[name] = str(int(os.environ.get(name) or default) + WORKER_PORT_STEP * n)
+    return env
+
+
+os.environ.update(_worker_environment(os.environ.get("PYTEST_XDIST_WORKER")))
 
 _cluster_used = False
 

@@ -181,6 +181,7 @@ def release_values(**overrides: Any) -> dict:
         "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "58080"))},
         "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "59443"))},
         "operator": {"tickSeconds": 0.5},
+        "probes": {"healthPort": int(os.environ.get("REVERSI_TEST_CHART_HEALTH_PORT", "58081"))},
         # the tests' CRDs come from crds/ (the crds fixture), shared with the integration tests;
         # test_chart_upgrade.py installs them with the release
         "crds": {"enabled": False},

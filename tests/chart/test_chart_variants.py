@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
+from reversi.devcluster.localop import free_port
 from tests.chart.chartkit import find, permission_errors, undo_an_order
 from tests.helpers import wait_for
 from tests.integration.conftest import RV
@@ -47,7 +47,9 @@ def test_namespaced_release_with_peering_undoes_a_run_in_its_namespace(installed
 def test_operator_runs_with_the_environment_of_a_release_without_webhooks(render, cluster, crds):
     """webhook.enabled=false: the operator, started with exactly the chart's environment, keeps
     running and serves /metrics."""
-    objs = render({"webhook": {"enabled": False}, "metrics": {"port": 58081}})
+    metrics_port, health_port = free_port(), free_port()
+    objs = render({"webhook": {"enabled": False}, "metrics": {"port": metrics_port},
+                   "probes": {"healthPort": health_port}})
     container = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert not any(name.startswith("REVERSI_WEBHOOK") for name in env)
@@ -57,11 +59,26 @@ def test_operator_runs_with_the_environment_of_a_release_without_webhooks(render
                                  "--kubeconfig", str(cluster.paths.admin_kubeconfig)],
                                 env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        time.sleep(8)
+    def metrics() -> bytes | None:
         assert proc.poll() is None, f"the operator exited with {proc.returncode}; see {log}"
-        with urllib.request.urlopen("http://127.0.0.1:58081/metrics", timeout=5) as resp:
-            assert b"reversi_rollbacks_total" in resp.read()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+                return resp.read()
+        except OSError:
+            return None
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    try:
+        # kopf's liveness endpoint answers only once its watches and handlers run
+        wait_for(healthy, timeout=60, what="the operator without webhooks to report itself alive")
+        assert b"reversi_rollbacks_total" in wait_for(metrics, timeout=30, what="/metrics to answer")
+        assert proc.poll() is None, f"the operator exited with {proc.returncode}; see {log}"
     finally:
         if proc.poll() is None:
             proc.terminate()
