@@ -6,6 +6,7 @@ the downstream server keeps real state, so each test also checks what really hap
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from reversi.models.runstep import LABEL_RUN
 from reversi.models.toolmanifest import ToolSpec
 
 from tests.helpers import wait_for
+from tests.integration.conftest import TOOL, manifest_body
 
 pytestmark = pytest.mark.cluster
 
@@ -174,6 +176,30 @@ def test_rule5_reader_printing_no_json_is_a_failed_read(rv):
     error = req["status"]["report"]["failed"][0]["error"]
     assert "read failed" in error and "no JSON" in error
     assert rv.condition(rv.step_status(req, 0), "Verified")["reason"] == "ReadFailed"
+
+
+def test_rule5_a_read_back_that_ran_out_of_its_deadline_is_read_again_without_counting(rv):
+    """The first read-back hangs (the downstream answers its GET after 30 s) until its Job's
+    4 s deadline ends it: no answer, a lost read. The step reads again without counting it
+    against verification.retries (2) and is verified; the downstream saw one refund."""
+    body = manifest_body(rv.downstream.url, reader_command=[sys.executable, str(TOOL)])
+    next(r for r in body["spec"]["runners"] if r["name"] == "odd-reader")["deadlineSeconds"] = 4
+    rv.manifest = rv.create("toolmanifests", body)
+    s0, charge = _charge_step(rv, 0, "o-lost-read")
+    rv.run("r", [s0])
+    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=30)
+    rv.request("undo", "r")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=120)
+    assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
+    step = rv.step_status(req, 0)
+    # a busy machine may lose one more read to the 4 s deadline: each lost read is one more read
+    assert step.get("lostReads", 0) >= 1 and step["reads"] == step["lostReads"] + 1, step
+    assert rv.condition(step, "Verified")["reason"] == "Verified"
+    events = rv.core.list_namespaced_event(rv.ns, field_selector="involvedObject.name=undo").items
+    lost = [e.message for e in events if e.reason == "ReadBackLost"]
+    assert len(lost) == step["lostReads"] and "DeadlineExceeded" in lost[0], lost
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    assert len(rv.downstream.calls("/payments/refunds", since=rv.started)) == 1
 
 
 def test_rule5_no_reader_runner_means_unverified_and_incomplete(rv):

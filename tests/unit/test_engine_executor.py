@@ -112,6 +112,54 @@ def test_rule5_a_reader_exiting_non_zero_is_a_failed_read():
     assert final.error == "verification failed: read failed: exit code 1"
 
 
+def test_rule5_a_read_back_lost_with_its_pod_is_read_again_without_counting():
+    """A reader Job that failed with no answer from its program (its pod lost with the node, or
+    ended by the Job's deadline before it exited) is not a failed read: the step reads again and
+    still has its whole verification.retries budget."""
+    lost = ex.JobView("failed", "The container could not be located when the pod was terminated", lost=True)
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=1)
+    new, effects = ex.advance(run, jobs(reader_1_1=lost), READER, POLICY, now=10.0)
+    assert new.stage == "rereading" and new.lost_reads == 1 and new.next_at == 10.2
+    assert not effects_of(ex.Journal, effects) and effects_of(ex.Note, effects)[0].reason == "ReadBackLost"
+    new, effects = ex.advance(new, jobs(), READER, POLICY, now=10.2)
+    assert new.stage == "verifying" and new.reads == 2 and effects == [ex.StartJob(1, "reader", 1, 2)]
+    # READER.retries is 2: a mismatch now is the first counted read, so the step reads once more
+    wrong = ex.JobView("succeeded", output='{"refunded": false}')
+    new, _ = ex.advance(new, jobs(reader_1_2=wrong), READER, POLICY, now=11)
+    assert new.stage == "rereading" and new.reads == 2
+    new, _ = ex.advance(new, jobs(), READER, POLICY, now=20)
+    done, effects = ex.advance(new, jobs(reader_1_3=ex.JobView("succeeded", output='{"refunded": true}')),
+                               READER, POLICY, now=21)
+    assert done.stage == "compensated" and done.verification == "verified"
+
+
+def test_rule5_lost_reads_are_bounded_then_count_as_failed_reads():
+    lost = ex.JobView("failed", "DeadlineExceeded: Job was active longer than specified deadline", lost=True)
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=1)
+    now = 0.0
+    while run.stage != "failed":
+        run, _ = ex.advance(run, lambda role, attempt, read, at=run.reads: lost if read == at else None,
+                            READER, POLICY, now)
+        now += 10
+        run, _ = ex.advance(run, jobs(), READER, POLICY, now)
+        assert run.reads <= ex.LOST_READS_MAX + READER.retries
+    assert run.lost_reads == ex.LOST_READS_MAX and run.reads == ex.LOST_READS_MAX + READER.retries
+    assert run.error.startswith("verification failed: read failed: DeadlineExceeded")
+
+
+def test_rule5_a_reader_that_exited_non_zero_answered_even_when_its_pod_is_gone():
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=2)
+    final, _ = ex.advance(run, jobs(reader_1_2=ex.JobView("failed", "exit code 1")), READER, POLICY, now=0)
+    assert final.stage == "failed" and final.lost_reads == 0
+
+
+def test_rule13_a_cancelled_request_does_not_read_a_lost_read_back_again():
+    lost = ex.JobView("failed", "lost", lost=True)
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=1)
+    final, effects = ex.advance(run, jobs(reader_1_1=lost), READER, replace(POLICY, stop="cancelled by ann"), now=0)
+    assert final.stage == "failed" and not effects_of(ex.StartJob, effects)
+
+
 def test_rule5_no_reader_runner_means_compensated_but_unverified():
     snapshot = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
         "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"},

@@ -120,6 +120,20 @@ def test_pod_truth_a_failed_job_whose_container_exited_0_succeeded():
     assert pod_verdict("running", [0]) == "running"
 
 
+def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():
+    """A read whose program never exited by itself is lost, not failed (rule 5, JobView.lost):
+    no pod or no terminated container, a container the node lost, or one the Job's deadline
+    killed. A program that exited non-zero by itself answered."""
+    from reversi.adapters.kube import no_answer
+
+    assert no_answer("DeadlineExceeded", []), "the pod never ran its program to an exit"
+    assert no_answer("BackoffLimitExceeded", [(137, "ContainerStatusUnknown")]), "lost with the node"
+    assert no_answer("DeadlineExceeded", [(137, "Error")]) and no_answer("DeadlineExceeded", [(143, "Error")])
+    assert not no_answer("DeadlineExceeded", [(1, "Error")]), "it exited 1 by itself before the deadline"
+    assert not no_answer("BackoffLimitExceeded", [(1, "Error")])
+    assert not no_answer("BackoffLimitExceeded", [(137, "OOMKilled")]), "an answer of sorts: it ran out of memory"
+
+
 def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while():
     """A reader's log that the API server cannot fetch (the kubelet restarting: 5xx, or 429) is
     read again on a later pass for READER_LOG_GRACE_SECONDS after the Job finished; any other

@@ -184,7 +184,7 @@ class Kube:
         """What a Job did: running, or succeeded/failed with its container's termination message
         (and, for a reader, its stdout)."""
         state: JobState = "running"
-        job_message = ""
+        job_message = job_reason = ""
         finished_at = None
         for cond in job.status.conditions or []:
             if cond.status != "True":
@@ -196,6 +196,7 @@ class Kube:
                 state = "failed"
                 finished_at = cond.last_transition_time
                 job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
+                job_reason = cond.reason or ""
         if state == "running":
             return JobView("running")
         if state == "succeeded" and not reader:
@@ -205,13 +206,15 @@ class Kube:
                                  timeout=self.timeout)
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
         message, output = "", None
+        ends: list[tuple[int | None, str | None]] = []
         if pods:
             pod = pods[-1]
             exit_codes = []
-            for cs in pod.status.container_statuses or []:
+            for cs in (pod.status.container_statuses if pod.status else None) or []:
                 term = cs.state.terminated if cs.state else None
                 if term is not None:
                     exit_codes.append(term.exit_code)
+                    ends.append((term.exit_code, term.reason))
                     message = (term.message or "").strip()
                     if not message and term.exit_code:
                         message = f"exit code {term.exit_code}"
@@ -232,11 +235,12 @@ class Kube:
                                  ns, name, err.status, api_message(err))
                         return JobView("running")
                     return JobView("failed", message=f"cannot read the reader's output: {api_message(err)}")
+        lost = state == "failed" and no_answer(job_reason, ends)
         if state == "failed" and not message:
             message = job_message
         if state == "failed" and job_message.startswith("DeadlineExceeded"):
             message = f"{job_message}; {message}" if message and message not in job_message else job_message
-        return JobView(state, message=message, output=output)
+        return JobView(state, message=message, output=output, lost=lost)
 
     # ----- events -------------------------------------------------------------------------------
 
@@ -271,6 +275,31 @@ def pod_verdict(job_state: JobState, exit_codes: list[int | None]) -> JobState:
     if job_state == "failed" and exit_codes and all(code == 0 for code in exit_codes):
         return "succeeded"
     return job_state
+
+
+#: a container's termination reason that says the node lost it, not that its program ended
+#: (kubelet's, and the local node agent's after a restart)
+LOST_CONTAINER = "ContainerStatusUnknown"
+#: exit codes of a program ended by a signal the node sent (SIGKILL, SIGTERM): no exit of its own
+SIGNALLED_EXITS = frozenset({137, 143})
+
+
+def no_answer(job_reason: str, ends: list[tuple[int | None, str | None]]) -> bool:
+    """Whether a failed Job's program gave no answer of its own. ``job_reason`` is the reason of
+    the Job's ``Failed`` condition (e.g. ``DeadlineExceeded``, ``BackoffLimitExceeded``); ``ends``
+    the ``(exitCode, reason)`` of each terminated container of its last pod (empty: no pod, or
+    none of its containers terminated). No answer: nothing terminated (the pod never ran its
+    program to an exit), a container the node lost (:data:`LOST_CONTAINER`), or one the Job's
+    deadline killed (``DeadlineExceeded`` and a signalled exit). A program that exited non-zero
+    by itself answered (a failed read, rule 5). Pure."""
+    if not ends:
+        return True
+    for code, reason in ends:
+        if reason == LOST_CONTAINER:
+            return True
+        if job_reason == "DeadlineExceeded" and code in SIGNALLED_EXITS:
+            return True
+    return False
 
 
 #: seconds after a reader Job finished during which a log read that fails on the way (the API

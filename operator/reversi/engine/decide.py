@@ -186,6 +186,7 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
     s = action.step
     if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
         run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
+                         lost_reads=entry.get("lostReads", 0),
                          next_at=epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
                          first_attempt=entry.get("firstAttempt"), forced_by=entry.get("forcedBy"))
     else:
@@ -303,7 +304,8 @@ def _reverify(inputs: PassInputs, verify_plans: dict[int, ex.VerifyPlan]) -> dic
         entry = inputs.entries.get(u.step) or {}
         if entry.get("stage") in ("verifying", "rereading"):
             reverify[u.step] = ex.StepRun(u.step, stage=entry["stage"], attempts=u.attempts,
-                                          reads=entry.get("reads", 1), next_at=epoch(entry.get("nextAttemptAt")),
+                                          reads=entry.get("reads", 1), lost_reads=entry.get("lostReads", 0),
+                                          next_at=epoch(entry.get("nextAttemptAt")),
                                           error=entry.get("lastError"))
         else:
             reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)

@@ -12,6 +12,10 @@ Stages of a step (``StepRun.stage``)::
        │                        (attempts < retries)               (reads < verification.retries)
        └─ awaitingApproval (needs approval)           out of attempts or reads ─> failed
 
+    a read-back whose Job failed with no answer from its program (:attr:`JobView.lost`: its pod was
+        lost with the node, or never ran to an exit before the Job's deadline) is read again without
+        counting against ``verification.retries``, at most :data:`LOST_READS_MAX` times per attempt
+
     before the compensator (issue 9), when declared: ``prechecking`` (the verification read; it
         already matches: ``alreadyRecovered``, no compensator runs), then ``preconditioning`` (the
         precondition read; it does not match: ``conflict``, not undone, unless forced); the
@@ -68,16 +72,23 @@ Role = Literal["compensator", "reader", "check", "precheck", "precondition"]
 READ_ROLES = frozenset({"reader", "precheck", "precondition"})
 
 UNAVAILABLE = "cannot verify: arguments unavailable"
+#: read-backs of one attempt that gave no answer (:attr:`JobView.lost`) and are read again without
+#: counting against ``verification.retries``; past this many, a lost read counts as a failed read
+LOST_READS_MAX = 3
 
 
 @dataclass(frozen=True)
 class JobView:
     """What a Job did: ``state`` running, succeeded or failed; ``message`` the error (the
-    container's termination message or the Job's failure reason); ``output`` a reader's stdout."""
+    container's termination message or the Job's failure reason); ``output`` a reader's stdout;
+    ``lost`` for a failed Job whose program gave no answer of its own: no pod ran it to an exit
+    (the node lost it, or the Job's deadline ended it first). A failed read is an answer (the
+    reader exited non-zero, rule 5); a lost one is not."""
 
     state: Literal["running", "succeeded", "failed"]
     message: str = ""
     output: str | None = None
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,8 @@ NO_GUARDS = Guards()
 class StepRun:
     """One step's progress inside one request. ``attempts`` counts compensator runs (across
     requests), ``first_attempt`` the first attempt this request ran (its ``retries`` budget starts
-    there), ``reads`` read-backs of the current attempt, ``next_at`` (epoch seconds) when a
+    there), ``reads`` read-backs of the current attempt, ``lost_reads`` those of them that gave no
+    answer and do not count against ``verification.retries``, ``next_at`` (epoch seconds) when a
     waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed;
     ``forced_by`` who forced the undo although its precondition did not hold (``spec.force``)."""
 
@@ -177,6 +189,7 @@ class StepRun:
     reason: str | None = None
     first_attempt: int | None = None
     forced_by: str | None = None
+    lost_reads: int = 0
 
     def attempts_here(self) -> int:
         """Attempts made by this request (its ``retries`` budget counts these)."""
@@ -410,6 +423,13 @@ def advance(
             return run, [StartJob(s, "reader", run.attempts, run.reads)]
         if job.state == "running":
             return run, []
+        if job.state == "failed" and job.lost and run.lost_reads < LOST_READS_MAX and not policy.stop:
+            # no answer is not a failed read: read again, not counted against verification.retries
+            lost = f"read-back {run.reads} gave no answer: {job.message or 'its pod did not run to an exit'}"
+            wait = verify.backoff_ms / 1000.0
+            return replace(run, stage="rereading", next_at=now + wait, error=lost, lost_reads=run.lost_reads + 1), [
+                Note(s, "ReadBackLost", f"step {s}: {lost}; reading again in {wait:.1f}s (not counted against "
+                     f"verification.retries, {run.lost_reads + 1} of {LOST_READS_MAX} lost reads)", warning=True)]
         if job.state == "failed":
             problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
         else:
@@ -420,8 +440,8 @@ def advance(
         if problem is None:
             done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
             return done, [Journal(s, "compensated", run.attempts, "verified")]
-        if run.reads < verify.retries and not policy.stop:
-            wait = ceiling_ms(run.reads, verify.backoff_ms, 2**31) / 1000.0
+        if run.reads - run.lost_reads < verify.retries and not policy.stop:
+            wait = ceiling_ms(run.reads - run.lost_reads, verify.backoff_ms, 2**31) / 1000.0
             return replace(run, stage="rereading", next_at=now + wait, error=problem), [
                 Note(s, "VerificationRetrying",
                      f"step {s}: read-back {run.reads} of {verify.retries}: {problem}; reading again in {wait:.1f}s")]

@@ -315,6 +315,10 @@ class StepStatus(StatusModel):
         "request).",
     )
     reads: int = Field(default=0, ge=0, description="Read-backs of the current attempt so far (verification).")
+    lost_reads: int | None = Field(
+        default=None, ge=0,
+        description="Read-backs of the current attempt that gave no answer (the reader's pod was lost, or never ran "
+        "to an exit before its deadline): read again without counting against verification.retries, at most 3.")
     idempotency_key: str | None = Field(default=None, description="Compensation idempotency key (64 hex).")
     blocked_by: list[int] = Field(default_factory=list, description="Standing dependents that keep this step from "
     "being undone.")
