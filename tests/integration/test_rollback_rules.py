@@ -101,6 +101,33 @@ def test_rule1_dependents_are_undone_first_newest_first(rv):
     assert sorted(int(j.metadata.labels["reversi.dev/step"]) for j in jobs) == [0, 1, 2]
 
 
+def test_rule1_parallelism_bounds_the_compensations_under_way_at_the_downstream(rv):
+    """``parallelism: 2`` over six independent charges, counted at the downstream: every refund
+    is in flight for 1.5 s (its effect is recorded when it arrives, its answer comes 1.5 s
+    later), and at most two are ever in flight at once — and two are, so the bound is met by
+    overlapping work, not by running one at a time. Each read-back also takes 1.5 s and holds
+    no slot (it is not a compensation), so they run beside the next compensators."""
+    rv.apply_manifest()
+    steps, charges = [], []
+    for i in range(6):
+        step, charge = _charge_step(rv, i, f"o-par-{i}")
+        steps.append(step)
+        charges.append(charge)
+    rv.run("r", steps)
+    rv.downstream.fault("/payments/refunds", "timeout", times=6, delay_s=1.5)
+    rv.downstream.fault("/payments/charges/", "timeout", times=6, delay_s=1.5)
+    started = time.time()
+    rv.request("undo", "r", parallelism=2)
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=180)
+    assert req["status"]["report"]["compensated"] == list(range(6)), req["status"]["report"]
+    refunds = sorted(c["at"] for c in rv.downstream.calls("/payments/refunds", since=started))
+    assert len(refunds) == 6, refunds
+    # refunds in flight when each one arrived: those that arrived before it and are not answered yet
+    in_flight = [sum(1 for other in refunds[:i + 1] if other + 1.5 > at) for i, at in enumerate(refunds)]
+    assert max(in_flight) == 2, (in_flight, [round(at - started, 2) for at in refunds])
+    assert all(c["refunded"] for c in (rv.downstream.get(f"/payments/charges/{ch['id']}") for ch in charges))
+
+
 def test_rule1_step_is_deferred_while_dependent_stands(rv):
     rv.apply_manifest(capture_needs_approval=False)
     s0, charge = _charge_step(rv, 0, "o-defer")
