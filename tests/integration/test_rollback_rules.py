@@ -28,6 +28,12 @@ def _charge_step(rv, index, order, **kw):
                    charge, **kw), charge
 
 
+def _charge_steps(rv, n: int, prefix: str) -> tuple[list[dict], list[dict]]:
+    """``n`` independent charge steps (orders ``<prefix>-0`` ...) and their charges."""
+    pairs = [_charge_step(rv, i, f"{prefix}-{i}") for i in range(n)]
+    return [step for step, _ in pairs], [charge for _, charge in pairs]
+
+
 def test_rule2_dry_run_plans_the_design_example_and_changes_nothing(rv):
     rv.apply_manifest()
     s1, charge = _charge_step(rv, 1, "o-dry")
@@ -108,11 +114,7 @@ def test_rule1_parallelism_bounds_the_compensations_under_way_at_the_downstream(
     overlapping work, not by running one at a time. Each read-back also takes 1.5 s and holds
     no slot (it is not a compensation), so they run beside the next compensators."""
     rv.apply_manifest()
-    steps, charges = [], []
-    for i in range(6):
-        step, charge = _charge_step(rv, i, f"o-par-{i}")
-        steps.append(step)
-        charges.append(charge)
+    steps, charges = _charge_steps(rv, 6, "o-par")
     rv.run("r", steps)
     rv.downstream.fault("/payments/refunds", "timeout", times=6, delay_s=1.5)
     rv.downstream.fault("/payments/charges/", "timeout", times=6, delay_s=1.5)
@@ -281,11 +283,7 @@ def test_rule6_rerun_skips_compensated_and_retries_failed_with_the_same_key(rv):
 
 def test_rule6_two_requests_never_run_one_compensation_twice(rv):
     rv.apply_manifest()
-    steps, charges = [], []
-    for i in range(3):
-        s, ch = _charge_step(rv, i, f"o-two-{i}")
-        steps.append(s)
-        charges.append(ch)
+    steps, _ = _charge_steps(rv, 3, "o-two")
     rv.run("r", steps)
     rv.request("a", "r")
     rv.request("b", "r")
