@@ -112,6 +112,20 @@ def test_rule3_a_journaled_compensation_whose_job_is_missing_is_created_not_jour
     assert d.runs[0].stage == "compensating" and d.runs[0].attempts == 2
 
 
+def test_rule3_a_retry_journaled_before_a_crash_resumes_that_attempt_not_the_next():
+    """The status says ``retrying`` after attempt 1 failed (written at once); the pass whose
+    backoff ended journaled attempt 2 and crashed before its Job existed. The next pass resumes
+    attempt 2 (its Job created, or adopted by name), never skipping to attempt 3 (make chaos saw
+    compensator Jobs for attempts [1, 3])."""
+    for jobs in ({}, {("compensator", 0, 2, 0): ex.JobView("running")}):
+        d = dc.decide(inputs(1, mine={0: undo(0, "compensating", attempts=2)}, jobs=jobs, retries=5,
+                             entries={0: {"step": 0, "stage": "retrying", "attempts": 1, "firstAttempt": 1,
+                                          "nextAttemptAt": "1970-01-01T00:00:00Z", "lastError": "502"}}))
+        assert d.runs[0].stage == "compensating" and d.runs[0].attempts == 2, d.runs[0]
+        assert starts(d) == ([ex.StartJob(0, "compensator", 2)] if not jobs else [])
+        assert not [e for e in d.effects if isinstance(e, ex.Journal)], "attempt 2 is journaled already"
+
+
 def test_rule3_a_final_failure_journaled_before_a_crash_is_never_run_again():
     # the journal says the attempt failed for good; the status (not written before the crash) still
     # shows it under way, and its Job is gone (ttlSecondsAfterFinished): no Job, failed

@@ -180,9 +180,10 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
     detail) and the Run's journal, which outranks it (it is written first, rule 3): journaled
     ``compensated`` is compensated; ``compensationFailed`` is failed unless the status shows a
     later attempt under way (or a guard read before one); ``compensating`` resumes a step the
-    status shows not started (or failed). A final stage of this request in which nothing was undone stays. A step not
-    started waits for approval when it needs one it does not have (rule 8); a denied one waits
-    for good (reason ``Denied``)."""
+    status shows not started (or failed), and resumes the journaled attempt of a step the status
+    shows ``retrying`` an earlier one (never the attempt after it). A final stage of this
+    request in which nothing was undone stays. A step not started waits for approval when it
+    needs one it does not have (rule 8); a denied one waits for good (reason ``Denied``)."""
     s = action.step
     if entry and entry.get("stage") in ex.STAGES and entry.get("stage") not in ("deferred",):
         run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
@@ -214,6 +215,10 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
                            error=journaled.last_error, reason=why)
         if journaled.state == "compensating" and run.stage in ("pending", "awaitingApproval", "failed"):
             return replace(run, stage="compensating", attempts=journaled.attempts)
+        if journaled.state == "compensating" and run.stage == "retrying" and journaled.attempts > run.attempts:
+            # the retry's attempt was journaled, then the pass ended before the status said so
+            # (a crash, or its Job create failed on the way): resume that attempt, never the next
+            return replace(run, stage="compensating", attempts=journaled.attempts, next_at=None)
         run = replace(run, attempts=max(run.attempts, journaled.attempts))
     if run.stage in ("pending", "awaitingApproval"):
         needs = action.needs_approval and s not in approved and approved_all_by is None
