@@ -93,7 +93,7 @@ RUNNERS_TOO_LARGE = "RunnersTooLarge"  # Invalid=True: the runners to record in 
 INVALID_DEPENDENCIES = "InvalidDependencies"  # Invalid=True: the run's dependencies are broken
 INVALID_SPEC = "InvalidSpec"  # Invalid=True: the request's own spec is unusable
 VALID = "Valid"  # Invalid=False
-NOT_STARTED = "NotStarted"  # Running=False before the first compensation starts
+NOT_STARTED = "NotStarted"  # Running=False before the first compensation starts (later: Idle or AwaitingApproval)
 IN_PROGRESS = "InProgress"  # Running=True
 FINISHED = "Finished"  # Running=False after the last compensation settled
 DEADLINE_EXCEEDED = "DeadlineExceeded"  # spec.deadlineSeconds passed; the rest is reported
@@ -119,6 +119,7 @@ COMPENSATION_DEADLINE_PASSED = "CompensationDeadlinePassed"
 # Per-step approval (Approved condition, rule 8); AWAITING_APPROVAL is also a reason
 APPROVED_BY_USER = "ApprovedByUser"  # Approved=True: spec.approvals names the step
 APPROVED_FOR_ALL = "ApprovedForAll"  # Approved=True: spec.approveCompensations
+NONE_AWAITING = "NoneAwaiting"  # AwaitingApproval=False: no step waits (approved one by one, or none needs it)
 APPROVAL_NOT_REQUIRED = "ApprovalNotRequired"  # Approved=True: snapshot does not require it
 DENIED = "Denied"  # Approved=False / Compensated=False: spec.denials names the step: it is not undone
 # Per-step verification (Verified condition, rule 5); VERIFIED is also a reason
@@ -188,6 +189,7 @@ REASONS = frozenset(
         AWAITING_APPROVAL,
         APPROVED_BY_USER,
         APPROVED_FOR_ALL,
+        NONE_AWAITING,
         APPROVAL_NOT_REQUIRED,
         DENIED,
         VERIFIED,

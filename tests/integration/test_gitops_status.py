@@ -42,6 +42,7 @@ EXPECTED = {
     "rollbackrequest-running": ("InProgress", "Progressing"),
     "rollbackrequest-succeeded": ("Current", "Healthy"),
     "rollbackrequest-incomplete": ("Failed", "Degraded"),
+    "rollbackrequest-run-missing": ("InProgress", "Progressing"),
     "rollbackrequest-failed": ("Failed", "Degraded"),
     "rollbackrequest-planned": ("Current", "Healthy"),
     "rollbackrequest-planned-then-edited": ("Current", "Healthy"),
@@ -141,6 +142,10 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
                                                and _cond(r, "Stalled").get("status") == "True"
                                                else None)(rv.get("runs", "r-email")), what="Run r-email Stalled")
     rv.request("undo-missing", "no-such-run")
+    # waiting for its Run (a GitOps apply may create the request first): in progress, not healthy
+    seen["rollbackrequest-run-missing"] = wait_for(
+        lambda: (lambda r: r if _observed(r) and _cond(r, "Planned").get("reason") == "RunNotFound" else None)(
+            rv.get("rollbackrequests", "undo-missing")), what="the request to wait for its Run")
     seen["rollbackrequest-failed"] = rv.wait_phase("undo-missing", "Failed")
     rv.request("plan", "r-email", dryRun=True)
     seen["rollbackrequest-planned"] = rv.wait_phase("plan", "Planned")

@@ -348,16 +348,30 @@ def test_rule8_compensation_needing_approval_waits_until_approved(rv):
     assert req["status"]["report"]["awaitingApproval"] == [1]
     assert rv.condition(rv.step_status(req, 1), "Approved")["reason"] == "AwaitingApproval"
     assert rv.downstream.get(f"/payments/captures/{capture['id']}")["status"] == "captured"
+    # the request's conditions agree: nothing runs because step 1 waits for a person, and a
+    # request waiting for an approval is not stalled (kstatus: Reconciling says what it waits for)
+    assert rv.condition(req["status"], "Running")["reason"] == "AwaitingApproval"
+    assert rv.condition(req["status"], "Reconciling")["reason"] == "AwaitingApproval"
+    assert "Reconciling says" in rv.condition(req["status"], "Stalled")["message"]
     # the client claims to be alice; the admission webhook records who really approved
     rv.patch("rollbackrequests", "undo", {"spec": {"approvals": [{"step": 1, "approver": "alice"}]}})
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
     assert req["status"]["report"]["compensated"] == [0, 1]
+    assert rv.condition(req["status"], "AwaitingApproval")["reason"] == "NoneAwaiting", "approved one by one"
     assert rv.condition(rv.step_status(req, 1), "Approved")["message"] == "approved by reversi-admin"
     assert rv.get("rollbackrequests", "undo")["spec"]["approvals"][0]["approver"] == "reversi-admin"
 
 
 def test_request_for_a_missing_run_fails_with_a_clear_condition_after_the_wait(rv):
     rv.request("undo", "no-such-run")  # waits REVERSI_RUN_WAIT_SECONDS (8 s in the tests) for the Run
+    # kstatus InProgress while it waits (a GitOps tool must not call it healthy)
+    waiting = wait_for(lambda: (lambda st: st if any(c["type"] == "Planned" for c in st.get("conditions") or [])
+                                else None)(rv.get("rollbackrequests", "undo").get("status") or {}),
+                       timeout=30, what="the operator to say it waits for the Run")
+    assert waiting["phase"] == "Pending" and rv.condition(waiting, "Planned")["reason"] == "RunNotFound"
+    assert rv.condition(waiting, "Reconciling")["status"] == "True"
+    assert rv.condition(waiting, "Reconciling")["reason"] == "RunNotFound"
+    assert rv.condition(waiting, "Ready")["status"] == "False"
     req = rv.wait_phase("undo", "Failed", timeout=60)
     invalid = next(c for c in req["status"]["conditions"] if c["type"] == "Invalid")
     assert invalid["status"] == "True" and invalid["reason"] == "RunNotFound"

@@ -253,3 +253,18 @@ def test_retry_conflicts_passes_a_refusal_through_at_once_and_gives_up_on_endles
     with pytest.raises(CliError) as err:
         retry_conflicts(racing, "resolving step 1 of Run shop/r", attempts=2)
     assert str(err.value) == "resolving step 1 of Run shop/r: the object kept changing; try again"
+
+
+def test_describe_of_a_request_waiting_for_its_run_says_so_not_that_the_operator_is_down():
+    from reversi.cli.views import next_steps
+
+    waiting = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "ghost"}},
+               "status": {"phase": "Pending", "conditions": [
+                   {"type": "Planned", "status": "False", "reason": "RunNotFound",
+                    "message": "RollbackRequest shop/undo: Run shop/ghost not found; waiting for it to be created"}]}}
+    lines = next_steps(waiting, None)
+    assert "waits for the Run" in lines[0] and "shop/ghost not found" in lines[0]
+    assert "kubectl get runs -n shop" in lines[1]
+    assert not any("reversi-operator is running" in line for line in lines)
+    fresh = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}}, "status": {}}
+    assert "reversi-operator is running" in next_steps(fresh, None)[0]

@@ -240,7 +240,8 @@ def readiness(state: str, reason: str, message: str) -> list[tuple[str, str, str
     of an object that is ``"ready"``, ``"progressing"`` or ``"stalled"`` (kstatus conventions):
 
     - ready: Ready=True (``reason``), Reconciling=False and Stalled=False (``Idle``);
-    - progressing: Ready=False and Reconciling=True (``reason``), Stalled=False (``Idle``);
+    - progressing: Ready=False and Reconciling=True (``reason``; it may wait for a person, e.g.
+      an approval), Stalled=False (``Idle``);
     - stalled (a person must act): Ready=False and Stalled=True (``reason``), Reconciling=False.
 
     kstatus then computes Current, InProgress and Failed. Raises ``ValueError`` for another state.
@@ -253,7 +254,8 @@ def readiness(state: str, reason: str, message: str) -> list[tuple[str, str, str
         (c.RECONCILING, c.TRUE if state == PROGRESSING else c.FALSE, reason if state == PROGRESSING else c.IDLE,
          message if state == PROGRESSING else idle),
         (c.STALLED, c.TRUE if state == STALLED_STATE else c.FALSE, reason if state == STALLED_STATE else c.IDLE,
-         message if state == STALLED_STATE else "nothing needs a person"),
+         message if state == STALLED_STATE else "nothing needs a person" if state == READY_STATE
+         else "not stalled: Reconciling says what it is doing or waiting for"),
     ]
 
 

@@ -311,7 +311,8 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float, as_j
                 return 2
         else:
             awaiting_since = None
-        if phase in (None, "Pending") and not pending_hint_shown and time.monotonic() - started > PENDING_HINT_SECONDS:
+        if (phase is None or (phase == "Pending" and not (req.get("status") or {}).get("conditions"))) \
+                and not pending_hint_shown and time.monotonic() - started > PENDING_HINT_SECONDS:
             remark("note: the operator has not picked the request up yet; is reversi-operator running?")
             pending_hint_shown = True
         if timeout and time.monotonic() - started > timeout:

@@ -477,6 +477,12 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
             out.append(f"See every step with kubectl reversi plan {run_name} {n}; settle what blocks it, then "
                        f"kubectl reversi rollback {run_name} {n}")
         return out
+    planned = _conditions(status).get("Planned") or {}
+    if phase == "Pending" and planned.get("reason") == "RunNotFound":
+        out.append(f"The operator waits for the Run: {planned.get('message', '')}")
+        out.append(f"Check the name with kubectl get runs {n}, or delete this request: kubectl delete "
+                   f"rollbackrequest {name} {n}")
+        return out
     if phase in (None, "Pending"):
         out.append("The operator has not picked the request up yet: check that reversi-operator is running.")
         return out

@@ -422,6 +422,8 @@ class Reconciler(TreeRollback):
         if tree is not None:
             verdict += "; runs below: " + ", ".join(f"{x['run']} {x['outcome']}" for x in tree.ordered())
         ending = finished and not (awaiting and not deadline_passed)
+        # AwaitingApproval=False says why no step waits: all approved at once, or each one settled
+        none_awaiting = c.APPROVED_FOR_ALL if spec.approve_compensations else c.NONE_AWAITING
         # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
         late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
         if ending and late is None:
@@ -444,7 +446,7 @@ class Reconciler(TreeRollback):
                                            else (stalled_reason, verdict))
             status.update(phase=phase, completionTime=st.iso(now), conditions=st.summary_conditions(conds, gen, [
                 (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
-                (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL,
+                (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else none_awaiting,
                  unapproved if awaiting else "no step waits for approval"),
                 (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict),
                 *st.request_readiness(phase, ready_reason, ready_message)]))
@@ -470,10 +472,13 @@ class Reconciler(TreeRollback):
                                    for x in child_busy)
         awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, "
                             "or spec.approveCompensations)" if awaiting else "no step waits for approval")
+        # Running=False: nothing started yet, or waiting for an approval, or between Jobs (backoff)
+        started_any = any(r.stage not in ("pending", "awaitingApproval", "deferred") for r in runs.values())
+        not_running = c.AWAITING_APPROVAL if awaiting else c.IDLE if started_any else c.NOT_STARTED
         status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
-            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else c.NOT_STARTED, running_message),
+            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else not_running, running_message),
             (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE,
-             c.AWAITING_APPROVAL if awaiting else c.APPROVED_FOR_ALL, awaiting_message),
+             c.AWAITING_APPROVAL if awaiting else none_awaiting, awaiting_message),
             (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
             *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
               else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
@@ -843,8 +848,9 @@ class Reconciler(TreeRollback):
         status = dict(req.get("status") or {})
         message = (f"{where} not found; waiting for it to be created (up to {limit:g}s after the request, until "
                    f"{st.iso(created + limit)}), then the request fails; check spec.runRef.name")
+        # Reconciling=True (kstatus InProgress): a GitOps tool waits instead of reporting it healthy
         conds = st.summary_conditions(status.get("conditions") or [], gen, [
-            (c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message)])
+            (c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message), *st.request_readiness("Pending", c.RUN_NOT_FOUND, message)])
         if status.get("phase") != "Pending" or conds != status.get("conditions"):
             status.update(phase="Pending", conditions=conds, observedGeneration=gen)
             self._write(req, status)
