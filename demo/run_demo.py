@@ -122,6 +122,7 @@ class Demo:
             self.cluster.up(log=lambda m: print(f"  {m}", flush=True))
             self.started_cluster = True
         else:
+            refuse_a_second_demo(self.cluster)
             print(f"  using the running control plane at {self.cluster.server}")
         self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
         apply_crds(self.admin)
@@ -346,7 +347,7 @@ class Demo:
     # ----- tearing down -----------------------------------------------------------------------
 
     def teardown(self) -> None:
-        if self.keep:
+        if self.keep and self.operator is not None:  # (refused before it started: nothing to keep)
             state = {"operator": self.operator.proc.pid if self.operator and self.operator.proc else None,
                      "downstream": self.downstream.pid if self.downstream else None, "work": str(self.work)}
             STATE_FILE(self.cluster).write_text(json.dumps(state))
@@ -371,6 +372,29 @@ class Demo:
 
 def STATE_FILE(cluster: Cluster) -> Path:
     return cluster.paths.root / "demo-processes.json"
+
+
+class DemoRunning(RuntimeError):
+    """A demo that ``--keep`` left running still runs on this cluster."""
+
+
+def refuse_a_second_demo(cluster: Cluster) -> None:
+    """Raise :class:`DemoRunning` when a ``--keep`` demo's operator still runs on ``cluster``: a
+    second demo would recreate its namespace (deleting the runs tried there) and, at its end,
+    remove the webhook configurations the kept operator serves, so halts would stop refusing
+    calls. A state file whose operator is gone is stale and removed."""
+    path = STATE_FILE(cluster)
+    if not path.exists():
+        return
+    pid = json.loads(path.read_text()).get("operator")
+    try:
+        if pid:
+            os.kill(pid, 0)
+            raise DemoRunning(f"a demo started with --keep is still running on this cluster (operator pid {pid}); "
+                              "stop it first: python demo/run_demo.py --stop")
+    except ProcessLookupError:
+        pass
+    path.unlink(missing_ok=True)
 
 
 def stop() -> int:

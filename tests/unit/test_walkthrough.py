@@ -59,3 +59,30 @@ def test_the_readme_names_every_plugin_command():
 def test_the_readme_lists_kubectl_as_a_requirement():
     requirements = README[README.index("### Requirements"):README.index("## Walkthrough")]
     assert re.search(r"^- kubectl\b", requirements, re.MULTILINE)
+
+
+def test_a_second_demo_is_refused_while_a_kept_one_runs(tmp_path):
+    """``make demo`` while ``make demo KEEP=1`` still runs would recreate the demo's namespace and
+    remove the webhook configurations the kept operator serves (halts would stop refusing calls):
+    it is refused by name; a state file whose operator is gone is stale and removed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    import pytest
+
+    demo = _demo()
+    cluster = SimpleNamespace(paths=SimpleNamespace(root=tmp_path))
+    state = demo.STATE_FILE(cluster)
+    demo.refuse_a_second_demo(cluster)  # no kept demo: nothing to refuse
+    state.write_text(json.dumps({"operator": os.getpid(), "downstream": None}))
+    with pytest.raises(demo.DemoRunning, match=r"python demo/run_demo\.py --stop"):
+        demo.refuse_a_second_demo(cluster)
+    assert state.exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    state.write_text(json.dumps({"operator": gone.pid, "downstream": None}))
+    demo.refuse_a_second_demo(cluster)
+    assert not state.exists()
