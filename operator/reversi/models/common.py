@@ -64,7 +64,7 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #: 3: the sliced journal (RunSteps; Run.status.movedSteps; object names in references are DNS names),
 #:    closed runs (Run.status.closedBy, RollbackRequest.status.runSteps), Run.spec.recovery, denials,
 #:    requireVerification, per-request attempts and re-verify fields.
-#: 4: RollbackRequest.status.steps[].lostReads (read-backs that gave no answer).
+#: 4: RollbackRequest.status.steps[].lostReads (read-backs that gave no answer); Run's Closed-By column.
 SCHEMA_VERSION = 4
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
