@@ -12,8 +12,9 @@ so the tests use ports that do not clash (``REVERSI_TEST_CHART_METRICS_PORT``, d
 address, so the Service's EndpointSlice reaches it and the API server calls the webhooks through
 the Service, as on a real cluster.
 
-The release is installed once per module and uninstalled at its end, so that it never runs next
-to the integration tests' ``operator`` process (tests/chart runs before tests/integration).
+The release is installed once per module and uninstalled at its end; while it is installed the
+integration tests' ``operator`` process is stopped, when the worker runs it (``make test``'s
+workers take test files in any order), so that no request is worked by two operators.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 from reversi.devcluster.build import binary
 from tests.chart.chartkit import Release, Renderer, release_values
 from tests.integration.conftest import crds, downstream  # noqa: F401 - fixtures used by the chart tests
+from tests.integration.conftest import integration_operator_paused
 
 
 def _tool(component: str, name: str) -> Path:
@@ -58,7 +60,7 @@ def render(helm, tmp_path) -> Renderer:
 
 
 @pytest.fixture(scope="module")
-def installed(cluster, crds, helm, kubectl, tmp_path_factory):  # noqa: F811 - crds is the imported fixture
+def installed(cluster, crds, helm, kubectl, tmp_path_factory, admin_api):  # noqa: F811 - crds is the imported fixture
     """``with installed(**values) as release:`` installs the chart (test values plus ``values``)
     as release ``rv`` in a namespace of its own, and uninstalls it afterwards. One at a time: the
     operator's ports are host ports on the local control plane."""
@@ -68,20 +70,21 @@ def installed(cluster, crds, helm, kubectl, tmp_path_factory):  # noqa: F811 - c
         ns = f"reversi-system-{uuid.uuid4().hex[:5]}"
         rel = Release(helm, kubectl, cluster.paths.admin_kubeconfig, tmp_path_factory.mktemp("release"), "rv", ns,
                       release_values(**overrides))
-        try:
-            rel.install()
-        except BaseException:
+        with integration_operator_paused(admin_api):
             try:
-                print(f"--- operator log ---\n{rel.logs()[-6000:]}")
-            except Exception:  # noqa: BLE001 - best effort for the report
-                pass
-            rel.uninstall(check=False)
-            raise
-        try:
-            yield rel
-        finally:
-            rel.uninstall()
-            rel.kubectl_cmd("delete", "namespace", ns, "--wait=false", check=False)
+                rel.install()
+            except BaseException:
+                try:
+                    print(f"--- operator log ---\n{rel.logs()[-6000:]}")
+                except Exception:  # noqa: BLE001 - best effort for the report
+                    pass
+                rel.uninstall(check=False)
+                raise
+            try:
+                yield rel
+            finally:
+                rel.uninstall()
+                rel.kubectl_cmd("delete", "namespace", ns, "--wait=false", check=False)
 
     return install
 

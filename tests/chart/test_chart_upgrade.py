@@ -29,7 +29,7 @@ from reversi.models import ALL_CRDS
 from reversi.models.common import SCHEMA_VERSION
 from tests.chart.chartkit import CHART, REPO, Release, release_values
 from tests.helpers import wait_for
-from tests.integration.conftest import RV
+from tests.integration.conftest import RV, integration_operator_paused
 
 pytestmark = pytest.mark.cluster
 
@@ -71,6 +71,12 @@ def _metric(text: str, name: str) -> float | None:
 
 
 def test_upgrade_from_older_crds_as_documented(cluster, crds, helm, kubectl, admin_api, downstream, tmp_path):
+    # the old CRDs and the release's operator: the integration tests' operator is stopped meanwhile
+    with integration_operator_paused(admin_api):
+        _upgrade_from_older_crds(cluster, helm, kubectl, admin_api, downstream, tmp_path)
+
+
+def _upgrade_from_older_crds(cluster, helm, kubectl, admin_api, downstream, tmp_path) -> None:
     kc = cluster.paths.admin_kubeconfig
     old = _old_chart(tmp_path)
     # what the old chart's `helm install` did: create the CRDs of its crds/ folder

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
@@ -83,6 +85,28 @@ def downstream(tmp_path_factory):
     proc.wait(timeout=10)
 
 
+#: the integration tests' operator once this process started it (see :func:`integration_operator_paused`)
+_STARTED: list[OperatorProcess] = []
+
+
+@contextlib.contextmanager
+def integration_operator_paused(admin_api: client.ApiClient) -> Iterator[None]:
+    """Stop the integration tests' operator for the body, when this process runs it, with the
+    webhook configurations it registered, and start it again afterwards (it registers them
+    again). A chart release's operator must be the only one at work: two operators would work
+    the same requests. Under pytest-xdist a worker may run integration tests before chart tests."""
+    running = [op for op in _STARTED if op.alive()]
+    for op in running:
+        op.stop()
+    if running:
+        remove_webhook_configurations(admin_api)
+    try:
+        yield
+    finally:
+        for op in running:
+            op.start()
+
+
 @pytest.fixture(scope="session")
 def operator(cluster, crds, admin_api):
     """The operator, running as a real process against the local control plane."""
@@ -93,6 +117,7 @@ def operator(cluster, crds, admin_api):
     op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator.log",
                          metrics_port=metrics_port, webhook_port=webhook_port)
     op.start()
+    _STARTED.append(op)
     yield op
     op.stop()
     remove_webhook_configurations(admin_api)
