@@ -580,7 +580,10 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
         f"Phase:        {status.get('phase') or 'Pending'}",
     ]
     if status.get("progress"):
-        lines.append(f"Progress:     {status['progress']} compensations settled")
+        report = status.get("report") or {}
+        cancelled = report.get("cancelled") or []
+        lines.append(f"Progress:     {status['progress']} compensations settled"
+                     + (f"; {len(cancelled)} cancelled before they started" if cancelled else ""))
     approve = "all (approveCompensations" + (f", by {spec['approvedBy']})" if spec.get("approvedBy") else ")") \
         if spec.get("approveCompensations") else ""
     approvals = spec.get("approvals") or []

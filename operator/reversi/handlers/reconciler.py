@@ -755,9 +755,12 @@ class Reconciler(TreeRollback):
         pinned = {"runSteps": status["runSteps"]} if status.get("runSteps") is not None else {}
         self.kube.merge_status(REQUESTS, ns, name, {"runners": entries, **pinned})
         manifest = run_spec.manifest_ref.name
-        used = ", ".join(f"{e['name']} ({e['image']})" for e in entries) or "none"
-        self.kube.event(req, "RunnersRecorded", f"uses runners {used} as ToolManifest {ns}/{manifest} gave them now "
-                        "(status.runners) until it ends; a later change to the ToolManifest affects the next request")
+        used = ", ".join(f"{e['name']} ({e['image']})" for e in entries)
+        self.kube.event(req, "RunnersRecorded", (
+            f"uses runners {used} as ToolManifest {ns}/{manifest} gave them now (status.runners) until it ends; a "
+            "later change to the ToolManifest affects the next request") if used else (
+            "needs no runner: no step of the run is left to undo or read back (earlier requests settled them; "
+            "see the report)"))
         return rs.from_record(entries) or ({}, {})
 
     def _manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
