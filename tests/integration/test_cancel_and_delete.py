@@ -5,6 +5,7 @@ a compensator that ran is counted there, whatever the operator says."""
 from __future__ import annotations
 
 import datetime as dt
+import sys
 
 from kubernetes.client.rest import ApiException
 
@@ -136,3 +137,35 @@ def test_delete_mid_rollback_never_kills_the_compensator_and_the_next_request_se
     except ApiException as err:  # pragma: no cover - the journal must outlive the request
         raise AssertionError("the RunStep of step 1 is gone") from err
     assert not (rv.get("runs", "r").get("status") or {}).get("activeRequest")
+
+
+def test_cancel_while_a_lost_read_back_waits_leaves_the_undo_unverified_and_the_next_request_reads_it(rv):
+    """Breaker finding: the read-back hangs (its GET answers after 30 s) until its runner's 4 s
+    deadline ends it, a lost read; the request is cancelled while it waits 30 s to read again.
+    No read answered, and the refund happened: compensated but unverified, not failed. The next
+    request reads it back and never runs the compensator again."""
+    from tests.integration.conftest import TOOL, manifest_body
+
+    body = manifest_body(rv.downstream.url, reader_command=[sys.executable, str(TOOL)])
+    next(r for r in body["spec"]["runners"] if r["name"] == "odd-reader")["deadlineSeconds"] = 4
+    charge_tool = next(t for t in body["spec"]["tools"] if t["name"] == "payments.create_charge")
+    charge_tool["verification"]["backoffMs"] = 30000
+    rv.manifest = rv.create("toolmanifests", body)
+    step, charge = _charge_step(rv, 0, "o-cancel-lost")
+    rv.run("r", [step])
+    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=30)
+    rv.request("undo", "r")
+    wait_for(lambda: any(e.reason == "ReadBackLost" for e in rv.core.list_namespaced_event(
+        rv.ns, field_selector="involvedObject.name=undo").items), timeout=90, what="a lost read-back")
+    rv.patch("rollbackrequests", "undo", {"spec": {"cancel": True}})
+    req = rv.wait_phase("undo", "Incomplete", "Succeeded", "Failed", timeout=60)
+    report = req["status"]["report"]
+    assert report["unverified"] == [0] and report["failed"] == [], report
+    assert rv.condition(rv.step_status(req, 0), "Verified")["reason"] == "Cancelled"
+    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+    _run_free(rv, "r")
+    rv.request("again", "r")
+    again = rv.wait_phase("again", "Succeeded", "Incomplete", timeout=90)
+    assert again["status"]["phase"] == "Succeeded", again["status"]["report"]
+    assert len(_jobs(rv, "compensator")) == 1, "the compensator ran again"
+    assert len([c for c in _refund_calls(rv) if c["at"] >= rv.started]) == 1

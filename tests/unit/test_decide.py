@@ -224,6 +224,7 @@ def test_a_pending_read_back_of_an_earlier_undo_is_dropped_on_cancel():
 
 def test_the_reasons_are_the_conditions_module_s():
     for name in ("VERIFIED", "NO_READ_BACK_DECLARED", "NO_READER", "READ_BACK_REQUIRED", "CANCELLED", "DENIED",
+                 "DEADLINE_EXCEEDED",
                  "VERIFICATION_ARGUMENTS_UNAVAILABLE", "COMPENSATION_DEADLINE_PASSED"):
         assert getattr(dc, name) == getattr(c, name), name
     assert ex.CANCELLED_REASON == c.CANCELLED

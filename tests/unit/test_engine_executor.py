@@ -157,7 +157,9 @@ def test_rule13_a_cancelled_request_does_not_read_a_lost_read_back_again():
     lost = ex.JobView("failed", "lost", lost=True)
     run = ex.StepRun(1, stage="verifying", attempts=1, reads=1)
     final, effects = ex.advance(run, jobs(reader_1_1=lost), READER, replace(POLICY, stop="cancelled by ann"), now=0)
-    assert final.stage == "failed" and not effects_of(ex.StartJob, effects)
+    # no read answered: the undo ran but is unchecked (a later request reads it back)
+    assert final.stage == "compensated" and final.verification == "unverified"
+    assert not effects_of(ex.StartJob, effects)
 
 
 def test_rule5_no_reader_runner_means_compensated_but_unverified():
@@ -321,3 +323,41 @@ def test_a_check_whose_job_is_gone_is_not_run_again_once_its_read_back_started()
     # no read-back yet and no check Job: the check is started (it never ran)
     new, effects = ex.advance(run, _jobs(), READER, policy, now=1.0)
     assert new.stage == "checking" and effects == [ex.StartJob(0, "check", 1, 0)]
+
+
+def test_rule13_a_cancel_while_only_lost_reads_were_made_leaves_the_undo_unverified_not_failed():
+    """Breaker finding: cancelled while waiting to read again after a lost read, or when a lost
+    read comes back after the cancel, no read-back answered: the undo ran, so the step is
+    compensated but unverified (a later request reads it back, never compensates again)."""
+    waiting = ex.StepRun(1, stage="rereading", attempts=1, reads=1, lost_reads=1, next_at=99.0, error="lost")
+    done, effects = ex.give_up(waiting, "cancelled by ann")
+    assert done.stage == "compensated" and done.verification == "unverified" and done.reason == "Cancelled"
+    assert effects_of(ex.Journal, effects) == [ex.Journal(1, "compensated", 1, "unverified")]
+    done, _ = ex.give_up(waiting, "the deadline passed", "DeadlineExceeded")
+    assert done.verification == "unverified" and done.reason == "DeadlineExceeded"
+    # a read that answered (a mismatch) before: failed, as rule 13 says of a mismatching read-back
+    answered = replace(waiting, reads=2, lost_reads=1)
+    assert ex.give_up(answered, "cancelled by ann")[0].stage == "failed"
+    # the lost read comes back after the cancel
+    lost = ex.JobView("failed", "lost", lost=True)
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=2, lost_reads=1)
+    done, _ = ex.advance(run, jobs(reader_1_2=lost), READER, replace(POLICY, stop="cancelled by ann"), now=0)
+    assert done.stage == "compensated" and done.verification == "unverified"
+
+
+def test_rule13_a_cancelled_request_never_creates_a_journaled_attempts_missing_job():
+    """Breaker finding: attempt 2 journaled, then the pass ended before its Job existed, then the
+    request was cancelled: no new Job starts (rule 13); the attempt never ran, the step fails."""
+    run = ex.StepRun(1, stage="compensating", attempts=2, first_attempt=1, error="502")
+    done, effects = ex.advance(run, jobs(), READER, replace(POLICY, stop="cancelled by ann"), now=0)
+    assert done.stage == "failed" and "attempt 2 was not started: cancelled by ann" in done.error
+    assert not effects_of(ex.StartJob, effects)
+    assert effects_of(ex.Journal, effects)[0].state == "compensationFailed"
+
+
+def test_a_rereading_note_counts_only_the_reads_that_answered():
+    wrong = ex.JobView("succeeded", output='{"refunded": false}')
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=3, lost_reads=2)
+    new, effects = ex.advance(run, jobs(reader_1_3=wrong), READER, POLICY, now=0)
+    assert new.stage == "rereading"
+    assert "read-back 1 of 2 (2 lost, not counted)" in effects_of(ex.Note, effects)[0].message

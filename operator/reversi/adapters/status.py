@@ -120,8 +120,9 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
     elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
         ver = (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
                "sets requireVerification, so this undo is unverified")
-    elif run.verification == "unverified" and run.reason == c.CANCELLED:
-        ver = (c.FALSE, c.CANCELLED, "undone but not checked: the request was cancelled before the read-back started; "
+    elif run.verification == "unverified" and run.reason in (c.CANCELLED, c.DEADLINE_EXCEEDED):
+        why = "was cancelled" if run.reason == c.CANCELLED else "reached its deadline"
+        ver = (c.FALSE, run.reason, f"undone but not checked: the request {why} before a read-back answered; "
                "a later request on the run runs it (never the compensator again)")
     elif run.verification == "unverified":
         ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")

@@ -51,6 +51,7 @@ CANCELLED = "Cancelled"
 DENIED = "Denied"
 VERIFICATION_ARGUMENTS_UNAVAILABLE = "VerificationArgumentsUnavailable"
 COMPENSATION_DEADLINE_PASSED = "CompensationDeadlinePassed"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
 
 #: ``observe(role, attempt, read, step)``: what the Job of that step, role, attempt and read did,
 #: or None when it does not exist (a read-only lookup: the pass loaded the Jobs)
@@ -199,7 +200,7 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
         if journaled.state == "compensated":
             reason = verification_reason(journaled.verification)
             said = _said(entry)
-            if journaled.verification == "unverified" and said in (READ_BACK_REQUIRED, CANCELLED):
+            if journaled.verification == "unverified" and said in (READ_BACK_REQUIRED, CANCELLED, DEADLINE_EXCEEDED):
                 reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
             return replace(run, stage="compensated", attempts=journaled.attempts,
                            verification=journaled.verification, error=None, reason=reason)
@@ -358,7 +359,8 @@ def decide(inputs: PassInputs, rng: random.Random | None = None) -> Decision:
 
     for s, run in list(runs.items()):
         if (deadline_passed or cancelling) and run.stage in ("retrying", "rereading"):
-            runs[s], eff = ex.give_up(run, stop or deadline_text(spec))
+            runs[s], eff = ex.give_up(run, stop or deadline_text(spec),
+                                      ex.CANCELLED_REASON if cancelling else DEADLINE_EXCEEDED)
             effects += eff
             continue
         if run.stage in ex.ACTIVE_STAGES:

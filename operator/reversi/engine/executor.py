@@ -372,6 +372,10 @@ def advance(
             # its check or read-back Job exists (started after the compensator succeeded by a pass
             # whose status was not written, or the compensator's Job is gone since): go on from there
             return advance(handed, observe, verify, policy, now, rng, guards)
+        if job is None and policy.stop:
+            # journaled, then cancelled before its Job existed (a crash in between): it never runs
+            return _fail(run, f"compensation attempt {run.attempts} was not started: {policy.stop}", None,
+                         "CompensationFailed")
         if job is None:  # journaled but not created yet (a crash in between): create it now
             return run, [StartJob(s, "compensator", run.attempts)]
         if job.state == "running":
@@ -423,6 +427,9 @@ def advance(
             return run, [StartJob(s, "reader", run.attempts, run.reads)]
         if job.state == "running":
             return run, []
+        if job.state == "failed" and job.lost and policy.stop and run.reads - 1 <= run.lost_reads:
+            # cancelled, and no read-back of this attempt answered: the undo is done but unchecked
+            return _unchecked(run, policy.stop)
         if job.state == "failed" and job.lost and run.lost_reads < LOST_READS_MAX and not policy.stop:
             # no answer is not a failed read: read again, not counted against verification.retries
             lost = f"read-back {run.reads} gave no answer: {job.message or 'its pod did not run to an exit'}"
@@ -442,9 +449,11 @@ def advance(
             return done, [Journal(s, "compensated", run.attempts, "verified")]
         if run.reads - run.lost_reads < verify.retries and not policy.stop:
             wait = ceiling_ms(run.reads - run.lost_reads, verify.backoff_ms, 2**31) / 1000.0
+            counted = run.reads - run.lost_reads
+            lost_text = f" ({run.lost_reads} lost, not counted)" if run.lost_reads else ""
             return replace(run, stage="rereading", next_at=now + wait, error=problem), [
-                Note(s, "VerificationRetrying",
-                     f"step {s}: read-back {run.reads} of {verify.retries}: {problem}; reading again in {wait:.1f}s")]
+                Note(s, "VerificationRetrying", f"step {s}: read-back {counted} of {verify.retries}{lost_text}: "
+                     f"{problem}; reading again in {wait:.1f}s")]
         return _fail(run, f"verification failed: {problem}", "verificationFailed", "VerificationFailed")
     if run.stage == "rereading":
         if run.next_at is not None and now < run.next_at:
@@ -466,20 +475,24 @@ def cancel(run: StepRun, why: str) -> StepRun:
     return run
 
 
-def _unchecked(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
+def _unchecked(run: StepRun, why: str, reason: str = CANCELLED_REASON) -> tuple[StepRun, list[Effect]]:
     s = run.step
-    done = replace(run, stage="compensated", verification="unverified", reason=CANCELLED_REASON, error=None)
+    done = replace(run, stage="compensated", verification="unverified", reason=reason, error=None)
     return done, [Journal(s, "compensated", run.attempts, "unverified"),
                   Note(s, "Unverified", f"step {s}: undone but not checked: {why}; a later request runs the read-back",
                        warning=True)]
 
 
-def give_up(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
-    """End a step that waits for another attempt or read-back (e.g. the request's deadline
-    passed): it fails with ``why`` and its last error; other stages are returned unchanged."""
+def give_up(run: StepRun, why: str, reason: str = CANCELLED_REASON) -> tuple[StepRun, list[Effect]]:
+    """End a step that waits for another attempt or read-back (the request was cancelled, or its
+    deadline passed): it fails with ``why`` and its last error; a step waiting to read again
+    after reads that were all lost (none answered) is compensated but ``unverified`` (its undo
+    ran; a later request runs the read-back), with ``reason``. Other stages are returned unchanged."""
     if run.stage == "retrying":
         return _fail(run, f"compensation failed after {_attempts_text(run)}: {why}; last error: {run.error}",
                      None, "CompensationFailed")
+    if run.stage == "rereading" and run.reads <= run.lost_reads:
+        return _unchecked(run, why, reason)
     if run.stage == "rereading":
         return _fail(run, f"verification failed: {why}; last read: {run.error}", "verificationFailed",
                      "VerificationFailed")
