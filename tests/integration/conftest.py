@@ -125,17 +125,21 @@ def operator(cluster, crds, admin_api):
 
 def manifest_body(downstream_url: str, *, reader: bool = True, expect: dict | None = None,
                   capture_needs_approval: bool = True, extra_tools: list[dict] | None = None,
-                  reader_command: list[str] | None = None) -> dict:
+                  reader_command: list[str] | None = None, reader_deadline_seconds: int = 60,
+                  charge_read_backoff_ms: int = 200) -> dict:
     """The test ToolManifest: payments (charge, capture), inventory (reserve), email, reads.
 
     Every compensator and reader runs ``demo/downstream/tool.py`` against ``downstream_url``.
+    ``reader_command`` gives the charge's read-back a runner of its own (``odd-reader``, with
+    ``reader_deadline_seconds``); ``charge_read_backoff_ms`` is that read-back's ``backoffMs``.
     """
     runner = {"name": "tools", "image": "registry.example/reversi-demo-tools:1",
               "command": [sys.executable, str(TOOL)],
               "env": [{"name": "DOWNSTREAM_URL", "value": downstream_url}], "deadlineSeconds": 60}
     runners = [runner]
     if reader_command:
-        runners.append({**runner, "name": "odd-reader", "command": reader_command})
+        runners.append({**runner, "name": "odd-reader", "command": reader_command,
+                        "deadlineSeconds": reader_deadline_seconds})
     verify_runner = ("odd-reader" if reader_command else "tools") if reader else None
     tools = [
         {"name": "payments.get_customer", "effect": "read"},
@@ -144,7 +148,7 @@ def manifest_body(downstream_url: str, *, reader: bool = True, expect: dict | No
                           "args": {"charge_id": "$result.id", "amount": "$args.amount"},
                           "residue": ["the charge stays visible on the customer's statement"], "runner": "tools"},
          "verification": {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"},
-                          "expect": expect or {"refunded": True}, "retries": 2, "backoffMs": 200,
+                          "expect": expect or {"refunded": True}, "retries": 2, "backoffMs": charge_read_backoff_ms,
                           **({"runner": verify_runner} if verify_runner else {})}},
         {"name": "payments.capture", "effect": "write", "requires": ["payments.create_charge"],
          "compensation": {"tool": "payments.void_capture", "kind": "inverse", "args": {"capture_id": "$result.id"},

@@ -11,6 +11,7 @@ from kubernetes.client.rest import ApiException
 
 from reversi.models.runstep import step_name
 from tests.helpers import wait_for
+from tests.integration.conftest import TOOL
 from tests.integration.test_plugin import kr
 
 CHARGE_ARGS = {"amount": 700, "customer": "cus_9"}
@@ -144,13 +145,8 @@ def test_cancel_while_a_lost_read_back_waits_leaves_the_undo_unverified_and_the_
     deadline ends it, a lost read; the request is cancelled while it waits 30 s to read again.
     No read answered, and the refund happened: compensated but unverified, not failed. The next
     request reads it back and never runs the compensator again."""
-    from tests.integration.conftest import TOOL, manifest_body
-
-    body = manifest_body(rv.downstream.url, reader_command=[sys.executable, str(TOOL)])
-    next(r for r in body["spec"]["runners"] if r["name"] == "odd-reader")["deadlineSeconds"] = 4
-    charge_tool = next(t for t in body["spec"]["tools"] if t["name"] == "payments.create_charge")
-    charge_tool["verification"]["backoffMs"] = 30000
-    rv.manifest = rv.create("toolmanifests", body)
+    rv.apply_manifest(reader_command=[sys.executable, str(TOOL)], reader_deadline_seconds=4,
+                      charge_read_backoff_ms=30000)
     step, charge = _charge_step(rv, 0, "o-cancel-lost")
     rv.run("r", [step])
     rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=30)

@@ -17,7 +17,7 @@ from reversi.models.runstep import LABEL_RUN
 from reversi.models.toolmanifest import ToolSpec
 
 from tests.helpers import wait_for
-from tests.integration.conftest import TOOL, manifest_body
+from tests.integration.conftest import TOOL
 
 pytestmark = pytest.mark.cluster
 
@@ -111,8 +111,8 @@ def test_rule1_parallelism_bounds_the_compensations_under_way_at_the_downstream(
     """``parallelism: 2`` over six independent charges, counted at the downstream: every refund
     is in flight for 1.5 s (its effect is recorded when it arrives, its answer comes 1.5 s
     later), and at most two are ever in flight at once — and two are, so the bound is met by
-    overlapping work, not by running one at a time. Each read-back also takes 1.5 s and holds
-    no slot (it is not a compensation), so they run beside the next compensators."""
+    overlapping work, not by running one at a time. Each read-back takes 1.5 s too; that a step
+    being read back holds no slot is the schedule's rule, shown in tests/unit/test_engine_schedule.py."""
     rv.apply_manifest()
     steps, charges = _charge_steps(rv, 6, "o-par")
     rv.run("r", steps)
@@ -211,9 +211,7 @@ def test_rule5_a_read_back_that_ran_out_of_its_deadline_is_read_again_without_co
     """The first read-back hangs (the downstream answers its GET after 30 s) until its Job's
     4 s deadline ends it: no answer, a lost read. The step reads again without counting it
     against verification.retries (2) and is verified; the downstream saw one refund."""
-    body = manifest_body(rv.downstream.url, reader_command=[sys.executable, str(TOOL)])
-    next(r for r in body["spec"]["runners"] if r["name"] == "odd-reader")["deadlineSeconds"] = 4
-    rv.manifest = rv.create("toolmanifests", body)
+    rv.apply_manifest(reader_command=[sys.executable, str(TOOL)], reader_deadline_seconds=4)
     s0, charge = _charge_step(rv, 0, "o-lost-read")
     rv.run("r", [s0])
     rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=30)

@@ -209,16 +209,14 @@ class Kube:
         ends: list[tuple[int | None, str | None]] = []
         if pods:
             pod = pods[-1]
-            exit_codes = []
             for cs in (pod.status.container_statuses if pod.status else None) or []:
                 term = cs.state.terminated if cs.state else None
                 if term is not None:
-                    exit_codes.append(term.exit_code)
                     ends.append((term.exit_code, term.reason))
                     message = (term.message or "").strip()
                     if not message and term.exit_code:
                         message = f"exit code {term.exit_code}"
-            truth = pod_verdict(state, exit_codes)
+            truth = pod_verdict(state, [code for code, _ in ends])
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
                 state, message, job_message = truth, "", ""

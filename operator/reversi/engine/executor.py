@@ -9,7 +9,7 @@ Stages of a step (``StepRun.stage``)::
     pending ─start─> compensating ─ok─> [checking ─ok─>] verifying ─match─> compensated (verified)
        │                 │ fail                              │ mismatch / failed read
        │                 └─> retrying ─backoff─> compensating└─> rereading ─backoff─> verifying
-       │                        (attempts < retries)               (reads < verification.retries)
+       │                        (attempts < retries)      (answered reads < verification.retries)
        └─ awaitingApproval (needs approval)           out of attempts or reads ─> failed
 
     a read-back whose Job failed with no answer from its program (:attr:`JobView.lost`: its pod was
@@ -190,6 +190,11 @@ class StepRun:
     first_attempt: int | None = None
     forced_by: str | None = None
     lost_reads: int = 0
+
+    def answered_reads(self) -> int:
+        """Read-backs of the current attempt that answered (``reads`` less the lost ones): what
+        ``verification.retries`` counts."""
+        return self.reads - self.lost_reads
 
     def attempts_here(self) -> int:
         """Attempts made by this request (its ``retries`` budget counts these)."""
@@ -427,8 +432,9 @@ def advance(
             return run, [StartJob(s, "reader", run.attempts, run.reads)]
         if job.state == "running":
             return run, []
-        if job.state == "failed" and job.lost and policy.stop and run.reads - 1 <= run.lost_reads:
-            # cancelled, and no read-back of this attempt answered: the undo is done but unchecked
+        if job.state == "failed" and job.lost and policy.stop and run.answered_reads() <= 1:
+            # cancelled, and no read-back of this attempt answered (this lost one is not counted
+            # yet): the undo is done but unchecked
             return _unchecked(run, policy.stop)
         if job.state == "failed" and job.lost and run.lost_reads < LOST_READS_MAX and not policy.stop:
             # no answer is not a failed read: read again, not counted against verification.retries
@@ -447,9 +453,9 @@ def advance(
         if problem is None:
             done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
             return done, [Journal(s, "compensated", run.attempts, "verified")]
-        if run.reads - run.lost_reads < verify.retries and not policy.stop:
-            wait = ceiling_ms(run.reads - run.lost_reads, verify.backoff_ms, 2**31) / 1000.0
-            counted = run.reads - run.lost_reads
+        if run.answered_reads() < verify.retries and not policy.stop:
+            counted = run.answered_reads()
+            wait = ceiling_ms(counted, verify.backoff_ms, 2**31) / 1000.0
             lost_text = f" ({run.lost_reads} lost, not counted)" if run.lost_reads else ""
             return replace(run, stage="rereading", next_at=now + wait, error=problem), [
                 Note(s, "VerificationRetrying", f"step {s}: read-back {counted} of {verify.retries}{lost_text}: "
@@ -491,7 +497,7 @@ def give_up(run: StepRun, why: str, reason: str = CANCELLED_REASON) -> tuple[Ste
     if run.stage == "retrying":
         return _fail(run, f"compensation failed after {_attempts_text(run)}: {why}; last error: {run.error}",
                      None, "CompensationFailed")
-    if run.stage == "rereading" and run.reads <= run.lost_reads:
+    if run.stage == "rereading" and run.answered_reads() == 0:
         return _unchecked(run, why, reason)
     if run.stage == "rereading":
         return _fail(run, f"verification failed: {why}; last read: {run.error}", "verificationFailed",
