@@ -10,7 +10,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-gateway bench-rollback
+.PHONY: install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -46,6 +46,11 @@ chaos: build
 # recording cost at step 100 and step 5,000 of one run (the journal's O(1) claim)
 bench-record: build
 	$(PYTHON) benchmarks/record_bench.py --steps 5000
+
+# recording under load: 1, 4, 16 and 32 agents next to the same API server's plain writes, and an agent's calls
+# while the operator or one admission replica is SIGKILLed (docs/operations.md#admission-where-each-rule-is-enforced)
+bench-record-load: build
+	$(PYTHON) benchmarks/record_load_bench.py
 
 # the operator's cost next to the bare work (issue 11): P1-P6 with their targets (ONLY=P1,P4 for a subset)
 bench-rollback: build

@@ -207,3 +207,21 @@ class Metrics:
                 log.warning("refreshing gauges failed: %s", err)
             if stop.wait(every):
                 return
+
+
+class AdmissionMetrics:
+    """The admission server's metrics (``reversi-admission``): the calls it refused. Each replica
+    counts its own; sum over the pods (``sum by (namespace, reason) (reversi_refused_calls_total)``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.refused = Counter("reversi_refused_calls", "Steps refused at admission, by reason.",
+                               ["namespace", "tool", "reason"], registry=self.registry)
+
+    def refused_call(self, namespace: str, tool: str, reason: str) -> None:
+        self.refused.labels(namespace, tool, reason).inc()
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve ``/metrics`` on ``port`` (a daemon thread)."""
+        start_http_server(port, addr=addr, registry=self.registry)
+        log.info("metrics on %s:%d/metrics", addr, port)

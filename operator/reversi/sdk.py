@@ -35,7 +35,10 @@ Every API call goes through :mod:`reversi.adapters.apicalls` (a timeout of :data
 seconds, paging, retries of transient errors — 429, 5xx, connection errors — where repeating
 the call cannot record anything twice: a step's ``intended`` record is repeated only when it
 surely did not reach the API server, an outcome's write is read back when a repetition finds
-it written).
+it written). A recording write the API server refused because no admission webhook answered
+(``failed calling webhook``: the admission server restarting, a rolling upgrade) never landed,
+so it is tried again for up to 30 s (:data:`reversi.adapters.apicalls.RECORDING`): such a gap
+costs the agent latency, not a failed call. A refusal by a rule is never tried again.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from kubernetes.client.rest import ApiException
 
 from .adapters import apicalls as calls
 from .adapters.journal import list_objects, step_body
-from .models.runstep import MAX_RUN_STEPS, step_name
+from .engine.keys import canonical_json
+from .models.runstep import MAX_CALL_BYTES, MAX_RUN_STEPS, step_name
 from .models.toolmanifest import ToolManifestSpec, ToolSpec
 
 GROUP, VERSION = calls.GROUP, calls.VERSION
@@ -232,7 +236,7 @@ class Recorder:
                 "spec": {"mode": mode, "scope": dict(scope or {}), "manifestRef": {"name": manifest},
                          "recovery": recovery, **({"parentRef": {"name": parent}} if parent else {})}}
         try:  # an existing run is continued, so a create that may have landed is repeated
-            created = calls.create(rec.custom, "runs", body, namespace, exists_ok=True)
+            created = calls.create(rec.custom, "runs", body, namespace, exists_ok=True, policy=calls.RECORDING)
         except ApiException as err:
             raise _refusal(err, f"Run {namespace}/{run}") from err
         if created is not None:
@@ -347,7 +351,7 @@ class Recorder:
                                        f"{MAX_RUN_STEPS:,} steps; open a new Run for further calls", reason="Invalid")
             body = step_body(self.namespace, self.run, {**value, "index": index})
             try:  # a 409 means "index taken": repeated only when it surely did not land (never twice)
-                calls.create(self.custom, "runsteps", body, self.namespace)
+                calls.create(self.custom, "runsteps", body, self.namespace, policy=calls.RECORDING)
             except ApiException as err:
                 if err.status == 409 and _reason(err) == "AlreadyExists":  # another writer took it
                     self.index_conflicts += 1
@@ -368,13 +372,23 @@ class Recorder:
         Raises :class:`OutcomeNotRecorded` when the server refuses the write: the call *was*
         made, and the step stays ``intended`` (a rollback reports it unresolved).
         """
+        wire = None if result is None else result if isinstance(result, dict) else {"value": result}
+        try:
+            size = len(canonical_json(wire).encode("utf-8")) if wire is not None else 0
+        except (TypeError, ValueError):
+            size = 0  # not plain JSON (the client serializes it): the API server measures it
+        if size > MAX_CALL_BYTES:  # the documented limit, checked here: the API server's ceiling is looser
+            raise OutcomeNotRecorded(
+                f"recording the outcome of step {step.index} of Run {self.namespace}/{self.run} refused: step "
+                f"{step.index} ({step.tool}): result is {size} bytes of JSON, more than the limit of {MAX_CALL_BYTES} "
+                f"bytes per step; record a reference (an id, a URL) instead of the whole payload; the call was made, "
+                f"and step {step.index} stays intended (settle it with a resolution)", reason="Invalid", status=422)
         patch: list[dict[str, Any]] = [
             {"op": "test", "path": "/spec/outcome", "value": "intended"},
             {"op": "replace", "path": "/spec/outcome", "value": outcome},
         ]
-        if result is not None:
-            patch.append({"op": "add", "path": "/spec/result",
-                          "value": result if isinstance(result, dict) else {"value": result}})
+        if wire is not None:
+            patch.append({"op": "add", "path": "/spec/result", "value": wire})
         if error:
             patch.append({"op": "add", "path": "/spec/error", "value": error[:500]})
         tries = 0
@@ -387,7 +401,7 @@ class Recorder:
                                                               _content_type=JSON_PATCH, **kw)
 
         try:  # guarded by its test: a repetition of a write that landed fails the test, then is read back
-            calls.call(write)
+            calls.call(write, policy=calls.RECORDING)
         except ApiException as err:
             if not (tries > 1 and calls.failed_test(err) and self._outcome(step.index) == outcome):
                 refused = _refusal(err, f"recording the outcome of step {step.index} of Run "

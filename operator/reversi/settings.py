@@ -29,6 +29,10 @@ class OperatorSettings(BaseSettings):
         8, ge=1, le=64,
         description="Threads kopf runs the event and admission handlers in (settings.execution.max_workers); each "
                     "handler call is short and every API call it makes has a timeout.")
+    admission_threads: int = Field(
+        32, ge=1, le=256,
+        description="Threads reversi-admission answers reviews in (its kopf handler threads): a review mostly waits "
+                    "on the API server, so one replica answers this many at once.")
     malloc_arenas: int = Field(
         2, ge=0, le=64,
         description="glibc malloc arenas of the operator process (mallopt M_ARENA_MAX; 0: glibc's default of 8 per "

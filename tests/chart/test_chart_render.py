@@ -16,7 +16,7 @@ CONTRACT_PATHS = {
                  "/mutate-runstep": (["runsteps"], ["CREATE", "UPDATE"]),
                  "/mutate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"])},
     "validating": {"/validate-run": (["runs"], ["CREATE", "UPDATE"]),
-                   "/validate-runstep": (["runsteps"], ["CREATE", "UPDATE", "DELETE"]),
+                   "/validate-runstep": (["runsteps"], ["UPDATE", "DELETE"]),
                    "/validate-rollbackrequest": (["rollbackrequests"], ["CREATE", "UPDATE"]),
                    "/validate-toolmanifest": (["toolmanifests"], ["CREATE", "UPDATE"]),
                    "/validate-halt": (["halts"], ["CREATE", "UPDATE"]),
@@ -75,15 +75,22 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRoleBinding", "rv-reversi"), ("ClusterRoleBinding", "rv-reversi-cluster"),
         ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
         ("ClusterRole", "rv-reversi-force"),
-        ("Service", "rv-reversi"), ("Deployment", "rv-reversi"),
+        ("Service", "rv-reversi"), ("Service", "rv-reversi-operator"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
+        # the admission server: its own Deployment, identity and roles, and the API server's policy
+        ("Deployment", "rv-reversi-admission"), ("PodDisruptionBudget", "rv-reversi-admission"),
+        ("ServiceAccount", "rv-reversi-admission"),
+        ("ClusterRole", "rv-reversi-admission"), ("ClusterRole", "rv-reversi-admission-cluster"),
+        ("ClusterRoleBinding", "rv-reversi-admission"), ("ClusterRoleBinding", "rv-reversi-admission-cluster"),
+        ("ValidatingAdmissionPolicy", "rv-reversi-runstep-outcome"),
+        ("ValidatingAdmissionPolicyBinding", "rv-reversi-runstep-outcome"),
         *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
             "runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
     ])
 
 
 def test_deployment_runs_one_restricted_operator(render):
-    dep = find(render(), "Deployment")
+    dep = find(render(), "Deployment", "rv-reversi")
     spec = dep["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
@@ -99,13 +106,41 @@ def test_deployment_runs_one_restricted_operator(render):
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["REVERSI_METRICS_PORT"] == "8080" and env["REVERSI_WEBHOOK_PORT"] == "9443"
-    assert env["REVERSI_WEBHOOK_CERT"] == "/etc/reversi/webhook/tls.crt"
-    assert env["REVERSI_WEBHOOK_KEY"] == "/etc/reversi/webhook/tls.key"
+    assert env["REVERSI_METRICS_PORT"] == "8080" and not any(n.startswith("REVERSI_WEBHOOK") for n in env)
     assert env["REVERSI_NAMESPACES"] == ""
     assert "REVERSI_PEERING" not in env
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    assert mounts["/etc/reversi/webhook"]["readOnly"] is True and "/tmp" in mounts
+    assert list(mounts) == ["/tmp"], "the operator serves no webhook: it mounts no certificate"
+
+
+def test_admission_server_runs_apart_in_replicas_that_are_never_all_down(render):
+    """reversi-admission: restricted like the operator, 2 replicas that roll one at a time, a
+    PodDisruptionBudget, the certificate, its own ServiceAccount, and the webhook port ready first."""
+    objs = render()
+    dep = find(objs, "Deployment", "rv-reversi-admission")
+    spec = dep["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "rv-reversi-admission"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["command"] == ["reversi-admission"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["REVERSI_WEBHOOK_PORT"] == "9443" and env["REVERSI_WEBHOOK_CERT"] == "/etc/reversi/webhook/tls.crt"
+    assert env["REVERSI_WEBHOOK_KEY"] == "/etc/reversi/webhook/tls.key"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/reversi/webhook"]["readOnly"] is True
+    assert container["readinessProbe"]["tcpSocket"]["port"] == "webhook"
+    assert pod["affinity"]["podAntiAffinity"], "replicas prefer different nodes"
+    pdb = find(objs, "PodDisruptionBudget", "rv-reversi-admission")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    assert spec["selector"]["matchLabels"] != find(objs, "Deployment", "rv-reversi")["spec"]["selector"]["matchLabels"]
+    one = render({"admission": {"replicas": 1}})
+    assert not [o for o in one if o["kind"] == "PodDisruptionBudget"], "a budget of one replica would block drains"
 
 
 def test_every_env_var_is_an_operator_setting(render):
@@ -114,25 +149,34 @@ def test_every_env_var_is_an_operator_setting(render):
 
     known = {f"REVERSI_{name.upper()}" for name in OperatorSettings.model_fields}
     for values in (None, ALL_FEATURES):
-        container = find(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-        names = {e["name"] for e in container["env"]}
-        assert names <= known, f"unknown settings: {sorted(names - known)}"
+        for dep in ("rv-reversi", "rv-reversi-admission"):
+            container = find(render(values), "Deployment", dep)["spec"]["template"]["spec"]["containers"][0]
+            names = {e["name"] for e in container["env"]}
+            assert names <= known, f"unknown settings of {dep}: {sorted(names - known)}"
 
 
-def test_service_serves_metrics_and_webhooks(render):
-    svc = find(render(), "Service")
+def test_services_serve_webhooks_and_each_deployments_metrics(render):
+    objs = render()
+    svc = find(objs, "Service", "rv-reversi")  # the name the webhook certificate is for
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
     assert ports["metrics"]["port"] == 8080 and ports["metrics"]["targetPort"] == "metrics"
     assert ports["webhook"]["port"] == 443 and ports["webhook"]["targetPort"] == "webhook"
-    dep = find(render(), "Deployment")
+    admission = find(objs, "Deployment", "rv-reversi-admission")
     container_ports = {p["name"]: p["containerPort"]
-                       for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+                       for p in admission["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert container_ports == {"health": 8081, "metrics": 8080, "webhook": 9443}
-    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    container = dep["spec"]["template"]["spec"]["containers"][0]
-    liveness = container["livenessProbe"]["httpGet"]
-    assert (liveness["path"], liveness["port"]) == ("/healthz", "health"), "liveness is kopf's own endpoint"
-    assert {"name": "REVERSI_HEALTH_PORT", "value": "8081"} in container["env"]
+    assert svc["spec"]["selector"] == admission["spec"]["selector"]["matchLabels"]
+    operator_svc = find(objs, "Service", "rv-reversi-operator")
+    dep = find(objs, "Deployment", "rv-reversi")
+    assert [p["name"] for p in operator_svc["spec"]["ports"]] == ["metrics"]
+    assert operator_svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    container_ports = {p["name"]: p["containerPort"] for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert container_ports == {"health": 8081, "metrics": 8080}
+    for deployment in (dep, admission):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        liveness = container["livenessProbe"]["httpGet"]
+        assert (liveness["path"], liveness["port"]) == ("/healthz", "health"), "liveness is kopf's own endpoint"
+        assert {"name": "REVERSI_HEALTH_PORT", "value": "8081"} in container["env"]
 
 
 # ----------------------------------------------------------------------------------- RBAC
@@ -175,7 +219,6 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("batch", "jobs", "watch"), ("", "secrets", "create"), ("", "pods", "get"), ("", "pods", "list"),
                ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"),
                ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
-               ("authorization.k8s.io", "subjectaccessreviews", "create"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
@@ -185,28 +228,42 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     assert not grants & never
 
 
+def test_rbac_grants_the_admission_server_what_its_checks_read_and_no_more(render):
+    grants = {(g, r, v) for rule in _operator_rules(render(), "rv-reversi-admission") for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    needed = {("reversi.dev", k, v) for k in ("runs", "runsteps", "halts", "toolmanifests", "clusterhalts")
+              for v in ("get", "list", "watch")}
+    needed |= {("reversi.dev", "halts/status", "patch"), ("reversi.dev", "clusterhalts/status", "patch"),
+               ("batch", "jobs", "create"),  # a dry run of a runner's Job
+               ("authorization.k8s.io", "subjectaccessreviews", "create"),
+               *{("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}}
+    assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
+
+
 def test_watch_namespaces_binds_write_access_per_namespace(render):
     objs = render({"watchNamespaces": ["shop", "billing"]})
     bindings = [o for o in objs if o["kind"] == "RoleBinding"]
-    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["billing", "shop"]
-    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                "name": "rv-reversi"} for b in bindings)
-    assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"] == ["rv-reversi-cluster"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["billing", "billing", "shop", "shop"]
+    assert sorted(b["roleRef"]["name"] for b in bindings) == ["rv-reversi", "rv-reversi", "rv-reversi-admission",
+                                                             "rv-reversi-admission"]
+    assert sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding") == [
+        "rv-reversi-admission-cluster", "rv-reversi-cluster"]
     cluster_role = find(objs, "ClusterRole", "rv-reversi-cluster")
     grants = {(g, r, v) for rule in cluster_role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
               for v in rule["verbs"]}
     assert ("", "namespaces", "list") in grants and ("", "namespaces", "watch") in grants
     assert ("reversi.dev", "runs", "list") in grants  # the gauges list Runs cluster-wide
-    env = {e["name"]: e.get("value") for e in
-           find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["REVERSI_NAMESPACES"] == "shop,billing"
+    for dep in ("rv-reversi", "rv-reversi-admission"):
+        env = {e["name"]: e.get("value") for e in
+               find(objs, "Deployment", dep)["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["REVERSI_NAMESPACES"] == "shop,billing"
 
 
 def test_peering_adds_its_object_rbac_and_env(render):
     objs = render({"peering": {"enabled": True}, "replicaCount": 2})
     assert find(objs, "ClusterKopfPeering", "reversi")
     assert ("kopf.dev", "clusterkopfpeerings", "patch") in _grants(objs)
-    dep = find(objs, "Deployment")
+    dep = find(objs, "Deployment", "rv-reversi")
     assert dep["spec"]["replicas"] == 2
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["REVERSI_PEERING"] == "reversi"
@@ -258,6 +315,29 @@ def test_webhooks_follow_the_contract(render):
                                                        "path": path, "port": 443}
 
 
+def test_webhooks_and_the_outcome_policy_are_the_local_control_planes(render):
+    """The chart renders what the local control plane registers (operator/reversi/adapters/webhooks.py):
+    the same rules, side effects and match conditions, and the same ValidatingAdmissionPolicy, so
+    the hot path tested locally (one webhook per recorded call, none on the outcome write) is the
+    one the chart installs."""
+    from reversi.adapters import webhooks
+
+    objs = render()
+    hooks = _hooks(objs)
+    for kind in ("mutating", "validating"):
+        ours = webhooks.configuration(kind, lambda hook: {"service": {"path": hook.path}})
+        for want in ours["webhooks"]:
+            got = hooks[kind][want["clientConfig"]["service"]["path"]]
+            for key in ("name", "rules", "sideEffects", "matchPolicy", "admissionReviewVersions"):
+                assert got[key] == want[key], (want["name"], key)
+            assert got.get("matchConditions") == want.get("matchConditions"), want["name"]
+            assert got.get("reinvocationPolicy") == want.get("reinvocationPolicy"), want["name"]
+    policy = find(objs, "ValidatingAdmissionPolicy")
+    assert policy["spec"] == webhooks.outcome_policy()["spec"]
+    binding = find(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
 def test_webhooks_match_the_operators_admission_handlers(render):
     """Every kopf admission handler the operator registers has its webhook, with the same path
     (the handler id), resource, operations and side effects — and no webhook points nowhere."""
@@ -297,7 +377,7 @@ def test_webhook_certificate_is_for_the_service_and_shared(render):
                            *_verify_args(cert))  # signed by the CA in the bundle
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert "rv-reversi.reversi-system.svc" in names
-    annotations = find(objs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    annotations = find(objs, "Deployment", "rv-reversi-admission")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/webhook-tls"] == hashlib.sha256(crt_pem).hexdigest()
 
 
@@ -319,7 +399,8 @@ def test_webhook_failure_policy_and_selectors_are_configurable(render):
 def test_webhooks_off_renders_no_webhook_objects(render):
     objs = render({"webhook": {"enabled": False}})
     kinds = {o["kind"] for o in objs}
-    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}
+    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret",
+                        "ValidatingAdmissionPolicy", "PodDisruptionBudget"}
     container = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert not any(e["name"].startswith("REVERSI_WEBHOOK") for e in container["env"])
     assert [p["name"] for p in container["ports"]] == ["health", "metrics"]
@@ -353,7 +434,10 @@ def test_service_monitor_sets_the_job_label_and_keeps_the_metrics_namespace(rend
     sm = find(objs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["jobLabel"] == "reversi.dev/prometheus-job"
-    assert find(objs, "Service")["metadata"]["labels"]["reversi.dev/prometheus-job"] == "reversi-prod"
+    for svc in ("rv-reversi", "rv-reversi-operator"):  # both Deployments' metrics, one job
+        labels = find(objs, "Service", svc)["metadata"]["labels"]
+        assert labels["reversi.dev/prometheus-job"] == "reversi-prod"
+        assert all(labels[k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     (endpoint,) = sm["spec"]["endpoints"]
     assert endpoint["port"] == "metrics"
     assert {"regex": "namespace", "action": "labeldrop"} in endpoint["relabelings"]
@@ -398,8 +482,11 @@ def test_every_optional_feature_renders(render):
 
 def test_image_digest_wins_over_the_tag(render):
     digest = "sha256:" + "a" * 64
-    dep = find(render({"image": {"digest": digest, "tag": "9.9"}}), "Deployment")
-    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/reversi-dev/reversi-operator@{digest}"
+    objs = render({"image": {"digest": digest, "tag": "9.9"}})
+    for name in ("rv-reversi", "rv-reversi-admission"):
+        dep = find(objs, "Deployment", name)
+        assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == \
+            f"ghcr.io/reversi-dev/reversi-operator@{digest}"
 
 
 # ------------------------------------------------------------------------- values schema

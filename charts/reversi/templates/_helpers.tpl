@@ -21,10 +21,36 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{- define "reversi.selectorLabels" -}}
+{{- define "reversi.instanceLabels" -}}
 app.kubernetes.io/name: {{ include "reversi.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "reversi.selectorLabels" -}}
+{{ include "reversi.instanceLabels" . }}
 app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The admission server's pods (reversi-admission): the webhooks' Service selects them. */}}
+{{- define "reversi.admissionSelectorLabels" -}}
+{{ include "reversi.instanceLabels" . }}
+app.kubernetes.io/component: admission
+{{- end }}
+
+{{- define "reversi.admissionLabels" -}}
+helm.sh/chart: {{ include "reversi.chart" . }}
+{{ include "reversi.admissionSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: reversi
+{{- end }}
+
+{{- define "reversi.admissionServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- printf "%s-admission" (include "reversi.serviceAccountName" .) | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
 {{- end }}
 
 {{- define "reversi.labels" -}}
@@ -63,13 +89,16 @@ app.kubernetes.io/part-of: reversi
 {{- end }}
 
 {{/*
-The admission webhooks the operator serves: the one place to change a path, a resource or an
-operation. Paths are the operator's contract (operator/reversi/handlers/admission.py: kopf
-admission handlers whose ids are the paths); every webhook is for group reversi.dev, version
-v1alpha1, AdmissionReview v1, sideEffects None unless the entry says otherwise (validate-run
-and validate-runstep count refused calls in a metric, but not for dry-run requests: NoneOnDryRun, as kopf itself
-declares it). Status subresources are never matched: the operator writes status and must never
-wait for itself.
+The admission webhooks reversi-admission serves: the one place to change a path, a resource or an
+operation. Paths are the admission server's contract (operator/reversi/handlers/admission.py:
+kopf admission handlers whose ids are the paths; operator/reversi/adapters/webhooks.py holds the
+same table for the local control plane, and a chart test holds the two equal); every webhook is
+for group reversi.dev, version v1alpha1, AdmissionReview v1, sideEffects None unless the entry
+says otherwise (validate-run and mutate-runstep count refused calls in a metric, but not for
+dry-run requests: NoneOnDryRun). Status subresources are never matched: the operator writes status
+and must never wait for a webhook. A RunStep's create crosses mutate-runstep only (it stamps, then
+checks); its outcome write crosses no webhook (matchOutcome: the condition below), the API
+server's policy checks it (policy.yaml).
 */}}
 {{- define "reversi.webhooks" -}}
 mutating:
@@ -81,6 +110,8 @@ mutating:
     path: /mutate-runstep
     resources: [runsteps]
     operations: [CREATE, UPDATE]
+    sideEffects: NoneOnDryRun
+    matchOutcome: true
   - name: rollbackrequest
     path: /mutate-rollbackrequest
     resources: [rollbackrequests]
@@ -94,8 +125,8 @@ validating:
   - name: runstep
     path: /validate-runstep
     resources: [runsteps]
-    operations: [CREATE, UPDATE, DELETE]
-    sideEffects: NoneOnDryRun
+    operations: [UPDATE, DELETE]
+    matchOutcome: true
   - name: rollbackrequest
     path: /validate-rollbackrequest
     resources: [rollbackrequests]
@@ -112,6 +143,14 @@ validating:
     path: /validate-clusterhalt
     resources: [clusterhalts]
     operations: [CREATE, UPDATE]
+{{- end }}
+
+{{/*
+The RunStep webhooks are called unless the update is only an outcome write of a step that carries
+its principal (operator/reversi/adapters/webhooks.py, OUTCOME_MATCH; a chart test holds them equal).
+*/}}
+{{- define "reversi.outcomeMatch" -}}
+request.operation != 'UPDATE' || !has(oldObject.spec.principal) || has(object.spec.resolution) != has(oldObject.spec.resolution) || !has(object.spec.principal) || has(object.spec.snapshot) != has(oldObject.spec.snapshot) || has(object.spec.recordedAt) != has(oldObject.spec.recordedAt) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])
 {{- end }}
 
 {{/*

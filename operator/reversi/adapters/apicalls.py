@@ -41,7 +41,8 @@ The rules:
     next step index or a RollbackRequest with a random name; a counter's increment; a JSON
     patch whose repetition the caller would misreport, e.g. the SDK's outcome; an Event):
     retried only when the request surely did not take effect — 429 (the API server refused it
-    before handling it) or a connection that was never opened.
+    before handling it), a write refused because no admission webhook could be reached (500
+    "failed calling webhook": refused before storage) or a connection that was never opened.
     A 5xx, a read timeout or a dropped connection may come after the write landed, so they are
     raised to the caller as before.
 
@@ -134,11 +135,24 @@ def _cause(err: BaseException) -> BaseException:
     return err
 
 
+#: what the API server says when it could not reach an admission webhook (it then refuses the
+#: write: it never reached storage); a webhook's own refusal never says it
+ADMISSION_UNREACHABLE = "failed calling webhook"
+
+
+def admission_unreachable(err: BaseException) -> bool:
+    """Whether the API server refused a write because it could not reach an admission webhook
+    (no replica answered: connection refused, no endpoints, its timeout passed). Such a write
+    never landed; a webhook's refusal by a rule (403, 422, ...) is not this."""
+    return isinstance(err, ApiException) and err.status == 500 and ADMISSION_UNREACHABLE in api_message(err)
+
+
 def unsent(err: BaseException) -> bool:
     """Whether the request surely did not take effect: 429 (refused before it was handled: API
-    priority and fairness, max-in-flight) or a connection that was never opened."""
+    priority and fairness, max-in-flight), a write refused because an admission webhook could not
+    be reached (:func:`admission_unreachable`), or a connection that was never opened."""
     if isinstance(err, ApiException):
-        return err.status == 429
+        return err.status == 429 or admission_unreachable(err)
     return isinstance(_cause(err), _UNSENT)
 
 
@@ -162,6 +176,8 @@ class Policy:
     attempts: int = 3
     first_wait: float = 0.25
     max_wait: float = 4.0
+    #: seconds after the first attempt past which no attempt starts (None: ``attempts`` alone)
+    deadline: float | None = None
 
     def wait(self, state: tenacity.RetryCallState) -> float:
         """Seconds to wait before attempt ``state.attempt_number + 1``."""
@@ -179,7 +195,8 @@ class Policy:
         """A tenacity ``Retrying`` for calls of kind ``repeat``; the last error is re-raised."""
         test = transient if repeat == "always" else unsent
         return tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max(1, self.attempts)),
+            stop=tenacity.stop_after_attempt(max(1, self.attempts)) | (
+                tenacity.stop_after_delay(self.deadline) if self.deadline is not None else tenacity.stop_never),
             wait=self.wait,
             retry=tenacity.retry_if_exception(test),
             before_sleep=lambda state: log.info(
@@ -190,6 +207,10 @@ class Policy:
 
 #: the policy every call uses unless given another
 POLICY = Policy()
+#: the recording writes of the SDK (and so of the gateway): a write refused because no admission
+#: webhook answered (an admission server restarting, a rolling upgrade) never landed, so it is
+#: tried again for up to 30 s; such a gap costs the agent latency, not a failed call
+RECORDING = Policy(attempts=100, first_wait=0.05, max_wait=1.0, deadline=30.0)
 
 
 def _describe(state: tenacity.RetryCallState) -> str:

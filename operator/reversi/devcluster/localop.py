@@ -1,8 +1,10 @@
-"""Run Reversi on the local control plane without Helm: CRDs, and the operator as a process.
+"""Run Reversi on the local control plane without Helm: CRDs, the operator and the admission
+server as processes.
 
-Used by the demo and the integration tests. The operator process serves its admission webhooks
-with a certificate it makes itself and registers them (``REVERSI_WEBHOOK_CONFIGURE``), exactly
-as the Helm chart's webhook configurations would, with ``failurePolicy: Fail``.
+Used by the demo, the benchmarks and the integration tests. The admission server
+(``reversi-admission``) serves the webhooks with a certificate it makes itself and registers them
+(``REVERSI_WEBHOOK_CONFIGURE``), exactly as the Helm chart's webhook configurations would, with
+``failurePolicy: Fail``; the operator (``reversi-operator``) reconciles, in a process of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from ..adapters import webhooks
 
 CRD_DIR = Path(__file__).resolve().parents[3] / "crds"
 
@@ -62,71 +66,41 @@ def free_port() -> int:
 
 
 def remove_webhook_configurations(api: client.ApiClient, name: str = "reversi.dev") -> None:
-    """Delete the webhook configurations a local operator registered (``failurePolicy: Fail``):
-    once the operator is gone for good, they would refuse every write of Reversi's kinds."""
-    adm = client.AdmissionregistrationV1Api(api)
-    for delete in (adm.delete_validating_webhook_configuration, adm.delete_mutating_webhook_configuration):
-        try:
-            delete(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+    """Delete the webhook configurations a local admission server registered (``failurePolicy:
+    Fail``: once it is gone for good, they would refuse every write of Reversi's kinds), and the
+    admission policy registered with them."""
+    webhooks.unregister(api, name)
 
 
-class OperatorProcess:
-    """``reversi-operator`` as a child process: :meth:`start`, :meth:`kill` (SIGKILL, like a
-    crash), :meth:`stop` (SIGTERM). Its output goes to ``log``."""
+class _Process:
+    """A Reversi process as a child: :meth:`kill` (SIGKILL, like a crash), :meth:`stop` (SIGTERM).
+    Its output goes to ``log``."""
 
-    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0,
-                 tick_seconds: float = 0.5):
-        self.kubeconfig = kubeconfig
-        self.log = log
-        self.metrics_port = metrics_port
-        self.webhook_port = webhook_port
-        self.tick_seconds = tick_seconds
-        self.cert_dir = log.parent / "operator-webhook-certs"
-        self.proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | None = None
+    log: Path
 
-    def start(self, timeout: float = 30) -> None:
-        """Start the operator; with a webhook port, wait until its webhook server answers TLS.
-        Raises ``RuntimeError`` naming the log when it exits or does not come up."""
+    def _spawn(self, module: str, args: list[str], env: dict[str, str], what: str, timeout: float) -> None:
+        """Start ``python -m module args``; wait until :meth:`_ready`. Raises ``RuntimeError``
+        naming the log when it exits or does not come up in ``timeout`` seconds."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = self.log.open("ab")
-        env = {"REVERSI_GAUGE_REFRESH_SECONDS": "2", **os.environ, "PYTHONUNBUFFERED": "1",
-               "REVERSI_TICK_SECONDS": str(self.tick_seconds)}
-        if self.webhook_port:
-            env.update(REVERSI_WEBHOOK_CONFIGURE="true", REVERSI_WEBHOOK_PORT=str(self.webhook_port),
-                       REVERSI_WEBHOOK_HOST="127.0.0.1", REVERSI_WEBHOOK_URL_HOST="127.0.0.1",
-                       REVERSI_WEBHOOK_CERT_DIR=str(self.cert_dir))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reversi.entrypoints.operator", "--kubeconfig", str(self.kubeconfig),
-             "--metrics-port", str(self.metrics_port)],
-            stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=fh, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
-                raise RuntimeError(f"the operator exited at start (code {self.proc.returncode}); "
-                                   f"see {self.log}:\n{tail}")
+                raise RuntimeError(f"the {what} exited at start (code {self.proc.returncode}); see {self.log}:\n{tail}")
             if self._ready():
-                time.sleep(1.0)  # kopf registers the webhook configuration right after serving
                 return
-            time.sleep(0.2)
-        raise RuntimeError(f"the operator did not come up in {timeout:.0f}s; see {self.log}")
+            time.sleep(0.1)
+        raise RuntimeError(f"the {what} did not come up in {timeout:.0f}s; see {self.log}")
 
     def _ready(self) -> bool:
-        if not self.webhook_port:
-            return True
-        try:
-            with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1) as sock:
-                ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
-                with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
-                    return True
-        except (OSError, ssl.SSLError):
-            return False
+        return True
 
     def kill(self) -> None:
-        """SIGKILL the operator: no cleanup runs, as in a crash or an evicted pod."""
+        """SIGKILL the process: no cleanup runs, as in a crash or an evicted pod."""
         proc = self.proc
         if proc is not None and self.alive():
             os.killpg(proc.pid, signal.SIGKILL)
@@ -144,3 +118,124 @@ class OperatorProcess:
 
     def alive(self) -> bool:
         return bool(self.proc and self.proc.poll() is None)
+
+
+class AdmissionProcess(_Process):
+    """``reversi-admission`` as a child process, serving the admission webhooks on ``webhook_port``
+    with a certificate it makes itself and registering them (``REVERSI_WEBHOOK_CONFIGURE``),
+    exactly as the Helm chart's webhook configurations would, with ``failurePolicy: Fail``.
+    :meth:`start` returns once the API server calls it (kopf registers the configurations right
+    after its server answers)."""
+
+    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, health_port: int = 0):
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.webhook_port = webhook_port
+        self.health_port = health_port
+        self.cert_dir = log.parent / f"{log.stem}-webhook-certs"
+
+    def start(self, timeout: float = 30) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "REVERSI_WEBHOOK_CONFIGURE": "true",
+               "REVERSI_WEBHOOK_PORT": str(self.webhook_port), "REVERSI_WEBHOOK_HOST": "127.0.0.1",
+               "REVERSI_WEBHOOK_URL_HOST": "127.0.0.1", "REVERSI_WEBHOOK_CERT_DIR": str(self.cert_dir),
+               "REVERSI_HEALTH_PORT": str(self.health_port)}
+        self._spawn("reversi.entrypoints.admission", ["--kubeconfig", str(self.kubeconfig), "--metrics-port", "0"],
+                    env, "admission server", timeout)
+        self._wait_registered(timeout)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.webhook_port), timeout=1) as sock:
+                ctx = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+                with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
+                    return True
+        except (OSError, ssl.SSLError):
+            return False
+
+    def _wait_registered(self, timeout: float) -> None:
+        """Wait until the webhook configurations point at this server's port."""
+        from kubernetes import config
+
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        adm = client.AdmissionregistrationV1Api(api)
+        want = f":{self.webhook_port}/"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                hooks = adm.read_validating_webhook_configuration("reversi.dev").webhooks or []
+                if hooks and all(want in (h.client_config.url or "") for h in hooks):
+                    return
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+            time.sleep(0.1)
+        raise RuntimeError(f"the admission server's webhooks were not registered in {timeout:.0f}s; see {self.log}")
+
+
+class AdmissionPool:
+    """``replicas`` admission servers on one webhook port (``SO_REUSEPORT``: the kernel spreads the
+    API server's connections over them, and a replica that dies leaves the others serving), as the
+    chart's Deployment runs them behind a Service. They share a CA and serving certificate (in
+    ``<log stem>-webhook-certs``), so each one's registration of the webhooks is the same."""
+
+    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, replicas: int = 2):
+        cert_dir = log.parent / f"{log.stem}-webhook-certs"
+        self.replicas = [AdmissionProcess(kubeconfig, log.with_name(f"{log.stem}-{i}.log"), webhook_port)
+                         for i in range(replicas)]
+        for replica in self.replicas:
+            replica.cert_dir = cert_dir
+        self.log = self.replicas[0].log
+
+    def start(self, timeout: float = 30) -> None:
+        """Start the replicas that are not running, one after another (the first makes the CA)."""
+        for replica in self.replicas:
+            if not replica.alive():
+                replica.start(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL every replica (no admission server left: writes of Reversi's kinds are refused)."""
+        for replica in self.replicas:
+            replica.kill()
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+    def alive(self) -> bool:
+        """Whether every replica runs."""
+        return all(replica.alive() for replica in self.replicas)
+
+
+class OperatorProcess(_Process):
+    """``reversi-operator`` as a child process: :meth:`start`, :meth:`kill` (SIGKILL, like a
+    crash), :meth:`stop` (SIGTERM). Its output goes to ``log``. With a ``webhook_port`` it brings
+    the admission webhooks up too, in processes of their own (:attr:`admission`, an
+    :class:`AdmissionPool` of ``admission_replicas``, logging beside ``log``): :meth:`kill` ends
+    only the operator, as a crash of its pod would, while :meth:`stop` ends both."""
+
+    def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0,
+                 tick_seconds: float = 0.5, admission_replicas: int = 2):
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.metrics_port = metrics_port
+        self.webhook_port = webhook_port
+        self.tick_seconds = tick_seconds
+        self.admission = (AdmissionPool(kubeconfig, log.with_name(f"{log.stem}-admission.log"), webhook_port,
+                                        replicas=admission_replicas) if webhook_port else None)
+
+    def start(self, timeout: float = 30) -> None:
+        """Start the operator (and its admission server, unless it runs). Raises ``RuntimeError``
+        naming the log when either exits or does not come up."""
+        if self.admission is not None and not self.admission.alive():
+            self.admission.start(timeout)
+        env = {"REVERSI_GAUGE_REFRESH_SECONDS": "2", **os.environ, "PYTHONUNBUFFERED": "1",
+               "REVERSI_TICK_SECONDS": str(self.tick_seconds)}
+        self._spawn("reversi.entrypoints.operator",
+                    ["--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port)],
+                    env, "operator", timeout)
+
+    def stop(self) -> None:
+        """SIGTERM the operator and its admission server, then SIGKILL what is left after 15 seconds."""
+        super().stop()
+        if self.admission is not None:
+            self.admission.stop()

@@ -271,6 +271,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
     create (an import, moved into RunSteps by the operator); on update the inline journal never
     changes."""
     ix.capture(kwargs)
+    _keep_halt_indices(kwargs)
     what = f"Run {namespace}/{name}"
     if operation == "CREATE" and len(name) > MAX_RUN_NAME:
         raise kopf.AdmissionError(f"{what}: a Run name is at most {MAX_RUN_NAME} characters (it labels the run's "
@@ -387,15 +388,19 @@ def _same_call(inline: dict, spec: dict) -> bool:
     return {k: v for k, v in spec.items() if k != "runRef"} == inline
 
 
-@kopf.on.mutate(G, V, "runsteps", id="mutate-runstep", operations=OPS, persistent=True)
+@kopf.on.mutate(G, V, "runsteps", id="mutate-runstep", operations=OPS, persistent=True, side_effects=True)
 @untrusted
 def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
-                    **kwargs: Any) -> None:
-    """Stamp what must come from the server: on create the Run as owner, the run and forward-key
-    labels, the tool's manifest entry (``snapshot``) and ``recordedAt``; on update what a client
-    dropped, and a new resolution's ``actor`` and ``resolvedAt``. Refuses a step past the run's
-    limit (before the schema would, so the message says why)."""
+                    dryrun: bool = False, **kwargs: Any) -> None:
+    """Record one step: on create, stamp what must come from the server (the Run as owner, the run
+    and forward-key labels, the tool's manifest entry as ``snapshot``, ``recordedAt``, the
+    ``principal``) and check the journal's rules (:func:`_check_new_step`), so that recording a
+    call crosses one webhook (the API server calls this one again if a later mutation changes the
+    step). On update, put back what a client dropped and stamp a new resolution's ``actor`` and
+    ``resolvedAt``. Refuses a step past the run's limit (before the schema would, so the message
+    says why)."""
     ix.capture(kwargs)
+    _keep_halt_indices(kwargs)
     user = _user(userinfo)
     spec = body.get("spec")
     index = spec.get("index") if isinstance(spec, dict) else None
@@ -404,41 +409,19 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     if isinstance(index, int) and not isinstance(index, bool) and index >= MAX_RUN_STEPS:
         raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
                                   f"(step {index} refused): open a new Run for further calls", code=422)
-    _parse(RunStepSpec, spec, f"RunStep {namespace}/{kwargs.get('name') or ''}")
+    name = kwargs.get("name") or (body.get("metadata") or {}).get("name") or ""
+    what = f"RunStep {namespace}/{name}"
+    parsed = _parse(RunStepSpec, spec, what)
     assert isinstance(spec, dict) and isinstance(run, str) and isinstance(index, int)
-    if index >= MAX_RUN_STEPS:
-        raise kopf.AdmissionError(f"Run {namespace}/{run} has reached the limit of {MAX_RUN_STEPS:,} steps "
-                                  f"(step {index} refused): open a new Run for further calls", code=422)
     now = _now()
     if operation != "CREATE":
-        old_spec = (old or {}).get("spec") or {}
-        old_meta = (old or {}).get("metadata") or {}
-
-        def carry(raw: dict) -> None:
-            s = raw.get("spec")
-            if isinstance(s, dict):
-                for f in ("snapshot", "recordedAt"):
-                    if f not in s and f in old_spec:
-                        s[f] = old_spec[f]
-                res = s.get("resolution")
-                if isinstance(res, dict):
-                    if isinstance(old_spec.get("resolution"), dict):
-                        _carry(old_spec["resolution"], res, ("actor", "resolvedAt"))
-                    else:
-                        res["actor"], res["resolvedAt"] = user, now
-            labels = raw.setdefault("metadata", {}).setdefault("labels", {}) or {}
-            for key in (LABEL_RUN, LABEL_FORWARD_KEY):
-                if key in (old_meta.get("labels") or {}):
-                    labels[key] = old_meta["labels"][key]
-            raw["metadata"]["labels"] = labels
-            if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
-                raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
-
-        patch.fns.append(_raw(carry))
+        patch.fns.append(_raw(_carry_step_stamps((old or {}).get("spec") or {}, (old or {}).get("metadata") or {},
+                                                 user, now)))
         return
     run_obj = runtime.state().kube.get("runs", namespace, run)
     if run_obj is None:
-        return  # refused by the validating webhook, with the fix
+        raise kopf.AdmissionError(f"{what}: Run {namespace}/{run} not found: open the run before recording its steps "
+                                  "(Recorder.open creates it)", code=404)
     run_spec = run_obj.get("spec") or {}
     ref = run_spec.get("manifestRef")
     manifest = _manifest(namespace, ref.get("name") if isinstance(ref, dict) else None)
@@ -446,6 +429,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
     inline = _inline_step(run_obj, index)
     moved = inline is not None and _same_call(inline, spec)
+    if not moved:
+        _check_new_step(parsed, name, run_obj, manifest, entry, user, namespace, dryrun)
     label = None
     snapshot = entry
     if moved:
@@ -462,6 +447,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
         except (MissingValue, TypeError, ValueError):
             label = None
     owner = jr.owner_reference(run, run_obj["metadata"]["uid"])
+    principal = run_spec.get("principal") if moved else user
 
     def stamp(raw: dict) -> None:
         meta = raw.setdefault("metadata", {})
@@ -474,7 +460,13 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
         refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("kind") != "Run"]
         meta["ownerReferences"] = [*refs, owner]
         s = raw.get("spec")
-        if not isinstance(s, dict) or moved:
+        if not isinstance(s, dict):
+            return
+        if principal:
+            s["principal"] = principal  # the authenticated user, never what the client said
+        else:
+            s.pop("principal", None)
+        if moved:
             return  # a moved step keeps its own snapshot and time
         if entry is None:
             s.pop("snapshot", None)  # no manifest entry: unmanifested, whatever the client said
@@ -485,45 +477,45 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     patch.fns.append(_raw(stamp))
 
 
-@kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=[*OPS, "DELETE"], persistent=True,
-                  side_effects=True)
-@untrusted
-def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
-                      operation: str, **kwargs: Any) -> None:
-    """The journal's rules for one step, at a cost that does not depend on the run's length:
-    the name ``<run>-<index>``, the Run and its principal (rule 10), steps in order with no gap,
-    size limits, halts (rule 9), tools with no manifest entry in enforce mode, forward duplicates
-    (found by their key label), resolutions with a note (rule 7). A RunStep is deleted only with
-    its Run."""
-    ix.capture(kwargs)
-    what = f"RunStep {namespace}/{name}"
+def _carry_step_stamps(old_spec: dict, old_meta: dict, user: str, now: str) -> Callable[[dict], None]:
+    """An update of a RunStep keeps what the server stamped (a client-side apply sends only what
+    its file has): snapshot, recordedAt, principal, the run and forward-key labels, the owner; a
+    new resolution gets the authenticated user and the server's time."""
+
+    def carry(raw: dict) -> None:
+        s = raw.get("spec")
+        if isinstance(s, dict):
+            for f in ("snapshot", "recordedAt", "principal"):
+                if f not in s and f in old_spec:
+                    s[f] = old_spec[f]
+            res = s.get("resolution")
+            if isinstance(res, dict):
+                if isinstance(old_spec.get("resolution"), dict):
+                    _carry(old_spec["resolution"], res, ("actor", "resolvedAt"))
+                else:
+                    res["actor"], res["resolvedAt"] = user, now
+        labels = raw.setdefault("metadata", {}).setdefault("labels", {}) or {}
+        for key in (LABEL_RUN, LABEL_FORWARD_KEY):
+            if key in (old_meta.get("labels") or {}):
+                labels[key] = old_meta["labels"][key]
+        raw["metadata"]["labels"] = labels
+        if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
+            raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
+
+    return carry
+
+
+def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolManifestSpec | None,
+                    entry: ToolSpec | None, user: str, namespace: str, dryrun: bool) -> None:
+    """The journal's rules for a new step, at a cost that does not depend on the run's length:
+    the name ``<run>-<index>``, the Run's principal (rule 10) and lock (rule 11), steps in order
+    with no gap, size limits, halts (rule 9), tools with no manifest entry in enforce mode, strict
+    recovery, forward duplicates (found by their key label); a step is recorded without a
+    resolution. Raises ``kopf.AdmissionError`` with what to fix."""
     kube = runtime.state().kube
-    if operation == "DELETE":
-        run = (((old or body).get("spec") or {}).get("runRef") or {}).get("name")
-        run_obj = kube.get("runs", namespace, run) if isinstance(run, str) else None
-        if run_obj is None or run_obj["metadata"].get("deletionTimestamp"):
-            return
-        raise kopf.AdmissionError(f"{what} is part of the record of Run {namespace}/{run}: a run's steps are "
-                                  "deleted with the Run (delete the Run)", code=403)
-    spec = _parse(RunStepSpec, body.get("spec"), what)
+    what = f"RunStep {namespace}/{name}"
     run = spec.run_ref.name
     run_ref = f"Run {namespace}/{run}"
-    user = _user(userinfo)
-    run_obj = kube.get("runs", namespace, run)
-    if run_obj is None:
-        raise kopf.AdmissionError(f"{what}: {run_ref} not found: open the run before recording its steps "
-                                  "(Recorder.open creates it)", code=404)
-    principal = (run_obj.get("spec") or {}).get("principal")
-    if operation != "CREATE":
-        old_spec = _parse(RunStepSpec, old.get("spec"), what)
-        call_changed = (spec.outcome, spec.result, spec.error) != (old_spec.outcome, old_spec.result, old_spec.error)
-        refusal = rules.check_step_principal(principal, user, run_ref, spec.tool) if call_changed else None
-        refusal = refusal or rules.check_call_size(spec, MAX_CALL_BYTES)
-        if refusal is not None:
-            _refuse(refusal, namespace, user, run_ref, dryrun)
-        if spec.resolution is not None and old_spec.resolution is None and not spec.resolution.note.strip():
-            raise kopf.AdmissionError(f"{what}: spec.resolution.note: a note is required (say how you know)", code=422)
-        return
     expected = step_name(run, spec.index)
     if name != expected:
         raise kopf.AdmissionError(f"{what}: step {spec.index} of {run_ref} must be named {expected} "
@@ -531,12 +523,10 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     if len(run) > MAX_RUN_NAME:
         raise kopf.AdmissionError(f"{what}: {run_ref} has a name longer than {MAX_RUN_NAME} characters, which "
                                   "cannot label its steps: record into a Run with a shorter name", code=422)
-    inline = _inline_step(run_obj, spec.index)
-    if inline is not None and _same_call(inline, body.get("spec") or {}):
-        return  # the operator moving an inline step of Reversi 0.1: nothing new is recorded
     if spec.resolution is not None:
         raise kopf.AdmissionError(f"{what}: a step is recorded without spec.resolution; settle it afterwards "
                                   "(kubectl reversi resolve)", code=422)
+    principal = (run_obj.get("spec") or {}).get("principal")
     refusal = rules.check_step_principal(principal, user, run_ref, spec.tool)
     run_status = run_obj.get("status") or {}
     refusal = refusal or rules.check_run_open(run_status.get("activeRequest"), run_status.get("closedBy"), run_ref,
@@ -547,7 +537,7 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     if spec.index > 0 and previous is None and _inline_step(run_obj, spec.index - 1) is None:
         raise kopf.AdmissionError(f"{what}: step {spec.index - 1} of {run_ref} is not recorded: a run's steps are "
                                   "recorded in order 0, 1, 2, ... (record the previous step first)", code=422)
-    step = spec.as_step()
+    step = spec.model_copy(update={"snapshot": entry}).as_step()  # checked as stamped: the server's manifest decides
     try:
         run_spec = RunSpec.model_validate({k: v for k, v in (run_obj.get("spec") or {}).items()
                                            if k not in ("steps", "snapshots", "resolutions")})
@@ -560,16 +550,51 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
         if refusal is None and halts and run_spec.parent_ref is not None:  # a child: its ancestors' scopes too
             refusal = rules.check_halts(halts, namespace, run_spec, [step],
                                         tree_io.ancestors(kube, namespace, run_spec))
-    manifest = None
     if refusal is None:
-        manifest = _manifest(namespace, run_spec.manifest_ref.name)
         refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
         refusal = refusal or rules.check_recovery(run_spec, [step], manifest)
-    if refusal is None and spec.snapshot is not None and spec.snapshot.idempotency_key:
+    if refusal is None and entry is not None and entry.idempotency_key:
         since = previous["metadata"]["resourceVersion"] if previous else None
-        refusal = _forward_duplicate(namespace, run, step, spec.snapshot.idempotency_key, since)
+        refusal = _forward_duplicate(namespace, run, step, entry.idempotency_key, since)
     if refusal is not None:
         _refuse(refusal, namespace, user, run_ref, dryrun)
+
+
+@kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=["UPDATE", "DELETE"], persistent=True)
+@untrusted
+def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
+                      operation: str, **kwargs: Any) -> None:
+    """A recorded step's later writes (its create is checked by :func:`mutate_run_step`): only the
+    Run's principal changes the call's outcome (rule 10; an outcome write of a step that carries
+    its principal is checked by the API server's own policy and never reaches this webhook),
+    size limits, a resolution with a note (rule 7). A RunStep is deleted only with its Run."""
+    ix.capture(kwargs)
+    what = f"RunStep {namespace}/{name}"
+    kube = runtime.state().kube
+    if operation == "DELETE":
+        run = (((old or body).get("spec") or {}).get("runRef") or {}).get("name")
+        run_obj = kube.get("runs", namespace, run) if isinstance(run, str) else None
+        if run_obj is None or run_obj["metadata"].get("deletionTimestamp"):
+            return
+        raise kopf.AdmissionError(f"{what} is part of the record of Run {namespace}/{run}: a run's steps are "
+                                  "deleted with the Run (delete the Run)", code=403)
+    spec = _parse(RunStepSpec, body.get("spec"), what)
+    old_spec = _parse(RunStepSpec, old.get("spec"), what)
+    run_ref = f"Run {namespace}/{spec.run_ref.name}"
+    user = _user(userinfo)
+    call_changed = (spec.outcome, spec.result, spec.error) != (old_spec.outcome, old_spec.result, old_spec.error)
+    refusal = None
+    if call_changed:
+        principal = old_spec.principal
+        if principal is None:  # recorded before steps carried their principal: the Run's
+            run_obj = kube.get("runs", namespace, spec.run_ref.name)
+            principal = ((run_obj or {}).get("spec") or {}).get("principal")
+        refusal = rules.check_step_principal(principal, user, run_ref, spec.tool)
+    refusal = refusal or rules.check_call_size(spec, MAX_CALL_BYTES)
+    if refusal is not None:
+        _refuse(refusal, namespace, user, run_ref, dryrun)
+    if spec.resolution is not None and old_spec.resolution is None and not spec.resolution.note.strip():
+        raise kopf.AdmissionError(f"{what}: spec.resolution.note: a note is required (say how you know)", code=422)
 
 
 def _forward_duplicate(namespace: str, run: str, step: Any, template: Any, since: str | None) -> rules.Refusal | None:
@@ -596,10 +621,45 @@ def _forward_duplicate(namespace: str, run: str, step: Any, template: Any, since
     return rules.check_forward_duplicate(step, key, earlier)
 
 
+@kopf.index(G, V, "halts")
+def halt_views(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str | None, rules.HaltView] | None:
+    """Each valid Halt as the rules see it, by namespace (kopf's index over a watch of Halts)."""
+    try:
+        spec = HaltSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return None  # refused at admission; one written before that check is not in force
+    return {namespace: rules.HaltView("Halt", name, namespace, spec.reason, spec.scope)}
+
+
+@kopf.index(G, V, "clusterhalts")
+def cluster_halt_views(name: str, body: kopf.Body, **_: Any) -> dict[str | None, rules.HaltView] | None:
+    """Each valid ClusterHalt as the rules see it, under the key None."""
+    try:
+        spec = ClusterHaltSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return None
+    return {None: rules.HaltView("ClusterHalt", name, None, spec.reason, spec.scope)}
+
+
+#: kopf's halt indices, kept from the first handler call that had them (see :func:`_keep_halt_indices`)
+_HALT_INDICES: list[Any] = []
+
+
+def _keep_halt_indices(kwargs: dict[str, Any]) -> None:
+    if not _HALT_INDICES and "halt_views" in kwargs and "cluster_halt_views" in kwargs:
+        _HALT_INDICES[:] = [kwargs["halt_views"], kwargs["cluster_halt_views"]]
+
+
 def _halts(namespace: str) -> list[rules.HaltView]:
-    """The halts in force for ``namespace``: its Halts and every ClusterHalt, read from the API
-    server's watch cache (a halt is in force within milliseconds of being applied, on every
-    replica, without the wait of a consistent read on each recorded call)."""
+    """The halts in force for ``namespace``: its Halts and every ClusterHalt, from kopf's indices
+    (a watch: a halt is in force within milliseconds of being applied, on every replica, with no
+    API call per recorded call); before the indices are filled, from the API server's watch cache."""
+    if _HALT_INDICES:
+        for _ in range(5):
+            try:  # kopf updates an index from its event loop while this thread reads it
+                return [*_HALT_INDICES[0].get(namespace, ()), *_HALT_INDICES[1].get(None, ())]
+            except RuntimeError:
+                continue
     kube = runtime.state().kube
     views = []
     for obj in kube.list("halts", namespace, cached=True):
@@ -610,10 +670,10 @@ def _halts(namespace: str) -> list[rules.HaltView]:
         views.append(rules.HaltView("Halt", obj["metadata"]["name"], namespace, spec.reason, spec.scope))
     for obj in kube.list("clusterhalts", cached=True):
         try:
-            spec = ClusterHaltSpec.model_validate(obj.get("spec") or {})
+            cspec = ClusterHaltSpec.model_validate(obj.get("spec") or {})
         except ValidationError:
             continue
-        views.append(rules.HaltView("ClusterHalt", obj["metadata"]["name"], None, spec.reason, spec.scope))
+        views.append(rules.HaltView("ClusterHalt", obj["metadata"]["name"], None, cspec.reason, cspec.scope))
     return views
 
 

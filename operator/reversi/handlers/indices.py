@@ -28,7 +28,7 @@ import kopf
 from pydantic import ValidationError
 
 from ..adapters import journal as jr
-from ..adapters.jobs import LABEL_MANAGED_BY, LABEL_RUN_UID
+from ..adapters.jobs import LABEL_RUN_UID
 from ..engine.journal import Entry, Journal, assemble
 from ..models.run import RunSpec, StepUndo
 from ..models.runstep import step_name
@@ -50,12 +50,12 @@ def manifest_specs(namespace: str | None, name: str, body: kopf.Body,
     return {(namespace, name): spec}
 
 
-@kopf.index("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
 def run_jobs(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
              **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """The project's Jobs (compensators and readers) by ``(namespace, run uid)``: each Job's
     metadata and status (its pod template is left out to keep memory small). It shares the one
-    watch of Jobs with :func:`reversi.handlers.rollback.rollback_job_event`."""
+    watch of Jobs with :func:`reversi.handlers.rollback.rollback_job_event`, which registers it (the
+    admission server, which imports this module, watches no Jobs)."""
     assert namespace is not None  # Jobs are namespaced
     meta = body.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations", "creationTimestamp",

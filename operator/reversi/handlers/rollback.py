@@ -25,13 +25,13 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
     """Start a worker for an unfinished request (also on operator start: kopf lists them all)."""
     assert namespace is not None  # RollbackRequests are namespaced
     ix.capture(kwargs)
-    workers = runtime.state().workers
+    reconciler, workers = runtime.operating()
     if type == "DELETED":
         workers.stop(namespace, name)
         if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (issue 9)
             run_name = ((body.get("spec") or {}).get("runRef") or {}).get("name")
             try:
-                runtime.state().reconciler.request_deleted(namespace, name, run_name)
+                reconciler.request_deleted(namespace, name, run_name)
             except Exception as err:  # noqa: BLE001 - the next request, or the Job's event, settles it
                 log.warning("RollbackRequest %s/%s deleted: Run %s not settled now: %s", namespace, name, run_name, err)
         return
@@ -47,6 +47,10 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
     workers.ensure(namespace, name)
 
 
+#: the project's Jobs by (namespace, run uid): kopf's index over the same watch as the handler below
+run_jobs = kopf.index("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})(ix.run_jobs)
+
+
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
 def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", **kwargs: Any) -> None:
     """A compensator or reader Job finished or was deleted: wake its request's worker at once (a
@@ -59,10 +63,10 @@ def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", *
                    for cond in (body.get("status") or {}).get("conditions") or [])
     request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
     if request and (finished or type in (None, "DELETED")):  # None: listed when the watch (re)starts
-        runtime.state().workers.ensure(namespace, request)
+        runtime.operating()[1].ensure(namespace, request)
     labels = body.get("metadata", {}).get("labels") or {}
     if finished and labels.get(LABEL_ROLE) == "compensator" and type != "DELETED" and runtime.reconciling():
-        runtime.state().reconciler.job_finished(namespace, dict(body))
+        runtime.operating()[0].job_finished(namespace, dict(body))
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
@@ -73,13 +77,14 @@ def move_inline_journal(type: str, body: kopf.Body, **kwargs: Any) -> None:
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
     ix.capture(kwargs)
     state = runtime.state()
+    reconciler, workers = runtime.operating()
     meta = body["metadata"]
     if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
-        for request in state.reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
-            state.workers.ensure(meta["namespace"], request)
+        for request in reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
+            workers.ensure(meta["namespace"], request)
     if not (body.get("status") or {}).get("activeRequest"):  # the lock is free: wake the requests waiting for it
-        for request in state.reconciler.lock_released(meta.get("namespace", ""), meta.get("name", "")):
-            state.workers.ensure(meta["namespace"], request)
+        for request in reconciler.lock_released(meta.get("namespace", ""), meta.get("name", "")):
+            workers.ensure(meta["namespace"], request)
     if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
         return
     if not runtime.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade

@@ -100,7 +100,7 @@ def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
     holder = status.get("activeRequest")
     if holder:  # a lock held by a request deleted while the operator was down is released (rule 14)
         try:
-            runtime.state().reconciler.lock_orphaned(namespace, name, holder)
+            runtime.operating()[0].lock_orphaned(namespace, name, holder)
         except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
             log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
     if st.run_status_update(status, meta.get("generation"), name) is not None:

@@ -1,4 +1,9 @@
-"""The operator's shared objects (API client, reconciler, workers, metrics), made at start-up."""
+"""The process's shared objects (API client, reconciler, workers, metrics), made at start-up.
+
+``reversi-operator`` builds them all (:func:`init`); ``reversi-admission`` builds only what its
+webhooks read (:func:`init_admission`: the API client, metrics and kopf's indices): it has no
+reconciler and no workers.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ if TYPE_CHECKING:  # built in init(): the reconciler reaches this module's state
 class State:
     settings: OperatorSettings
     kube: Kube
-    reconciler: Reconciler
-    workers: Workers
+    reconciler: Reconciler | None
+    workers: Workers | None
     metrics: Any = None
     #: the RunSteps of the runs being worked on, one informer per run (made by :func:`init`)
     journals: RunJournals | None = None
@@ -44,6 +49,22 @@ def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     _state = State(settings, kube, reconciler, workers, metrics,
                    journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
     return _state
+
+
+def init_admission(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
+    """The admission server's shared objects: no reconciler, no workers, no run informers."""
+    global _state
+    _state = State(settings, kube, None, None, metrics)
+    return _state
+
+
+def operating() -> tuple[Reconciler, Workers]:
+    """The reconciler and the workers of ``reversi-operator``. Raises ``RuntimeError`` in a
+    process that has none (the admission server)."""
+    state_ = state()
+    if state_.reconciler is None or state_.workers is None:
+        raise RuntimeError("this process does not reconcile (it is the admission server)")
+    return state_.reconciler, state_.workers
 
 
 def reconciling() -> bool:

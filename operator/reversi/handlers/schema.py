@@ -93,7 +93,7 @@ def resync(state: runtime.State) -> None:
                 if update is not None:
                     state.kube.merge_status("rollbackrequests", meta["namespace"], meta["name"], update)
             else:
-                state.workers.ensure(meta["namespace"], meta["name"])
+                runtime.operating()[1].ensure(meta["namespace"], meta["name"])
         for halt in state.kube.list("halts", ns):
             halts.halt_changed("MODIFIED", halt, halt["metadata"]["namespace"], halt["metadata"]["name"])
         for manifest in state.kube.list("toolmanifests", ns):

@@ -65,7 +65,8 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    closed runs (Run.status.closedBy, RollbackRequest.status.runSteps), Run.spec.recovery, denials,
 #:    requireVerification, per-request attempts and re-verify fields.
 #: 4: RollbackRequest.status.steps[].lostReads (read-backs that gave no answer); Run's Closed-By column.
-SCHEMA_VERSION = 4
+#: 5: RunStep.spec.principal (who recorded the step; the outcome write is checked in the API server).
+SCHEMA_VERSION = 5
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 

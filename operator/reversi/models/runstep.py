@@ -14,7 +14,9 @@ validation and storage cost does not depend on the run's length. Recording step 
   key without reading the run).
 - **Owner** the Run (stamped at admission): deleting the Run deletes its steps.
 - **spec** the call (``index``, ``tool``, ``args``, ``result``, ``outcome``, ``dependsOn``,
-  ``snapshot``, ``error``, ``recordedAt``) and, once, its ``resolution``; CEL rules keep it
+  ``snapshot``, ``error``, ``recordedAt``), who recorded it (``principal``, stamped at admission:
+  the API server's own policy lets only this user write the outcome) and, once, its
+  ``resolution``; CEL rules keep it
   append-only: the call never changes, ``outcome`` moves only from ``intended`` to a final value,
   ``result``/``error`` only while intended, a resolution is set once and never changes.
 - **status.undo** the step's undo state, which outlives any one RollbackRequest (rules 3, 6).
@@ -106,6 +108,11 @@ class RunStepSpec(StepBase):
                     fieldPath=".resolution",
                 ),
                 rule(
+                    "!has(oldSelf.principal) || (has(self.principal) && self.principal == oldSelf.principal)",
+                    "spec.principal is stamped when the step is recorded and never changes",
+                    fieldPath=".principal",
+                ),
+                rule(
                     "!has(self.resolution) || has(oldSelf.resolution) || oldSelf.outcome in ['intended', 'uncertain']",
                     "only a step whose outcome is intended or uncertain can be resolved",
                     fieldPath=".resolution",
@@ -120,6 +127,11 @@ class RunStepSpec(StepBase):
     )
     resolution: StepResolution | None = Field(
         default=None, description="Settlement of an intended or uncertain step; set once, never changed."
+    )
+    principal: str | None = Field(
+        default=None, max_length=MAX_NAME * 2,
+        description="Who recorded the step: the Run's principal, stamped at admission from the authenticated user "
+                    "(a client's value is replaced). Only this user writes the step's outcome. Immutable.",
     )
 
     def as_step(self) -> Step:

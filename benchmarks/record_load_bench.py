@@ -1,0 +1,271 @@
+"""Recording under load: many agents recording at once, next to the same API server's plain writes.
+
+    python benchmarks/record_load_bench.py [--agents 1,4,16,32] [--seconds 10] [--only load,gap]
+
+Every figure is printed next to a baseline measured in the same run on the same local control
+plane, so the ratio, not the absolute rate, is the claim:
+
+- **load**: for each number of agents, each agent records calls through the SDK as fast as it can
+  (``Recorder.step``: the ``intended`` RunStep create, then the outcome write) for ``--seconds``;
+  then the same agents make the same two writes on plain ConfigMaps (a create, then a merge
+  patch) with the same client. Printed: calls/s of each, their ratio, and the median per call.
+  Agents are threads spread over worker processes (``--processes``), each agent with its own Run
+  and its own API client.
+- **gap**: 4 agents record for ``--seconds`` while the operator process is SIGKILLed a third of
+  the way in and started again 5 s later. Printed: calls the SDK refused (``RecordingRefused``)
+  and the longest time with no call recorded anywhere.
+
+Targets (the recording path's own, see docs/operations.md#admission-where-each-rule-is-enforced):
+32 agents' rate at least 0.5 of the plain writes'; one agent's median per call at most 2 times
+the plain two writes'; with the operator killed: 0 refused calls and no window over 1 s.
+
+Uses a running local control plane when there is one (``reversi-devcluster up``), else starts
+one and stops it at the end. Exit 1 when a recorded run is wrong (a step missing or out of order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing as mp
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
+
+from kubernetes import client, config  # noqa: E402
+from kubernetes.client.rest import ApiException  # noqa: E402
+
+from reversi.adapters.journal import list_objects  # noqa: E402
+from reversi.devcluster.cluster import Cluster  # noqa: E402
+from reversi.devcluster.localop import AdmissionPool, OperatorProcess, apply_crds, free_port  # noqa: E402
+from reversi.devcluster.localop import remove_webhook_configurations  # noqa: E402
+from reversi.sdk import OutcomeNotRecorded, Recorder, RecordingRefused  # noqa: E402
+
+G, V = "reversi.dev", "v1alpha1"
+TOOL = "orders.create"
+MANIFEST = {
+    "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "bench"},
+    "spec": {
+        "runners": [{"name": "cli", "image": "registry.example/tools:1", "command": ["true"]}],
+        "tools": [{
+            "name": TOOL, "effect": "write", "idempotencyKey": "$args.order_id",
+            "compensation": {"tool": "orders.cancel", "kind": "inverse", "args": {"id": "$result.id"}, "runner": "cli"},
+            "verification": {"tool": "orders.get", "args": {"id": "$result.id"}, "expect": {"status": "canceled"},
+                             "runner": "cli"},
+        }],
+    },
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+# ----------------------------------------------------------------------------- one agent
+
+def _recording_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list) -> None:
+    """Record calls in Run ``run`` until ``until`` (time.time()); append (end time, seconds, refused)."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    rec = Recorder.open(namespace, run, manifest="bench", api=api, scope={"actor": "bench-agent"})
+    i = 0
+    while time.time() < until:
+        t0 = time.perf_counter()
+        try:
+            with rec.step(TOOL, {"order_id": f"{run}-{i}", "amount": i}) as step:
+                step.result = {"id": f"ord-{run}-{i}"}
+            out.append((time.time(), time.perf_counter() - t0, False))
+        except (RecordingRefused, OutcomeNotRecorded):  # the call refused, or its outcome not recorded
+            out.append((time.time(), time.perf_counter() - t0, True))
+            time.sleep(0.1)  # a refused agent does not hammer the API server: it moves on, as an agent would
+        i += 1
+
+
+def _plain_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list) -> None:
+    """The same two writes on plain ConfigMaps: a create, then a merge patch of the outcome."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    core = client.CoreV1Api(api)
+    i = 0
+    while time.time() < until:
+        t0 = time.perf_counter()
+        name = f"{run}-{i:05d}"
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": name, "labels": {"bench": run}},
+                                                      "data": {"tool": TOOL, "outcome": "intended",
+                                                               "args": f'{{"order_id": "{run}-{i}", "amount": {i}}}'}})
+        core.patch_namespaced_config_map(name, namespace, {"data": {"outcome": "succeeded",
+                                                                    "result": f'{{"id": "ord-{run}-{i}"}}'}})
+        out.append((time.time(), time.perf_counter() - t0, False))
+        i += 1
+
+
+def _process(kind: str, kubeconfig: str, namespace: str, runs: list[str], until: float, queue: Any) -> None:
+    """One worker process: one thread per agent; puts every agent's records on ``queue``."""
+    target = _recording_agent if kind == "recorded" else _plain_agent
+    results: dict[str, list] = {run: [] for run in runs}
+    threads = [threading.Thread(target=target, args=(kubeconfig, namespace, run, until, results[run]), daemon=True)
+               for run in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queue.put(results)
+
+
+def drive(kind: str, kubeconfig: str, namespace: str, agents: int, seconds: float, processes: int,
+          during: Any = None, window: list[float] | None = None) -> dict[str, list]:
+    """Run ``agents`` agents of ``kind`` for ``seconds``; ``during(start)`` runs in this process
+    meanwhile (the fault of the gap scenario). Returns each agent's records by run name; the
+    measured window's (start, end) are appended to ``window``."""
+    tag = uuid.uuid4().hex[:5]
+    runs = [f"{kind[:3]}-{tag}-{a}" for a in range(agents)]
+    groups = [runs[p::processes] for p in range(min(processes, agents))]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    start = time.time() + 3.0  # every process has its clients before the clock starts
+    until = start + seconds
+    if window is not None:
+        window += [start, until]
+    procs = [ctx.Process(target=_process, args=(kind, kubeconfig, namespace, g, until, queue)) for g in groups]
+    for p in procs:
+        p.start()
+    if during is not None:
+        during(start)
+    merged: dict[str, list] = {}
+    for _ in procs:
+        merged.update(queue.get(timeout=seconds + 120))
+    for p in procs:
+        p.join(timeout=30)
+    # the first seconds include each agent's Run create: count only the window [start, until]
+    return {run: [r for r in recs if start <= r[0] - r[1] and r[0] <= until] for run, recs in merged.items()}
+
+
+def rate(records: dict[str, list], seconds: float) -> tuple[float, float]:
+    """(calls per second over all agents, median seconds per call) of the accepted calls."""
+    calls = [r for recs in records.values() for r in recs if not r[2]]
+    return len(calls) / seconds, statistics.median([r[1] for r in calls]) if calls else float("nan")
+
+
+def check_runs(api: client.ApiClient, namespace: str, runs: list[str]) -> list[str]:
+    """Each recorded run's steps are 0..n-1 with an outcome (a step left intended is reported)."""
+    custom = client.CustomObjectsApi(api)
+    problems = []
+    for run in runs:
+        objs = list_objects(custom, namespace, run)
+        indices = [o["spec"]["index"] for o in objs]
+        if indices != list(range(len(indices))):
+            problems.append(f"run {run}: indices are not 0..{len(indices) - 1}")
+        left = [o["spec"]["index"] for o in objs if o["spec"].get("outcome") == "intended"]
+        if len(left) > 1:  # the one under way when the clock stopped may stay intended
+            problems.append(f"run {run}: {len(left)} steps left intended: {left[:5]}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+def load(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
+         processes: int) -> tuple[list[dict], list[str]]:
+    rows, problems = [], []
+    for agents in agent_counts:
+        rec = drive("recorded", kubeconfig, namespace, agents, seconds, processes)
+        plain = drive("plain", kubeconfig, namespace, agents, seconds, processes)
+        problems += check_runs(api, namespace, list(rec))
+        (r_rate, r_p50), (p_rate, p_p50) = rate(rec, seconds), rate(plain, seconds)
+        row = {"agents": agents, "recorded": r_rate, "plain": p_rate, "ratio": r_rate / p_rate,
+               "p50_recorded_ms": r_p50 * 1000, "p50_plain_ms": p_p50 * 1000}
+        rows.append(row)
+        print(f"  {agents:>3} agents: {r_rate:7.1f} recorded calls/s, {p_rate:7.1f} plain  ratio {row['ratio']:.2f}   "
+              f"p50 {row['p50_recorded_ms']:.1f} ms vs {row['p50_plain_ms']:.1f} ms "
+              f"({row['p50_recorded_ms'] / row['p50_plain_ms']:.2f}x)", flush=True)
+    return rows, problems
+
+
+def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any,
+        victim: str) -> dict[str, float]:
+    """4 agents record; ``victim`` (operator or admission) is SIGKILLed at a third of the time
+    and started again 5 s later."""
+    def fault(start: float) -> None:
+        time.sleep(max(0.0, start + seconds / 3 - time.time()))
+        op.kill()
+        time.sleep(5.0)
+        op.start()
+
+    bounds: list[float] = []
+    records = drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=fault, window=bounds)
+    calls = sorted(r for recs in records.values() for r in recs)
+    refused = sum(1 for r in calls if r[2])
+    ends = [bounds[0], *(r[0] for r in calls if not r[2]), bounds[1]]  # the window's edges count too
+    longest = max(b - a for a, b in itertools.pairwise(ends))
+    return {"refused": refused, "recorded": len(ends) - 2, "longest_gap_s": longest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", default="1,4,16,32", help="agent counts of the load scenario")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
+    parser.add_argument("--processes", type=int, default=4, help="worker processes the agents are spread over")
+    parser.add_argument("--only", default="load,gap", help="scenarios to run: load, gap")
+    parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    cluster = Cluster()
+    started_cluster = not cluster.is_running()
+    if started_cluster:
+        cluster.up()
+    kubeconfig = str(cluster.paths.admin_kubeconfig)
+    api = config.new_client_from_config(config_file=kubeconfig)
+    apply_crds(api)
+    logs = cluster.paths.logs
+    admission = AdmissionPool(cluster.paths.admin_kubeconfig, logs / "bench-admission.log", webhook_port=free_port(),
+                              replicas=args.replicas)
+    op = OperatorProcess(cluster.paths.admin_kubeconfig, logs / "bench-operator.log", metrics_port=free_port())
+    namespace = f"record-load-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    problems: list[str] = []
+    try:
+        admission.start()
+        op.start()
+        core.create_namespace({"metadata": {"name": namespace}})
+        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", MANIFEST)
+        time.sleep(1.0)  # the admission server's manifest index sees the new manifest
+        if "load" in only:
+            print(f"load: each agent records as fast as it can for {args.seconds:.0f} s, then makes the same two "
+                  "writes on plain ConfigMaps", flush=True)
+            rows, problems = load(kubeconfig, api, namespace, [int(a) for a in args.agents.split(",")],
+                                  args.seconds, args.processes)
+            first, last = rows[0], rows[-1]
+            print(f"  {last['agents']} agents: ratio {last['ratio']:.2f} (target >= 0.5); 1 agent: median "
+                  f"{first['p50_recorded_ms'] / first['p50_plain_ms']:.2f}x the plain two writes (target <= 2)")
+        if "gap" in only:
+            victims: list[tuple[str, Any]] = [("operator", op), ("one admission replica", admission.replicas[0])]
+            for victim, proc in victims:
+                window = max(args.seconds, 15.0)
+                print(f"gap: 4 agents record for {window:.0f} s; the {victim} process is SIGKILLed and started "
+                      "again 5 s later", flush=True)
+                g = gap(kubeconfig, namespace, max(args.seconds, 15.0), args.processes, proc, victim)
+                print(f"  refused calls {g['refused']}, recorded {g['recorded']}, longest window without a recorded "
+                      f"call {g['longest_gap_s']:.2f} s (target: 0 refused, <= 1 s)", flush=True)
+    finally:
+        op.stop()
+        admission.stop()
+        remove_webhook_configurations(api)
+        try:
+            core.delete_namespace(namespace)
+        except ApiException:
+            pass
+        if started_cluster:
+            cluster.down()
+    if problems:
+        print("recorded runs are wrong: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Where each write of Reversi's kinds is checked: the admission webhooks, and the admission policy
+the API server evaluates itself. Pure builders of the registration objects, and their apply.
+
+The table :data:`HOOKS` is the one list of webhooks: the admission server
+(:mod:`reversi.handlers.admission`) serves each at ``/<path>``, the local control plane registers
+them from here (:func:`register`), and the Helm chart's ``reversi.webhooks`` table renders the same
+rules and match conditions (a chart test holds the two equal).
+
+The recording hot path (docs/operations.md#admission-where-each-rule-is-enforced):
+
+- a **RunStep create** (the ``intended`` record) crosses one webhook, ``mutate-runstep``, which
+  stamps what comes from the server and checks every rule that needs other objects (the Run, its
+  principal and lock, the previous step, halts, the manifest, forward duplicates);
+- a **RunStep outcome write** crosses none: :data:`OUTCOME_MATCH` keeps both RunStep webhooks out of
+  it, and the ValidatingAdmissionPolicy :func:`outcome_policy` (CEL in the API server) checks it:
+  only the step's principal (``spec.principal``, stamped at create and immutable) may write it,
+  and its ``result`` stays within :data:`reversi.models.runstep.MAX_CALL_BYTES`. A write that
+  changes anything else (a resolution, a stamp a client dropped) still goes to the webhooks.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from ..models.runstep import MAX_CALL_BYTES
+from . import apicalls as calls
+
+GROUP, VERSION = "reversi.dev", "v1alpha1"
+#: name of the local webhook configurations (both kinds) and prefix of the policies' names
+NAME = "reversi.dev"
+
+#: A RunStep update that is only an outcome write by a step that carries its principal: the
+#: webhooks are not called for it (the API server's policy checks it). Everything else is:
+#: creates, deletes, an update of a step recorded before steps carried their principal, a new
+#: resolution (its actor and time are stamped), or a write that drops a stamp or a label.
+OUTCOME_MATCH = (
+    "request.operation != 'UPDATE' || !has(oldObject.spec.principal) || "
+    "has(object.spec.resolution) != has(oldObject.spec.resolution) || "
+    "!has(object.spec.principal) || "
+    "has(object.spec.snapshot) != has(oldObject.spec.snapshot) || "
+    "has(object.spec.recordedAt) != has(oldObject.spec.recordedAt) || "
+    "(has(object.metadata.labels) ? object.metadata.labels : {}) != "
+    "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || "
+    "(has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != "
+    "(has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
+)
+
+
+#: The API server's own ceiling on a ``result`` written with the outcome (no webhook sees that
+#: write): bytes of CEL's text of the value (``'%s'.format``: keys sorted, ", " between items,
+#: floats with six decimals), which is never shorter than its canonical JSON. The documented limit
+#: is :data:`MAX_CALL_BYTES` of JSON, which the SDK checks before it writes; twice that here keeps
+#: any client's result far below what etcd would refuse without refusing what the SDK admits
+#: (docs/concepts.md#limits).
+RESULT_CEILING_BYTES = 2 * MAX_CALL_BYTES
+
+
+@dataclass(frozen=True)
+class Hook:
+    """One webhook: served at ``/<path>``, registered for ``operations`` on ``resources``."""
+
+    kind: str  # "mutating" or "validating"
+    name: str  # the kind it checks, e.g. "runstep"
+    resources: tuple[str, ...]
+    operations: tuple[str, ...]
+    side_effects: str = "None"
+    #: (name, CEL expression): the API server calls the webhook only when every one is true
+    match_conditions: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def path(self) -> str:
+        return f"/{'mutate' if self.kind == 'mutating' else 'validate'}-{self.name}"
+
+    @property
+    def webhook_name(self) -> str:
+        return f"{self.name}.{'mutate' if self.kind == 'mutating' else 'validate'}.reversi.dev"
+
+
+_OUTCOME_SKIP = (("not-an-outcome-write", OUTCOME_MATCH),)
+HOOKS: tuple[Hook, ...] = (
+    Hook("mutating", "run", ("runs",), ("CREATE", "UPDATE")),
+    # the create of a step is checked here, once (stamped, then checked; re-invoked if a later
+    # mutation changes it), so recording a call crosses one webhook
+    Hook("mutating", "runstep", ("runsteps",), ("CREATE", "UPDATE"), "NoneOnDryRun", _OUTCOME_SKIP),
+    Hook("mutating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
+    Hook("validating", "run", ("runs",), ("CREATE", "UPDATE"), "NoneOnDryRun"),
+    Hook("validating", "runstep", ("runsteps",), ("UPDATE", "DELETE"), "None", _OUTCOME_SKIP),
+    Hook("validating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
+    Hook("validating", "toolmanifest", ("toolmanifests",), ("CREATE", "UPDATE")),
+    Hook("validating", "halt", ("halts",), ("CREATE", "UPDATE")),
+    Hook("validating", "clusterhalt", ("clusterhalts",), ("CREATE", "UPDATE")),
+)
+
+
+def configuration(kind: str, client_config: Any, *, failure_policy: str = "Fail", timeout_seconds: int = 10,
+                  name: str = NAME) -> dict[str, Any]:
+    """The Mutating- or ValidatingWebhookConfiguration (a dict) of the :data:`HOOKS` of ``kind``.
+    ``client_config(hook)`` gives each webhook's ``clientConfig`` (a URL and CA locally, a
+    Service in the chart)."""
+    webhooks = []
+    for hook in HOOKS:
+        if hook.kind != kind:
+            continue
+        webhook: dict[str, Any] = {
+            "name": hook.webhook_name, "admissionReviewVersions": ["v1"], "sideEffects": hook.side_effects,
+            "failurePolicy": failure_policy, "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
+            "clientConfig": client_config(hook),
+            "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": list(hook.operations),
+                       "resources": list(hook.resources), "scope": "*"}],
+        }
+        if kind == "mutating":
+            webhook["reinvocationPolicy"] = "IfNeeded"  # a later mutation (of anyone) is checked again
+        if hook.match_conditions:
+            webhook["matchConditions"] = [{"name": n, "expression": e} for n, e in hook.match_conditions]
+        webhooks.append(webhook)
+    return {"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration" if kind == "mutating" else "ValidatingWebhookConfiguration",
+            "metadata": {"name": name}, "webhooks": webhooks}
+
+
+def _same_value(field_: str) -> str:
+    return (f"has(object.spec.{field_}) == has(oldObject.spec.{field_}) && "
+            f"(!has(object.spec.{field_}) || object.spec.{field_} == oldObject.spec.{field_})")
+
+
+#: CEL: the update changes the call's record (outcome, result or error)
+_CALL_CHANGED = f"!(object.spec.outcome == oldObject.spec.outcome && {_same_value('result')} && {_same_value('error')})"
+
+
+def outcome_policy(name: str = f"{NAME}-runstep-outcome") -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy the API server evaluates on every RunStep update of a step
+    that carries its principal (rule 10 and the size limit, with the webhooks' messages): only the
+    step's principal changes its outcome, result or error; a ``result`` is at most
+    :data:`RESULT_CEILING_BYTES` bytes of CEL's text of it."""
+    run = "'Run ' + object.metadata.namespace + '/' + object.spec.runRef.name"
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": [VERSION],
+                                                    "operations": ["UPDATE"], "resources": ["runsteps"]}]},
+            "matchConditions": [{"name": "step-carries-its-principal",
+                                 "expression": "has(oldObject.spec.principal)"}],
+            "validations": [
+                {"expression": f"!({_CALL_CHANGED}) || request.userInfo.username == oldObject.spec.principal",
+                 "reason": "Forbidden",
+                 "messageExpression": f"{run} + ' belongs to another principal (' + oldObject.spec.principal + '); ' "
+                                      "+ request.userInfo.username + ' may not add or change its steps: open a Run "
+                                      "of your own'"},
+                {"expression": f"!has(object.spec.result) || size(bytes('%s'.format([object.spec.result]))) <= "
+                               f"{RESULT_CEILING_BYTES}",
+                 "reason": "Invalid",
+                 "messageExpression": "'step ' + string(object.spec.index) + ' (' + object.spec.tool + '): result "
+                                      f"is more than {RESULT_CEILING_BYTES} bytes as the API server measures it, past "
+                                      f"the limit of {MAX_CALL_BYTES} bytes of JSON per step; record a reference "
+                                      "(an id, a URL) instead of the whole payload'"},
+            ],
+        },
+    }
+
+
+def outcome_binding(name: str = f"{NAME}-runstep-outcome") -> dict[str, Any]:
+    """The binding that puts :func:`outcome_policy` in force in every namespace (Deny)."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}
+
+
+def url_client_config(base_url: str, ca_pem: bytes) -> Any:
+    """``clientConfig`` by URL (``https://127.0.0.1:<port>``), for the local control plane."""
+    bundle = base64.b64encode(ca_pem).decode()
+    return lambda hook: {"url": f"{base_url.rstrip('/')}{hook.path}", "caBundle": bundle}
+
+
+def _apply(create: Any, replace: Any, read: Any, body: dict[str, Any]) -> None:
+    """Create ``body``, or replace the object of that name with it."""
+    name = body["metadata"]["name"]
+    try:
+        calls.call(create, body, repeat="unsent")
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        current = calls.call(read, name)
+        body = {**body, "metadata": {**body["metadata"], "resourceVersion": current.metadata.resource_version}}
+        calls.call(replace, name, body)
+
+
+def register(api: client.ApiClient, client_config: Any, *, failure_policy: str = "Fail",
+             timeout_seconds: int = 10) -> None:
+    """Create or replace the webhook configurations of :data:`HOOKS` and the outcome policy with its
+    binding (local control plane; the chart renders the same objects). Raises ``ApiException``."""
+    adm = client.AdmissionregistrationV1Api(api)
+    _apply(adm.create_mutating_webhook_configuration, adm.replace_mutating_webhook_configuration,
+           adm.read_mutating_webhook_configuration,
+           configuration("mutating", client_config, failure_policy=failure_policy, timeout_seconds=timeout_seconds))
+    _apply(adm.create_validating_webhook_configuration, adm.replace_validating_webhook_configuration,
+           adm.read_validating_webhook_configuration,
+           configuration("validating", client_config, failure_policy=failure_policy,
+                         timeout_seconds=timeout_seconds))
+    register_policies(api)
+
+
+def register_policies(api: client.ApiClient) -> None:
+    """Create or replace the outcome policy and its binding. Raises ``ApiException``."""
+    adm = client.AdmissionregistrationV1Api(api)
+    _apply(adm.create_validating_admission_policy, adm.replace_validating_admission_policy,
+           adm.read_validating_admission_policy, outcome_policy())
+    _apply(adm.create_validating_admission_policy_binding, adm.replace_validating_admission_policy_binding,
+           adm.read_validating_admission_policy_binding, outcome_binding())
+
+
+def unregister(api: client.ApiClient, name: str = NAME) -> None:
+    """Delete the local webhook configurations, the policy and its binding (404s are fine)."""
+    adm = client.AdmissionregistrationV1Api(api)
+    for delete, obj in ((adm.delete_validating_webhook_configuration, name),
+                        (adm.delete_mutating_webhook_configuration, name),
+                        (adm.delete_validating_admission_policy_binding, f"{name}-runstep-outcome"),
+                        (adm.delete_validating_admission_policy, f"{name}-runstep-outcome")):
+        try:
+            delete(obj)
+        except ApiException as err:
+            if err.status != 404:
+                raise

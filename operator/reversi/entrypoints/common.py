@@ -1,0 +1,115 @@
+"""What the two kopf processes share: ``reversi-operator`` (reconciling) and ``reversi-admission``
+(the admission webhooks). Nothing here registers a kopf handler: each entry point registers its own,
+so importing this module adds none of the other process's handlers."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import kopf
+from kubernetes import client, config
+
+from .. import certs
+from ..settings import OperatorSettings
+
+log = logging.getLogger("reversi.process")
+M_ARENA_MAX = -8  # glibc's malloc.h
+WEBHOOK_MAX_BODY = 32 * 1024 * 1024  # bytes; the API server itself refuses requests over 3 MiB
+
+
+def limit_malloc_arenas(arenas: int) -> bool:
+    """Cap glibc's malloc arenas (``mallopt(M_ARENA_MAX, arenas)``) before threads start: glibc
+    otherwise gives threads up to 8 arenas per core, and the memory each one frees stays resident
+    in it (P5 of benchmarks/rollback_bench.py: about 10 MB with 2,000 Runs). Returns whether the
+    cap was applied: not with ``arenas`` 0, not when ``MALLOC_ARENA_MAX`` is set (glibc read it
+    already) and not on a C library without ``mallopt`` (musl, macOS). Raises nothing."""
+    if arenas <= 0 or os.environ.get("MALLOC_ARENA_MAX") or platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    return bool(mallopt is not None and mallopt(M_ARENA_MAX, arenas) == 1)
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """An API client: in-cluster when in a pod, else from ``kubeconfig`` / ``$KUBECONFIG``."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"):
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """kopf settings both processes use: progress in annotations (never in status), handler
+    threads, watch and request timeouts."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reversi.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="reversi.dev")
+    settings.posting.level = logging.WARNING
+    settings.execution.max_workers = ours.handler_threads
+    settings.watching.server_timeout = 300  # the API server ends each watch after this many seconds
+    settings.watching.client_timeout = 330  # and the client gives up on a silent one a little later
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = ours.api_timeout_seconds
+    settings.networking.connect_timeout = 10
+
+
+def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) -> tuple[bool, str | None]:
+    """Serve the admission webhooks over TLS with a certificate made by ``cryptography``.
+
+    With ``webhook_cert``/``webhook_key`` (the chart mounts them), the server uses those files
+    and the chart owns the webhook configurations. With ``webhook_configure`` (local control
+    plane), the process makes a CA and serving certificate itself; the caller registers the
+    configurations (:func:`reversi.adapters.webhooks.register`), pointing at
+    ``https://<webhook_url_host>:<webhook_port>``. Returns (served, the CA file of a certificate
+    made here); neither setting: ``(False, None)``, nothing is served.
+    """
+    certfile, keyfile, cafile = ours.webhook_cert, ours.webhook_key, None
+    if not certfile and ours.webhook_configure:
+        folder = Path(ours.webhook_cert_dir or tempfile.mkdtemp(prefix="reversi-webhook-"))
+        ca = certs.make_ca(folder, name="reversi-webhook-ca")
+        host = ours.webhook_url_host
+        ip = [host] if host.replace(".", "").isdigit() else []
+        pair = certs.issue(ca, folder, "webhook", "reversi-webhook", dns_names=("localhost", *([] if ip else [host])),
+                           ip_addresses=tuple(ip or ["127.0.0.1"]), server=True)
+        certfile, keyfile, cafile = str(pair.cert), str(pair.key), str(ca.cert)
+    if not certfile:
+        return False, None
+    # The API server sends a whole object (twice, on update) in each review: a Run of thousands of
+    # steps is megabytes. aiohttp's default body limit (1 MiB) would refuse it with 413, and kopf
+    # builds its aiohttp application itself, so the process raises the default for itself.
+    defaults = aiohttp.web.Application.__init__.__kwdefaults__
+    assert defaults is not None, "aiohttp.web.Application takes client_max_size as a keyword argument"
+    defaults["client_max_size"] = WEBHOOK_MAX_BODY
+    settings.admission.server = kopf.WebhookServer(addr=ours.webhook_host, port=ours.webhook_port, certfile=certfile,
+                                                   pkeyfile=keyfile, cafile=cafile)
+    return True, cafile
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own connection: from ``--kubeconfig`` when given, else in-cluster or ``$KUBECONFIG``
+    through the official client (kopf's default). Each entry point registers it with
+    ``kopf.on.login``."""
+    path = os.environ.get("REVERSI_KUBECONFIG")
+    if not path:
+        return kopf.login_via_client(**kwargs)
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=cfg)
+    token = (cfg.api_key or {}).get("authorization", "")
+    return kopf.ConnectionInfo(
+        server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+        scheme="Bearer" if token else None, token=token.removeprefix("Bearer ") or None)
+
+
+def setup_logging(verbose: bool) -> None:
+    """Log lines with time, level and logger; the client's and aiohttp's chatter at WARNING."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
