@@ -138,6 +138,16 @@ class Release:
     def logs(self) -> str:
         return self.kubectl_cmd("logs", "-n", self.namespace, self.pod()["metadata"]["name"], check=False).stdout
 
+    def admission_pods(self) -> list[dict]:
+        """The admission server's pods (reversi-admission), not being deleted."""
+        out = self.kubectl_cmd("get", "pods", "-n", self.namespace, "-o", "json", "-l",
+                               f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=admission")
+        return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def admission_logs(self) -> str:
+        return "".join(self.kubectl_cmd("logs", "-n", self.namespace, pod["metadata"]["name"], check=False).stdout
+                       for pod in self.admission_pods())
+
     def metrics_text(self) -> str:
         import urllib.request
 
@@ -159,9 +169,10 @@ class Release:
             return True
 
         try:
-            wait_for(ready, timeout=90, what=f"the operator pod of release {self.name} to serve")
+            wait_for(ready, timeout=90, what=f"the operator and admission pods of release {self.name} to serve")
         except AssertionError as err:
-            raise AssertionError(f"{err}\n--- operator log ---\n{self.logs()[-4000:]}") from None
+            raise AssertionError(f"{err}\n--- operator log ---\n{self.logs()[-4000:]}\n--- admission log ---\n"
+                                 f"{self.admission_logs()[-4000:]}") from None
         if self.values["webhook"]["enabled"]:
             # the API server reaches the webhook through the Service: a dry-run create goes through it
             probe = {"apiVersion": "reversi.dev/v1alpha1", "kind": "ClusterHalt",
@@ -172,7 +183,7 @@ class Release:
                 out = self.kubectl_cmd("create", "--dry-run=server", "-f", "-", check=False, input=json.dumps(probe))
                 return out.returncode == 0
 
-            wait_for(webhooks_answer, timeout=60, what="the API server to reach the operator's webhooks")
+            wait_for(webhooks_answer, timeout=60, what="the API server to reach the admission server's webhooks")
 
 
 def release_values(**overrides: Any) -> dict:
@@ -181,6 +192,9 @@ def release_values(**overrides: Any) -> dict:
         "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "58080"))},
         "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "59443"))},
         "operator": {"tickSeconds": 0.5},
+        # pods share the host's network here: the admission replicas share the webhook port
+        # (SO_REUSEPORT), and leave the metrics and health ports to the operator's pod
+        "admission": {"metricsPort": 0, "healthPort": 0},
         "probes": {"healthPort": int(os.environ.get("REVERSI_TEST_CHART_HEALTH_PORT", "58081"))},
         # the tests' CRDs come from crds/ (the crds fixture), shared with the integration tests;
         # test_chart_upgrade.py installs them with the release

@@ -90,7 +90,12 @@ def test_operator_runs_as_a_pod_with_the_charts_service_account(release):
     assert status["restartCount"] == 0, release.logs()[-3000:]
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["REVERSI_METRICS_PORT"] == str(release.metrics_port)
-    assert env["REVERSI_WEBHOOK_PORT"] == str(release.webhook_port)
+    admission = release.admission_pods()
+    assert len(admission) == 2 and all(p["status"]["phase"] == "Running" for p in admission)
+    for apod in admission:
+        assert apod["spec"]["serviceAccountName"] == f"{release.fullname}-admission"
+        env = {e["name"]: e.get("value") for e in apod["spec"]["containers"][0]["env"]}
+        assert env["REVERSI_WEBHOOK_PORT"] == str(release.webhook_port)
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +154,10 @@ def test_operator_log_shows_no_permission_error(release, undone):
     """The chart's RBAC is enough: after a rollback (Jobs, Secrets, pods, logs, events, status)
     kopf and the operator logged no 403 / Forbidden / missing permission (kopf logs 'Not enough
     permissions' when it must fall back)."""
-    log = release.logs()
-    assert "Activity 'configure' succeeded" in log, log[-3000:]
-    bad = permission_errors(log)
-    assert not bad, "\n".join(bad[:20])
+    for log in (release.logs(), release.admission_logs()):  # the operator, then the admission server
+        assert "Activity 'configure' succeeded" in log, log[-3000:]
+        bad = permission_errors(log)
+        assert not bad, "\n".join(bad[:20])
 
 
 @pytest.mark.parametrize("verb, resource, allowed", [
@@ -164,7 +169,7 @@ def test_operator_log_shows_no_permission_error(release, undone):
     ("patch", "clusterhalts.reversi.dev/status", True),
     ("update", "runs.reversi.dev/finalizers", True),
     ("update", "rollbackrequests.reversi.dev/finalizers", False),
-    ("create", "subjectaccessreviews.authorization.k8s.io", True),
+    ("create", "subjectaccessreviews.authorization.k8s.io", False),  # the admission server asks, below
     ("get", "secrets", False),
     ("list", "secrets", False),
     ("delete", "jobs.batch", False),
@@ -177,6 +182,29 @@ def test_operator_log_shows_no_permission_error(release, undone):
 ])
 def test_service_account_has_least_privilege(release, verb, resource, allowed):
     sa = f"system:serviceaccount:{release.namespace}:{release.fullname}"
+    resource, _, sub = resource.partition("/")
+    args = [f"--subresource={sub}"] if sub else []
+    out = release.kubectl_cmd("auth", "can-i", verb, resource, *args, "--as", sa, "-n", "default", check=False)
+    assert out.stdout.strip() == ("yes" if allowed else "no"), f"{sa} {verb} {resource}: {out.stdout}{out.stderr}"
+
+
+@pytest.mark.parametrize("verb, resource, allowed", [
+    ("create", "subjectaccessreviews.authorization.k8s.io", True),
+    ("list", "runsteps.reversi.dev", True),
+    ("watch", "halts.reversi.dev", True),
+    ("patch", "halts.reversi.dev/status", True),
+    ("create", "jobs.batch", True),  # only ever a dry run of a runner's Job
+    ("patch", "runs.reversi.dev/status", False),
+    ("patch", "runsteps.reversi.dev/status", False),
+    ("create", "runsteps.reversi.dev", False),
+    ("create", "secrets", False),
+    ("get", "secrets", False),
+    ("get", "pods/log", False),
+    ("patch", "rollbackrequests.reversi.dev", False),
+])
+def test_admission_service_account_has_least_privilege(release, verb, resource, allowed):
+    """The admission server reads what its checks need and writes only a halt's refusal count."""
+    sa = f"system:serviceaccount:{release.namespace}:{release.fullname}-admission"
     resource, _, sub = resource.partition("/")
     args = [f"--subresource={sub}"] if sub else []
     out = release.kubectl_cmd("auth", "can-i", verb, resource, *args, "--as", sa, "-n", "default", check=False)
@@ -216,7 +244,10 @@ def test_upgrade_keeps_the_webhook_certificate_and_the_pod(release):
             bundles |= {h["clientConfig"]["caBundle"] for h in conf["webhooks"]}
         return bundles
 
-    before, pod_before = secret(), release.pod()["metadata"]["uid"]
+    def admission_uids() -> set[str]:
+        return {p["metadata"]["uid"] for p in release.admission_pods()}
+
+    before, pod_before, admission_before = secret(), release.pod()["metadata"]["uid"], admission_uids()
     assert ca_bundles() == {before["ca.crt"]}
     release.install(upgrade=True)
     after = secret()
@@ -224,6 +255,7 @@ def test_upgrade_keeps_the_webhook_certificate_and_the_pod(release):
     assert ca_bundles() == {before["ca.crt"]}
     time.sleep(2)
     assert release.pod()["metadata"]["uid"] == pod_before, "the upgrade restarted the operator"
+    assert admission_uids() == admission_before, "the upgrade rolled the admission server"
     assert base64.b64decode(after["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
 
 

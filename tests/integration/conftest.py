@@ -115,7 +115,8 @@ def operator(cluster, crds, admin_api):
     # a request for a Run that does not exist waits this long (default 300 s) before it fails
     os.environ.setdefault("REVERSI_RUN_WAIT_SECONDS", "8")
     op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator.log",
-                         metrics_port=metrics_port, webhook_port=webhook_port)
+                         metrics_port=metrics_port, webhook_port=webhook_port,
+                         admission_metrics_port=metrics_port + 1)  # and + 2: one per admission replica
     op.start()
     _STARTED.append(op)
     yield op

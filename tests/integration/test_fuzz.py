@@ -138,6 +138,10 @@ class FuzzLog:
         self.failures: list[str] = []
 
 
+#: each admission replica's log size when the fuzz started (a traceback after it is a finding)
+admission_sizes: dict = {}
+
+
 @pytest.fixture(scope="module")
 def fuzz_env(admin_api, cluster, operator, downstream, crds):
     """One namespace for the whole fuzz run, a valid manifest and Run to refer to."""
@@ -156,6 +160,7 @@ def fuzz_env(admin_api, cluster, operator, downstream, crds):
     custom.create_namespaced_custom_object(G, V, ns, "runsteps", step_body(ns, "base-run", {
         "index": 0, "tool": "svc.read", "args": {"id": "a"}, "outcome": "succeeded", "result": {"id": "a"}}))
     log_size = operator.log.stat().st_size if operator.log.exists() else 0
+    admission_sizes.update({r.log: r.log.stat().st_size if r.log.exists() else 0 for r in operator.admission.replicas})
     record = FuzzLog()
     yield ns, custom, tool_cmd, record, operator, log_size
     summary = {kind: {"admitted": record.counts[(kind, "admitted")], "refused": record.counts[(kind, "refused")]}
@@ -229,6 +234,7 @@ def test_malformed_objects_are_refused_with_a_clear_message_and_never_a_stack_tr
     elif kind == "rollbackrequests":
         record.admitted_requests.append(obj["metadata"]["name"])
     assert operator.alive(), f"the operator died on {kind} ({what}); see {operator.log}"
+    assert operator.admission.alive(), f"an admission replica died on {kind} ({what}); see {operator.admission.log}"
 
 
 def test_after_the_fuzz_the_operator_is_up_and_every_admitted_request_says_where_it_stands(fuzz_env):
@@ -236,6 +242,10 @@ def test_after_the_fuzz_the_operator_is_up_and_every_admitted_request_says_where
     assert operator.alive(), f"the operator died during the fuzz; see {operator.log}"
     text = operator.log.read_text(errors="replace")[log_size:]
     assert "Traceback" not in text, f"the operator logged a traceback during the fuzz: see {operator.log}"
+    for replica in operator.admission.replicas:  # the webhooks answered every malformed object
+        assert replica.alive(), f"an admission replica died during the fuzz; see {replica.log}"
+        assert "Traceback" not in replica.log.read_text(errors="replace")[admission_sizes.get(replica.log, 0):], \
+            f"an admission replica logged a traceback during the fuzz: see {replica.log}"
     for name in record.admitted_requests:
         def settled(name=name):
             obj = custom.get_namespaced_custom_object(G, V, ns, "rollbackrequests", name)

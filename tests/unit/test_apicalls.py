@@ -306,3 +306,36 @@ def test_not_found_names_the_object() -> None:
     assert not calls.not_found(api_error(404), "r")
     assert not calls.not_found(api_error(404, name="r", kind="namespaces"), "r")
     assert not calls.not_found(api_error(403, name="r"), "r")
+
+
+# --------------------------------------------------------------------------- an admission gap
+
+WEBHOOK_DOWN = ('Internal error occurred: failed calling webhook "mutate-runstep.reversi.dev": failed to call '
+                'webhook: Post "https://127.0.0.1:9443/mutate-runstep?timeout=10s": dial tcp 127.0.0.1:9443: '
+                'connect: connection refused')
+
+
+def test_a_write_refused_because_no_webhook_answered_never_landed_and_is_tried_again():
+    """The API server refuses a write it could not send to an admission webhook (500, "failed
+    calling webhook"): it never reached storage, so even a create whose repetition could record
+    twice ("unsent") is tried again; a webhook's refusal by a rule, or another 500, is not."""
+    gap = api_error(500, message=WEBHOOK_DOWN)
+    assert calls.admission_unreachable(gap) and calls.unsent(gap)
+    assert not calls.admission_unreachable(api_error(500, message="etcdserver: request timed out"))
+    assert not calls.unsent(api_error(500, message="etcdserver: request timed out"))
+    assert not calls.admission_unreachable(api_error(403, message='admission webhook "x" denied the request: '
+                                                                  "kill switch: stop"))
+    create = Flaky(gap, gap, answer={"created": True})
+    assert calls.call(create, repeat="unsent", policy=FAST) == {"created": True} and len(create.calls) == 3
+
+
+def test_the_recording_policy_bounds_an_admission_gap_by_time_not_attempts():
+    """RECORDING waits out a gap of up to 30 s (many short waits, at most 1 s each), then raises
+    the last refusal: a gap costs the agent latency, within a bound."""
+    policy = calls.RECORDING
+    assert policy.deadline == 30.0 and policy.max_wait <= 1.0 and policy.attempts >= policy.deadline / policy.max_wait
+    short = calls.Policy(attempts=1000, first_wait=0.01, max_wait=0.01, deadline=0.2)
+    always_down = Flaky(*[api_error(500, message=WEBHOOK_DOWN)] * 1000)
+    with pytest.raises(ApiException):
+        calls.call(always_down, repeat="unsent", policy=short)
+    assert 5 < len(always_down.calls) < 100, "stopped by the deadline, not by the attempts"

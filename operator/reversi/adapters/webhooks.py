@@ -56,7 +56,7 @@ OUTCOME_MATCH = (
 #: floats with six decimals), which is never shorter than its canonical JSON. The documented limit
 #: is :data:`MAX_CALL_BYTES` of JSON, which the SDK checks before it writes; twice that here keeps
 #: any client's result far below what etcd would refuse without refusing what the SDK admits
-#: (docs/concepts.md#limits).
+#: (docs/concepts.md#the-journal).
 RESULT_CEILING_BYTES = 2 * MAX_CALL_BYTES
 
 

@@ -127,11 +127,12 @@ class AdmissionProcess(_Process):
     :meth:`start` returns once the API server calls it (kopf registers the configurations right
     after its server answers)."""
 
-    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, health_port: int = 0):
+    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, health_port: int = 0, metrics_port: int = 0):
         self.kubeconfig = kubeconfig
         self.log = log
         self.webhook_port = webhook_port
         self.health_port = health_port
+        self.metrics_port = metrics_port
         self.cert_dir = log.parent / f"{log.stem}-webhook-certs"
 
     def start(self, timeout: float = 30) -> None:
@@ -139,7 +140,8 @@ class AdmissionProcess(_Process):
                "REVERSI_WEBHOOK_PORT": str(self.webhook_port), "REVERSI_WEBHOOK_HOST": "127.0.0.1",
                "REVERSI_WEBHOOK_URL_HOST": "127.0.0.1", "REVERSI_WEBHOOK_CERT_DIR": str(self.cert_dir),
                "REVERSI_HEALTH_PORT": str(self.health_port)}
-        self._spawn("reversi.entrypoints.admission", ["--kubeconfig", str(self.kubeconfig), "--metrics-port", "0"],
+        self._spawn("reversi.entrypoints.admission",
+                    ["--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port)],
                     env, "admission server", timeout)
         self._wait_registered(timeout)
 
@@ -176,11 +178,13 @@ class AdmissionPool:
     """``replicas`` admission servers on one webhook port (``SO_REUSEPORT``: the kernel spreads the
     API server's connections over them, and a replica that dies leaves the others serving), as the
     chart's Deployment runs them behind a Service. They share a CA and serving certificate (in
-    ``<log stem>-webhook-certs``), so each one's registration of the webhooks is the same."""
+    ``<log stem>-webhook-certs``), so each one's registration of the webhooks is the same.
+    ``metrics_port``: replica ``i`` serves its /metrics on ``metrics_port + i`` (0: off)."""
 
-    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, replicas: int = 2):
+    def __init__(self, kubeconfig: Path, log: Path, webhook_port: int, replicas: int = 2, metrics_port: int = 0):
         cert_dir = log.parent / f"{log.stem}-webhook-certs"
-        self.replicas = [AdmissionProcess(kubeconfig, log.with_name(f"{log.stem}-{i}.log"), webhook_port)
+        self.replicas = [AdmissionProcess(kubeconfig, log.with_name(f"{log.stem}-{i}.log"), webhook_port,
+                                          metrics_port=metrics_port + i if metrics_port else 0)
                          for i in range(replicas)]
         for replica in self.replicas:
             replica.cert_dir = cert_dir
@@ -214,14 +218,15 @@ class OperatorProcess(_Process):
     only the operator, as a crash of its pod would, while :meth:`stop` ends both."""
 
     def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0,
-                 tick_seconds: float = 0.5, admission_replicas: int = 2):
+                 tick_seconds: float = 0.5, admission_replicas: int = 2, admission_metrics_port: int = 0):
         self.kubeconfig = kubeconfig
         self.log = log
         self.metrics_port = metrics_port
         self.webhook_port = webhook_port
         self.tick_seconds = tick_seconds
         self.admission = (AdmissionPool(kubeconfig, log.with_name(f"{log.stem}-admission.log"), webhook_port,
-                                        replicas=admission_replicas) if webhook_port else None)
+                                        replicas=admission_replicas, metrics_port=admission_metrics_port)
+                          if webhook_port else None)
 
     def start(self, timeout: float = 30) -> None:
         """Start the operator (and its admission server, unless it runs). Raises ``RuntimeError``
