@@ -11,13 +11,20 @@ plane, so the ratio, not the absolute rate, is the claim:
   patch) with the same client. Printed: calls/s of each, their ratio, and the median per call.
   Agents are threads spread over worker processes (``--processes``), each agent with its own Run
   and its own API client.
-- **gap**: 4 agents record for ``--seconds`` while the operator process is SIGKILLed a third of
-  the way in and started again 5 s later. Printed: calls the SDK refused (``RecordingRefused``)
-  and the longest time with no call recorded anywhere.
+- **gap**: 4 agents record for 15 s while the operator process is SIGKILLed a third of the way
+  in and started again 5 s later; then the same while one admission replica is. Printed: calls
+  the SDK refused (``RecordingRefused``) and the longest time with no call recorded anywhere.
+- **interference**: a 10-step rollback at parallelism 1 (compensators that exit 0 at once) on an
+  idle operator, then while 16 agents record as fast as they can. Printed: both durations (first
+  pass to the final phase) and their ratio.
+- **move**: a Run of Reversi 0.1 with 3,000 inline steps is created; printed: the seconds until
+  the operator moved them into RunSteps, and until a dry-run RollbackRequest of it is Planned.
 
 Targets (the recording path's own, see docs/operations.md#admission-where-each-rule-is-enforced):
 32 agents' rate at least 0.5 of the plain writes'; one agent's median per call at most 2 times
-the plain two writes'; with the operator killed: 0 refused calls and no window over 1 s.
+the plain two writes'; with the operator or one admission replica killed: 0 refused calls and no
+window over 1 s; the rollback under load at most 1.2 times its idle time; the 3,000-step move and
+its dry run within 30 s.
 
 Uses a running local control plane when there is one (``reversi-devcluster up``), else starts
 one and stops it at the end. Exit 1 when a recorded run is wrong (a step missing or out of order).
@@ -50,6 +57,14 @@ from reversi.sdk import OutcomeNotRecorded, Recorder, RecordingRefused  # noqa: 
 
 G, V = "reversi.dev", "v1alpha1"
 TOOL = "orders.create"
+UNDO_MANIFEST = {
+    "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "undo"},
+    "spec": {
+        "runners": [{"name": "ok", "image": "registry.example/tools:1", "command": ["true"], "deadlineSeconds": 60}],
+        "tools": [{"name": "box.put", "effect": "write",
+                   "compensation": {"tool": "box.remove", "kind": "inverse", "args": {}, "runner": "ok"}}],
+    },
+}
 MANIFEST = {
     "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "bench"},
     "spec": {
@@ -205,12 +220,80 @@ def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any
     return {"refused": refused, "recorded": len(ends) - 2, "longest_gap_s": longest}
 
 
+def _wait(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+
+
+def _rollback_seconds(api: client.ApiClient, namespace: str, tag: str, steps: int) -> float:
+    """Record ``steps`` calls of box.put in a new Run, roll it back at parallelism 1 and return the
+    seconds from the request's create to its final phase (every step compensated, checked)."""
+    custom = client.CustomObjectsApi(api)
+    rec = Recorder.open(namespace, f"undo-{tag}", manifest="undo", api=api, scope={"actor": "bench"})
+    for i in range(steps):
+        rec.call("box.put", {"n": i}, lambda a: {"ok": True})
+    body = {"apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": f"undo-{tag}"},
+            "spec": {"runRef": {"name": f"undo-{tag}"}, "parallelism": 1}}
+    started = time.monotonic()
+    custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", body)
+
+    def final() -> dict | None:
+        obj = custom.get_namespaced_custom_object(G, V, namespace, "rollbackrequests", f"undo-{tag}")
+        return obj if (obj.get("status") or {}).get("phase") in ("Succeeded", "Incomplete", "Failed") else None
+
+    done = _wait(final, 300, f"rollback {tag}")
+    seconds = time.monotonic() - started
+    if done["status"]["phase"] != "Succeeded":
+        raise RuntimeError(f"rollback {tag} ended {done['status']['phase']}")
+    return seconds
+
+
+def interference(kubeconfig: str, api: client.ApiClient, namespace: str, processes: int) -> dict[str, float]:
+    """A 10-step parallelism-1 rollback idle, then while 16 agents record."""
+    idle = _rollback_seconds(api, namespace, "idle", 10)
+    box: dict[str, float] = {}
+
+    def during(start: float) -> None:
+        time.sleep(max(0.0, start - time.time()))
+        box["busy"] = _rollback_seconds(api, namespace, "busy", 10)
+
+    # the agents record for longer than the rollback can take; the measured run is the rollback's
+    drive("recorded", kubeconfig, namespace, 16, max(30.0, 3 * idle), processes, during=during)
+    return {"idle_s": idle, "busy_s": box["busy"], "ratio": box["busy"] / idle}
+
+
+def move(api: client.ApiClient, namespace: str, steps: int = 3000) -> dict[str, float]:
+    """A Run of Reversi 0.1 with ``steps`` inline steps: seconds to moved, and to its dry run Planned."""
+    custom = client.CustomObjectsApi(api)
+    inline = [{"index": i, "tool": TOOL, "args": {"order_id": f"m-{i}", "amount": i}, "outcome": "succeeded",
+               "result": {"id": f"ord-m-{i}"}} for i in range(steps)]
+    run = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "legacy"},
+           "spec": {"scope": {"actor": "bench"}, "manifestRef": {"name": "bench"}, "steps": inline}}
+    started = time.monotonic()
+    custom.create_namespaced_custom_object(G, V, namespace, "runs", run)
+    _wait(lambda: (custom.get_namespaced_custom_object(G, V, namespace, "runs", "legacy").get("status") or {})
+          .get("movedSteps") == steps, 300, "the inline steps moved")
+    moved = time.monotonic() - started
+    custom.create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
+        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "legacy-plan"},
+        "spec": {"runRef": {"name": "legacy"}, "dryRun": True}})
+    _wait(lambda: (custom.get_namespaced_custom_object(G, V, namespace, "rollbackrequests", "legacy-plan")
+                   .get("status") or {}).get("phase") == "Planned", 300, "the dry run planned")
+    return {"moved_s": moved, "planned_s": time.monotonic() - started}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", default="1,4,16,32", help="agent counts of the load scenario")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
     parser.add_argument("--processes", type=int, default=4, help="worker processes the agents are spread over")
-    parser.add_argument("--only", default="load,gap", help="scenarios to run: load, gap")
+    parser.add_argument("--only", default="load,gap,interference,move",
+                        help="scenarios to run: load, gap, interference, move")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -232,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         admission.start()
         op.start()
         core.create_namespace({"metadata": {"name": namespace}})
-        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", MANIFEST)
+        for manifest in (MANIFEST, UNDO_MANIFEST):
+            client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", manifest)
         time.sleep(1.0)  # the admission server's manifest index sees the new manifest
         if "load" in only:
             print(f"load: each agent records as fast as it can for {args.seconds:.0f} s, then makes the same two "
@@ -251,6 +335,16 @@ def main(argv: list[str] | None = None) -> int:
                 g = gap(kubeconfig, namespace, max(args.seconds, 15.0), args.processes, proc, victim)
                 print(f"  refused calls {g['refused']}, recorded {g['recorded']}, longest window without a recorded "
                       f"call {g['longest_gap_s']:.2f} s (target: 0 refused, <= 1 s)", flush=True)
+        if "interference" in only:
+            print("interference: a 10-step rollback at parallelism 1, idle, then while 16 agents record", flush=True)
+            i = interference(kubeconfig, api, namespace, args.processes)
+            print(f"  idle {i['idle_s']:.1f} s, under load {i['busy_s']:.1f} s: ratio {i['ratio']:.2f} "
+                  "(target <= 1.2)", flush=True)
+        if "move" in only:
+            print("move: a Run of Reversi 0.1 with 3,000 inline steps", flush=True)
+            m = move(api, namespace)
+            print(f"  moved into RunSteps after {m['moved_s']:.1f} s, its dry run Planned after {m['planned_s']:.1f} s "
+                  "(target <= 30 s)", flush=True)
     finally:
         op.stop()
         admission.stop()
