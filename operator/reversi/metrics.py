@@ -18,6 +18,8 @@ reversi_verification_duration_seconds       hist.   first read-back to the verif
 reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
                                                     (``namespace=""``) in force
 reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
+                                                    (exported by each reversi-admission replica:
+                                                    :class:`AdmissionMetrics`)
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -87,8 +89,6 @@ class Metrics:
                                               buckets=DURATION_BUCKETS, registry=r)
         self.halts = Gauge("reversi_active_halts", "Halts and ClusterHalts in force (ClusterHalts: namespace=\"\").",
                            ["namespace"], registry=r)
-        self.refused = Counter("reversi_refused_calls", "Steps refused at admission, by reason.",
-                               ["namespace", "tool", "reason"], registry=r)
         self.schema_outdated = Gauge("reversi_crd_schema_outdated",
                                      "1 while an installed CRD is missing or older than the operator.", registry=r)
         self.schema_version = Gauge("reversi_crd_schema_version",
@@ -117,9 +117,6 @@ class Metrics:
 
     def observe_verification(self, namespace: str, tool: str, seconds: float) -> None:
         self.verification_seconds.labels(namespace, tool).observe(seconds)
-
-    def refused_call(self, namespace: str, tool: str, reason: str) -> None:
-        self.refused.labels(namespace, tool, reason).inc()
 
     def schema_checked(self, result: Any) -> None:
         """Record a schema check (``reversi.schema.SchemaCheck``)."""

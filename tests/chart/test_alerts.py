@@ -11,7 +11,7 @@ from tests.chart.chartkit import CHART, HERE, run
 
 RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
 ALERTS = {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
-          "ReversiCRDSchemaOutdated"}
+          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
 
 
 def test_promtool_check_rules(promtool):

@@ -231,8 +231,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
 def test_rbac_grants_the_admission_server_what_its_checks_read_and_no_more(render):
     grants = {(g, r, v) for rule in _operator_rules(render(), "rv-reversi-admission") for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
-    needed = {("reversi.dev", k, v) for k in ("runs", "runsteps", "halts", "toolmanifests", "clusterhalts")
-              for v in ("get", "list", "watch")}
+    needed = {("reversi.dev", k, v) for k in ("runs", "runsteps", "halts", "clusterhalts") for v in ("get", "list")}
+    needed |= {("reversi.dev", "toolmanifests", v) for v in ("get", "list", "watch")}
     needed |= {("reversi.dev", "halts/status", "patch"), ("reversi.dev", "clusterhalts/status", "patch"),
                ("batch", "jobs", "create"),  # a dry run of a runner's Job
                ("authorization.k8s.io", "subjectaccessreviews", "create"),
@@ -434,9 +434,10 @@ def test_service_monitor_sets_the_job_label_and_keeps_the_metrics_namespace(rend
     sm = find(objs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["jobLabel"] == "reversi.dev/prometheus-job"
-    for svc in ("rv-reversi", "rv-reversi-operator"):  # both Deployments' metrics, one job
+    # both Deployments' metrics; the admission server's under a job of its own (ReversiAdmissionDown)
+    for svc, job in (("rv-reversi-operator", "reversi-prod"), ("rv-reversi", "reversi-prod-admission")):
         labels = find(objs, "Service", svc)["metadata"]["labels"]
-        assert labels["reversi.dev/prometheus-job"] == "reversi-prod"
+        assert labels["reversi.dev/prometheus-job"] == job
         assert all(labels[k] == v for k, v in sm["spec"]["selector"]["matchLabels"].items())
     (endpoint,) = sm["spec"]["endpoints"]
     assert endpoint["port"] == "metrics"
@@ -455,9 +456,10 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
-                          "ReversiCRDSchemaOutdated"}
+                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
     assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
+    assert 'job="reversi-prod-admission"' in rules["ReversiAdmissionDown"]["expr"]
     assert "reversi-operator" not in json.dumps(rules)
     for rule in rules.values():
         assert rule["labels"]["team"] == "payments"

@@ -1,10 +1,14 @@
-"""Admission webhooks, served by the operator (kopf), where every write passes.
+"""Admission webhooks, served by ``reversi-admission`` (kopf), a process apart from the operator.
 
 Mutating (they stamp what must come from the server, never from the client):
 
 - ``/mutate-run``: ``spec.principal`` from the authenticated user on create (rule 10); each new
-  step's ``snapshot`` from the current ToolManifest and its ``recordedAt`` (DESIGN §3); each new
-  resolution's ``actor`` and ``resolvedAt`` (rule 7).
+  step's ``snapshot`` from the current ToolManifest and its ``recordedAt`` (an inline journal
+  given on create); each new resolution's ``actor`` and ``resolvedAt`` (rule 7).
+- ``/mutate-runstep``: records a step. On create it stamps the Run as owner, the labels, the
+  snapshot, ``recordedAt`` and ``principal``, then checks the journal's rules (rules 7, 9-12,
+  forward duplicates, sizes): the one webhook a recorded call crosses. The outcome write crosses
+  none: the API server's ValidatingAdmissionPolicy checks it (:mod:`reversi.adapters.webhooks`).
 - ``/mutate-rollbackrequest``: each new approval's ``approver``/``approvedAt`` and
   ``approvedBy`` when ``approveCompensations`` is set (rule 8); each new denial's and force's
   ``actor`` and time.
@@ -14,6 +18,8 @@ Validating (each refusal says what to fix):
 - ``/validate-run``: halts (rule 9, ``kill switch: <reason>``), the principal (rule 10), tools
   without a manifest entry in enforce mode, forward duplicates, resolutions of steps that are not
   intended or uncertain (rule 7), and the spec's shape;
+- ``/validate-runstep``: a step's later writes that are not an outcome write (a resolution, a
+  client-side apply) and its deletion;
 - ``/validate-rollbackrequest``: approving needs the RBAC verb ``approve`` on
   ``rollbackrequests`` (a SubjectAccessReview for the caller), forcing a step (``spec.force``)
   the verb ``force``, and the spec's shape;
@@ -21,8 +27,10 @@ Validating (each refusal says what to fix):
   references (e.g. a compensation's runner must exist).
 
 Whatever a CRD CEL rule checks without identity or other objects (append-only steps, immutable
-mode, scope, runRef) stays a CEL rule. ``failurePolicy: Fail``: when the operator is down, writes
-of these kinds are refused rather than let through unchecked — a Halt must hold.
+mode, scope, runRef, principal) stays a CEL rule. ``failurePolicy: Fail``: when no admission
+replica answers, writes of these kinds are refused rather than let through unchecked — a Halt must
+hold (the SDK tries such a write again for a while: it never landed). Where each rule is enforced:
+docs/operations.md#admission-where-each-rule-is-enforced.
 """
 
 from __future__ import annotations
@@ -271,7 +279,6 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
     create (an import, moved into RunSteps by the operator); on update the inline journal never
     changes."""
     ix.capture(kwargs)
-    _keep_halt_indices(kwargs)
     what = f"Run {namespace}/{name}"
     if operation == "CREATE" and len(name) > MAX_RUN_NAME:
         raise kopf.AdmissionError(f"{what}: a Run name is at most {MAX_RUN_NAME} characters (it labels the run's "
@@ -400,7 +407,6 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     ``resolvedAt``. Refuses a step past the run's limit (before the schema would, so the message
     says why)."""
     ix.capture(kwargs)
-    _keep_halt_indices(kwargs)
     user = _user(userinfo)
     spec = body.get("spec")
     index = spec.get("index") if isinstance(spec, dict) else None
@@ -650,45 +656,11 @@ def _forward_duplicate(namespace: str, run: str, step: Any, template: Any, since
     return rules.check_forward_duplicate(step, key, earlier)
 
 
-@kopf.index(G, V, "halts")
-def halt_views(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str | None, rules.HaltView] | None:
-    """Each valid Halt as the rules see it, by namespace (kopf's index over a watch of Halts)."""
-    try:
-        spec = HaltSpec.model_validate(body.get("spec") or {})
-    except ValidationError:
-        return None  # refused at admission; one written before that check is not in force
-    return {namespace: rules.HaltView("Halt", name, namespace, spec.reason, spec.scope)}
-
-
-@kopf.index(G, V, "clusterhalts")
-def cluster_halt_views(name: str, body: kopf.Body, **_: Any) -> dict[str | None, rules.HaltView] | None:
-    """Each valid ClusterHalt as the rules see it, under the key None."""
-    try:
-        spec = ClusterHaltSpec.model_validate(body.get("spec") or {})
-    except ValidationError:
-        return None
-    return {None: rules.HaltView("ClusterHalt", name, None, spec.reason, spec.scope)}
-
-
-#: kopf's halt indices, kept from the first handler call that had them (see :func:`_keep_halt_indices`)
-_HALT_INDICES: list[Any] = []
-
-
-def _keep_halt_indices(kwargs: dict[str, Any]) -> None:
-    if not _HALT_INDICES and "halt_views" in kwargs and "cluster_halt_views" in kwargs:
-        _HALT_INDICES[:] = [kwargs["halt_views"], kwargs["cluster_halt_views"]]
-
-
 def _halts(namespace: str) -> list[rules.HaltView]:
-    """The halts in force for ``namespace``: its Halts and every ClusterHalt, from kopf's indices
-    (a watch: a halt is in force within milliseconds of being applied, on every replica, with no
-    API call per recorded call); before the indices are filled, from the API server's watch cache."""
-    if _HALT_INDICES:
-        for _ in range(5):
-            try:  # kopf updates an index from its event loop while this thread reads it
-                return [*_HALT_INDICES[0].get(namespace, ()), *_HALT_INDICES[1].get(None, ())]
-            except RuntimeError:
-                continue
+    """The halts in force for ``namespace``: its Halts and every ClusterHalt, read from the API
+    server's watch cache (``resourceVersion=0``, no read of etcd): a halt is in force on every
+    replica within milliseconds of being stored (a watch of this process's own would add its
+    delivery to that, and the kill switch is the one rule that must not wait)."""
     kube = runtime.state().kube
     views = []
     for obj in kube.list("halts", namespace, cached=True):
