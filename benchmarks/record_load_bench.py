@@ -55,8 +55,10 @@ from reversi.devcluster.localop import AdmissionPool, OperatorProcess, apply_crd
 from reversi.devcluster.localop import remove_webhook_configurations  # noqa: E402
 from reversi.sdk import OutcomeNotRecorded, Recorder, RecordingRefused  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from record_bench import MANIFEST, TOOL  # noqa: E402 - the same tool as the one-agent benchmark
+
 G, V = "reversi.dev", "v1alpha1"
-TOOL = "orders.create"
 UNDO_MANIFEST = {
     "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "undo"},
     "spec": {
@@ -65,23 +67,6 @@ UNDO_MANIFEST = {
                    "compensation": {"tool": "box.remove", "kind": "inverse", "args": {}, "runner": "ok"}}],
     },
 }
-MANIFEST = {
-    "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "bench"},
-    "spec": {
-        "runners": [{"name": "cli", "image": "registry.example/tools:1", "command": ["true"]}],
-        "tools": [{
-            "name": TOOL, "effect": "write", "idempotencyKey": "$args.order_id",
-            "compensation": {"tool": "orders.cancel", "kind": "inverse", "args": {"id": "$result.id"}, "runner": "cli"},
-            "verification": {"tool": "orders.get", "args": {"id": "$result.id"}, "expect": {"status": "canceled"},
-                             "runner": "cli"},
-        }],
-    },
-}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
 # ----------------------------------------------------------------------------- one agent

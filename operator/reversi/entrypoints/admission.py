@@ -80,21 +80,10 @@ kopf.on.login()(common.login)
 @click.option("--verbose", is_flag=True, help="Debug logging.")
 def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
     global _settings
-    overrides: dict[str, Any] = {}
-    if namespaces:
-        overrides["namespaces"] = list(namespaces)
-    if metrics_port is not None:
-        overrides["metrics_port"] = metrics_port
-    _settings = OperatorSettings(**overrides)
-    common.limit_malloc_arenas(_settings.malloc_arenas)
-    if kubeconfig:
-        os.environ["REVERSI_KUBECONFIG"] = kubeconfig
-        os.environ["KUBECONFIG"] = kubeconfig
-    common.setup_logging(verbose)
+    _settings = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
     logging.getLogger("kopf.objects").addFilter(_RefusalsAreNotErrors())
-    liveness = f"http://0.0.0.0:{_settings.health_port}/healthz" if _settings.health_port else None
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces, standalone=True,
-             liveness_endpoint=liveness)
+             liveness_endpoint=common.liveness_endpoint(_settings))
 
 
 if __name__ == "__main__":

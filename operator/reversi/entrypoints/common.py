@@ -113,3 +113,27 @@ def setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kubernetes.client.rest", "urllib3", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def settings_from_flags(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None,
+                        verbose: bool) -> OperatorSettings:
+    """The process's settings: ``REVERSI_*`` variables, overridden by the command's flags; also
+    caps malloc arenas, points the clients at ``kubeconfig`` and sets up logging. Raises
+    pydantic's ``ValidationError`` naming a setting that is out of range."""
+    overrides: dict[str, Any] = {}
+    if namespaces:
+        overrides["namespaces"] = list(namespaces)
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
+    ours = OperatorSettings(**overrides)
+    limit_malloc_arenas(ours.malloc_arenas)
+    if kubeconfig:
+        os.environ["REVERSI_KUBECONFIG"] = kubeconfig
+        os.environ["KUBECONFIG"] = kubeconfig
+    setup_logging(verbose)
+    return ours
+
+
+def liveness_endpoint(ours: OperatorSettings) -> str | None:
+    """kopf's liveness endpoint URL, or None when ``health_port`` is 0."""
+    return f"http://0.0.0.0:{ours.health_port}/healthz" if ours.health_port else None
