@@ -90,6 +90,14 @@ class WorkQueue:
             heapq.heappush(self._heap, (due, next(self._seq), key))
             self._cond.notify()
 
+    def postpone(self, key: str, delay: float) -> None:
+        """A pass of ``key`` asked for while its current pass runs starts no sooner than ``delay``
+        seconds from now (a failed pass backs off in full, whatever events came meanwhile)."""
+        not_before = time.monotonic() + max(delay, 0.0)
+        with self._cond:
+            if key in self._again:
+                self._again[key] = max(self._again[key], not_before)
+
     def forget(self, key: str) -> None:
         """Drop ``key`` from the queue (a pass running now finishes and is not requeued)."""
         with self._cond:

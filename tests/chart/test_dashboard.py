@@ -57,11 +57,13 @@ def test_dashboard_queries_parse(promtool, tmp_path):
 
 
 def test_dashboard_reads_only_metrics_the_operator_exposes():
-    from reversi.metrics import Metrics
+    """...the operator or the admission server (refused calls are counted where they are refused)."""
+    from reversi.metrics import AdmissionMetrics, Metrics
 
     exposed = {"up"}
-    for metric in Metrics().registry.collect():
-        exposed |= {metric.name, f"{metric.name}_total", f"{metric.name}_bucket"}
+    for registry in (Metrics().registry, AdmissionMetrics().registry):
+        for metric in registry.collect():
+            exposed |= {metric.name, f"{metric.name}_total", f"{metric.name}_bucket"}
     for title, expr in _queries():
         names = set(re.findall(r"\b(reversi_[a-z_]+|up)\b", expr))
         assert names and names <= exposed, f"{title}: unknown metrics {names - exposed}"

@@ -140,6 +140,25 @@ def test_a_key_is_never_in_two_passes_and_runs_again_when_added_while_running(qu
     assert rec.count("ns/a") == 2 and rec.most_per_key == 1
 
 
+def test_postpone_holds_back_the_pass_asked_for_while_one_ran(queues):
+    """A failed pass backs off in full: an add that came while it ran does not start the next
+    pass before the postponed time (the rollback workers' backoff, reversi.handlers.workers)."""
+    rec = Recorder()
+    rec.gate.clear()
+    q = make(queues, 2, rec)
+    q.add("ns/a")
+    wait_until(lambda: rec.running == 1)
+    q.add("ns/a")  # an event during the pass: "now"
+    q.postpone("ns/a", 0.3)
+    rec.gate.set()
+    wait_until(lambda: rec.count("ns/a") == 2, timeout=5)
+    (_, first), (_, second) = rec.passes
+    assert second - first >= 0.3
+    q.postpone("ns/b", 5.0)  # a key not running and not asked for: nothing to hold back
+    q.add("ns/b")
+    wait_until(lambda: rec.count("ns/b") == 1, timeout=2)
+
+
 def test_a_pass_returns_its_requeue_delay(queues):
     rec = Recorder(requeue={"ns/a": [0.2, 0.2, None]})
     q = make(queues, 2, rec)

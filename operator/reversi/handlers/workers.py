@@ -110,15 +110,16 @@ class Workers:
         except Exception as err:  # log, back off, try again: never crash the operator
             with self._lock:
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
+                backoff = min(self.tick * (2 ** min(failures, 5)), MAX_BACKOFF_SECONDS)
+                self._hold[key] = time.monotonic() + backoff  # back off in full: events must not wake it early
+            self.queue.postpone(key, backoff)  # nor an event that came during this pass
             log.exception("RollbackRequest %s: reconcile failed (%d in a row); retrying", key, failures)
             if failures >= REPORT_AFTER_FAILURES:
                 try:
                     self.reconciler.report_error(namespace, name, _describe(err))
                 except Exception:  # noqa: BLE001 - the API may be what fails
                     log.warning("RollbackRequest %s: could not report the error on it", key)
-            delay = min(self.tick * (2 ** min(failures, 5)), MAX_BACKOFF_SECONDS)
-            with self._lock:
-                self._hold[key] = time.monotonic() + delay  # back off in full: events must not wake it early
+            delay = backoff
         if delay is None:
             self._drop(key)
         return delay
