@@ -147,3 +147,19 @@ def test_a_step_carries_its_principal_and_it_never_changes(rv, users, namespace)
                                               [{"op": "replace", "path": "/spec/principal", "value": "agent-b"}],
                                               _content_type="application/json-patch+json")
     assert err.value.status == 422 and "spec.principal is stamped when the step is recorded" in err.value.body
+
+
+def test_a_steps_owner_is_put_back_when_another_user_changes_it(rv, users, namespace):  # noqa: F811
+    """The Run as owner is the server's stamp: a patch that points it at another uid (so the step
+    would no longer follow its Run, or would be collected as an orphan) is admitted with the
+    owner put back, like the run label (breaker trial)."""
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "r")
+    step = rec.begin("payments.get_customer", {"id": "cus_9"})
+    before = rv.steps("r")[0]["metadata"]["ownerReferences"]
+    patch = [{"op": "replace", "path": "/metadata/ownerReferences/0/uid",
+              "value": "00000000-0000-0000-0000-000000000001"}]
+    client.CustomObjectsApi(users["agent-b"]).patch_namespaced_custom_object(
+        G, V, namespace, "runsteps", step_name("r", step.index), patch, _content_type="application/json-patch+json")
+    after = rv.steps("r")[0]["metadata"]["ownerReferences"]
+    assert after == before and after[0]["uid"] == rv.get("runs", "r")["metadata"]["uid"]

@@ -54,9 +54,10 @@ OUTCOME_MATCH = (
 #: The API server's own ceiling on a ``result`` written with the outcome (no webhook sees that
 #: write): bytes of CEL's text of the value (``'%s'.format``: keys sorted, ", " between items,
 #: floats with six decimals), which is never shorter than its canonical JSON. The documented limit
-#: is :data:`MAX_CALL_BYTES` of JSON, which the SDK checks before it writes; twice that here keeps
-#: any client's result far below what etcd would refuse without refusing what the SDK admits
-#: (docs/concepts.md#the-journal).
+#: is :data:`MAX_CALL_BYTES` of JSON, which the SDK checks before it writes; twice that here does
+#: not refuse what the SDK admits, and keeps any client's result under what etcd refuses (stored,
+#: it can take up to about six times that: the API server writes ``<``, ``>`` and ``&`` as
+#: ``\u003c`` and so on) (docs/concepts.md#the-journal).
 RESULT_CEILING_BYTES = 2 * MAX_CALL_BYTES
 
 

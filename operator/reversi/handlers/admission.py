@@ -514,8 +514,9 @@ def _run_of_step(namespace: str, run: str, index: int, body: dict) -> dict | Non
 
 def _carry_step_stamps(old_spec: dict, old_meta: dict, user: str, now: str) -> Callable[[dict], None]:
     """An update of a RunStep keeps what the server stamped (a client-side apply sends only what
-    its file has): snapshot, recordedAt, principal, the run and forward-key labels, the owner; a
-    new resolution gets the authenticated user and the server's time."""
+    its file has): snapshot, recordedAt, principal, the run and forward-key labels, the Run as
+    owner (dropped or changed: put back); a new resolution gets the authenticated user and the
+    server's time."""
 
     def carry(raw: dict) -> None:
         s = raw.get("spec")
@@ -534,8 +535,13 @@ def _carry_step_stamps(old_spec: dict, old_meta: dict, user: str, now: str) -> C
             if key in (old_meta.get("labels") or {}):
                 labels[key] = old_meta["labels"][key]
         raw["metadata"]["labels"] = labels
-        if old_meta.get("ownerReferences") and not raw["metadata"].get("ownerReferences"):
-            raw["metadata"]["ownerReferences"] = old_meta["ownerReferences"]
+        # the Run's owner reference is the server's: dropped or changed, it is put back as stamped
+        # (a step must follow its Run, and only its Run, when the Run is deleted)
+        old_owner = [r for r in old_meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("kind") == "Run"]
+        if old_owner:
+            others = [r for r in raw["metadata"].get("ownerReferences") or []
+                      if isinstance(r, dict) and r.get("kind") != "Run"]
+            raw["metadata"]["ownerReferences"] = [*others, *old_owner]
 
     return carry
 
