@@ -239,6 +239,17 @@ class OperatorProcess(_Process):
                     ["--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port)],
                     env, "operator", timeout)
 
+    def _ready(self) -> bool:
+        """The operator's start-up activity has run: its /metrics port answers (without a metrics
+        port there is nothing to wait on)."""
+        if not self.metrics_port:
+            return True
+        try:
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
     def stop(self) -> None:
         """SIGTERM the operator and its admission server, then SIGKILL what is left after 15 seconds."""
         super().stop()

@@ -54,15 +54,24 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = ours.peering
         settings.peering.mandatory = True
         settings.peering.priority = PEERING_PRIORITY_BASE - int(time.time() * 10) % PEERING_PRIORITY_BASE
-    kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG")), timeout=ours.api_timeout_seconds)
-    metrics = Metrics(namespaces=ours.namespaces)
-    if ours.metrics_port:
-        metrics.serve(ours.metrics_port)
-    threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
-                     name="metrics-refresh").start()
-    state = runtime.init(ours, kube, metrics)
-    # before any handler writes: refuse to reconcile against CRDs older than this operator
-    schema_handlers.check_now(state)
+    if runtime.initialised():
+        state = runtime.state()  # a retry of this activity: the port and threads are there already
+    else:
+        kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG")), timeout=ours.api_timeout_seconds)
+        metrics = Metrics(namespaces=ours.namespaces)
+        if ours.metrics_port:
+            metrics.serve(ours.metrics_port)
+        threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
+                         name="metrics-refresh").start()
+        state = runtime.init(ours, kube, metrics)
+    # before any handler writes: refuse to reconcile against CRDs older than this operator. While
+    # the API server cannot answer, nothing reconciles (state.schema stays unset) and the check is
+    # made again on the CRDs' watch events, which kopf lists as soon as it reaches the API server
+    try:
+        schema_handlers.check_now(state)
+    except Exception as err:  # noqa: BLE001 - the CRD events check again; never a start that cannot finish
+        log.warning("the installed CRDs could not be read yet (%s); the check is made again when kopf lists them",
+                    err)
 
 
 kopf.on.login()(common.login)
