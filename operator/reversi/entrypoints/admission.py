@@ -57,7 +57,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if not served:
         raise kopf.PermanentError("reversi-admission serves nothing without a certificate: set REVERSI_WEBHOOK_CERT "
                                   "and REVERSI_WEBHOOK_KEY (the chart does) or REVERSI_WEBHOOK_CONFIGURE=true")
-    kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG")), timeout=ours.api_timeout_seconds)
+    # a connection for each read a review makes at once, and one for the handler thread itself
+    connections = (runtime.READS_PER_REVIEW + 1) * ours.admission_threads
+    kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections), timeout=ours.api_timeout_seconds)
     if ours.webhook_configure and made_ca:
         # the local control plane: register the webhooks and the API server's policy here, as the
         # chart's templates would (a write arriving before the server listens is refused as
@@ -81,7 +83,10 @@ kopf.on.login()(common.login)
 def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
     global _settings
     _settings = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
-    logging.getLogger("kopf.objects").addFilter(_RefusalsAreNotErrors())
+    objects = logging.getLogger("kopf.objects")
+    objects.addFilter(_RefusalsAreNotErrors())
+    if not verbose:  # kopf says "Webhook ... succeeded" for every review: one line per recorded call
+        objects.setLevel(logging.WARNING)
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces, standalone=True,
              liveness_endpoint=common.liveness_endpoint(_settings))
 

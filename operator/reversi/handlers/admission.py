@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from dataclasses import dataclass, field
 import logging
 from typing import Any, cast
 from collections.abc import Callable
@@ -424,7 +425,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
         patch.fns.append(_raw(_carry_step_stamps((old or {}).get("spec") or {}, (old or {}).get("metadata") or {},
                                                  user, now)))
         return
-    run_obj = _run_of_step(namespace, run, index, body)
+    reads = _read_for_new_step(namespace, run, index, body)
+    run_obj = reads.run
     if run_obj is None:
         raise kopf.AdmissionError(f"{what}: Run {namespace}/{run} not found: open the run before recording its steps "
                                   "(Recorder.open creates it)", code=404)
@@ -436,7 +438,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     inline = _inline_step(run_obj, index)
     moved = inline is not None and _same_call(inline, spec)
     if not moved:
-        _check_new_step(parsed, name, run_obj, manifest, entry, user, namespace, dryrun)
+        _check_new_step(parsed, name, run_obj, manifest, entry, user, namespace, dryrun, reads)
     label = None
     snapshot = entry
     if moved:
@@ -491,17 +493,57 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
 _INLINE_RUNS: dict[tuple[str, str], dict] = {}
 
 
-def _run_of_step(namespace: str, run: str, index: int, body: dict) -> dict | None:
-    """The Run a new step belongs to, or None when it does not exist: for the moved copy of an
-    inline step, the Run as read for an earlier step of the move (see :data:`_INLINE_RUNS`);
-    otherwise as the API server holds it now (a consistent read: the Run's lock decides rule 11)."""
-    cached = _INLINE_RUNS.get((namespace, run))
+@dataclass(frozen=True)
+class NewStepReads:
+    """What checking a new step reads: its Run (None: there is none), the previous step (None:
+    not recorded, or the step is the first), and the halts in force for its namespace."""
+
+    run: dict | None
+    previous: dict | None = None
+    halts: list[rules.HaltView] = field(default_factory=list)
+
+
+def _read_for_new_step(namespace: str, run: str, index: int, body: dict) -> NewStepReads:
+    """Everything :func:`_check_new_step` reads, read at once: the Run, the previous step and the
+    two kinds of halt do not depend on one another, so a review waits for the slowest of these
+    reads, not for their sum (the moved copy of an inline step needs its Run only, and usually
+    no read at all: see :data:`_INLINE_RUNS`). Raises ``ApiException`` when a read fails."""
+    cached = _moved_run(namespace, run, index, body)
     if cached is not None:
-        inline = _inline_step(cached, index)
-        owners = {r.get("uid") for r in (body.get("metadata") or {}).get("ownerReferences") or []
-                  if isinstance(r, dict) and r.get("kind") == "Run"}
-        if inline is not None and _same_call(inline, body.get("spec") or {}) and cached["metadata"]["uid"] in owners:
-            return cached
+        return NewStepReads(cached)
+    state = runtime.state()
+    kube = state.kube
+
+    def previous_step() -> dict | None:
+        return kube.get("runsteps", namespace, step_name(run, index - 1)) if index > 0 else None
+
+    if state.reads is None:  # a process with no pool of its own for this: one read after the other
+        return NewStepReads(_run_of_step(namespace, run), previous_step(), _halts(namespace))
+    run_f = state.reads.submit(_run_of_step, namespace, run)
+    previous_f = state.reads.submit(previous_step)
+    halts_f = state.reads.submit(_namespace_halts, namespace)
+    cluster_halts_f = state.reads.submit(_cluster_halts)
+    return NewStepReads(run_f.result(), previous_f.result(), [*halts_f.result(), *cluster_halts_f.result()])
+
+
+def _moved_run(namespace: str, run: str, index: int, body: dict) -> dict | None:
+    """The Run as read for an earlier step of its move when this step is the moved copy of its
+    inline step ``index`` (:data:`_INLINE_RUNS`), else None."""
+    cached = _INLINE_RUNS.get((namespace, run))
+    if cached is None:
+        return None
+    inline = _inline_step(cached, index)
+    owners = {r.get("uid") for r in (body.get("metadata") or {}).get("ownerReferences") or []
+              if isinstance(r, dict) and r.get("kind") == "Run"}
+    if inline is not None and _same_call(inline, body.get("spec") or {}) and cached["metadata"]["uid"] in owners:
+        return cached
+    return None
+
+
+def _run_of_step(namespace: str, run: str) -> dict | None:
+    """The Run a new step belongs to as the API server holds it now (a consistent read: the Run's
+    lock decides rule 11), or None when it does not exist; a Run with an inline journal is kept
+    for the rest of its move (:data:`_INLINE_RUNS`)."""
     run_obj = runtime.state().kube.get("runs", namespace, run)
     if run_obj is not None and (run_obj.get("spec") or {}).get("steps"):
         if len(_INLINE_RUNS) >= 8 and (namespace, run) not in _INLINE_RUNS:
@@ -547,12 +589,14 @@ def _carry_step_stamps(old_spec: dict, old_meta: dict, user: str, now: str) -> C
 
 
 def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolManifestSpec | None,
-                    entry: ToolSpec | None, user: str, namespace: str, dryrun: bool) -> None:
+                    entry: ToolSpec | None, user: str, namespace: str, dryrun: bool, reads: NewStepReads) -> None:
     """The journal's rules for a new step, at a cost that does not depend on the run's length:
     the name ``<run>-<index>``, the Run's principal (rule 10) and lock (rule 11), steps in order
     with no gap, size limits, halts (rule 9), tools with no manifest entry in enforce mode, strict
     recovery, forward duplicates (found by their key label); a step is recorded without a
-    resolution. Raises ``kopf.AdmissionError`` with what to fix."""
+    resolution. ``reads``: the previous step and the halts (:func:`_read_for_new_step`); only a
+    forward key and a child run's ancestors are read here. Raises ``kopf.AdmissionError`` with
+    what to fix."""
     kube = runtime.state().kube
     what = f"RunStep {namespace}/{name}"
     run = spec.run_ref.name
@@ -574,7 +618,7 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
                                               spec.tool)
     if refusal is not None:
         _refuse(refusal, namespace, user, run_ref, dryrun)
-    previous = kube.get("runsteps", namespace, step_name(run, spec.index - 1)) if spec.index > 0 else None
+    previous = reads.previous
     if spec.index > 0 and previous is None and _inline_step(run_obj, spec.index - 1) is None:
         raise kopf.AdmissionError(f"{what}: step {spec.index - 1} of {run_ref} is not recorded: a run's steps are "
                                   "recorded in order 0, 1, 2, ... (record the previous step first)", code=422)
@@ -586,7 +630,7 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
         raise kopf.AdmissionError(f"{what}: {run_ref} is invalid: {_validation_message(err)}", code=422) from err
     refusal = rules.check_call_size(step, MAX_CALL_BYTES)
     if refusal is None:
-        halts = _halts(namespace)
+        halts = reads.halts
         refusal = rules.check_halts(halts, namespace, run_spec, [step])
         if refusal is None and halts and run_spec.parent_ref is not None:  # a child: its ancestors' scopes too
             refusal = rules.check_halts(halts, namespace, run_spec, [step],
@@ -595,8 +639,7 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
         refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
         refusal = refusal or rules.check_recovery(run_spec, [step], manifest)
     if refusal is None and entry is not None and entry.idempotency_key:
-        since = previous["metadata"]["resourceVersion"] if previous else None
-        refusal = _forward_duplicate(namespace, run, step, entry.idempotency_key, since)
+        refusal = _forward_duplicate(namespace, run, step, entry.idempotency_key)
     if refusal is not None:
         _refuse(refusal, namespace, user, run_ref, dryrun)
 
@@ -638,19 +681,18 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
         raise kopf.AdmissionError(f"{what}: spec.resolution.note: a note is required (say how you know)", code=422)
 
 
-def _forward_duplicate(namespace: str, run: str, step: Any, template: Any, since: str | None) -> rules.Refusal | None:
+def _forward_duplicate(namespace: str, run: str, step: Any, template: Any) -> rules.Refusal | None:
     """The earlier calls with the same forward key, found by their label (one LIST of the few
-    steps that carry it, never a scan of the run). ``since``: the resourceVersion of the previous
-    step; the LIST is served from the watch cache once it holds that version (every earlier step
-    was created before it), without waiting for a fully consistent read."""
-    fresh: dict[str, Any] = {"resource_version": since, "resource_version_match": "NotOlderThan"} if since else {}
+    steps that carry it, never a scan of the run). The LIST is a consistent read (the API server
+    serves it from its watch cache once that cache holds etcd's current revision): an earlier
+    step settled ``failed`` a moment ago no longer stands, and its repeat is admitted."""
     try:
         key = forward_key(template, step.args, None)
     except MissingValue:
         return None
     label = forward_key_label(step.tool, key)
     found = calls.list_objects(runtime.state().kube.custom, "runsteps", namespace,
-                               label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}", **fresh)
+                               label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}")
     earlier = []
     for obj in found:
         try:
@@ -667,15 +709,25 @@ def _halts(namespace: str) -> list[rules.HaltView]:
     server's watch cache (``resourceVersion=0``, no read of etcd): a halt is in force on every
     replica within milliseconds of being stored (a watch of this process's own would add its
     delivery to that, and the kill switch is the one rule that must not wait)."""
-    kube = runtime.state().kube
+    return [*_namespace_halts(namespace), *_cluster_halts()]
+
+
+def _namespace_halts(namespace: str) -> list[rules.HaltView]:
+    """The Halts of ``namespace`` (see :func:`_halts`)."""
     views = []
-    for obj in kube.list("halts", namespace, cached=True):
+    for obj in runtime.state().kube.list("halts", namespace, cached=True):
         try:
             spec = HaltSpec.model_validate(obj.get("spec") or {})
         except ValidationError:
             continue
         views.append(rules.HaltView("Halt", obj["metadata"]["name"], namespace, spec.reason, spec.scope))
-    for obj in kube.list("clusterhalts", cached=True):
+    return views
+
+
+def _cluster_halts() -> list[rules.HaltView]:
+    """Every ClusterHalt (see :func:`_halts`)."""
+    views = []
+    for obj in runtime.state().kube.list("clusterhalts", cached=True):
         try:
             cspec = ClusterHaltSpec.model_validate(obj.get("spec") or {})
         except ValidationError:

@@ -7,6 +7,7 @@ reconciler and no workers.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,16 @@ class State:
     indices: Any = None  # the live kopf indices (reversi.handlers.indices.Indices), once a handler saw them
     #: the last schema check (``reversi.schema.SchemaCheck``); None until the first one
     schema: Any = None
+    #: the admission server's threads for the reads one review makes at once (never kopf's handler
+    #: threads: a review waiting on its reads holds one of those)
+    reads: Executor | None = None
 
 
 _state: State | None = None
+
+#: The reads an admission review makes at once at most (a new step: its Run, the previous step,
+#: the namespace's Halts and the ClusterHalts).
+READS_PER_REVIEW = 4
 
 
 def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
@@ -54,7 +62,9 @@ def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
 def init_admission(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
     """The admission server's shared objects: no reconciler, no workers, no run informers."""
     global _state
-    _state = State(settings, kube, None, None, metrics)
+    reads = ThreadPoolExecutor(max_workers=READS_PER_REVIEW * settings.admission_threads,
+                               thread_name_prefix="admission-read")
+    _state = State(settings, kube, None, None, metrics, reads=reads)
     return _state
 
 
