@@ -12,7 +12,12 @@ reversi_rollback_steps_total                counter steps of finished rollbacks 
                                                     ``bucket`` and ``tool``
 reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
                                                     (Run condition RolledBack=False), now,
-                                                    unless annotated reversi.dev/acknowledged
+                                                    unless acknowledged (reversi.dev/acknowledged)
+reversi_standing_undos                      gauge   steps of those Runs whose undo, in the Run's
+                                                    last rollback, ended ``failed`` or
+                                                    ``unverified`` (label ``state``), by tool:
+                                                    what is still wrong, until a later request
+                                                    undoes it or the Run is acknowledged
 reversi_compensation_duration_seconds       hist.   compensator start to its verdict, by tool
 reversi_verification_duration_seconds       hist.   first read-back to the verification verdict
 reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
@@ -29,7 +34,9 @@ reversi_crd_schema_version                  gauge   schema version of each insta
 =========================================== ======= ==========================================
 
 Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
-operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``).
+operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``). Alerts on
+what still stands read the gauges (docs/operations.md#alerts): a counter says that something
+happened, a gauge that it is still so.
 """
 
 from __future__ import annotations
@@ -61,6 +68,39 @@ BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved",
            "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
            "handler_unavailable", "conflict", "compensation_deadline_passed")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+#: The ``state`` label of ``reversi_standing_undos``: report buckets that leave an effect in place
+#: although a compensation was tried.
+STANDING_STATES = ("failed", "unverified")
+
+Standing = dict[tuple[str, str], int]  # (tool, state) -> steps
+
+
+def standing_undos(request: dict) -> Standing:
+    """The steps of a finished RollbackRequest's report whose undo ended ``failed`` or
+    ``unverified``, counted by ``(tool, state)`` (tools from ``status.steps``; ``"unknown"`` when
+    a step has none there). Empty for a request with no report."""
+    status = request.get("status") or {}
+    report = status.get("report") or {}
+    tools = {s.get("step"): s.get("tool") for s in status.get("steps") or [] if isinstance(s, dict)}
+    counts: Standing = {}
+    for state in STANDING_STATES:
+        for item in report.get(state) or []:
+            step = item.get("step") if isinstance(item, dict) else item
+            key = (tools.get(step) or "unknown", state)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
+    """``(namespace, run, completionTime, standing undos)`` of a finished, real (not dry-run)
+    RollbackRequest, else None: what a resync keeps of each request."""
+    status = request.get("status") or {}
+    spec = request.get("spec") or {}
+    done = status.get("completionTime")
+    run = (spec.get("runRef") or {}).get("name")
+    if not done or spec.get("dryRun") or not isinstance(run, str) or status.get("report") is None:
+        return None
+    return request["metadata"]["namespace"], run, str(done), standing_undos(request)
 
 
 def _incomplete_key(run: dict) -> tuple[str, str] | None:
@@ -87,6 +127,9 @@ class Metrics:
         self.verification_seconds = Histogram("reversi_verification_duration_seconds",
                                               "First read-back to the verification verdict.", ["namespace", "tool"],
                                               buckets=DURATION_BUCKETS, registry=r)
+        self.standing = Gauge("reversi_standing_undos",
+                              "Steps whose undo failed or is unverified, in the last rollback of Runs not fully rolled "
+                              "back and not acknowledged.", ["namespace", "tool", "state"], registry=r)
         self.halts = Gauge("reversi_active_halts", "Halts and ClusterHalts in force (ClusterHalts: namespace=\"\").",
                            ["namespace"], registry=r)
         self.schema_outdated = Gauge("reversi_crd_schema_outdated",
@@ -98,19 +141,37 @@ class Metrics:
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
         self._run_events = 0  # Run watch events seen: a resync that overlapped one is dropped
         self._known_halts: set[str] = set()
+        #: (namespace, run) -> the standing undos of the Run's last finished rollback (Runs with none
+        #: are left out, so setting the gauge costs what stands, not the number of Runs)
+        self._standing_by_run: dict[tuple[str, str], Standing] = {}
+        self._known_standing: set[tuple[str, str, str]] = set()  # label sets ever exported: zeroed, never removed
         self._lock = threading.Lock()
 
     # ----- events from the reconciler ------------------------------------------------------
 
-    def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
-        """Count a finished request and, with its report, each step by bucket and tool."""
+    def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None,
+                         run: str | None = None) -> None:
+        """Count a finished request and, with its report, each step by bucket and tool; with
+        ``run`` too, its failed and unverified steps become the Run's standing undos (a later
+        request's report replaces them)."""
         self.rollbacks.labels(namespace, verdict).inc()
         if report is None or plan is None:
             return
+        standing: Standing = {}
         for bucket in BUCKETS:
             for item in getattr(report, bucket):
                 step = item if isinstance(item, int) else item.step
-                self.steps.labels(namespace, plan.actions[step].tool, bucket).inc()
+                tool = plan.actions[step].tool
+                self.steps.labels(namespace, tool, bucket).inc()
+                if bucket in STANDING_STATES:
+                    standing[(tool, bucket)] = standing.get((tool, bucket), 0) + 1
+        if run is not None:
+            with self._lock:
+                if standing:
+                    self._standing_by_run[(namespace, run)] = standing
+                else:
+                    self._standing_by_run.pop((namespace, run), None)
+                self._export_standing()
 
     def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
         self.compensation_seconds.labels(namespace, tool).observe(seconds)
@@ -136,7 +197,36 @@ class Metrics:
     def refresh(self, kube: Any) -> None:
         """Recompute every gauge from the API."""
         self.refresh_runs(kube)
+        self.refresh_standing(kube)
         self.refresh_halts(kube)
+
+    def refresh_standing(self, kube: Any) -> None:
+        """Recompute ``reversi_standing_undos`` from a paged list of the RollbackRequests: each
+        Run's last finished request (by ``completionTime``) gives its standing undos."""
+        last: dict[tuple[str, str], tuple[str, Standing]] = {}
+        for found in self._list(kube, "rollbackrequests", keep=_last_rollback):
+            if found is None:
+                continue
+            namespace, run, done, standing = found
+            if (namespace, run) not in last or last[(namespace, run)][0] <= done:
+                last[(namespace, run)] = (done, standing)
+        with self._lock:
+            self._standing_by_run = {key: standing for key, (_, standing) in last.items() if standing}
+            self._export_standing()
+
+    def _export_standing(self) -> None:
+        """Set ``reversi_standing_undos`` from the standing undos of the Runs counted incomplete
+        (call with the lock held). A label set that falls to nothing is set to 0, not removed: a
+        series that disappears and comes back at 1 looks unchanged to ``increase()``."""
+        totals: dict[tuple[str, str, str], int] = {}
+        for (namespace, run), standing in self._standing_by_run.items():
+            if run not in self._incomplete_runs.get(namespace, ()):
+                continue  # complete, acknowledged or deleted: nothing stands
+            for (tool, state), n in standing.items():
+                totals[(namespace, tool, state)] = totals.get((namespace, tool, state), 0) + n
+        for labels in self._known_standing | set(totals):
+            self.standing.labels(*labels).set(totals.get(labels, 0))
+        self._known_standing |= set(totals)
 
     def refresh_runs(self, kube: Any) -> None:
         """Recompute ``reversi_incomplete_rollbacks`` from a paged list of the Runs (the periodic
@@ -153,6 +243,7 @@ class Metrics:
             for ns in self._known_incomplete | set(found):
                 self.incomplete.labels(ns).set(len(found.get(ns, ())))
             self._known_incomplete |= set(found)
+            self._export_standing()
 
     def run_observed(self, namespace: str, name: str, run: dict | None) -> None:
         """Keep ``reversi_incomplete_rollbacks`` from one watch event of a Run (``run``: the
@@ -167,8 +258,11 @@ class Metrics:
                 names.add(name)
             else:
                 names.discard(name)
+            if run is None:
+                self._standing_by_run.pop((namespace, name), None)
             self.incomplete.labels(namespace).set(len(names))
             self._known_incomplete.add(namespace)
+            self._export_standing()
 
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""

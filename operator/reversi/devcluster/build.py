@@ -82,7 +82,7 @@ def components() -> dict[str, Component]:
         ),
         "etcd": Component("etcd", pins["etcd"]["version"], ("etcd",)),
         "helm": Component("helm", pins["helm"]["version"], ("helm",)),
-        "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool",)),
+        "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool", "prometheus")),
         "cli-utils": Component("cli-utils", pins["cli-utils"]["version"], ("kstatus-check",)),
     }
 
@@ -266,17 +266,17 @@ def _build_kstatus(comp: Component) -> None:
          src, comp.log, f"kstatus-check (cli-utils {comp.version})")
 
 
-def _build_tool(comp: Component, package: str) -> None:
-    """Build one command from a scratch module (``go install pkg@v`` refuses modules with
-    ``replace`` or ``exclude`` directives, as Prometheus has)."""
+def _build_tool(comp: Component, *packages: str) -> None:
+    """Build commands of one module from a scratch module (``go install pkg@v`` refuses modules
+    with ``replace`` or ``exclude`` directives, as Prometheus has)."""
     src = comp.root / "src"
     src.mkdir(parents=True, exist_ok=True)
     (src / "go.mod").write_text(f"module reversi.local/{comp.name}build\n\ngo 1.26.0\n")
-    _run(["go", "get", "-tool", f"{package}@{comp.version}"], src, comp.log,
+    _run(["go", "get", "-tool", *(f"{package}@{comp.version}" for package in packages)], src, comp.log,
          f"{comp.name} (resolve modules)")
     comp.bindir.mkdir(parents=True, exist_ok=True)
     _run(["go", "build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(comp.bindir) + "/",
-          package], src, comp.log, f"{comp.name} {comp.version}")
+          *packages], src, comp.log, f"{comp.name} {comp.version}")
 
 
 def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
@@ -309,7 +309,8 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
         elif name == "helm":
             _build_tool(comp, "helm.sh/helm/v3/cmd/helm")
         elif name == "prometheus":
-            _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool")
+            _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool",
+                        "github.com/prometheus/prometheus/cmd/prometheus")
         elif name == "cli-utils":
             _build_kstatus(comp)
         missing = [b for b in comp.binaries if not comp.path(b).exists()]

@@ -459,7 +459,7 @@ class Reconciler(TreeRollback):
                 "RollbackCancelled" if cancelling else "RollbackIncomplete"), verdict, warning=not report.complete)
             if self.metrics:
                 self.metrics.request_finished(ns, "complete" if report.complete else (
-                    "cancelled" if cancelling else "incomplete"), report, plan)
+                    "cancelled" if cancelling else "incomplete"), report, plan, run=spec.run_ref.name)
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
         if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
