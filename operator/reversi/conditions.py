@@ -145,6 +145,7 @@ MANIFEST_INVALID = "ManifestInvalid"  # Accepted=False
 HALT_IN_EFFECT = "HaltInEffect"  # Active=True
 # Ready / Reconciling / Stalled (every kind); most reuse the reasons above
 NO_ROLLBACK = "NoRollback"  # Run Ready=True: no rollback has worked on the run yet
+RESIDUE_ACKNOWLEDGED = "ResidueAcknowledged"  # Ready=True (a Run, its last request): a person accepted what stands
 IDLE = "Idle"  # Reconciling=False / Stalled=False: nothing is in progress, nothing is stuck
 SCHEMA_OUTDATED = "SchemaOutdated"  # Event reason: the installed CRDs are older than the operator
 SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current again
@@ -154,6 +155,7 @@ TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the to
 
 REASONS = frozenset(
     {
+        RESIDUE_ACKNOWLEDGED,
         PLAN_READY,
         DRY_RUN,
         WAITING_FOR_RUN,

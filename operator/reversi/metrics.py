@@ -48,20 +48,22 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .engine import acknowledgement
+
 log = logging.getLogger("reversi.metrics")
 
-#: A Run with this annotation (value: who and why) is left out of reversi_incomplete_rollbacks:
-#: what could not be undone (an email read, say) has been handled by hand.
-ACKNOWLEDGED = "reversi.dev/acknowledged"
+#: The annotation of earlier versions that acknowledged a Run (still honoured: see
+#: :mod:`reversi.engine.acknowledgement`; ``kubectl reversi acknowledge`` replaces it).
+ACKNOWLEDGED = acknowledgement.LEGACY_ANNOTATION
 
 
 def incomplete_run(run: dict) -> bool:
     """Whether a Run counts in ``reversi_incomplete_rollbacks``: its last rollback is incomplete
-    (``RolledBack=False``) and nobody acknowledged it (annotation ``reversi.dev/acknowledged``)."""
-    if ACKNOWLEDGED in ((run.get("metadata") or {}).get("annotations") or {}):
-        return False
-    return any(cond.get("type") == "RolledBack" and cond.get("status") == "False"
-               for cond in (run.get("status") or {}).get("conditions") or [])
+    (``RolledBack=False``) and no acknowledgement of it counts
+    (:func:`reversi.engine.acknowledgement.acknowledged`)."""
+    return (any(cond.get("type") == "RolledBack" and cond.get("status") == "False"
+                for cond in (run.get("status") or {}).get("conditions") or [])
+            and acknowledgement.acknowledged(run) is None)
 
 
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",

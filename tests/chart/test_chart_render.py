@@ -74,6 +74,7 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRole", "rv-reversi"), ("ClusterRole", "rv-reversi-cluster"),
         ("ClusterRoleBinding", "rv-reversi"), ("ClusterRoleBinding", "rv-reversi-cluster"),
         ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
+        ("ClusterRole", "rv-reversi-acknowledge"),
         ("ClusterRole", "rv-reversi-force"),
         ("Service", "rv-reversi"), ("Service", "rv-reversi-operator"), ("Deployment", "rv-reversi"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),

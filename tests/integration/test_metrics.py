@@ -62,6 +62,12 @@ def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, op
              timeout=10, what="the incomplete run counted from its watch event")
     assert value(samples, "reversi_compensation_duration_seconds_count", namespace=ns,
                  tool="payments.create_charge_unchecked") == 1
+    # what still stands, by tool and state: the gauges the alerts read
+    standing = wait_for(lambda: (s := scrape(operator.metrics_port)) and
+                        value(s, "reversi_standing_undos", namespace=ns, tool="payments.create_charge",
+                              state="failed") == 1 and s, timeout=10, what="the failed undo standing")
+    assert value(standing, "reversi_standing_undos", namespace=ns, tool="payments.create_charge_unchecked",
+                 state="unverified") == 1
     # a later complete rollback of the same run clears the gauge (it counts runs, not requests)
     rv.request("again", "r")
     again = rv.wait_phase("again", "Succeeded", "Incomplete")
@@ -72,6 +78,15 @@ def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, op
                        value(s, "reversi_rollbacks_total", namespace=ns, verdict="incomplete") == 2 and s,
                        timeout=30, what="the second incomplete rollback to be counted")
     assert value(samples, "reversi_incomplete_rollbacks", namespace=ns) == 1
+    # the failed undo was undone by the second request: it no longer stands (at 0, not gone); the
+    # unverified one still does
+    samples = wait_for(lambda: (s := scrape(operator.metrics_port)) and
+                       value(s, "reversi_standing_undos", namespace=ns, tool="payments.create_charge",
+                             state="failed") == 0 and s, timeout=10, what="the failed undo no longer standing")
+    assert ("reversi_standing_undos", frozenset({("namespace", ns), ("tool", "payments.create_charge"),
+                                                 ("state", "failed")})) in samples
+    assert value(samples, "reversi_standing_undos", namespace=ns, tool="payments.create_charge_unchecked",
+                 state="unverified") == 1
 
 
 def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):

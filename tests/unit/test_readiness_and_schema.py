@@ -144,7 +144,8 @@ def test_chart_template_is_the_crd_with_enable_and_keep_switches():
 SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063a0149b",
                   3: "1c614fa3bc3571ad065e04f4f135242d333cf2a0bc72cabea9c6f697b6a7e154",
                   4: "ddbb97959a07f14b2f29295a03176354981672a74471197a384e0924c3f68b82",
-                  5: "bbe42b38d893258141681674d50eb97afeecfd723b2b02d02e300e5bd646a828"}
+                  5: "bbe42b38d893258141681674d50eb97afeecfd723b2b02d02e300e5bd646a828",
+                  6: "45a7598f93e411cdbd73a7cb81368667980aa671b81f704728f2e6c37d6d1f04"}
 
 
 def _schema_digest() -> str:

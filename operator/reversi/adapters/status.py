@@ -13,6 +13,7 @@ from typing import Any, cast
 from collections.abc import Iterable
 
 from .. import conditions as c
+from ..engine.acknowledgement import Acknowledged
 from ..engine.executor import ACTIVE_STAGES, Stage, StepRun
 from ..engine.plan import compact_plan
 from ..models.rollbackrequest import Plan, PlanAction, Report
@@ -271,11 +272,13 @@ def request_readiness(phase: str, reason: str, message: str) -> list[tuple[str, 
     return readiness(PROGRESSING, reason, message)
 
 
-def run_readiness(conditions: list[dict] | None, name: str = "NAME") -> list[tuple[str, str, str, str]]:
+def run_readiness(conditions: list[dict] | None, name: str = "NAME",
+                  acknowledged: Acknowledged | None = None) -> list[tuple[str, str, str, str]]:
     """Ready/Reconciling/Stalled of a Run from its ``Locked`` and ``RolledBack`` conditions:
-    progressing while a rollback holds it, stalled when its last rollback is incomplete, ready
-    otherwise (rolled back completely, or never rolled back). ``name``: the Run's, for the
-    command the Stalled message gives."""
+    progressing while a rollback holds it, stalled when its last rollback is incomplete and no
+    acknowledgement of it counts (``acknowledged``: :func:`reversi.engine.acknowledgement.acknowledged`),
+    ready otherwise (rolled back completely, never rolled back, or its residue acknowledged:
+    reason ``ResidueAcknowledged``). ``name``: the Run's, for the command the Stalled message gives."""
     locked = c.get_condition(conditions, c.LOCKED)
     if locked and locked.get("status") == c.TRUE:
         return readiness(PROGRESSING, c.HELD_BY_REQUEST, locked.get("message", ""))
@@ -284,17 +287,46 @@ def run_readiness(conditions: list[dict] | None, name: str = "NAME") -> list[tup
         return readiness(READY_STATE, c.NO_ROLLBACK, "no rollback has worked on this run")
     if rolled.get("status") == c.TRUE:
         return readiness(READY_STATE, c.ALL_COMPENSATED, rolled.get("message", ""))
+    if acknowledged is not None:
+        return readiness(READY_STATE, c.RESIDUE_ACKNOWLEDGED,
+                         f"{rolled.get('message', '')}; its residue is {acknowledged.text()}")
     return readiness(STALLED_STATE, c.INCOMPLETE, f"{rolled.get('message', '')}: read its report "
-                     f"(kubectl reversi describe run/{name}) and settle what is left")
+                     f"(kubectl reversi describe run/{name}), settle what is left, or accept what cannot be undone "
+                     f"(kubectl reversi acknowledge {name} --note ...)")
 
 
-def run_status_update(status: dict | None, generation: int | None, name: str = "NAME") -> dict | None:
+def request_acknowledged_update(status: dict | None, acknowledged: Acknowledged | None) -> dict | None:
+    """For a RollbackRequest that ended ``Incomplete`` and is its Run's last: the status merge
+    patch that makes its Ready/Reconciling/Stalled say whether its residue is acknowledged
+    (Ready, reason ``ResidueAcknowledged``) or not (Stalled, reason ``Incomplete``, or
+    ``Cancelled`` for a cancelled request, with its verdict from the ``Complete`` condition), or
+    ``None`` when they already do or the request is in another phase."""
+    status = status or {}
+    if status.get("phase") != "Incomplete":
+        return None
+    old = status.get("conditions") or []
+    gen = status.get("observedGeneration") or 0
+    if acknowledged is not None:
+        wanted = readiness(READY_STATE, c.RESIDUE_ACKNOWLEDGED,
+                           f"incomplete; its residue is {acknowledged.text()}")
+    else:
+        complete = c.get_condition(old, c.COMPLETE) or {}
+        reason = c.CANCELLED if complete.get("reason") == c.CANCELLED else c.INCOMPLETE
+        wanted = readiness(STALLED_STATE, reason, complete.get("message") or "")
+    conds = summary_conditions(old, gen, wanted)
+    if same_conditions(conds, old):
+        return None
+    return {"conditions": conds}
+
+
+def run_status_update(status: dict | None, generation: int | None, name: str = "NAME",
+                      acknowledged: Acknowledged | None = None) -> dict | None:
     """The status merge patch that makes a Run's ``observedGeneration`` current and its
-    Ready/Reconciling/Stalled agree with its Locked/RolledBack conditions, or ``None`` when
-    nothing would change (then nothing is written)."""
+    Ready/Reconciling/Stalled agree with its Locked/RolledBack conditions and its acknowledgement
+    (:func:`run_readiness`), or ``None`` when nothing would change (then nothing is written)."""
     status = status or {}
     old = status.get("conditions") or []
-    conds = summary_conditions(old, generation or 0, run_readiness(old, name))
+    conds = summary_conditions(old, generation or 0, run_readiness(old, name, acknowledged))
     if status.get("observedGeneration") == generation and same_conditions(conds, old):
         return None
     return {"observedGeneration": generation, "conditions": conds}

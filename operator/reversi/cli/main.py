@@ -633,6 +633,42 @@ def cancel(request: str) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- acknowledge
+
+
+@cli.command(help="Accept what RUN's last rollback could not undo (its residue): the Run and that RollbackRequest "
+             "read as done (Ready; Flux, Argo CD and kstatus see them healthy), the incomplete-rollback alerts "
+             "clear, and the report still says what stands. Say in --note what was done about it. A later "
+             "rollback of the run is not covered. --withdraw takes the acknowledgement back. Needs the RBAC verb "
+             "acknowledge on runs (the role reversi-acknowledge).")
+@click.argument("run")
+@click.option("--note", default=None, help="What was done about the residue, for the record (at most 1024 characters).")
+@click.option("--withdraw", is_flag=True, help="Take the acknowledgement back: the run is incomplete again.")
+@global_options
+def acknowledge(run: str, note: str | None, withdraw: bool) -> int:
+    c = conn()
+    where = f"Run {c.namespace}/{run}"
+    if withdraw == (note is not None):
+        raise click.UsageError("give --note (what was done about the residue) or --withdraw")
+    if note is not None and not note.strip():
+        raise click.UsageError("--note must say what was done about the residue")
+    load_run(c, run)
+    body = {"spec": {"acknowledgement": None if withdraw else {"note": note}}}
+    try:
+        updated = c.patch("runs", run, body)
+    except ApiException as err:  # the server's message says what to do (the RBAC verb, or what to wait for)
+        raise CliError(refused(err, f"acknowledging {where}")) from err
+    if withdraw:
+        out(f"{where}: acknowledgement withdrawn; its last rollback counts as incomplete again.")
+        return 0
+    ack = (updated.get("spec") or {}).get("acknowledgement") or {}
+    by = f" by {ack['actor']}" if ack.get("actor") else ""
+    request = f" of RollbackRequest {ack['request']}" if ack.get("request") else ""
+    out(f"{where}: the residue{request} is acknowledged{by}. The report still lists it: "
+        f"kubectl reversi describe run/{run} -n {c.namespace}")
+    return 0
+
+
 # -------------------------------------------------------------------------------------- halt
 
 

@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..adapters.jobs import job_name
+from ..engine.acknowledgement import acknowledged
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
 from ..engine.tree import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
@@ -602,6 +604,9 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     complete = conds.get("Complete") or {}
     if complete.get("message"):
         lines.append(f"Verdict:      {complete['message']}")
+    ack = acknowledged(run) if run is not None else None
+    if ack is not None and (ack.legacy or ack.request == meta.get("name")):
+        lines.append(f"Residue:      {ack.text()} (kubectl reversi acknowledge --withdraw takes it back)")
     invalid = conds.get("Invalid") or {}
     if invalid.get("status") == "True":
         lines.append(f"Invalid:      {invalid.get('reason')}: {invalid.get('message')}")
@@ -655,12 +660,16 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if entries and status.get("phase") not in ("Planned", "Failed"):
         lines.append("")
         lines.append("Steps:")
-        rows = []
+        step_rows: list[tuple[Any, ...]] = []
+        run_uid = ((run or {}).get("metadata") or {}).get("uid")
         for e in entries[:BUCKET_LIMIT]:
             error = f"  error: {e['lastError']}" if e.get("lastError") else ""
-            rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
-                         e.get("attempts", 0), condition_reasons(e) + error))
-        lines += ["  " + line for line in table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "CONDITIONS"), rows).splitlines()]
+            step_rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
+                              e.get("attempts", 0), step_jobs(run_uid, e), condition_reasons(e) + error))
+        lines += ["  " + line for line in
+                  table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "JOBS", "CONDITIONS"), step_rows).splitlines()]
+        if run_uid:
+            lines.append(f"  (a Job's log: kubectl logs -n {ns} job/JOB, while the Job is kept)")
         if len(entries) > BUCKET_LIMIT:
             lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")
 
@@ -682,6 +691,20 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
                   for e in list(events)[-10:]]
         lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), recent).splitlines()]
     return "\n".join(lines)
+
+
+def step_jobs(run_uid: str | None, entry: Mapping[str, Any]) -> str:
+    """The Jobs of a step's last attempt, as ``describe`` lists them: its compensator and, when
+    it read back, its last reader (``rv-3f2a...-4-c2, rv-3f2a...-4-c2-r1``); ``-`` before any
+    attempt or without the Run (its uid names the Jobs)."""
+    attempt = entry.get("attempts") or 0
+    step = entry.get("step")
+    if not run_uid or not attempt or not isinstance(step, int):
+        return "-"
+    jobs = [job_name(run_uid, step, attempt)]
+    if entry.get("reads"):
+        jobs.append(job_name(run_uid, step, attempt, "reader", entry["reads"]))
+    return ", ".join(jobs)
 
 
 # ------------------------------------------------------------------------------------- halts

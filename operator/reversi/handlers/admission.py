@@ -52,6 +52,7 @@ from ..adapters.jobs import Owner, build_job
 from ..adapters import apicalls as calls
 from ..adapters.kube import api_message
 from ..adapters import tree as tree_io
+from ..engine import acknowledgement
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import assemble
@@ -174,11 +175,13 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
     known_steps = set(old_steps)
     now = _now()
+    last_request = ((old or {}).get("status") or {}).get("lastRequest")
 
     def stamp(raw: dict) -> None:
         s = raw.get("spec")
         if not isinstance(s, dict):
             return
+        _stamp_acknowledgement(old_spec.get("acknowledgement"), s, user, now, last_request)
         shared = {x.get("id"): x for x in s.get("snapshots") or [] if isinstance(x, dict)}
         for step in s.get("steps") or []:
             if not isinstance(step, dict):
@@ -203,6 +206,46 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         family(raw)
 
     patch.fns.append(_raw(stamp))
+
+
+def _stamp_acknowledgement(old: Any, spec: dict, user: str, now: str, last_request: str | None) -> None:
+    """A new or changed ``spec.acknowledgement`` gets the authenticated user, the server's time
+    and the request whose residue it accepts (the run's ``status.lastRequest`` now); one whose
+    note is unchanged keeps its stamps, whatever the client sent (docs/concepts.md#acknowledging-residue)."""
+    new = spec.get("acknowledgement")
+    if not isinstance(new, dict):
+        return
+    if acknowledgement.changed(old, new):
+        new.update(actor=user, acknowledgedAt=now)
+        if last_request is None:
+            new.pop("request", None)
+        else:
+            new["request"] = last_request
+    else:
+        for f in ("actor", "acknowledgedAt", "request"):
+            if isinstance(old, dict) and f in old:
+                new[f] = old[f]
+            else:
+                new.pop(f, None)
+
+
+def _check_acknowledgement(old: dict, spec: RunSpec, old_spec: RunSpec, userinfo: dict, namespace: str,
+                           name: str, what: str) -> None:
+    """Setting, changing or withdrawing ``spec.acknowledgement`` needs the RBAC verb
+    ``acknowledge`` on runs (a SubjectAccessReview for the caller), and setting one needs an
+    incomplete rollback that has finished. Raises ``kopf.AdmissionError`` (403, 409)."""
+    old_ack = old_spec.acknowledgement.model_dump(by_alias=True) if old_spec.acknowledgement else None
+    new_ack = spec.acknowledgement.model_dump(by_alias=True) if spec.acknowledgement else None
+    if not acknowledgement.changed(old_ack, new_ack):
+        return
+    if not _allowed(userinfo, namespace, G, "runs", "acknowledge", name):
+        raise kopf.AdmissionError(f"{what}: acknowledging a run's residue needs the RBAC verb acknowledge on runs "
+                                  f"(reversi.dev), which {_user(userinfo)} does not have: bind the role "
+                                  "reversi-acknowledge (docs/operations.md#rbac)", code=403)
+    if new_ack is not None:
+        problem = acknowledgement.problem(old, name)
+        if problem is not None:
+            raise kopf.AdmissionError(f"{what}: {problem}", code=409)
 
 
 def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[dict], None]:
@@ -291,9 +334,13 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         refusal = rules.check_principal(old_spec, spec, user, what)
         if refusal is None:
             _check_inline_frozen(old_spec, spec, namespace, name, what)
+            _check_acknowledgement(old, spec, old_spec, userinfo, namespace, name, what)
         else:
             _refuse(refusal, namespace, user, what, dryrun)
         return
+    if spec.acknowledgement is not None:
+        raise kopf.AdmissionError(f"{what}: a new run has no rollback to acknowledge: remove spec.acknowledgement",
+                                  code=422)
     if spec.parent_ref is not None:
         _check_parent(namespace, name, spec.parent_ref.name, what)
     try:

@@ -586,8 +586,8 @@ class Reconciler(TreeRollback):
         closed = {"closedBy": run_status.get("closedBy") or name}
         try:
             self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"],
-                                   {"activeRequest": name, "conditions": conds, "observedGeneration": run_gen,
-                                    **closed},
+                                   {"activeRequest": name, "lastRequest": name, "conditions": conds,
+                                    "observedGeneration": run_gen, **closed},
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             return False  # someone else changed the run: look again next pass

@@ -18,7 +18,9 @@ from typing import Any
 
 import kopf
 
+from .. import conditions as c
 from ..adapters import status as st
+from ..engine import acknowledgement
 from ..adapters.kube import Conflict
 from . import runtime
 
@@ -71,14 +73,39 @@ class Quiet:
 def _write(key: tuple[str, str], body: dict) -> None:
     if not runtime.reconciling():
         return
-    update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1])
+    ack = acknowledgement.acknowledged(body)
+    update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1], ack)
+    if update is None:
+        return
+    kube = runtime.state().kube
+    try:
+        kube.merge_status("runs", key[0], key[1], update, resource_version=body["metadata"]["resourceVersion"])
+    except Conflict:
+        return  # the Run changed since: its next event brings it here again
+    last = (body.get("status") or {}).get("lastRequest")
+    if last and (ack is not None or _was_acknowledged(body)):
+        _sync_last_request(kube, key[0], last, ack)
+
+
+def _was_acknowledged(body: dict) -> bool:
+    ready = c.get_condition((body.get("status") or {}).get("conditions"), c.READY) or {}
+    return ready.get("reason") == c.RESIDUE_ACKNOWLEDGED
+
+
+def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None) -> None:
+    """The Run's last RollbackRequest says whether its residue is acknowledged (Ready) or not
+    (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue)."""
+    request = kube.get("rollbackrequests", namespace, name)
+    if request is None:
+        return
+    update = st.request_acknowledged_update(request.get("status"), ack)
     if update is None:
         return
     try:
-        runtime.state().kube.merge_status("runs", key[0], key[1], update,
-                                          resource_version=body["metadata"]["resourceVersion"])
+        kube.merge_status("rollbackrequests", namespace, name, update,
+                          resource_version=request["metadata"]["resourceVersion"])
     except Conflict:
-        pass  # the Run changed since: its next event brings it here again
+        pass  # changed since: the Run's next event brings it here again
 
 
 _queue = Quiet(_write)
@@ -103,10 +130,16 @@ def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
             runtime.operating()[0].lock_orphaned(namespace, name, holder)
         except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
             log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
-    if st.run_status_update(status, meta.get("generation"), name) is not None:
+    if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None:
         # keep only what the write needs, not the Run's steps
+        annotations = meta.get("annotations") or {}
+        legacy = annotations.get(acknowledgement.LEGACY_ANNOTATION)
+        ack = (body.get("spec") or {}).get("acknowledgement")
         _queue.put((namespace, name), {
-            "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion")},
+            "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion"),
+                         "annotations": {} if legacy is None else {acknowledgement.LEGACY_ANNOTATION: legacy}},
+            "spec": {"acknowledgement": dict(ack)} if isinstance(ack, dict) else {},
             "status": {"observedGeneration": status.get("observedGeneration"),
+                       "lastRequest": status.get("lastRequest"),
                        "conditions": [dict(cond) for cond in status.get("conditions") or []]}},
             runtime.state().settings.run_status_quiet_seconds)

@@ -66,7 +66,7 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    requireVerification, per-request attempts and re-verify fields.
 #: 4: RollbackRequest.status.steps[].lostReads (read-backs that gave no answer); Run's Closed-By column.
 #: 5: RunStep.spec.principal (who recorded the step; the outcome write is checked in the API server).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 

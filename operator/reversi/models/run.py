@@ -199,6 +199,23 @@ class Resolution(ReversiModel):
     resolved_at: datetime | None = Field(default=None, description="When it was settled.")
 
 
+class Acknowledgement(ReversiModel):
+    """A person's acceptance of what the Run's last rollback could not undo (the residue): the
+    Run counts as settled for alerts and GitOps health; its report stays incomplete. Set with
+    ``kubectl reversi acknowledge``; needs the RBAC verb ``acknowledge`` on runs. See
+    docs/concepts.md#acknowledging-residue."""
+
+    note: str = Field(min_length=1, max_length=MAX_NOTE,
+                      description="What was done about the residue (told whom, refunded by hand, ...).")
+    actor: str | None = Field(default=None, max_length=MAX_NAME * 2,
+                              description="Who acknowledged (stamped at admission from the authenticated user).")
+    acknowledged_at: datetime | None = Field(default=None, description="When (stamped at admission).")
+    request: str | None = Field(
+        default=None, max_length=MAX_NAME,
+        description="The RollbackRequest whose residue is accepted (stamped at admission: the run's status.lastRequest "
+                    "then). A later rollback of the run is not covered: acknowledge again after it.")
+
+
 class RunScope(ReversiModel):
     """Who and where the run acts for; halts match on it. Immutable."""
 
@@ -322,6 +339,10 @@ class RunSpec(ReversiModel):
                     "spec.resolution.",
         json_schema_extra=list_map("step"),
     )
+    acknowledgement: Acknowledgement | None = Field(
+        default=None,
+        description="The residue of the run's last rollback, accepted by a person (kubectl reversi acknowledge): the "
+                    "run is Ready again and no longer counts as incomplete; its report still says what stands.")
 
     def snapshot_of(self, step: Step) -> ToolSpec | None:
         """The manifest entry of ``step``: inline, or the ``spec.snapshots`` entry it names
@@ -385,6 +406,10 @@ class RunStatus(StatusModel):
         default=None,
         description="RollbackRequest currently working on the run (a lock: one request works at a time).",
     )
+    last_request: str | None = Field(
+        default=None, max_length=MAX_NAME,
+        description="The RollbackRequest that last took the run's lock (set with the lock, kept after it ends): the "
+                    "one an acknowledgement accepts the residue of.")
     closed_by: str | None = Field(
         default=None,
         description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step "
@@ -436,6 +461,8 @@ CRD = CrdInfo(
          "description": "The RollbackRequest working on the run now."},
         {"name": "Closed-By", "type": "string", "jsonPath": ".status.closedBy",
          "description": "The RollbackRequest that closed the run (it stays after the rollback ends)."},
+        {"name": "Acknowledged-By", "type": "string", "jsonPath": ".spec.acknowledgement.actor",
+         "description": "Who accepted the residue of its last rollback (kubectl reversi acknowledge)."},
         ready_column(),
         age_column(),
     ],

@@ -1,0 +1,91 @@
+"""Acknowledging residue: a person accepts what a Run's last rollback could not undo.
+
+The rule (docs/concepts.md#acknowledging-residue): an acknowledgement names the RollbackRequest
+whose residue it accepts (the server stamps the run's ``status.lastRequest`` into it). It counts
+while that request is still the run's last one and the run is not rolled back in full; a later
+rollback is not covered. While it counts, the Run and that request read as done for alerts and
+GitOps health (Ready, not Stalled); their conditions ``RolledBack`` and ``Complete`` and the
+report still say what stands. The annotation ``reversi.dev/acknowledged`` of earlier versions
+still counts, for any rollback, and says so.
+
+Pure functions over the Run as a dict (what the API server returns): no client, no kopf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: The annotation earlier versions used to acknowledge a Run (value: who and what was done). It
+#: is honoured still; anyone who may patch the Run can set it, so ``kubectl reversi acknowledge``
+#: (an RBAC verb of its own, actor stamped by the server) replaces it.
+LEGACY_ANNOTATION = "reversi.dev/acknowledged"
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """An acknowledgement that counts: ``note``, ``actor`` and ``at`` (RFC 3339) as stamped,
+    ``request`` whose residue it accepts; ``legacy`` when it is the old annotation."""
+
+    note: str
+    actor: str | None = None
+    at: str | None = None
+    request: str | None = None
+    legacy: bool = False
+
+    def text(self) -> str:
+        """``acknowledged by oncall at 2026-12-01T10:00:00Z: refunded by hand``."""
+        if self.legacy:
+            return f"acknowledged (annotation {LEGACY_ANNOTATION}): {self.note}"
+        who = f" by {self.actor}" if self.actor else ""
+        when = f" at {self.at}" if self.at else ""
+        return f"acknowledged{who}{when}: {self.note}"
+
+
+def _condition(run: Mapping[str, Any], kind: str) -> str | None:
+    """The status (``"True"``, ``"False"``, ...) of the Run's condition of type ``kind``, or None."""
+    for cond in (run.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type") == kind:
+            return cond.get("status")
+    return None
+
+
+def _rolled_back(run: Mapping[str, Any]) -> str | None:
+    return _condition(run, "RolledBack")
+
+
+def acknowledged(run: Mapping[str, Any]) -> Acknowledged | None:
+    """The acknowledgement that counts for ``run``'s last rollback, or None: its
+    ``spec.acknowledgement`` when that names the run's ``status.lastRequest`` and the last
+    rollback is incomplete (``RolledBack=False``); else the legacy annotation when set."""
+    if _rolled_back(run) != "False":
+        return None
+    ack = (run.get("spec") or {}).get("acknowledgement")
+    last = (run.get("status") or {}).get("lastRequest")
+    if isinstance(ack, dict) and ack.get("note") and ack.get("request") == last:
+        return Acknowledged(str(ack["note"]), ack.get("actor"), ack.get("acknowledgedAt"), ack.get("request"))
+    legacy = ((run.get("metadata") or {}).get("annotations") or {}).get(LEGACY_ANNOTATION)
+    if legacy is not None:
+        return Acknowledged(str(legacy), legacy=True)
+    return None
+
+
+def changed(old: Any, new: Any) -> bool:
+    """Whether a write sets, changes or withdraws ``spec.acknowledgement`` (its note; the stamps
+    are the server's)."""
+    old_note = old.get("note") if isinstance(old, dict) else None
+    new_note = new.get("note") if isinstance(new, dict) else None
+    return old_note != new_note
+
+
+def problem(run: Mapping[str, Any], run_name: str) -> str | None:
+    """Why ``run`` (as stored before the write) has nothing to acknowledge now, or None: a
+    rollback holds it, or no rollback has left it incomplete."""
+    if _condition(run, "Locked") == "True":
+        return (f"RollbackRequest {(run.get('status') or {}).get('activeRequest')} is working on Run {run_name}: "
+                "acknowledge its residue once it has finished (kubectl reversi describe run/" + run_name + ")")
+    if _rolled_back(run) != "False":
+        return (f"Run {run_name} has no incomplete rollback to acknowledge: its last rollback undid everything, or "
+                "none has run (kubectl reversi describe run/" + run_name + ")")
+    return None

@@ -1,0 +1,95 @@
+"""Acknowledging residue (docs/concepts.md#acknowledging-residue): which acknowledgement counts,
+when one may be set, and what the Run's and its last request's readiness say."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reversi import conditions as c
+from reversi.adapters import status as status_io
+from reversi.engine.acknowledgement import LEGACY_ANNOTATION, Acknowledged, acknowledged, changed, problem
+
+ACK = {"note": "refunded by hand", "actor": "lead", "acknowledgedAt": "2026-12-01T10:00:00Z", "request": "undo"}
+
+
+def _run(rolled_back: str | None = "False", locked: str = "False", last: str | None = "undo",
+         ack: dict | None = None, legacy: str | None = None) -> dict:
+    conds = [{"type": "Locked", "status": locked}]
+    if rolled_back is not None:
+        conds.append({"type": "RolledBack", "status": rolled_back, "message": "last rollback: undo (incomplete)"})
+    meta = {"name": "r", "annotations": {LEGACY_ANNOTATION: legacy} if legacy is not None else {}}
+    return {"metadata": meta, "spec": {"acknowledgement": ack} if ack else {},
+            "status": {"conditions": conds, "lastRequest": last, "activeRequest": "undo" if locked == "True" else None}}
+
+
+def test_an_acknowledgement_counts_only_for_the_request_it_names_while_that_left_residue():
+    assert acknowledged(_run(ack=ACK)) == Acknowledged("refunded by hand", "lead", "2026-12-01T10:00:00Z", "undo")
+    assert acknowledged(_run(ack=ACK, last="again")) is None, "a later rollback is not covered"
+    assert acknowledged(_run(ack=ACK, rolled_back="True")) is None, "rolled back in full: nothing to accept"
+    assert acknowledged(_run(ack=ACK, rolled_back=None)) is None
+    assert acknowledged(_run()) is None
+
+
+def test_the_annotation_of_earlier_versions_still_counts_and_says_what_it_is():
+    found = acknowledged(_run(legacy="oncall: apologised"))
+    assert found is not None and found.legacy
+    assert found.text() == f"acknowledged (annotation {LEGACY_ANNOTATION}): oncall: apologised"
+    assert acknowledged(_run(legacy="x", rolled_back="True")) is None
+
+
+def test_only_the_note_makes_a_change_the_stamps_are_the_servers():
+    assert changed(None, {"note": "a"}) and changed({"note": "a"}, None) and changed({"note": "a"}, {"note": "b"})
+    assert not changed({"note": "a", "actor": "lead"}, {"note": "a", "actor": "mallory"})
+    assert not changed(None, None)
+
+
+def test_nothing_to_acknowledge_while_a_rollback_holds_the_run_or_when_none_left_residue():
+    assert "is working on Run r" in (problem(_run(locked="True"), "r") or "")
+    assert "no incomplete rollback to acknowledge" in (problem(_run(rolled_back="True"), "r") or "")
+    assert "no incomplete rollback to acknowledge" in (problem(_run(rolled_back=None), "r") or "")
+    assert problem(_run(), "r") is None
+
+
+def _readiness(tuples) -> dict[str, tuple[str, str]]:
+    return {t: (s, r) for t, s, r, _ in tuples}
+
+
+def test_a_run_whose_residue_is_acknowledged_is_ready_not_stalled():
+    conds = _run()["status"]["conditions"]
+    assert _readiness(status_io.run_readiness(conds, "r"))[c.STALLED] == (c.TRUE, c.INCOMPLETE)
+    ready = _readiness(status_io.run_readiness(conds, "r", acknowledged(_run(ack=ACK))))
+    assert ready[c.READY] == (c.TRUE, c.RESIDUE_ACKNOWLEDGED) and ready[c.STALLED][0] == c.FALSE
+    locked = _readiness(status_io.run_readiness(_run(locked="True")["status"]["conditions"], "r",
+                                                acknowledged(_run(ack=ACK))))
+    assert locked[c.RECONCILING][0] == c.TRUE, "a rollback at work wins"
+
+
+def _finished(reason: str) -> dict:
+    conds = status_io.summary_conditions([], 2, [(c.COMPLETE, c.FALSE, reason, "2 of 3 undone"),
+                                                 *status_io.request_readiness("Incomplete", reason, "2 of 3 undone")])
+    return {"phase": "Incomplete", "observedGeneration": 2, "conditions": conds}
+
+
+@given(st.lists(st.booleans(), min_size=1, max_size=6), st.sampled_from([c.PARTIAL, c.NOT_POSSIBLE, c.CANCELLED]))
+def test_a_finished_requests_readiness_follows_acknowledgement_back_and_forth(flips, reason):
+    """Acknowledged or withdrawn in any order, the request is Ready exactly while acknowledged,
+    Stalled otherwise, never both; an update is made only when something changes."""
+    status = _finished(reason)
+    for ack in flips:
+        update = status_io.request_acknowledged_update(status, acknowledged(_run(ack=ACK)) if ack else None)
+        if update is not None:
+            status = {**status, **update}
+        after = {x["type"]: x for x in status["conditions"]}
+        assert (after[c.READY]["status"] == c.TRUE) == ack
+        assert (after[c.STALLED]["status"] == c.TRUE) == (not ack)
+        assert after[c.COMPLETE]["status"] == c.FALSE, "the verdict never changes"
+        assert status_io.request_acknowledged_update(status, acknowledged(_run(ack=ACK)) if ack else None) is None
+    if not flips[-1]:
+        stalled = {x["type"]: x for x in status["conditions"]}[c.STALLED]
+        assert stalled["reason"] == (c.CANCELLED if reason == c.CANCELLED else c.INCOMPLETE)
+
+
+def test_only_an_incomplete_request_follows_acknowledgement():
+    assert status_io.request_acknowledged_update({"phase": "Succeeded", "conditions": []},
+                                                 acknowledged(_run(ack=ACK))) is None
