@@ -150,6 +150,10 @@ def _refusal(err: ApiException, what: str) -> RecordingRefused:
         message, reason = body.get("message", err.reason), body.get("reason", "")
     except ValueError:
         message, reason = str(err.body or err.reason), ""
+    if calls.admission_unreachable(err):  # no rule refused it: no admission replica answered, even after retries
+        return RecordingRefused(f"{what} refused: Reversi's admission server is unreachable (no reversi-admission "
+                                f"replica answered; the write never landed and the call was not made): {message}",
+                                reason="AdmissionUnreachable", status=err.status)
     kind = next((k for marker, k in _KINDS if marker in message), RecordingRefused)
     return kind(f"{what} refused: {message}", reason=reason, status=err.status)
 

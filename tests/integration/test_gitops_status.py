@@ -98,17 +98,18 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
     custom = rv.custom
 
     # ToolManifest, Halt, ClusterHalt: the object the create returns is what the API holds
-    # before the operator has looked at it
+    # before the operator has looked at it (the halts name a manifested tool the test never
+    # calls: a halt whose pattern matches no tool is Stalled, not in force as meant)
     seen["toolmanifest-created"] = rv.apply_manifest()
     seen["toolmanifest-accepted"] = _ready(rv.get, "toolmanifests", "payments")
     seen["halt-created"] = rv.create("halts", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Halt", "metadata": {"name": "freeze-nothing"},
-        "spec": {"reason": "kstatus test", "by": "tests", "scope": {"tool": "nothing.*"}}})
-    seen["halt-in-force"] = _ready(rv.get, "halts", "freeze-nothing")
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Halt", "metadata": {"name": "freeze-inventory"},
+        "spec": {"reason": "kstatus test", "by": "tests", "scope": {"tool": "inventory.*"}}})
+    seen["halt-in-force"] = _ready(rv.get, "halts", "freeze-inventory")
     chalt = f"kstatus-{rv.ns}"[:63]
     seen["clusterhalt-created"] = custom.create_cluster_custom_object(GROUP, VERSION, "clusterhalts", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ClusterHalt", "metadata": {"name": chalt},
-        "spec": {"reason": "kstatus test", "by": "tests", "scope": {"namespace": rv.ns, "tool": "nothing.*"}}})
+        "spec": {"reason": "kstatus test", "by": "tests", "scope": {"namespace": rv.ns, "tool": "inventory.*"}}})
     try:
         seen["clusterhalt-in-force"] = _ready(
             lambda n: custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", n), chalt)

@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 from reversi.devcluster import build
 from reversi.models.halt import pattern_problem
 from reversi.sdk import Halted, Recorder
+from tests.gitops import kstatus
 from tests.helpers import wait_for
 from tests.integration.test_plugin import kr, one_line_error
 
@@ -103,6 +104,12 @@ def test_a_halt_matching_no_tool_is_admitted_with_a_warning_and_MatchesNoTool(rv
 
     cond = wait_for(lambda: condition("typo"), what="MatchesNoTool on typo")
     assert cond["status"] == "True" and cond["reason"] == "NoToolInReach"
+    # GitOps tools never show the warning: the halt is not Ready but Stalled (kstatus Failed), though in force
+    halt = rv.get("halts", "typo")
+    conds = {x["type"]: (x["status"], x["reason"]) for x in halt["status"]["conditions"]}
+    assert conds["Ready"] == ("False", "NoToolInReach") and conds["Stalled"] == ("True", "NoToolInReach")
+    assert conds["Active"][0] == "True" and halt["status"]["active"] is True
+    assert [x["status"] for x in kstatus([halt])] == ["Failed"]
     wait_for(lambda: condition("typo2"), what="MatchesNoTool on typo2")
     listed = kr(cluster, "halt", "list", namespace=rv.ns)
     assert f"Halt {rv.ns}/typo: MatchesNoTool=True (NoToolInReach): scope.tool 'paymnets.*'" in listed.stdout
@@ -112,6 +119,9 @@ def test_a_halt_matching_no_tool_is_admitted_with_a_warning_and_MatchesNoTool(rv
     rv.custom.replace_namespaced_custom_object(G, V, rv.ns, "toolmanifests", "payments", body)
     wait_for(lambda: condition("typo")["status"] == "False", what="MatchesNoTool=False after the manifest change")
     assert "paymnets.typo" in condition("typo")["message"]
+    ready = wait_for(lambda: next((x for x in rv.get("halts", "typo")["status"]["conditions"]
+                                   if x["type"] == "Ready" and x["status"] == "True"), None), what="the halt Ready")
+    assert ready["reason"] == "HaltInEffect"
 
 
 def test_a_typod_namespace_is_reported_as_missing_by_every_command(rv, cluster):

@@ -58,3 +58,11 @@ def test_a_settlement_is_succeeded_or_failed():
     assert sdk.Settlement("succeeded", {"id": "x"}).result == {"id": "x"}
     with pytest.raises(ValueError):
         sdk.Settlement("maybe")
+
+
+def test_a_write_no_admission_replica_answered_says_so_not_only_the_servers_words():
+    message = ('Internal error occurred: failed calling webhook "runstep.mutate.reversi.dev": failed to call '
+               'webhook: Post "https://reversi.reversi-system.svc:443/mutate-runstep": net/http: TLS handshake timeout')
+    refused = sdk._refusal(_api_error(message, status=500), "recording t")
+    assert type(refused) is sdk.RecordingRefused and refused.reason == "AdmissionUnreachable"
+    assert "admission server is unreachable" in refused.message and "TLS handshake timeout" in refused.message

@@ -98,8 +98,14 @@ def halt_status(body: Any, namespace: str | None = None, tools: list[str] | None
     active_cond = c.get_condition(conds, c.ACTIVE) or {}
     active = c.is_true(conds, c.ACTIVE)
     state = st.READY_STATE if active else st.STALLED_STATE
-    conds = st.summary_conditions(conds, gen, st.readiness(state, active_cond.get("reason", c.HALT_IN_EFFECT),
-                                                           active_cond.get("message", "")))
+    reason, message = active_cond.get("reason", c.HALT_IN_EFFECT), active_cond.get("message", "")
+    if active and c.is_true(conds, c.MATCHES_NO_TOOL):
+        # in force, yet it refuses no call a manifest names: a person meant something else (GitOps
+        # tools show kstatus and health, never the warning given when it was applied)
+        no_tool = c.get_condition(conds, c.MATCHES_NO_TOOL) or {}
+        state, reason = st.STALLED_STATE, c.NO_TOOL_IN_REACH
+        message = f"in force, but {no_tool.get('message', 'scope.tool matches no tool')}"
+    conds = st.summary_conditions(conds, gen, st.readiness(state, reason, message))
     if status.get("observedGeneration") == gen and status.get("active") is active and st.same_conditions(conds, old):
         return None
     return {"active": active, "since": (status.get("since") or meta.get("creationTimestamp")) if active else None,
