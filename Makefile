@@ -31,7 +31,7 @@ test: build
 test-long: build
 	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 REVERSI_BOUNDARY_ATTEMPTS=25 $(PYTHON) -m pytest -q \
 	  tests/integration/test_journal.py tests/integration/test_crash_and_scale.py \
-	  tests/integration/test_breaker_findings.py::test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can
+	  tests/integration/test_cancel_delete_and_guards_misuse.py::test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can
 
 # malformed objects of every kind against the webhooks: 2,000 of them (make test sends 240)
 fuzz: build
@@ -52,7 +52,7 @@ bench-record: build
 bench-record-load: build
 	$(PYTHON) benchmarks/record_load_bench.py
 
-# the operator's cost next to the bare work (issue 11): P1-P6 with their targets (ONLY=P1,P4 for a subset)
+# the operator's cost next to the bare work: P1-P6 with their targets (ONLY=P1,P4 for a subset)
 bench-rollback: build
 	$(PYTHON) benchmarks/rollback_bench.py $(if $(ONLY),--only $(ONLY),)
 

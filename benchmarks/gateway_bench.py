@@ -1,4 +1,4 @@
-"""Latency reversi-gateway adds to one MCP tool call (issue 13).
+"""Latency reversi-gateway adds to one MCP tool call.
 
     python benchmarks/gateway_bench.py [--calls 200] [--warmup 20] [--json]
 
@@ -11,15 +11,15 @@ the demo MCP shop and the gateway (demo/mcp_demo.py's ``Stack``). One MCP client
   (``Recorder.begin``, the call, ``Recorder.finish``, as the same service account): what
   recording costs without the gateway;
 - **gateway**: the same call through the gateway, with a service-account token: TokenReview
-  (cached), the step recorded ``intended`` (a read and a JSON patch of the Run), the call
-  forwarded, the outcome recorded (a JSON patch).
+  (cached), the step recorded ``intended`` (a create of its RunStep), the call forwarded, the
+  outcome recorded (a JSON patch of the RunStep).
 
 All three run in the same process, round-robin (one of each per iteration, so they share the
 machine's load), ``--calls`` each after ``--warmup`` unmeasured ones; the SDK's calls go into
 one Run and the gateway's into another. Printed: median and p99 of each, the
 median added per call and the ratio gateway/direct, the gateway's own share (gateway minus sdk),
-and the median of the first and last 20% of each run (recording reads and patches the Run, whose
-steps are one list today, so the cost grows with the run: issue 8 moves steps into bounded objects).
+and the median of the first and last 20% of each run (whether recording costs more late in a run
+than early: each step is a RunStep of its own, docs/concepts.md#the-journal).
 """
 
 from __future__ import annotations

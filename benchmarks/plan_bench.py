@@ -1,4 +1,4 @@
-"""Planning benchmark: time to plan runs of 1,000 and 10,000 steps (DESIGN §3: thousands of steps).
+"""Planning benchmark: time to plan runs of 1,000 and 10,000 steps (a run may hold up to 100,000 steps).
 
     PYTHONPATH=operator python benchmarks/plan_bench.py [--repeat 7]
 

@@ -7,7 +7,7 @@ creating its RunSteps directly with the admin client, from a thread pool, unless
 already has them all; then runs ``kubectl-reversi plan RUN`` (and ``--json``) ``--repeat`` times
 as a subprocess and prints the median wall time (Python start-up included); then starts the
 operator and times ``--dry-run-requests`` dry-run RollbackRequests from create to ``Planned``.
-Target (issue 8): a 10,000-step run plans in at most 3 s, both ways.
+Target: a 10,000-step run plans in at most 3 s, both ways.
 
 Every odd step is a charge (a write with a compensation and a read-back), every even step a
 read; each RunStep carries its tool's manifest entry as its snapshot, as the SDK records it.

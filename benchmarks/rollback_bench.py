@@ -1,4 +1,4 @@
-"""Rollback benchmark (issue 11, point 7): the operator's cost next to the bare work, in one run.
+"""Rollback benchmark: the operator's cost next to the bare work, in one run.
 
     python benchmarks/rollback_bench.py [--only P1,P4] [--p1-steps 20] [--p2-steps 40] ...
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compensator and reader command for the demo downstream (Reversi Job contract, DESIGN §6).
+"""Compensator and reader command for the demo downstream (docs/concepts.md#the-job-contract).
 
 Stand-alone (stdlib only, no imports from this package) so it can be copied into an image as
 the command of compensator and reader Jobs. It takes no arguments::

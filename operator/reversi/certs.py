@@ -1,6 +1,6 @@
 """X.509 certificates made with ``cryptography``: a CA and leaf certificates it signs.
 
-Used for the operator's admission webhook server (DESIGN §9: kopf's own self-signed path needs
+Used for the operator's admission webhook server (kopf's own self-signed path needs
 oscrypto, which fails on OpenSSL 3) and by the local control plane for every component.
 
 Client certificate identity follows Kubernetes' x509 authenticator: the certificate's common

@@ -1,4 +1,4 @@
-"""Condition types and reasons: the closed set Reversi ever writes (DESIGN §3, cert-manager style).
+"""Condition types and reasons: the closed set Reversi ever writes (cert-manager style).
 
 Code never writes a type or reason string inline: it uses the constants below, and
 :func:`condition` refuses anything outside :data:`TYPES` / :data:`REASONS`.

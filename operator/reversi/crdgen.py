@@ -1,4 +1,4 @@
-"""Generate the CRD YAML in ``crds/`` from the pydantic models (DESIGN §3).
+"""Generate the CRD YAML in ``crds/`` from the pydantic models.
 
     python -m reversi.crdgen            # write crds/<plural>.reversi.dev.yaml and the chart's templates
     python -m reversi.crdgen --check    # exit 1 when the committed files differ

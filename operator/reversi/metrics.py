@@ -1,4 +1,4 @@
-"""Prometheus metrics of the operator (DESIGN §7), prefix ``reversi_``.
+"""Prometheus metrics of the operator (docs/operations.md#metrics), prefix ``reversi_``.
 
 Labels are ``namespace`` and ``tool`` (and a small closed set such as ``verdict``, ``bucket``,
 ``reason``) — never a run or step name, so cardinality stays bounded.

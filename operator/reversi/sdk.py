@@ -5,7 +5,8 @@ An agent opens (or continues) a Run and wraps each call. The step is recorded ``
 call it becomes ``succeeded`` (with the result), ``failed`` (with the error: only for the
 exceptions you name in ``failed_errors``, which mean "refused, nothing happened") or
 ``uncertain`` (any other exception — a timeout of any HTTP library, a dropped connection, an
-interrupt: the effect is unknown). DESIGN §2 and §4 rules 7, 9, 10.
+interrupt: the effect is unknown). See docs/concepts.md#vocabulary and rules 7, 9 and 10 of
+docs/concepts.md#rollback-rules.
 
     from reversi.sdk import Recorder
 
@@ -24,11 +25,12 @@ to another principal, a tool with no manifest entry in enforce mode, a forward d
 server's reason. When the outcome of a call that *was* made cannot be recorded,
 :class:`OutcomeNotRecorded` is raised and the step stays ``intended``.
 
-Recovery in code (issue 16): ``with Recorder.boundary(...) as b:`` rolls the run back when the
-block raises (re-raising the error when the rollback is complete, :class:`RollbackIncomplete`
-otherwise); ``b.rollback(reason=...)`` rolls back from inside the block and closes the run
-(later calls raise :class:`RunClosed`); ``rec.reconcile(probe)`` settles unknown outcomes with
-what ``probe(step)`` finds out (:class:`Settlement`), e.g. ``rec.reader_probe()``.
+Recovery in code (README.md#recovery-in-code-boundaries-rollback-from-inside-reconcile):
+``with Recorder.boundary(...) as b:`` rolls the run back when the block raises (re-raising the
+error when the rollback is complete, :class:`RollbackIncomplete` otherwise);
+``b.rollback(reason=...)`` rolls back from inside the block and closes the run (later calls
+raise :class:`RunClosed`); ``rec.reconcile(probe)`` settles unknown outcomes with what
+``probe(step)`` finds out (:class:`Settlement`), e.g. ``rec.reader_probe()``.
 ``recovery="required"`` refuses calls that could not be undone (:class:`RecoveryRequired`).
 
 Every API call goes through :mod:`reversi.adapters.apicalls` (a timeout of :data:`TIMEOUT`
@@ -451,7 +453,7 @@ class Recorder:
         return s.result
 
 
-    # ----- rolling back and settling from code (issue 16) -----------------------------------
+    # ----- rolling back and settling from code (recovery in code) ---------------------------
 
     def rollback(self, reason: str = "", *, timeout: float = DEFAULT_TIMEOUT, poll: float = POLL_SECONDS,
                  spec: Mapping[str, Any] | None = None) -> RollbackResult:
@@ -664,7 +666,7 @@ class Reconciled:
 class RollbackResult:
     """The verdict of a rollback requested from code: ``request`` (the RollbackRequest's name),
     ``phase`` (``Succeeded``, ``Incomplete``, ``Failed``, or the last phase seen when
-    ``timed_out``), ``complete``, the ``report`` (DESIGN §5, as in the request's status),
+    ``timed_out``), ``complete``, the ``report`` (docs/concepts.md#the-report, as in the request's status),
     ``failed`` (``[{step, error}]``), ``residue`` (typed: ``[{step, type, text}]``, type
     declared, failed, notAttempted or unknown: what the rollback leaves behind) and ``message`` (the
     request's verdict)."""

@@ -1,5 +1,5 @@
-"""Upgrading a release whose CRDs are older than the operator (issue 12): docs/operations.md,
-"Upgrading", followed word for word.
+"""Upgrading a release whose CRDs are older than the operator: docs/operations.md#upgrading,
+followed word for word.
 
 The old release is the chart as it was before its CRDs became templates: CRDs in its ``crds/``
 folder (which Helm installs once and never upgrades), without a schema version, and the

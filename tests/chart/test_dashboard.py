@@ -1,5 +1,5 @@
 """The Grafana dashboard: well-formed, every query parses and reads metrics the operator exposes,
-and it shows what DESIGN §7 asks for."""
+and it shows what docs/operations.md#grafana-dashboard says it shows."""
 
 from __future__ import annotations
 

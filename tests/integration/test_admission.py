@@ -1,4 +1,4 @@
-"""Halts, identity, resolutions and approvals, enforced at admission (DESIGN rules 7–10).
+"""Halts, identity, resolutions and approvals, enforced at admission (rules 7–10).
 
 Each test acts as distinct users with distinct permissions: client certificates minted by the
 local control plane's CA, so the API server — not the client — says who is calling.
@@ -447,7 +447,7 @@ def test_snapshot_is_stamped_from_the_manifest_not_the_client(rv, users, namespa
     assert meta["labels"][LABEL_RUN] == "r" and len(meta["labels"][LABEL_FORWARD_KEY]) == 40
 
 
-# ------------------------------------------------------- the record never changes (hardening)
+# ------------------------------------------------------------------- the record never changes
 
 def _jpatch(api, namespace, plural, name, ops):
     return _custom(api).patch_namespaced_custom_object(G, V, namespace, plural, name, ops,
@@ -647,7 +647,7 @@ def test_a_misspelt_field_is_refused_whatever_the_client_field_validation(rv, na
         assert "spec.dryrun: unknown field: check its spelling" in _message(err.value)
 
 
-# ------------------------------------------------------------- the sliced journal (issue 8)
+# ----------------------------------------------------------------------- the sliced journal
 
 def test_a_recorded_runstep_is_append_only(rv, users, namespace):
     """CEL on the RunStep: the call never changes, the outcome moves only from intended, even for

@@ -152,7 +152,7 @@ def test_a_step_carries_its_principal_and_it_never_changes(rv, users, namespace)
 def test_a_steps_owner_is_put_back_when_another_user_changes_it(rv, users, namespace):  # noqa: F811
     """The Run as owner is the server's stamp: a patch that points it at another uid (so the step
     would no longer follow its Run, or would be collected as an orphan) is admitted with the
-    owner put back, like the run label (breaker trial)."""
+    owner put back, like the run label."""
     rv.apply_manifest()
     rec = _recorder(users["agent-a"], namespace, "r")
     step = rec.begin("payments.get_customer", {"id": "cus_9"})

@@ -1,4 +1,4 @@
-"""SDK boundaries (issue 16) and the terminal run boundary (issue 9 point 1), on the local
+"""SDK recovery boundaries (README, "Recovery in code") and the run boundary (rules 11, 12), on the local
 control plane, with the downstream system's own state as the truth."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def charge(rv, cid: str) -> dict:
 
 
 def test_rule_closed_run_refuses_new_steps_during_and_after_rollback(rv):
-    """Issue 9.1: from the lock on, a new step is refused (naming the request), never reaches the
+    """Rule 11: from the lock on, a new step is refused (naming the request), never reaches the
     downstream system and is never undone by that request; resolutions still work; after the
     rollback the run stays closed."""
     rv.apply_manifest()
@@ -183,7 +183,7 @@ def test_reconcile_settles_what_downstream_confirms_then_rollback_undoes_it(rv):
 
 
 def test_recovery_required_refuses_what_cannot_be_undone_before_the_call(rv):
-    """Issue 9.2: a ``recovery: required`` run refuses an irreversible call at admission (any
+    """Rule 12: a ``recovery: required`` run refuses an irreversible call at admission (any
     client) and in the SDK, before the call is made; undoable calls go on; the mode is immutable."""
     rv.apply_manifest()
     rec = Recorder.open(rv.ns, "bnd-strict", manifest="payments", api=rv.api, scope=SCOPE, recovery="required")

@@ -1,4 +1,4 @@
-"""Issue 9 point 6 on the local control plane: cancelling a RollbackRequest, and deleting one
+"""Rules 13 and 14 on the local control plane: cancelling a RollbackRequest, and deleting one
 mid-way. The downstream truth is the demo server's log of every refund call (replays included):
 a compensator that ran is counted there, whatever the operator says."""
 
@@ -141,7 +141,7 @@ def test_delete_mid_rollback_never_kills_the_compensator_and_the_next_request_se
 
 
 def test_cancel_while_a_lost_read_back_waits_leaves_the_undo_unverified_and_the_next_request_reads_it(rv):
-    """Breaker finding: the read-back hangs (its GET answers after 30 s) until its runner's 4 s
+    """The read-back hangs (its GET answers after 30 s) until its runner's 4 s
     deadline ends it, a lost read; the request is cancelled while it waits 30 s to read again.
     No read answered, and the refund happened: compensated but unverified, not failed. The next
     request reads it back and never runs the compensator again."""

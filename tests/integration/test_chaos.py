@@ -1,5 +1,5 @@
 """Chaos: rollbacks while the operator is SIGKILLed, the control plane restarted, the node agent
-lost and every watch cut (issue 11, point 6), judged against downstream truth.
+lost and every watch cut, judged against downstream truth (docs/development.md#chaos).
 
 ``make test`` runs the short variant (8 rollbacks, every kind of fault at least once); ``make
 chaos`` runs 100 (``REVERSI_CHAOS_ROLLBACKS``). Every random choice — the runs' shapes, the kind

@@ -1,4 +1,4 @@
-"""The documented contract to the letter (issue 10): forward duplicates on the effective outcome,
+"""The documented contract to the letter: forward duplicates on the effective outcome,
 retries per request, undos with no read-back declared, and the plugin's JSON and exit codes.
 
 Each test reads the downstream truth (the demo's downstream server counts real calls) and counts

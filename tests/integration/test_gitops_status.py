@@ -1,4 +1,5 @@
-"""GitOps tools judge every kind in every phase right (issue 12), with their own code.
+"""GitOps tools judge every kind in every phase right, with their own code
+(docs/operations.md#gitops-kstatus-flux-argo-cd).
 
 kstatus is computed by sigs.k8s.io/cli-utils itself (the pinned ``kstatus-check``), Argo CD
 health by the chart's Lua checks run with lupa, both on objects read from the local control
@@ -194,7 +195,7 @@ def test_kubectl_wait_for_ready_waits_for_a_rollback_request(rv):
 
 
 def test_a_request_awaiting_approval_past_its_deadline_is_stalled(rv):
-    """Issue 12: Stalled=True when it cannot progress without a person, here an approval that did
+    """Stalled=True when it cannot progress without a person, here an approval that did
     not come before spec.deadlineSeconds; kstatus Failed, Argo CD Degraded."""
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-late")

@@ -1,6 +1,6 @@
-"""Issue 15 on the real control plane: one meaning for every halt pattern from every entry point
-(kubectl apply, kubectl reversi halt add), MatchesNoTool, errors that name a missing namespace,
-and a RollbackRequest created before its Run."""
+"""Halt patterns on the real control plane: one meaning for every pattern from every entry point
+(kubectl apply, kubectl reversi halt add; docs/concepts.md#glob-semantics-of-halt-scopes),
+MatchesNoTool, errors that name a missing namespace, and a RollbackRequest created before its Run."""
 
 from __future__ import annotations
 

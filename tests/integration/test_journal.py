@@ -1,4 +1,4 @@
-"""The sliced journal (DESIGN §3): one RunStep per step, at a cost that does not depend on the
+"""The sliced journal (docs/concepts.md#the-journal): one RunStep per step, at a cost that does not depend on the
 run's length, with every rule of the journal still enforced — on the real control plane."""
 
 from __future__ import annotations

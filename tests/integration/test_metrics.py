@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN §7) scraped from the running operator after real rollbacks."""
+"""Prometheus metrics (docs/operations.md#metrics) scraped from the running operator after real rollbacks."""
 
 from __future__ import annotations
 

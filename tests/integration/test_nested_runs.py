@@ -1,4 +1,4 @@
-"""Issue 9 point 3 on the real control plane: nested runs.
+"""Nested runs (docs/concepts.md#nested-runs) on the real control plane.
 
 A parent with two children rolls back all three in causal order with one report (the order read
 from the downstream server's log of calls), a child rolled back on its own first is

@@ -61,7 +61,7 @@ def charge_step(rv, index: int, order: str, **kw) -> tuple[dict, dict]:
 
 
 def design_example(rv, name: str = "order-4711") -> dict:
-    """The DESIGN §10 run: a read, a charge, an uncertain capture, an email."""
+    """The example run: a read, a charge, an uncertain capture, an email."""
     s1, charge = charge_step(rv, 1, f"o-{uuid.uuid4().hex[:6]}")
     rv.run(name, [
         rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"}),

@@ -1,4 +1,4 @@
-"""Issue 9 points 4 and 5 on the real control plane: two phases (inverses first) and the step
+"""Rules 15 and 16 on the real control plane: two phases (inverses first) and the step
 statuses alreadyRecovered, expired, handlerUnavailable and conflict (forced or not).
 
 Every compensator and reader is ``demo/downstream/tool.py`` run as a Job; each test reads the

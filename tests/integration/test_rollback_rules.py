@@ -1,4 +1,4 @@
-"""DESIGN §4 rules 1–8 and the report of §5, on the real control plane with real Jobs.
+"""Rules 1–8 (docs/concepts.md#rollback-rules) and the report, on the real control plane with real Jobs.
 
 Every compensator and reader is ``demo/downstream/tool.py`` run by the node agent as a Job pod;
 the downstream server keeps real state, so each test also checks what really happened there.
@@ -407,7 +407,7 @@ def test_a_template_that_points_nowhere_makes_the_step_unrecoverable(rv):
     assert unrecoverable[0]["step"] == 0 and "$result.id" in unrecoverable[0]["reason"]
 
 
-# ------------------------------------------------- the inline journal of Reversi 0.1 (issue 8)
+# ----------------------------------------------------------- the inline journal of Reversi 0.1
 
 def test_an_inline_run_of_reversi_0_1_is_moved_into_runsteps_and_rolls_back(rv):
     """A Run recorded by Reversi 0.1 keeps its steps in spec.steps (one of them naming a shared

@@ -1,4 +1,5 @@
-"""A RollbackRequest uses the runners it recorded when it took the Run's lock (issue 10, point 5).
+"""A RollbackRequest uses the runners it recorded when it took the Run's lock
+(docs/concepts.md#runners-are-recorded-at-the-lock).
 
 The ToolManifest's runner is edited in the middle of a rollback (and the operator restarted, so
 nothing is left in its memory): the request's remaining Jobs still run the recorded runner, and

@@ -1,5 +1,6 @@
 """A replica that kopf's peering pauses (a standby) starts no reconcile pass, also for the
-requests its work queue still holds, and works them as soon as kopf resumes it (issue 11 point 1)."""
+requests its work queue still holds, and works them as soon as kopf resumes it
+(docs/operations.md#standby-replicas-peering)."""
 
 from __future__ import annotations
 

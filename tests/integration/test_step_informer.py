@@ -118,7 +118,7 @@ def test_a_watch_the_api_server_has_expired_lists_again(rv, cluster):
 
 
 def test_runs_of_a_namespace_share_one_watch_and_a_joining_run_is_listed_at_once(rv):
-    """Threads grow with namespaces, not runs (issue 11 P5): the second run joins the first run's
+    """Threads grow with namespaces, not runs (P5 of benchmarks/rollback_bench.py): the second run joins the first run's
     informer, whose WATCH (30 s server timeout, no events) is interrupted so the new run is listed
     at once; both runs then follow their own events only."""
     rv.apply_manifest()

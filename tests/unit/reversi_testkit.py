@@ -1,4 +1,4 @@
-"""Builders for engine and model tests: the DESIGN §10 example objects and small runs."""
+"""Builders for engine and model tests: the example objects (order-4711) and small runs."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ RUN_ID = "3f6c1a52-0000-4000-8000-000000004711"
 
 
 def example_documents() -> list[dict[str, Any]]:
-    """The four DESIGN §10 objects as dicts (ToolManifest, Run, RollbackRequest, ClusterHalt)."""
+    """The four example objects as dicts (ToolManifest, Run, RollbackRequest, ClusterHalt)."""
     return list(yaml.safe_load_all(EXAMPLES_YAML))
 
 
@@ -86,7 +86,7 @@ def example_manifest() -> ToolManifest:
 
 
 def example_run_dict(*, with_snapshots: bool = True) -> dict[str, Any]:
-    """The §10 Run with each step's snapshot taken from the §10 manifest (as admission would)."""
+    """The example Run with each step's snapshot taken from the example manifest (as admission would)."""
     manifest = example_manifest()
     run = example_documents()[1]
     if with_snapshots:

@@ -1,4 +1,5 @@
-"""The committed CRDs are generated from the models, structural, and complete (DESIGN §3, §9)."""
+"""The committed CRDs are generated from the models, structural, and complete
+(docs/development.md#regenerating-the-crds)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The decision of one reconcile pass (issue 11 point 4): engine/decide.py, pure.
+"""The decision of one reconcile pass: engine/decide.py, pure.
 
 Examples of each rule the pass applies, then hypothesis properties over journals, status entries
 and Job outcomes made at random (consistent with one another the way rule 3 keeps them: the

@@ -1,4 +1,4 @@
-"""Templates (DESIGN §2), keys, verification matching (rule 5), backoff (rule 4), the graph."""
+"""Templates, keys (docs/concepts.md#vocabulary), verification matching (rule 5), backoff (rule 4), the graph."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Issue 9 point 6 in the engine: a cancelled request starts no new Job (Policy.stop), records the
-running one's true outcome, cancels what did not start; an undo left in flight by a deleted request
-is settled from its Job (engine/orphans.py)."""
+"""Cancel and delete (rules 13, 14) in the engine: a cancelled request starts no new Job
+(Policy.stop), records the running one's true outcome, cancels what did not start; an undo left in
+flight by a deleted request is settled from its Job (engine/orphans.py)."""
 
 from __future__ import annotations
 

@@ -216,7 +216,7 @@ def test_property_attempts_never_exceed_retries_and_every_final_state_is_journal
     assert journal[0].state == "compensating"
 
 
-# ------------------------------------------------------------------- issue 10: none, per-request retries
+# ------------------------------------------ verification none (rule 5), retries per request (rule 4)
 
 NO_CHECK = ToolSpec.model_validate({"name": "t", "effect": "write", "compensation": {
     "tool": "u", "kind": "inverse", "args": {}, "runner": "cli"}})
@@ -326,7 +326,7 @@ def test_a_check_whose_job_is_gone_is_not_run_again_once_its_read_back_started()
 
 
 def test_rule13_a_cancel_while_only_lost_reads_were_made_leaves_the_undo_unverified_not_failed():
-    """Breaker finding: cancelled while waiting to read again after a lost read, or when a lost
+    """Cancelled while waiting to read again after a lost read, or when a lost
     read comes back after the cancel, no read-back answered: the undo ran, so the step is
     compensated but unverified (a later request reads it back, never compensates again)."""
     waiting = ex.StepRun(1, stage="rereading", attempts=1, reads=1, lost_reads=1, next_at=99.0, error="lost")
@@ -346,7 +346,7 @@ def test_rule13_a_cancel_while_only_lost_reads_were_made_leaves_the_undo_unverif
 
 
 def test_rule13_a_cancelled_request_never_creates_a_journaled_attempts_missing_job():
-    """Breaker finding: attempt 2 journaled, then the pass ended before its Job existed, then the
+    """Attempt 2 journaled, then the pass ended before its Job existed, then the
     request was cancelled: no new Job starts (rule 13); the attempt never ran, the step fails."""
     run = ex.StepRun(1, stage="compensating", attempts=2, first_attempt=1, error="502")
     done, effects = ex.advance(run, jobs(), READER, replace(POLICY, stop="cancelled by ann"), now=0)

@@ -91,7 +91,7 @@ def test_call_size_is_refused_by_name():
 
 @given(st.integers(1, 40), st.integers(0, 45))
 def test_terminal_boundary_a_request_plans_the_run_as_it_stood_at_the_lock(size, count):
-    """Issue 9.1: ``upto(runSteps)`` keeps steps 0..runSteps-1, their resolutions and undo
+    """Rule 11: ``upto(runSteps)`` keeps steps 0..runSteps-1, their resolutions and undo
     state, and never a step that arrived later; a step below the count not yet read is missing."""
     entries = [_entry(i, "uncertain", {"status": "failed", "note": "n"} if i % 3 == 0 else None,
                       "compensated" if i % 2 else None) for i in range(size)]

@@ -1,4 +1,4 @@
-"""DESIGN §4 rules 1, 2, 6, 7 and the §10 example, on the pure planner."""
+"""Rules 1, 2, 6, 7 (docs/concepts.md#rollback-rules) and the example run, on the pure planner."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def kinds(plan):
     return {a.step: a.kind for a in plan.actions}
 
 
-# ------------------------------------------------------------------------------ §10 example
+# -------------------------------------------------------------------------- the example run
 
 
 def test_design_example_plan():

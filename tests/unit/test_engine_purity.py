@@ -1,4 +1,4 @@
-"""DESIGN §8: the engine (and the models) import neither Kubernetes nor kopf."""
+"""The layout (README.md#layout): the engine (and the models) import neither Kubernetes nor kopf."""
 
 from __future__ import annotations
 

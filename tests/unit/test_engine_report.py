@@ -1,4 +1,4 @@
-"""DESIGN §5: the report's buckets, residue and ``complete``."""
+"""The report (docs/concepts.md#the-report): its buckets, residue and ``complete``."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ def test_property_report_never_claims_a_check_that_did_not_happen(case):
 @settings(max_examples=300, deadline=None)
 @given(plans_and_outcomes())
 def test_property_complete_exactly_when_only_declared_residue(case):
-    """Issue 9 point 7: complete <=> every residue entry is declared; every step of a bucket other
+    """Typed residue: complete <=> every residue entry is declared; every step of a bucket other
     than compensated and skipped has exactly one residue entry, of the type its status maps to."""
     plan, outcomes = case
     report = build_report(plan, outcomes)

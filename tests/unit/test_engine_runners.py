@@ -1,6 +1,7 @@
-"""The runner record of a RollbackRequest (issue 10, point 5): which runners a request records at
-its lock, that they are copied as the ToolManifest gives them (references stay references), and
-that planning and Job building from the record decide exactly what the live manifest decided."""
+"""The runner record of a RollbackRequest (docs/concepts.md#runners-are-recorded-at-the-lock):
+which runners a request records at its lock, that they are copied as the ToolManifest gives them
+(references stay references), and that planning and Job building from the record decide exactly
+what the live manifest decided."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN §4 rules 1 and 8 at run time: order, parallelism, approval, final deferral."""
+"""Rules 1 and 8 at run time: order, parallelism, approval, final deferral."""
 
 from __future__ import annotations
 

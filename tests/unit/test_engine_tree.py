@@ -1,4 +1,4 @@
-"""Issue 9 point 3, nested runs: the order of a tree's rollback (children as units, newest first
+"""Nested runs (rule 17): the order of a tree's rollback (children as units, newest first
 inside each run, ordered by the parent step index at which each child was opened), the floor that
 holds a parent's earlier steps back, and the ancestry checks of admission."""
 

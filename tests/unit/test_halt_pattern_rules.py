@@ -1,6 +1,7 @@
-"""One meaning for every halt pattern (issue 15), property-tested across the entry points:
-admission (the webhook's check), the CLI (``halt add``'s scope and its check), matching
-(``HaltScope.matches``, ``matching_halt``) and display (``halt list``'s scope column)."""
+"""One meaning for every halt pattern (docs/concepts.md#glob-semantics-of-halt-scopes),
+property-tested across the entry points: admission (the webhook's check), the CLI (``halt add``'s
+scope and its check), matching (``HaltScope.matches``, ``matching_halt``) and display (``halt
+list``'s scope column)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure builders: Jobs and Secrets (DESIGN §6) and bounded request status."""
+"""Pure builders: Jobs and Secrets (docs/concepts.md#the-job-contract) and bounded request status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Models (DESIGN §3): the §10 examples round-trip; bad input is refused with clear messages."""
+"""Models: the example objects round-trip; bad input is refused with clear messages."""
 
 from __future__ import annotations
 

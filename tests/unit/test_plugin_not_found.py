@@ -1,4 +1,4 @@
-"""What a 404 means (issue 15): a missing namespace is named as such; "CRDs not installed" only
+"""What a 404 means: a missing namespace is named as such; "CRDs not installed" only
 when discovery says the kind is unknown."""
 
 from __future__ import annotations

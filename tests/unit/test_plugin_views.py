@@ -370,8 +370,8 @@ def test_describe_says_undone_no_read_back_declared_apart_from_checked_undos():
 
 
 def test_describe_after_a_cancel_counts_the_steps_it_cancelled():
-    """A cancelled request's progress names the steps it never started (new-user trial: "3/5
-    compensations settled" read as two left in flight)."""
+    """A cancelled request's progress names the steps it never started (a new user read "3/5
+    compensations settled" as two left in flight)."""
     cancelled = {"phase": "Incomplete", "progress": "3/5", "report": {"compensated": [2, 3, 4], "cancelled": [0, 1]}}
     text = views.describe_request(_request(cancelled), None, [], NOW)
     assert "Progress:     3/5 compensations settled; 2 cancelled before they started" in text

@@ -1,4 +1,4 @@
-"""Issue 9 points 4 and 5 in the pure engine: two phases (inverses first, dependencies win), the
+"""Rules 15 and 16 in the pure engine: two phases (inverses first, dependencies win), the
 compensation deadline, and the step statuses alreadyRecovered, expired, handlerUnavailable,
 conflict and compensationDeadlinePassed (plan, executor, report)."""
 

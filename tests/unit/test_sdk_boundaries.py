@@ -1,4 +1,4 @@
-"""The SDK's boundary pieces that need no API server: results, settlements, refusals (issue 16)."""
+"""The SDK's boundary pieces that need no API server: results, settlements, refusals (recovery in code)."""
 
 from __future__ import annotations
 

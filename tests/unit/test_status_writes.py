@@ -1,7 +1,7 @@
-"""Issue 11, P4: the request's status is written when a step ends (or the phase, an approval, a
-retry changes), not at once when steps only start or hand over from their compensator to its
-check or read-back (handlers/reconciler.py ``only_under_way``; written at the latest after
-``STATUS_DEFER_SECONDS``)."""
+"""Few status writes (docs/concepts.md#the-rollbackrequests-status): the request's status is
+written when a step ends (or the phase, an approval, a retry changes), not at once when steps only
+start or hand over from their compensator to its check or read-back (handlers/reconciler.py
+``only_under_way``; written at the latest after ``STATUS_DEFER_SECONDS``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The README walkthrough is what the demo prints, line for line, and the README names every
-plugin command (issue 15: a new user follows the README alone)."""
+plugin command (a new user follows the README alone)."""
 
 from __future__ import annotations
 

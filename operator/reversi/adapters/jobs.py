@@ -1,7 +1,7 @@
 """Pure builders for compensator and reader Jobs and the Secrets that carry their calls.
 
-DESIGN §6 is the contract these functions implement; none of them does I/O, so a unit test can
-check every field. The handlers create what they return.
+The Job contract (docs/concepts.md#the-job-contract) is what these functions implement; none of
+them does I/O, so a unit test can check every field. The handlers create what they return.
 
 Shapes:
 
@@ -11,7 +11,7 @@ Shapes:
   and the variable ``REVERSI_CALL``, both from a Secret owned, like the Job, by the Run; the
   compensation idempotency key is also in ``REVERSI_IDEMPOTENCY_KEY``. Nothing of the call is
   plain text in the Job spec.
-- **Calls Secrets** (issue 11, P4): the operator does not create a Secret per Job. The calls of the
+- **Calls Secrets** (to keep API writes per step few): the operator does not create a Secret per Job. The calls of the
   steps of one *slice* (``CALLS_PER_SECRET`` consecutive step indices) share one Secret: a key
   ``<step>.<role>.json`` per call a step may need (compensator, reader, precheck, precondition) and
   ``<step>.idempotency-key``. A Job mounts only its own key (``items``), so a pod sees its call and
@@ -24,7 +24,7 @@ Shapes:
   starting another (rule 3). A Job built without a :class:`CallRef` has a Secret of its own, with
   the Job's name (the SDK's reader probe, the admission dry run of a runner, the benchmark's bare
   Jobs).
-- Ownership (issue 9 point 6): a Job and its Secret are owned by the **Run**, not the request, so
+- Ownership (rule 14): a Job and its Secret are owned by the **Run**, not the request, so
   deleting a RollbackRequest mid-way never garbage-collects a compensator in the middle of its
   call; the Job finishes and its outcome is journaled (by the handler of its Job events, or by the
   next request on the Run, which adopts it by its deterministic name). Deleting the Run deletes
@@ -112,17 +112,17 @@ def job_name(run_uid: str, step: int, attempt: int, role: Role = "compensator", 
 
 def compensator_call(run_id: str, step: int, tool: str, original_tool: str, args: Any,
                      idempotency_key: str) -> dict[str, Any]:
-    """The compensator call JSON of DESIGN §6."""
+    """The compensator call JSON of the Job contract (docs/concepts.md#the-job-contract)."""
     return {"run_id": run_id, "step": step, "tool": tool, "original_tool": original_tool,
             "args": args, "idempotency_key": idempotency_key}
 
 
 def reader_call(tool: str, arguments: Any) -> dict[str, Any]:
-    """The reader call JSON of DESIGN §6."""
+    """The reader call JSON of the Job contract (docs/concepts.md#the-job-contract)."""
     return {"tool": tool, "arguments": arguments}
 
 
-#: reads that run before a compensator (issue 9); not journaled, so each request reads for itself
+#: reads that run before a compensator (rule 16, guards); not journaled, so each request reads for itself
 GUARD_ROLES = frozenset({"precheck", "precondition"})
 
 

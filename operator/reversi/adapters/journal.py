@@ -1,4 +1,4 @@
-"""The run's journal on the API: RunStep objects (DESIGN §3), read, written and migrated.
+"""The run's journal on the API: RunStep objects (docs/concepts.md#the-journal), read, written and migrated.
 
 Pure builders (:func:`step_body`, :func:`undo_patch`) and the few API calls every reader and
 writer shares — the operator, the webhooks, ``kubectl reversi`` and the SDK — so the layout is

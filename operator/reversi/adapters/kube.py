@@ -2,7 +2,7 @@
 
 Every call goes through :mod:`~reversi.adapters.apicalls` (request timeout, paging, conflicts,
 retries of transient errors). Every call is blocking (the official client): use it from sync
-kopf handlers or worker threads, never from ``async`` code (DESIGN §9).
+kopf handlers or worker threads, never from ``async`` code, where it would block the event loop.
 """
 
 from __future__ import annotations

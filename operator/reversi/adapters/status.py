@@ -1,9 +1,9 @@
 """Pure builders for RollbackRequest and Run status (no I/O).
 
-Per-step detail is bounded (DESIGN §3): ``status.steps`` keeps the steps that need a person's eye
-first — active, failed, awaiting approval, deferred — then the rest, up to a limit; the plan in
-status lists the non-skip actions up to the same limit and counts what it left out. The report's
-buckets are step numbers (small), with error texts cut to a limit.
+Per-step detail is bounded (docs/concepts.md#the-rollbackrequests-status): ``status.steps`` keeps
+the steps that need a person's eye first — active, failed, awaiting approval, deferred — then the
+rest, up to a limit; the plan in status lists the non-skip actions up to the same limit and counts
+what it left out. The report's buckets are step numbers (small), with error texts cut to a limit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "r
              "alreadyRecovered": 5, "compensated": 5}
 #: plan kinds with a status.steps entry (the step stage of a kind that is not compensate is the kind)
 ENTRY_KINDS = ("compensate", "defer", "expired", "handlerUnavailable")
-#: the Compensated condition of the statuses of issue 9: (status, reason, message prefix)
+#: the Compensated condition of the statuses of rules 15 and 16: (status, reason, message prefix)
 _NOT_UNDONE = {
     "alreadyRecovered": (c.TRUE, c.ALREADY_RECOVERED, "already undone when the rollback looked (the precheck read "
                          "matched): no compensator ran"),
@@ -70,7 +70,7 @@ def approval_condition(action: PlanAction, approved: dict[int, str], approved_al
 def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],
                     approved_all_by: str | None, generation: int, old: list[dict],
                     blocked_by: list[int], limit: int) -> list[dict]:
-    """``Approved``, ``Compensated`` and ``Verified`` of one step (DESIGN §3)."""
+    """``Approved``, ``Compensated`` and ``Verified`` of one step (docs/concepts.md#the-rollbackrequests-status)."""
     conds = approval_condition(action, approved, approved_all_by, generation, old)
     if run.reason == c.DENIED and run.stage == "awaitingApproval":
         conds = c.set_condition(conds, c.condition(c.APPROVED, c.FALSE, c.DENIED, cut(run.error, limit) or "denied",

@@ -7,7 +7,8 @@ from that LIST's resourceVersion, listed again when the API server answers 410 G
 run joins (a request reads a run no informer serves: the running WATCH is interrupted, so the
 new run is listed at once). A run is served from its first read (:meth:`RunJournals.entries`)
 until ``idle_seconds`` without a read; an informer with no run left stops. So the operator's
-threads grow with the namespaces it rolls back in, not with the runs (issue 11 P5).
+threads grow with the namespaces it rolls back in, not with the runs (P5 of benchmarks/rollback_bench.py
+measures them).
 
 Why not a kopf index on RunSteps (one watch of every RunStep in the cluster)? kopf gives every
 watched object its own worker. While it pre-indexes at start-up, every worker also waits on a

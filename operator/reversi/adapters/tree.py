@@ -1,4 +1,4 @@
-"""Nested runs (issue 9 point 3): reading a tree of Runs from the API (the rules are in
+"""Nested runs (docs/concepts.md#nested-runs): reading a tree of Runs from the API (the rules are in
 :mod:`reversi.engine.tree`).
 
 A child Run carries the labels ``reversi.dev/parent: <parent>`` and ``reversi.dev/root: <root of

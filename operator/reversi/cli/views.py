@@ -58,7 +58,7 @@ BUCKETS = (
     ("conflict", "Conflict (the precondition does not hold: not undone)"),
     ("compensationDeadlinePassed", "Compensation deadline passed (not started: not attempted)"),
 )
-#: Residue types (issue 9 point 7) in the order ``describe`` groups them, with their headings.
+#: Residue types (docs/concepts.md#the-report) in the order ``describe`` groups them, with their headings.
 RESIDUE_GROUPS = (
     ("declared", "declared (the manifest says the undo cannot take this back)"),
     ("failed", "failed (the undo failed: the effect may remain)"),
@@ -131,8 +131,8 @@ def plan_json(plan: Plan, run_id: str | None = None) -> dict[str, Any]:
     }
 
 
-#: ``rollback --wait --json``: the report's fields with the contract's names (DESIGN §5), in order,
-#: then this project's additions.
+#: ``rollback --wait --json``: the report's fields with the contract's names, in order, then this
+#: project's additions (README.md#what-the-plugin-promises-scripts).
 REPORT_JSON_FIELDS = (
     ("compensated", "compensated"),
     ("skipped", "skipped"),

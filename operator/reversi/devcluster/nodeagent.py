@@ -725,7 +725,7 @@ class NodeAgent:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=self.node_name),
         )
         try:
-            # The generated client cannot parse this reply (DESIGN §9): skip decoding.
+            # The generated client cannot parse this reply: skip decoding.
             self.core.create_namespaced_pod_binding(meta["name"], meta["namespace"], body,
                                                     _preload_content=False)
         except ApiException as err:

@@ -1,4 +1,4 @@
-"""The pure rollback engine (DESIGN §4, §5, §8): templates, keys, dependency graph, plan,
+"""The pure rollback engine (docs/concepts.md#rollback-rules, #the-report): templates, keys, dependency graph, plan,
 schedule, verification matching, backoff and report.
 
 Imports only ``reversi.models`` and the standard library: no Kubernetes, no kopf, no I/O.

@@ -1,4 +1,4 @@
-"""Admission rules for Runs and RollbackRequests (DESIGN §4 rules 7–10, §3): pure decisions.
+"""Admission rules for Runs and RollbackRequests (rules 7–12 and 16–17, docs/concepts.md#admission): pure decisions.
 
 The webhook handlers (:mod:`reversi.handlers.admission`) read the halts, the manifest and the
 caller's identity from the API and ask these functions; each returns ``None`` (admit) or a
@@ -89,7 +89,7 @@ def matching_halt(halts: Iterable[HaltView], *, namespace: str, tool: str,
 def check_halts(halts: list[HaltView], namespace: str, spec: RunSpec, steps: list[Step],
                 ancestors: Sequence[tuple[str, dict[str, str | None]]] = ()) -> Refusal | None:
     """Refuse recording any of ``steps`` that a halt matches: ``kill switch: <reason>``. A step of a
-    child run (nested runs, issue 9 point 3) is matched with its own run's scope and with the scope
+    child run (nested runs, rule 17) is matched with its own run's scope and with the scope
     of each of its ancestors (``ancestors``: ``[(run name, its spec.scope), ...]`` from the parent
     up): a halt on the parent's actor, tenant or environment stops its children's calls too."""
     scopes: list[tuple[str | None, dict[str, str | None]]] = [(None, spec.scope.model_dump())]
@@ -153,7 +153,7 @@ def no_tool_message(pattern: str, reach: str, count: int) -> str:
 
 def check_append_only(old: RunSpec, new: RunSpec) -> Refusal | None:
     """What is recorded never changes or disappears: steps keep their places, shared snapshots and
-    resolutions stay as they were (DESIGN §3; CEL checks each entry by key, this checks that no
+    resolutions stay as they were (docs/concepts.md#the-journal; CEL checks each entry by key, this checks that no
     entry was swapped out and back in)."""
     for position, step in enumerate(old.steps):
         if position >= len(new.steps) or new.steps[position].index != step.index:
@@ -183,7 +183,7 @@ def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal 
 
 def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None,
                 manifest_name: str) -> Refusal | None:
-    """In enforce mode every new step's tool needs a manifest entry (DESIGN §3, ``mode``)."""
+    """In enforce mode every new step's tool needs a manifest entry (the Run's ``mode``)."""
     if spec.mode != "enforce":
         return None
     for step in steps:
@@ -199,7 +199,7 @@ def check_tools(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | N
 def check_duplicates(spec: RunSpec, steps: list[Step], compensated: set[int],
                      manifest: ToolManifestSpec | None) -> Refusal | None:
     """Refuse a new step whose forward idempotency key matches an earlier standing step of the
-    same tool in the same run (DESIGN §2: the forward idempotency key)."""
+    same tool in the same run (the forward idempotency key, docs/concepts.md#vocabulary)."""
     by_key: dict[tuple[str, str], int] = {}
     new_indices = {s.index for s in steps}
     for step in spec.steps:
@@ -258,7 +258,7 @@ def new_denials(old: dict | None, new: dict) -> list[int]:
 
 def new_forces(old: dict | None, new: dict) -> list[int]:
     """Steps a RollbackRequest write newly forces (``spec.force``; wire dicts): each needs the
-    RBAC verb ``force`` on rollbackrequests (issue 9)."""
+    RBAC verb ``force`` on rollbackrequests (rule 16)."""
     before = {f.get("step") for f in (old or {}).get("force") or [] if isinstance(f, dict)}
     return [f["step"] for f in new.get("force") or []
             if isinstance(f, dict) and isinstance(f.get("step"), int) and f.get("step") not in before]
@@ -283,7 +283,7 @@ def check_templates(manifest: ToolManifestSpec) -> Refusal | None:
 
 def check_guards(manifest: ToolManifestSpec) -> Refusal | None:
     """A ``compensation.precheck`` skips the compensator when the verification's answer contains
-    its ``expect`` (issue 9): an empty ``expect`` is contained in every answer, so every step would
+    its ``expect`` (rule 16): an empty ``expect`` is contained in every answer, so every step would
     be ``alreadyRecovered`` and never undone. Refused at admission only (a snapshot recorded
     earlier still reads)."""
     for tool in manifest.tools:
@@ -325,7 +325,7 @@ def check_approvals(spec: RunSpec, steps: list[int]) -> Refusal | None:
 
 
 def check_forces(spec: RunSpec, steps: list[int]) -> Refusal | None:
-    """Forces must name steps of the run whose compensation has a precondition (issue 9: forcing
+    """Forces must name steps of the run whose compensation has a precondition (rule 16: forcing
     is checked like approvals); anything else would be admitted and do nothing."""
     return _check_named_steps(spec, steps, "force", lambda comp: comp.precondition is not None,
                               "its compensation has no precondition, so there is nothing to force (spec.force "
@@ -348,7 +348,7 @@ def _check_named_steps(spec: RunSpec, steps: list[int], what: str, applies: Call
 
 
 def snapshot_for(manifest: ToolManifestSpec | None, tool: str) -> dict[str, Any] | None:
-    """The manifest entry to copy into a new step (DESIGN §3: a snapshot taken when recorded)."""
+    """The manifest entry to copy into a new step (a snapshot taken when recorded: docs/concepts.md#vocabulary)."""
     entry = manifest.tool(tool) if manifest else None
     return entry.to_wire() if entry is not None else None
 
@@ -396,7 +396,7 @@ def standing_after(outcome: str, resolution: Any | None, undo_state: str | None)
 def check_forward_duplicate(step: Step, key: str,
                             earlier: Iterable[tuple[int, str, str, Any, str | None]]) -> Refusal | None:
     """Refuse ``step`` when an earlier call of the same tool with the same forward idempotency
-    ``key`` still stands (DESIGN §2). ``earlier``: ``(index, tool, outcome, resolution,
+    ``key`` still stands. ``earlier``: ``(index, tool, outcome, resolution,
     undo state)`` of the run's steps that carry the same key label (the label is a hash: the
     tool is compared again here)."""
     for index, tool, outcome, resolution, undo_state in sorted(earlier, key=lambda e: e[0]):
@@ -411,7 +411,7 @@ def check_forward_duplicate(step: Step, key: str,
 
 def check_run_open(active_request: str | None, closed_by: str | None, run: str, tool: str = "") -> Refusal | None:
     """A Run is closed to new steps from the moment a rollback takes its lock, and stays closed
-    after it ends (issue 9, terminal run boundary): ``active_request`` and ``closed_by`` are the
+    after it ends (rule 11, a rollback closes the run): ``active_request`` and ``closed_by`` are the
     Run's ``status.activeRequest`` and ``status.closedBy``. Resolutions and approvals are not
     steps and are not refused here."""
     if active_request:
@@ -425,7 +425,7 @@ def check_run_open(active_request: str | None, closed_by: str | None, run: str, 
 
 def check_recovery(spec: RunSpec, steps: list[Step], manifest: ToolManifestSpec | None) -> Refusal | None:
     """In a run with ``recovery: required``, refuse a new step whose tool cannot be undone: its
-    manifest entry is irreversible, a write with no compensation, or missing (issue 9 point 2),
+    manifest entry is irreversible, a write with no compensation, or missing (rule 12, strict runs),
     so the call is never made."""
     if spec.recovery != "required":
         return None

@@ -1,4 +1,4 @@
-"""Backoff between attempts (DESIGN §4 rules 4 and 5): exponential, capped, with jitter.
+"""Backoff between attempts (rules 4 and 5, docs/concepts.md#rollback-rules): exponential, capped, with jitter.
 
 The ceiling of attempt ``n`` (1 = the wait before the first retry) is
 ``min(max_ms, base_ms * 2 ** (n - 1))``. Jitter spreads retries of many steps apart:

@@ -1,4 +1,4 @@
-"""The decision of one reconcile pass of a RollbackRequest (issue 11 point 4): pure.
+"""The decision of one reconcile pass of a RollbackRequest: pure.
 
 A pass *loads* what the API holds (the request, its Run and journal, the Jobs), *decides* here,
 then *acts* (journal first, then Jobs, then Events: rule 3) and writes the request's status.
@@ -18,7 +18,7 @@ then *acts* (journal first, then Jobs, then Events: rule 3) and writes the reque
    first, within ``parallelism``; rule 1) — nothing starts after the deadline or a cancel.
 4. **End** (:func:`conclude`): whether the rollback is finished, the steps that did not start
    before ``compensationDeadlineSeconds`` closed, the deferred steps, each step's outcome and the
-   report (DESIGN §5).
+   report (docs/concepts.md#the-report).
 
 Nothing here calls the API, reads the clock or keeps metrics: ``now`` and ``started`` come in,
 Jobs are seen through ``observe`` (a read-only lookup), and the random source for backoff jitter
@@ -93,7 +93,7 @@ class Ending:
     """How the pass ends (:func:`conclude`): ``runs`` and ``progress`` with the steps the closed
     compensation phase kept from starting (``compensationDeadlinePassed``, once finished);
     ``finished``: nothing can move any more; ``deferred``: ``{step: blockedBy}``; ``outcomes``
-    by step and the ``report`` (DESIGN §5) of the request's own run."""
+    by step and the ``report`` (docs/concepts.md#the-report) of the request's own run."""
 
     runs: Mapping[int, ex.StepRun]
     progress: Mapping[int, str]
@@ -154,7 +154,7 @@ def epoch(ts: str | None) -> float | None:
 
 def step_guards(snapshot, verify: ex.VerifyPlan, args: dict | None, result: dict | None,
                 forced_by: str | None) -> ex.Guards:
-    """What runs before a step's compensator (issue 9): the precheck read when the compensation
+    """What runs before a step's compensator (rule 16, guards): the precheck read when the compensation
     asks for it and a reader can run, the precondition read when declared, and who forced it."""
     comp = snapshot.compensation if snapshot is not None else None
     precheck = verify if comp is not None and comp.precheck and verify.mode == "reader" else None

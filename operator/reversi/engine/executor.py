@@ -16,7 +16,7 @@ Stages of a step (``StepRun.stage``)::
         lost with the node, or never ran to an exit before the Job's deadline) is read again without
         counting against ``verification.retries``, at most :data:`LOST_READS_MAX` times per attempt
 
-    before the compensator (issue 9), when declared: ``prechecking`` (the verification read; it
+    before the compensator (rule 16, guards), when declared: ``prechecking`` (the verification read; it
         already matches: ``alreadyRecovered``, no compensator runs), then ``preconditioning`` (the
         precondition read; it does not match: ``conflict``, not undone, unless forced); the
         compensator Job cannot be made: ``handlerUnavailable`` (:func:`unavailable`)
@@ -26,7 +26,7 @@ Stages of a step (``StepRun.stage``)::
     a read-back declared but no reader runner: compensated (unverified)
     verification arguments missing: failed ("cannot verify: arguments unavailable")
 
-Cancel (issue 9 point 6, ``Policy.stop``): no new Job starts. A running Job finishes and its true
+Cancel (rule 13, ``Policy.stop``): no new Job starts. A running Job finishes and its true
 outcome is recorded: a failed attempt is not retried (failed); a successful undo whose check or
 read-back has not started is compensated but ``unverified`` (reason ``Cancelled``; a later request
 runs the read-back); a mismatching read-back is not read again (failed). A step not started is
@@ -141,7 +141,7 @@ def verify_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | Non
 
 
 def precondition_plan(snapshot: ToolSpec | None, args: dict | None, result: dict | None) -> VerifyPlan | None:
-    """The precondition read of a step's compensation (issue 9), or ``None`` when none is
+    """The precondition read of a step's compensation (rule 16), or ``None`` when none is
     declared: mode ``reader`` (runner: the precondition's, else the compensation's) or
     ``unavailable`` (its arguments cannot be resolved: the precondition cannot be shown to hold)."""
     comp = snapshot.compensation if snapshot is not None else None
@@ -158,7 +158,7 @@ def precondition_plan(snapshot: ToolSpec | None, args: dict | None, result: dict
 
 @dataclass(frozen=True)
 class Guards:
-    """What runs before a step's compensator (issue 9): ``precheck`` (the verification read,
+    """What runs before a step's compensator (rule 16): ``precheck`` (the verification read,
     when ``compensation.precheck`` and a reader can run), ``precondition`` (its read, when
     declared) and ``forced_by`` (who forced the step with ``spec.force``, or ``None``)."""
 
@@ -275,7 +275,7 @@ def start(run: StepRun, journaled: StepUndo | None, guards: Guards = NO_GUARDS) 
 def _compensate(run: StepRun, attempt: int) -> tuple[StepRun, list[Effect]]:
     first = run.first_attempt if run.first_attempt is not None else attempt
     new = replace(run, stage="compensating", attempts=attempt, reads=0, next_at=None, first_attempt=first)
-    # no Event for a routine start or success (issue 11, P4): status.steps and the journal say it;
+    # no Event for a routine start or success (to keep API writes per step few): status.steps and the journal say it;
     # Events are for what a person may need to act on (retries, failures, unverified undos)
     return new, [Journal(run.step, "compensating", attempt), StartJob(run.step, "compensator", attempt)]
 
@@ -519,9 +519,10 @@ def _handed_over(run: StepRun, observe: Callable[[Role, int, int], JobView | Non
     attempt already exists (the check of ``verifyCommand``, or the first read-back), else None.
 
     Those Jobs start only once the one before succeeded, and the request's status is not written
-    for that hand-over (issue 11, P4): a pass that rebuilds the step from an older status finds the
-    Job by its deterministic name and follows it, instead of creating it again, and a compensator
-    or check whose Job was deleted since (``ttlSecondsAfterFinished``) is not run again.
+    for that hand-over (to keep API writes per step few: docs/concepts.md#the-rollbackrequests-status):
+    a pass that rebuilds the step from an older status finds the Job by its deterministic name and
+    follows it, instead of creating it again, and a compensator or check whose Job was deleted since
+    (``ttlSecondsAfterFinished``) is not run again.
     """
     if run.stage == "compensating" and policy.check and observe("check", run.attempts, 0) is not None:
         return replace(run, stage="checking", reads=0, error=None)

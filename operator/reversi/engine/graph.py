@@ -1,4 +1,4 @@
-"""The dependency graph of a run's steps (DESIGN §4 rule 1).
+"""The dependency graph of a run's steps (rule 1, docs/concepts.md#rollback-rules).
 
 A step ``t`` depends on step ``s`` (``s`` may only be undone after ``t`` is) when ``s < t`` and
 

@@ -1,4 +1,4 @@
-"""The run's journal as the engine sees it, assembled from its RunSteps (DESIGN §3): pure.
+"""The run's journal as the engine sees it, assembled from its RunSteps (docs/concepts.md#the-journal): pure.
 
 A Run's steps live in RunStep objects (one per step); a Run recorded by Reversi 0.1 may still
 carry an inline journal (``spec.steps``) until the operator has moved it. :func:`assemble`
@@ -48,7 +48,7 @@ class Journal:
 
     def upto(self, count: int) -> Journal:
         """The journal as it stood with ``count`` steps: steps ``0..count-1`` with their
-        resolutions and undo state (issue 9, terminal run boundary: a request plans the Run as it
+        resolutions and undo state (rule 11, a rollback closes the run: a request plans the Run as it
         stood when it took the lock, never a step that arrived later). ``missing`` also names the
         indices below ``count`` not (yet) read."""
         steps = [s for s in self.spec.steps if s.index < count]

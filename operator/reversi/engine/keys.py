@@ -1,4 +1,4 @@
-"""Idempotency keys (DESIGN §2).
+"""Idempotency keys (docs/concepts.md#vocabulary).
 
 - Compensation key: derived from run, step and compensation tool; the same on every retry and
   re-run, so a downstream API that honours idempotency keys never applies one undo twice.

@@ -1,4 +1,4 @@
-"""Settling an undo left in flight by a deleted RollbackRequest (issue 9 point 6): pure.
+"""Settling an undo left in flight by a deleted RollbackRequest (rule 14): pure.
 
 Compensator Jobs are owned by the Run, so deleting a request mid-way never kills a compensator
 in the middle of its call. The request's journal entry (``status.undo`` of the step's RunStep)

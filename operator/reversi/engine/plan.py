@@ -1,4 +1,4 @@
-"""The plan (DESIGN §4 rules 1, 2, 6, 7): one action per step, and ``fullyReversible``.
+"""The plan (rules 1, 2, 6, 7 of docs/concepts.md#rollback-rules): one action per step, and ``fullyReversible``.
 
 Kinds, decided per step in this order:
 
@@ -84,7 +84,7 @@ def build_plan(
     handlers: Iterable[str] | None = None,
     now: float | None = None,
 ) -> Plan:
-    """Plan the rollback of a run (DESIGN §4 rule 2).
+    """Plan the rollback of a run (rule 2).
 
     ``run_spec``: the Run's spec; ``undo_state``: its ``status.undo`` (or ``RunStatus``, or a
     ``{step: StepUndo}`` mapping); ``run_id``: the Run's ``metadata.uid`` (compensation keys are
@@ -138,7 +138,7 @@ def _build_plan(run_spec: RunSpec, undo_state: UndoStateInput, run_id: str, grap
 def _availability(action: PlanAction, step: Step, snapshot: ToolSpec | None, handlers: frozenset[str] | None,
                   now: float | None) -> PlanAction:
     """A compensate action whose undo window has passed becomes ``expired``; one whose runner
-    cannot run now becomes ``handlerUnavailable`` (issue 9: only that step, the rest proceed)."""
+    cannot run now becomes ``handlerUnavailable`` (rule 2: only that step, the rest proceed)."""
     if action.kind != COMPENSATE or snapshot is None or snapshot.compensation is None:
         return action
     comp = snapshot.compensation

@@ -1,4 +1,4 @@
-"""The report (DESIGN §5): the verdict of a rollback, built from the plan and each step's outcome.
+"""The report (docs/concepts.md#the-report): the verdict of a rollback, built from the plan and each step's outcome.
 
 Every step lands in exactly one bucket (standing steps in one of the non-``skipped`` buckets or in
 ``skipped`` when they need no undo; steps whose outcome failed in ``skipped``):
@@ -22,7 +22,7 @@ compensate      by outcome state: ``compensated`` + verification ``verified`` ->
                 step too, with ``denied by <actor>: <note>`` in ``denied``);
                 ``deferred`` -> ``deferred``; ``cancelled`` (not started: the request was
                 cancelled) -> ``cancelled``; no outcome, ``pending`` or ``running`` -> ``pending``;
-                the statuses of issue 9 (:data:`STATUS_BUCKETS`): ``alreadyRecovered``,
+                the statuses of rules 15 and 16 (:data:`STATUS_BUCKETS`): ``alreadyRecovered``,
                 ``conflict`` ``{step, reason}``, ``handlerUnavailable`` ``{step, reason}``,
                 ``compensationDeadlinePassed`` -> the bucket of that name; a step undone
                 although its precondition failed is also listed in ``forced``
@@ -30,10 +30,10 @@ expired         ``expired`` ``{step, reason}`` (the undo window had passed: not 
 handlerUnav.    ``handlerUnavailable`` ``{step, reason}`` (its runner is not in the manifest)
 ============== ===========================================================================
 
-``pending`` is a bucket beyond DESIGN §5 (steps not settled yet, e.g. at a deadline), so that a
-report made before the end never claims more than happened; ``cancelled`` too (issue 9 point 6).
+``pending`` is a bucket beyond the report's contract (steps not settled yet, e.g. at a deadline), so
+that a report made before the end never claims more than happened; ``cancelled`` too (rule 13, cancel).
 
-``residue`` is typed (issue 9 point 7, :func:`typed_residue`): ``{step, type, text}`` with type
+``residue`` is typed (:func:`typed_residue`, docs/concepts.md#the-report): ``{step, type, text}`` with type
 ``declared`` (each residue line the manifest states, for a step undone by this or an earlier
 request, or found already undone), ``failed`` (the undo failed: the effect may remain),
 ``notAttempted`` (not undone: irreversible, unmanifested, deferred, not approved or denied,
@@ -81,7 +81,8 @@ INCOMPLETE_BUCKETS = (
     "conflict",
     "compensation_deadline_passed",
 )
-#: the step statuses of issue 9 by schedule state / plan kind: (report field, items carry a reason)
+#: the step statuses of guards, undo windows and two phases (rules 15, 16) by schedule state / plan kind:
+#: (report field, items carry a reason)
 STATUS_BUCKETS: dict[str, tuple[str, bool]] = {
     ALREADY_RECOVERED: ("already_recovered", False),
     CONFLICT: ("conflict", True),

@@ -1,4 +1,5 @@
-"""The runners a RollbackRequest uses, recorded when it takes the Run's lock (issue 10, point 5).
+"""The runners a RollbackRequest uses, recorded when it takes the Run's lock
+(docs/concepts.md#runners-are-recorded-at-the-lock).
 
 A non-dry request copies, once, the runners its plan needs from the ToolManifest into its
 ``status.runners``; from then on every Job it starts (compensator, reader, ``verifyCommand``
@@ -90,7 +91,7 @@ def runners_needed(plan: Plan, run_spec: RunSpec, prior: Iterable[StepUndo],
         step = steps.get(action.step)
         snapshot = run_spec.snapshot_of(step) if step is not None else None
         comp = snapshot.compensation if snapshot is not None else None
-        if comp is not None and comp.precondition is not None:  # the precondition read (issue 9)
+        if comp is not None and comp.precondition is not None:  # the precondition read (rule 16)
             names.add(comp.precondition.runner or comp.runner)
     for u in prior:
         if u.state == "compensated" and u.verification == "unverified" and u.verified_by is None:
@@ -102,7 +103,7 @@ def record(runners: Mapping[str, Runner], needs: Needs) -> list[dict]:
     """``status.runners``: each needed runner that ``runners`` (the ToolManifest's, by name)
     defines, as the ToolManifest gives it plus its ``readBackTools``, sorted by name (wire form,
     camelCase). Runners ``needs`` names but ``runners`` lacks are left out: the steps that need
-    them are ``handlerUnavailable`` (issue 9), the rest of the request proceeds."""
+    them are ``handlerUnavailable`` (rule 16), the rest of the request proceeds."""
     out = []
     for name in sorted(needs.names):
         runner = runners.get(name)

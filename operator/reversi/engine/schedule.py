@@ -1,4 +1,4 @@
-"""Which compensations may start now (DESIGN §4 rules 1, 8; ``parallelism``).
+"""Which compensations may start now (rules 1 and 8; ``parallelism``).
 
 Progress is a mapping ``{step: state}`` for the plan's compensate actions (a missing entry is
 ``pending``):
@@ -11,7 +11,7 @@ Progress is a mapping ``{step: state}`` for the plan's compensate actions (a mis
 - ``alreadyRecovered``: the precheck read showed it undone (settled, no compensator ran);
 - ``conflict``, ``handlerUnavailable``, ``compensationDeadlinePassed``: final, not undone (standing).
 
-Two phases (issue 9): among the steps the dependency rules allow, compensations of kind
+Two phases (rule 15, inverses first): among the steps the dependency rules allow, compensations of kind
 ``inverse`` start first; a step of kind ``compensation`` starts only while no inverse-kind step
 is running or ready (pending and not blocked), and only while compensations are open (the
 caller closes them when ``spec.compensationDeadlineSeconds`` has passed). Dependencies always win:
@@ -40,7 +40,7 @@ COMPENSATED = "compensated"
 FAILED = "failed"
 AWAITING_APPROVAL = "awaitingApproval"
 DEFERRED = "deferred"
-CANCELLED = "cancelled"  # not started: the request was cancelled (issue 9 point 6)
+CANCELLED = "cancelled"  # not started: the request was cancelled (rule 13)
 ALREADY_RECOVERED = "alreadyRecovered"
 CONFLICT = "conflict"
 HANDLER_UNAVAILABLE = "handlerUnavailable"

@@ -1,4 +1,5 @@
-"""Argument templates (DESIGN §2): ``$args.a.b`` / ``$result.items.0.id`` taken from the original call.
+"""Argument templates: ``$args.a.b`` / ``$result.items.0.id`` taken from the original call
+(docs/concepts.md#vocabulary).
 
 A *string* that is exactly ``$args`` or ``$result``, optionally followed by ``.segment`` parts, is
 a reference: it is replaced by that value of the original call (its ``args`` or its ``result``).

@@ -1,4 +1,4 @@
-"""Nested runs (issue 9 point 3): the order in which a tree of runs is rolled back, the checks of
+"""Nested runs (rule 17, docs/concepts.md#nested-runs): the order in which a tree of runs is rolled back, the checks of
 a new child's ancestry, and the sections of a tree's report. Pure: no I/O.
 
 A Run may name a parent (``spec.parentRef``, same namespace, immutable). The parent's step count

@@ -1,4 +1,4 @@
-"""Verification matching (DESIGN §4 rule 5): the reader's JSON answer must contain ``expect``.
+"""Verification matching (rule 5, docs/concepts.md#rollback-rules): the reader's JSON answer must contain ``expect``.
 
 JSON-subset match: every key of an expected object must be in the answer's object, matched
 recursively; lists and scalars must be equal (a list is compared whole, in order). Numbers

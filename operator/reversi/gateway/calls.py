@@ -2,7 +2,7 @@
 
 - :func:`run_name`: which Run a call goes to (``Reversi-Run-Id`` header, else the MCP session);
 - :func:`principal_namespace`: the namespace of a service-account user;
-- :func:`outcome_of`: what an upstream answer means for the step (DESIGN §2 outcomes);
+- :func:`outcome_of`: what an upstream answer means for the step (the outcomes of docs/concepts.md#vocabulary);
 - :func:`answer_json`: the JSON value of a tool answer (structured content, else JSON text).
 """
 

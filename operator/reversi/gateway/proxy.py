@@ -1,6 +1,6 @@
 """The MCP server the agent talks to: every ``tools/call`` recorded, then forwarded upstream.
 
-The rule for one ``tools/call`` (DESIGN §2, §4 rules 9 and 10):
+The rule for one ``tools/call`` (rules 9 and 10; docs/gateway.md#what-happens-to-one-call):
 
 1. who is calling (the TokenReview'd service account, or the gateway itself for stdio) and in
    which Run (``Reversi-Run-Id``, else the MCP session, else ``--run``);

@@ -1,7 +1,7 @@
 """``reversi-mcp-runner``: compensator and reader Jobs that call tools on an MCP server.
 
 A ToolManifest runner whose command is ``reversi-mcp-runner`` needs no compensator code: the
-compensation (or verification) tool is called on the team's MCP server. Job contract, DESIGN §6.
+compensation (or verification) tool is called on the team's MCP server. Job contract: docs/concepts.md#the-job-contract.
 
 Input (environment)
   REVERSI_CALL_FILE        path of the call JSON (preferred); else REVERSI_CALL, the JSON itself

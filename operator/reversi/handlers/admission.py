@@ -249,7 +249,7 @@ def _check_acknowledgement(old: dict, spec: RunSpec, old_spec: RunSpec, userinfo
 
 
 def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[dict], None]:
-    """What a Run's place in a tree needs from the server (nested runs, issue 9 point 3): on create,
+    """What a Run's place in a tree needs from the server (nested runs, rule 17): on create,
     ``spec.parentRef.step`` = the parent's step count now (a client's value is overwritten) and the
     labels ``reversi.dev/parent`` and ``reversi.dev/root`` (a client's are dropped); on update the
     old values are kept (a client-side apply sends what it knows; a changed parent is refused by
@@ -366,7 +366,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
 
 
 def _check_parent(namespace: str, name: str, parent: str, what: str) -> None:
-    """A new child Run (nested runs, issue 9 point 3): its parent exists in the same namespace, is
+    """A new child Run (nested runs, rule 17): its parent exists in the same namespace, is
     not the run itself, makes no cycle, nests at most 8 deep, its tree stays within 64 runs below
     the root, and it is open (a parent being rolled back, or rolled back, takes no new child, as it
     takes no new step)."""
@@ -830,7 +830,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
     if old_spec.get("cancelledBy"):
         patch.spec["cancelledBy"] = old_spec["cancelledBy"]
     elif spec.get("cancel") and not old_spec.get("cancel"):
-        patch.spec["cancelledBy"] = user  # who cancelled, for the record (issue 9 point 6)
+        patch.spec["cancelledBy"] = user  # who cancelled, for the record (rule 13, cancel)
     elif "cancelledBy" in spec:
         patch.spec["cancelledBy"] = None  # only the server says who cancelled
     now = _now()
@@ -851,7 +851,7 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 @untrusted
 def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8); so is
-    forcing an undo over a failed precondition: RBAC verb ``force`` (issue 9)."""
+    forcing an undo over a failed precondition: RBAC verb ``force`` (rule 16)."""
     what = f"RollbackRequest {namespace}/{name}"
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})

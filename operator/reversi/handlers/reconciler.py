@@ -16,10 +16,10 @@ where it was (rule 3). The pass:
    moves every active step on and starts what the schedule allows (newest first, dependents
    first, within ``parallelism``; rule 1), with the outcomes and the report;
 5. acts: carries out the effects, journal on the Run first, then Jobs, then Events;
-6. when nothing can move any more, writes the report (§5), releases the lock and ends
+6. when nothing can move any more, writes the report (docs/concepts.md#the-report), releases the lock and ends
    ``Succeeded`` (complete) or ``Incomplete``.
 
-Cancel (``spec.cancel``, issue 9 point 6): no new Job starts (``Policy.stop``); the steps whose
+Cancel (``spec.cancel``, rule 13): no new Job starts (``Policy.stop``); the steps whose
 Jobs run are advanced until those Jobs finish and their true outcome is journaled; every step not
 started becomes ``cancelled``; then the report is written and the lock released as above, phase
 ``Incomplete`` with ``Complete=False`` reason ``Cancelled`` (``Succeeded`` only when nothing was
@@ -112,7 +112,7 @@ class Invalid(Exception):
 
 class Reconciler(TreeRollback):
     """Reconciles RollbackRequests; one instance serves every worker thread. A run with child
-    runs is rolled back as a tree (:mod:`reversi.handlers.tree`, issue 9 point 3)."""
+    runs is rolled back as a tree (:mod:`reversi.handlers.tree`, rule 17)."""
 
     def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
                  allowed: Callable[[], bool] = lambda: True):
@@ -224,7 +224,7 @@ class Reconciler(TreeRollback):
         if journal is None:
             log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
             return self.settings.tick_seconds
-        if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (issue 9)
+        if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (rule 11)
             journal = journal.upto(req["status"]["runSteps"])
         if journal.missing:
             memory.gap_passes += 1
@@ -240,7 +240,7 @@ class Reconciler(TreeRollback):
         # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
         planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
                          if u.verified_by == name else u for u in prior]
-        try:  # the runners recorded when this request took the lock (issue 10): the live ToolManifest is not read
+        try:  # the runners recorded when this request took the lock: the live ToolManifest is not read
             recorded = rs.from_record((req.get("status") or {}).get("runners"))
         except ValidationError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
@@ -582,7 +582,7 @@ class Reconciler(TreeRollback):
         conds = c.set_condition(run_status.get("conditions") or [], c.condition(
             c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
         conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_obj["metadata"]["name"]))
-        # taking the lock closes the run to new steps for good (issue 9): closedBy is never cleared
+        # taking the lock closes the run to new steps for good (rule 11): closedBy is never cleared
         closed = {"closedBy": run_status.get("closedBy") or name}
         try:
             self.kube.merge_status(RUNS, ns, run_obj["metadata"]["name"],
@@ -620,7 +620,7 @@ class Reconciler(TreeRollback):
     # ------------------------------------------------------------------ a request deleted mid-way
 
     def request_deleted(self, namespace: str, name: str, run_name: str | None) -> None:
-        """RollbackRequest ``namespace/name`` of Run ``run_name`` is gone (issue 9 point 6): its
+        """RollbackRequest ``namespace/name`` of Run ``run_name`` is gone (rule 14): its
         compensator Jobs, owned by the Run, keep running; every ``compensating`` entry it left
         whose Job has finished is settled from the Job's true outcome
         (:func:`reversi.engine.orphans.settle`), and the Run's lock is released if it still names
@@ -775,12 +775,12 @@ class Reconciler(TreeRollback):
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
                    spec: RollbackRequestSpec, e: ex.StartJob, guards: dict[int, ex.Guards] | None = None) -> None:
-        """Create (or adopt) the Job of one effect, with the Secret carrying its call (DESIGN §6).
+        """Create (or adopt) the Job of one effect, with the Secret carrying its call (the Job contract).
         ``runners``: the request's recorded runners (``status.runners``), never the live ToolManifest's;
         ``guards``: each step's precheck and precondition reads (role ``precheck``/``precondition``)."""
         meta = req["metadata"]
         run_meta = run_obj["metadata"]
-        # owned by the Run: deleting the request never kills a compensator mid-call (issue 9 point 6)
+        # owned by the Run: deleting the request never kills a compensator mid-call (rule 14)
         owner = jobs_mod.Owner(meta["namespace"], run_meta["name"], run_meta["uid"], kind="Run")
         action = plan.actions[e.step]
         common = dict(owner=owner, run_name=run_meta["name"], run_uid=run_meta["uid"], step=e.step, attempt=e.attempt,
@@ -931,7 +931,7 @@ def only_under_way(old: dict, new: dict) -> bool:
     started (``pending`` -> a stage that holds a parallelism slot, :data:`executor.SLOT_STAGES`)
     or handed over from their compensator to its check or first read-back (``compensating`` ->
     ``checking`` or ``verifying``, same attempt), and in what those change in the summary (the
-    conditions' messages, the report). Such a status is not written at once (issue 11, P4: a
+    conditions' messages, the report). Such a status is not written at once (to keep API writes few: a
     step's status is written when it ends, with the starts since; at the latest after
     :data:`STATUS_DEFER_SECONDS`). It is what a crash between a Job's creation and the status
     write leaves: a pass that rebuilds from the older status finds each step's journal entry

@@ -28,7 +28,7 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
     reconciler, workers = runtime.operating()
     if type == "DELETED":
         workers.stop(namespace, name)
-        if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (issue 9)
+        if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (rule 14)
             run_name = ((body.get("spec") or {}).get("runRef") or {}).get("name")
             try:
                 reconciler.request_deleted(namespace, name, run_name)

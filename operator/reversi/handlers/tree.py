@@ -1,4 +1,4 @@
-"""A RollbackRequest of a run with child runs (issue 9 point 3, nested runs): one lock over the
+"""A RollbackRequest of a run with child runs (rule 17, docs/concepts.md#nested-runs): one lock over the
 whole tree, children rolled back as units in causal order, one report with a section per run.
 
 The order is :mod:`reversi.engine.tree`'s. The request works on its own run with the per-run

@@ -1,4 +1,4 @@
-"""Pydantic models of the Reversi kinds (DESIGN §3): one module per kind, the CRDs are generated
+"""Pydantic models of the Reversi kinds (docs/concepts.md): one module per kind, the CRDs are generated
 from them by ``reversi.crdgen``. Wire names are camelCase, Python names snake_case."""
 
 from .common import (

@@ -1,7 +1,7 @@
-r"""Halt (namespaced) and ClusterHalt (cluster): stop *new* calls, never a rollback (DESIGN §3, rule 9).
+r"""Halt (namespaced) and ClusterHalt (cluster): stop *new* calls, never a rollback (rule 9).
 
-``scope`` holds globs; a call must match every field named; no scope (or an empty one) halts
-everything in reach. Lifting a halt is deleting it.
+``scope`` holds globs (docs/concepts.md#glob-semantics-of-halt-scopes); a call must match every
+field named; no scope (or an empty one) halts everything in reach. Lifting a halt is deleting it.
 
 Glob semantics (defined here, once — :func:`glob_match`): a pattern matches the whole value,
 case-sensitively; ``*`` matches any run of characters, empty included, **including ``.`` and

@@ -1,4 +1,5 @@
-"""RollbackRequest (namespaced): asks for a run to be undone, or only planned (DESIGN §3, §4, §5).
+"""RollbackRequest (namespaced): asks for a run to be undone, or only planned
+(docs/concepts.md#the-rollbackrequests-status).
 
 ``spec.runRef`` and ``spec.dryRun`` are immutable (CEL); approvers are stamped at admission and
 never change. The status carries the plan (:class:`Plan`), one :class:`StepStatus` per
@@ -52,7 +53,7 @@ TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
 
 
 class Approval(ReversiModel):
-    """Approval of one step's compensation (DESIGN §4 rule 8)."""
+    """Approval of one step's compensation (rule 8 of docs/concepts.md#rollback-rules)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -232,7 +233,7 @@ class RollbackRequestSpec(ReversiModel):
 
 
 class PlanAction(StatusModel):
-    """What the rollback does with one step (DESIGN §4 rule 2)."""
+    """What the rollback does with one step (rule 2 of docs/concepts.md#rollback-rules)."""
 
     step: int = Field(ge=0, description="Index of the step.")
     tool: str = Field(description="Tool of the step.")
@@ -363,7 +364,7 @@ RESIDUE_TYPES: tuple[str, ...] = ("declared", "failed", "notAttempted", "unknown
 
 
 class StepResidue(StatusModel):
-    """One thing a rollback leaves behind (typed residue, issue 9 point 7): ``type`` declared (a
+    """One thing a rollback leaves behind (typed residue, docs/concepts.md#the-report): ``type`` declared (a
     residue line the manifest states for an undone step), failed (the undo failed: the effect may
     remain), notAttempted (the step was not undone: irreversible, deadline, cancel, deferred,
     approval, ...: the effect remains) or unknown (uncertain outcome, an unchecked undo, a failed
@@ -390,7 +391,7 @@ MAX_SECTIONS = 65
 
 
 class RunSection(StatusModel):
-    """One run of a tree rollback (issue 9 point 3, nested runs): the request's run itself, or a
+    """One run of a tree rollback (nested runs, docs/concepts.md#nested-runs): the request's run itself, or a
     run below it, in the order they are rolled back. A child's full report is in the status of
     the request that rolled it back (``request``, owned by this one)."""
 
@@ -425,7 +426,7 @@ class TreeRun(StatusModel):
 
 
 class Report(StatusModel):
-    """The verdict of a rollback (DESIGN §5). Every standing step is in exactly one bucket."""
+    """The verdict of a rollback (docs/concepts.md#the-report). Every standing step is in exactly one bucket."""
 
     compensated: list[int] = Field(
         default_factory=list,
@@ -571,7 +572,7 @@ class RollbackRequestStatus(StatusModel):
         description="One entry per compensate or defer action.",
         json_schema_extra=list_map("step"),
     )
-    report: Report | None = Field(default=None, description="The verdict (DESIGN §5).")
+    report: Report | None = Field(default=None, description="The verdict (docs/concepts.md#the-report).")
     progress: str | None = Field(default=None, description='Settled compensations of all, e.g. "3/7".')
     start_time: datetime | None = Field(default=None, description="When work on the run started.")
     completion_time: datetime | None = Field(default=None, description="When the request reached a final phase.")

@@ -1,4 +1,4 @@
-"""Run (namespaced): the identity of one automation's run, and its lock (DESIGN §3).
+"""Run (namespaced): the identity of one automation's run, and its lock (docs/concepts.md).
 
 The run's steps are not in the Run: each is a :class:`~reversi.models.runstep.RunStep` of its own
 (named ``<run>-<index>``, owned by the Run), so recording a step costs the same at step 10 and
@@ -180,7 +180,7 @@ class ToolSnapshot(ToolSpec):
 
 
 class Resolution(ReversiModel):
-    """A person's settlement of an intended or uncertain step (DESIGN §4 rule 7)."""
+    """A person's settlement of an intended or uncertain step (rule 7 of docs/concepts.md#rollback-rules)."""
 
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": [rule("self == oldSelf", "a resolution cannot be changed")]}
@@ -225,7 +225,7 @@ class RunScope(ReversiModel):
     environment: str | None = Field(default=None, max_length=MAX_NAME, description="Environment, e.g. prod.")
 
 
-#: the deepest nesting of runs: a run with 8 ancestors (depth 9) is refused (issue 9 point 3)
+#: the deepest nesting of runs: a run with 8 ancestors (depth 9) is refused (docs/concepts.md#nested-runs)
 MAX_RUN_DEPTH = 8
 #: runs below one root run (the whole tree but the root): more are refused at admission
 MAX_TREE_RUNS = 64
@@ -235,7 +235,7 @@ LABEL_ROOT = "reversi.dev/root"
 
 
 class ParentRef(ReversiModel):
-    """The run this run is a child of (issue 9 point 3, nested runs): same namespace, immutable.
+    """The run this run is a child of (docs/concepts.md#nested-runs): same namespace, immutable.
 
     ``step`` is stamped at admission from the server: the parent's step count when the child was
     created (the parent step index at which it was opened); a client's value is overwritten. A
@@ -365,7 +365,7 @@ class RunSpec(ReversiModel):
 
 
 class StepUndo(StatusModel):
-    """Undo state of one step, kept on the Run so it outlives any one request (DESIGN §4 rules 3, 6)."""
+    """Undo state of one step, kept so it outlives any one request (rules 3 and 6)."""
 
     step: int = Field(ge=0, description="Index of the step.")
     state: UndoState = Field(description="compensating (Job about to run or running), compensated or "

@@ -1,4 +1,5 @@
-"""RunStep (namespaced): one recorded call of a Run, stored as an object of its own (DESIGN §3).
+"""RunStep (namespaced): one recorded call of a Run, stored as an object of its own
+(docs/concepts.md#the-journal).
 
 The journal is sliced the way EndpointSlices slice Endpoints: the Run is the run's identity
 (principal, mode, scope, manifestRef, lock, summary) and every step is a small RunStep whose

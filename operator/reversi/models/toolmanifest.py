@@ -1,6 +1,7 @@
-"""ToolManifest (namespaced): per tool, how a call is undone and how the undo is checked (DESIGN §3).
+"""ToolManifest (namespaced): per tool, how a call is undone and how the undo is checked
+(docs/concepts.md#vocabulary).
 
-Example (DESIGN §10)::
+Example::
 
     spec:
       runners: [{name: payments-cli, image: registry.example/payments-tools:1.4,
@@ -56,7 +57,8 @@ class Runner(ReversiModel):
     )
     image: str = Field(min_length=1, max_length=1024, description="Container image of the compensator/reader.")
     command: list[Text] = Field(
-        min_length=1, max_length=64, description="Entrypoint of the container; it receives the call JSON (DESIGN §6)."
+        min_length=1, max_length=64,
+        description="Entrypoint of the container; it receives the call JSON (docs/concepts.md#the-job-contract).",
     )
     args: list[Text] = Field(default_factory=list, max_length=256, description="Arguments to the command.")
     env: list[JSONObject] = Field(

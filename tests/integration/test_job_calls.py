@@ -1,7 +1,8 @@
-"""Adversarial findings on the calls Secrets, the hand-over and the API call layer (breaker 2).
+"""The calls a Job receives: the calls Secrets, calls near and past their size limits, the hand-over
+from a compensator to its read-back, and the check Job of ``verifyCommand``.
 
-Each test reproduces one problem found against the real control plane; downstream truth is the
-demo server's log of calls.
+Each test reproduces one problem once found against the real control plane; downstream truth is
+the demo server's log of calls.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Engine rules hardened against contradictory or noisy input."""
+"""The engine on contradictory or noisy input: a resolution that contradicts the recorded outcome
+(rule 7), a re-run of an undone step (rule 6), a reader's answer among log lines (rule 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Pure rules the breaker's findings rest on (see tests/integration/test_breaker_findings.py)."""
+"""Pure rules of guard reads, forces and a Run gone after the lock (the cluster side:
+tests/integration/test_cancel_delete_and_guards_misuse.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Adversarial findings on cancel, delete, guards, force and the run boundary (the breaker's pass).
+"""Cancel, delete, guards, force and the run boundary, used the way a hostile or careless user would.
 
-Each test reproduces one problem found by using the newest features the way a hostile or careless
-user would, against the real control plane. Downstream truth is the demo server's state and its
-log of calls; compensator and guard Jobs are counted by their labels.
+Each test reproduces one problem such use once caused, against the real control plane. Downstream
+truth is the demo server's state and its log of calls; compensator and guard Jobs are counted by
+their labels.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_recovery_required_cannot_be_relaxed_and_refuses_each_kind_of_unundoable
 
 
 def test_forcing_a_step_the_run_lacks_or_one_without_a_precondition_is_refused_like_an_approval(rv):
-    """spec.force is "checked like approvals" (issue 9): an approval of a step that does not exist
+    """spec.force is "checked like approvals" (rule 16): an approval of a step that does not exist
     or needs no approval is refused with the reason; a force of step 7 of a one-step run, or of a
     step whose compensation has no precondition, was admitted and silently did nothing (a typo in
     the step number left the real conflict standing, with no word why)."""

@@ -74,7 +74,7 @@ def test_a_job_the_api_server_refuses_makes_the_step_handler_unavailable_instead
     rv.run("r", [rv.step(0, "blob.write", {"blob": "x" * 60_000}, {"ok": True})])
     rv.request("undo", "r", retries=2, backoff={"baseMs": 50, "maxMs": 100})
     req = rv.wait_phase("undo", "Incomplete", timeout=90)
-    # its handler cannot run (issue 9): that step is handlerUnavailable, nothing hangs, nothing ran
+    # its handler cannot run (rule 16): that step is handlerUnavailable, nothing hangs, nothing ran
     [entry] = req["status"]["report"]["handlerUnavailable"]
     assert entry["step"] == 0 and "cannot create the compensator Job" in entry["reason"]
     assert [r["type"] for r in req["status"]["report"]["residue"]] == ["notAttempted"]
@@ -102,8 +102,8 @@ def test_the_deadline_stops_further_attempts(rv):
 
 def test_manifest_deleted_mid_rollback_changes_nothing_for_the_request_holding_the_run(rv):
     """The request recorded its runners when it took the lock (status.runners): it finishes with
-    them, the downstream really undone, and releases the Run (issue 10: a ToolManifest change
-    affects the next request only)."""
+    them, the downstream really undone, and releases the Run (runners are recorded at the lock: a
+    ToolManifest change affects the next request only)."""
     rv.apply_manifest(capture_needs_approval=True)
     charge = rv.charge("o-del")
     capture = rv.capture(charge["id"])
