@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 from collections.abc import Callable
 
 T = TypeVar("T")
@@ -32,3 +32,21 @@ def recorded_steps(api, namespace: str, run: str) -> list[dict]:
     from reversi.adapters.journal import list_objects
 
     return [o["spec"] for o in list_objects(client.CustomObjectsApi(api), namespace, run)]
+
+
+def users_with_roles(cluster: Any, admin_api: Any, namespace: str, roles: dict[str, list[dict]]) -> dict[str, Any]:
+    """For each ``{user: rules}``, a Role with those rules in ``namespace`` bound to that user, and
+    an API client that authenticates as the user (a client certificate of the local control
+    plane). Returns ``{user: ApiClient}``."""
+    from kubernetes import client, config
+
+    rbac = client.RbacAuthorizationV1Api(admin_api)
+    out = {}
+    for user, rules in roles.items():
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+        out[user] = config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
+    return out

@@ -6,12 +6,12 @@ the acknowledgement does not cover."""
 from __future__ import annotations
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.metrics import incomplete_run
 from tests.gitops import kstatus
-from tests.helpers import wait_for
+from tests.helpers import users_with_roles, wait_for
 from tests.integration.test_metrics import scrape, value
 from tests.integration.test_plugin import kr, one_line_error
 
@@ -24,16 +24,7 @@ ACKNOWLEDGER = [*PATCHER, {"apiGroups": [G], "resources": ["runs"], "verbs": ["a
 @pytest.fixture
 def users(cluster, admin_api, namespace):
     """``oncall`` may patch Runs but not acknowledge them; ``lead`` holds the verb acknowledge."""
-    rbac = client.RbacAuthorizationV1Api(admin_api)
-    out = {}
-    for user, rules in (("oncall", PATCHER), ("lead", ACKNOWLEDGER)):
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
-        out[user] = config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
-    return out
+    return users_with_roles(cluster, admin_api, namespace, {"oncall": PATCHER, "lead": ACKNOWLEDGER})
 
 
 def _ack(api, ns: str, run: str, ack: dict | None) -> dict:

@@ -10,14 +10,14 @@ import json
 import subprocess
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters.journal import step_body
 from reversi.devcluster import build
 from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, step_name
 from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
-from tests.helpers import wait_for
+from tests.helpers import users_with_roles, wait_for
 
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
@@ -40,17 +40,8 @@ APPROVER_RULES = ONCALL_RULES + [{"apiGroups": [G], "resources": ["rollbackreque
 def users(cluster, admin_api, namespace):
     """Users with Roles in the test namespace: agent-a and agent-b (record runs), oncall (requests,
     resolutions; no approve) and approver (oncall + verb approve). Returns ``{name: ApiClient}``."""
-    rbac = client.RbacAuthorizationV1Api(admin_api)
-    out = {}
-    for user, rules in (("agent-a", AGENT_RULES), ("agent-b", AGENT_RULES), ("oncall", ONCALL_RULES),
-                        ("approver", APPROVER_RULES)):
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules})
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
-        out[user] = config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
-    return out
+    return users_with_roles(cluster, admin_api, namespace, {
+        "agent-a": AGENT_RULES, "agent-b": AGENT_RULES, "oncall": ONCALL_RULES, "approver": APPROVER_RULES})
 
 
 def _custom(api):
