@@ -45,6 +45,7 @@ from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import decide as dc
+from ..engine import verdict as verdicts
 from ..engine import executor as ex
 from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
@@ -427,39 +428,21 @@ class Reconciler(TreeRollback):
         # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
         late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
         if ending and late is None:
-            phase = "Succeeded" if report.complete else "Incomplete"
-            stalled_reason = (c.ALL_COMPENSATED if report.complete
-                              else c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE)
-            # Complete=False says Partial (something was undone) or NotPossible (nothing could be)
-            complete_reason = {"Partial": c.PARTIAL, "NotPossible": c.NOT_POSSIBLE}.get(outcome_reason(report),
-                                                                                         c.ALL_COMPENSATED)
-            if report.complete and not plan.of_kind(COMPENSATE) and tree is None:
-                complete_reason = stalled_reason = c.NOTHING_TO_UNDO
-            if cancelling:  # Cancelled wins over Partial/NotPossible: a person stopped it
-                verdict = (f"cancelled by {spec.cancelled_by or 'an unknown user'}"
-                           + ("; nothing was left to stop: " if report.complete else ": ") + verdict)
-                if not report.complete:
-                    complete_reason = stalled_reason = c.CANCELLED
-            unapproved = f"steps {awaiting} were not approved before the deadline"
-            # stalled on approvals that came too late: say so, the rest of the verdict follows
-            ready_reason, ready_message = ((c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting
-                                           else (stalled_reason, verdict))
-            status.update(phase=phase, completionTime=st.iso(now), conditions=st.summary_conditions(conds, gen, [
-                (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
-                (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else none_awaiting,
-                 unapproved if awaiting else "no step waits for approval"),
-                (c.COMPLETE, c.TRUE if report.complete else c.FALSE, complete_reason, verdict),
-                *st.request_readiness(phase, ready_reason, ready_message)]))
+            end_ = verdicts.ending(complete=report.complete, verdict=verdict,
+                                  undone_some=outcome_reason(report) == "Partial",
+                                  compensates_nothing=not plan.of_kind(COMPENSATE) and tree is None,
+                                  deadline_passed=deadline_passed, cancelled_by=spec.cancelled_by,
+                                  cancelling=cancelling, awaiting=awaiting, approve_all=spec.approve_compensations)
+            status.update(phase=end_.phase, completionTime=st.iso(now), conditions=st.summary_conditions(
+                conds, gen, [*end_.conditions, *st.request_readiness(end_.phase, *end_.readiness)]))
             # the Run is released first: whoever sees the final phase finds the Run free (a crash in
             # between only means the next pass finishes the request again, from the journal)
             self._release(ns, spec.run_ref.name, name, own_complete)
             self._release_tree(ns, name, status)
             self._write(req, status)
-            self.kube.event(req, "RollbackComplete" if report.complete else (
-                "RollbackCancelled" if cancelling else "RollbackIncomplete"), verdict, warning=not report.complete)
+            self.kube.event(req, end_.event, end_.verdict, warning=end_.warning)
             if self.metrics:
-                self.metrics.request_finished(ns, "complete" if report.complete else (
-                    "cancelled" if cancelling else "incomplete"), report, plan, run=spec.run_ref.name)
+                self.metrics.request_finished(ns, end_.outcome, report, plan, run=spec.run_ref.name)
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
         if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
