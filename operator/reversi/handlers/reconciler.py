@@ -45,7 +45,7 @@ from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import decide as dc
-from ..engine import verdict as verdicts
+from ..engine import request_phase
 from ..engine import executor as ex
 from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
@@ -423,12 +423,10 @@ class Reconciler(TreeRollback):
         if tree is not None:
             verdict += "; runs below: " + ", ".join(f"{x['run']} {x['outcome']}" for x in tree.ordered())
         ending = finished and not (awaiting and not deadline_passed)
-        # AwaitingApproval=False says why no step waits: all approved at once, or each one settled
-        none_awaiting = c.APPROVED_FOR_ALL if spec.approve_compensations else c.NONE_AWAITING
         # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
         late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
         if ending and late is None:
-            end_ = verdicts.ending(complete=report.complete, verdict=verdict,
+            end_ = request_phase.ending(complete=report.complete, verdict=verdict,
                                   undone_some=outcome_reason(report) == "Partial",
                                   compensates_nothing=not plan.of_kind(COMPENSATE) and tree is None,
                                   deadline_passed=deadline_passed, cancelled_by=spec.cancelled_by,
@@ -445,26 +443,17 @@ class Reconciler(TreeRollback):
                 self.metrics.request_finished(ns, end_.outcome, report, plan, run=spec.run_ref.name)
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
-        if awaiting and not running and not child_busy and not ready_steps(plan, graph, progress, spec.parallelism,
-                                                                           floor=floor, holding=ex.holding_slots(runs)):
-            phase = "AwaitingApproval"
-        else:
-            phase = "Running"
-        running_message = f"{status['progress']} compensated; active steps: {st.active(runs) or 'none'}"
-        running_message += "".join(f"; child Run {x['run']} is being rolled back by RollbackRequest {x.get('request')}"
-                                   for x in child_busy)
-        awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, "
-                            "or spec.approveCompensations)" if awaiting else "no step waits for approval")
-        # Running=False: nothing started yet, or waiting for an approval, or between Jobs (backoff)
-        started_any = any(r.stage not in ("pending", "awaitingApproval", "deferred") for r in runs.values())
-        not_running = c.AWAITING_APPROVAL if awaiting else c.IDLE if started_any else c.NOT_STARTED
-        status.update(phase=phase, conditions=st.summary_conditions(conds, gen, [
-            (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else not_running, running_message),
-            (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE,
-             c.AWAITING_APPROVAL if awaiting else none_awaiting, awaiting_message),
-            (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
-            *(st.request_readiness(phase, c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
-              else st.request_readiness(phase, c.IN_PROGRESS, running_message))]))
+        only_approvals_left = not running and not child_busy and not ready_steps(
+            plan, graph, progress, spec.parallelism, floor=floor, holding=ex.holding_slots(runs))
+        way = request_phase.under_way(
+            running=bool(running), awaiting=awaiting, only_approvals_left=only_approvals_left,
+            started_any=any(r.stage not in ("pending", "awaitingApproval", "deferred") for r in runs.values()),
+            progress=status["progress"], active=st.active(runs),
+            busy_children=[(x["run"], x.get("request")) for x in child_busy], verdict=verdict,
+            approve_all=spec.approve_compensations)
+        phase = way.phase
+        status.update(phase=phase, conditions=st.summary_conditions(
+            conds, gen, [*way.conditions, *st.request_readiness(phase, *way.readiness)]))
         now_mono = time.monotonic()
         if only_under_way(req.get("status") or {}, status) and (
                 memory.unwritten_since is None or now_mono - memory.unwritten_since < STATUS_DEFER_SECONDS):

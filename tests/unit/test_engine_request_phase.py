@@ -1,4 +1,4 @@
-"""How a RollbackRequest ends (reversi.engine.verdict; docs/concepts.md#the-rollbackrequests-status):
+"""How a RollbackRequest ends (reversi.engine.request_phase; docs/concepts.md#the-rollbackrequests-status):
 phase, condition reasons, readiness, Event and metric verdict, for every combination."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reversi import conditions as c
-from reversi.engine.verdict import ending
+from reversi.engine.request_phase import ending, under_way
 
 
 def _end(**kw):
@@ -78,3 +78,41 @@ def test_every_ending_is_consistent(complete, undone_some, compensates_nothing, 
     assert (e.outcome == "cancelled") == (cancelling and not complete)
     assert e.readiness[0] == c.AWAITING_APPROVAL if awaiting else e.readiness[0] != c.AWAITING_APPROVAL
     assert e.verdict.endswith("1 failed (0)")
+
+
+def _way(**kw):
+    args = dict(running=False, awaiting=[], only_approvals_left=False, started_any=True, progress="1/3",
+                active=[], busy_children=[], verdict="incomplete so far", approve_all=False)
+    return under_way(**{**args, **kw})
+
+
+def test_a_request_awaits_approval_only_when_nothing_else_can_start():
+    waiting = _way(awaiting=[1], only_approvals_left=True)
+    assert waiting.phase == "AwaitingApproval"
+    assert waiting.readiness == (c.AWAITING_APPROVAL, "steps [1] wait for approval (kubectl reversi approve, "
+                                                      "or spec.approveCompensations)")
+    assert _reasons(waiting)[c.RUNNING] == (c.FALSE, c.AWAITING_APPROVAL)
+    busy = _way(awaiting=[1], running=True, active=[0])
+    assert busy.phase == "Running" and _reasons(busy)[c.RUNNING] == (c.TRUE, c.IN_PROGRESS)
+    assert busy.readiness == (c.IN_PROGRESS, "1/3 compensated; active steps: [0]")
+
+
+def test_running_false_says_why_nothing_runs_and_child_runs_are_named():
+    assert _reasons(_way(started_any=False))[c.RUNNING] == (c.FALSE, c.NOT_STARTED)
+    assert _reasons(_way())[c.RUNNING] == (c.FALSE, c.IDLE)
+    child = _way(busy_children=[("child-a", "undo-child-a")])
+    assert child.readiness[1] == ("1/3 compensated; active steps: none; child Run child-a is being rolled back by "
+                                  "RollbackRequest undo-child-a")
+    assert _reasons(_way(approve_all=True))[c.AWAITING_APPROVAL] == (c.FALSE, c.APPROVED_FOR_ALL)
+    assert _reasons(_way())[c.COMPLETE] == (c.FALSE, c.IN_PROGRESS)
+
+
+@given(running=st.booleans(), awaiting=st.lists(st.integers(0, 9), max_size=3), only=st.booleans(),
+       started=st.booleans())
+def test_every_request_under_way_is_consistent(running, awaiting, only, started):
+    """AwaitingApproval is the phase exactly when steps await approval and nothing else can start;
+    Running=True exactly when a Job runs; the reasons are in the closed set."""
+    way = _way(running=running, awaiting=awaiting, only_approvals_left=only and not running, started_any=started)
+    assert (way.phase == "AwaitingApproval") == bool(awaiting and only and not running)
+    assert (_reasons(way)[c.RUNNING][0] == c.TRUE) == running
+    assert all(r in c.REASONS for _, _, r, _ in way.conditions) and way.readiness[0] in c.REASONS

@@ -1,8 +1,12 @@
-"""How a RollbackRequest ends: its final phase, the reasons and messages of its conditions, its
-Event and the verdict its metric counts (docs/concepts.md#the-rollbackrequests-status). Pure: it
-takes what the pass found and returns one :class:`Ending`; the handler writes it.
+"""The phase of a RollbackRequest at work and when it ends, with the reasons and messages of its
+conditions (docs/concepts.md#the-rollbackrequests-status). Pure: each function takes what a pass
+found and returns one value the handler writes (:class:`UnderWay`, :class:`Ending`).
 
-The rules, in the order they win:
+Under way: ``AwaitingApproval`` when only steps awaiting approval are left to start (nothing runs,
+no child run is being rolled back), else ``Running``. ``Running=False`` says why nothing runs:
+``AwaitingApproval``, ``Idle`` (between Jobs) or ``NotStarted``.
+
+When it ends, the rules, in the order they win:
 
 - ``Succeeded`` when the report is complete, else ``Incomplete``.
 - ``Complete=False`` says ``Partial`` (something was undone) or ``NotPossible`` (nothing could
@@ -23,6 +27,50 @@ from typing import Literal
 from .. import conditions as c
 
 Condition = tuple[str, str, str, str]  # (type, status, reason, message)
+
+
+@dataclass(frozen=True)
+class UnderWay:
+    """What a request at work says: ``phase`` (Running or AwaitingApproval), ``conditions``
+    (Running, AwaitingApproval, Complete), ``readiness`` (reason and message of its
+    Ready/Reconciling/Stalled)."""
+
+    phase: Literal["Running", "AwaitingApproval"]
+    conditions: tuple[Condition, ...]
+    readiness: tuple[str, str]
+
+
+def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, started_any: bool,
+              progress: str, active: list[int], busy_children: list[tuple[str, str | None]], verdict: str,
+              approve_all: bool) -> UnderWay:
+    """The :class:`UnderWay` of a request that has not ended. ``running``: a Job of it runs;
+    ``awaiting``: steps awaiting approval; ``only_approvals_left``: nothing runs, no child run is
+    being rolled back and no other step can start; ``started_any``: some step got past pending;
+    ``progress`` (``"2/5"``) and ``active`` (the steps at work) for the Running
+    message; ``busy_children``: ``(child run, its request)`` being rolled back; ``verdict``: the
+    report so far (Complete's message)."""
+    phase: Literal["Running", "AwaitingApproval"] = (
+        "AwaitingApproval" if awaiting and only_approvals_left else "Running")
+    running_message = f"{progress} compensated; active steps: {active or 'none'}"
+    running_message += "".join(f"; child Run {run} is being rolled back by RollbackRequest {request}"
+                               for run, request in busy_children)
+    awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, "
+                        "or spec.approveCompensations)" if awaiting else "no step waits for approval")
+    not_running = c.AWAITING_APPROVAL if awaiting else c.IDLE if started_any else c.NOT_STARTED
+    conditions: tuple[Condition, ...] = (
+        (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else not_running, running_message),
+        (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE,
+         c.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all), awaiting_message),
+        (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
+    )
+    readiness = ((c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
+                 else (c.IN_PROGRESS, running_message))
+    return UnderWay(phase, conditions, readiness)
+
+
+def _none_awaiting(approve_all: bool) -> str:
+    """AwaitingApproval=False says why no step waits: all approved at once, or each one settled."""
+    return c.APPROVED_FOR_ALL if approve_all else c.NONE_AWAITING
 
 
 @dataclass(frozen=True)
@@ -64,10 +112,9 @@ def ending(*, complete: bool, verdict: str, undone_some: bool, compensates_nothi
     unapproved = f"steps {awaiting} were not approved before the deadline"
     # stalled on approvals that came too late: say so, the rest of the verdict follows
     readiness = (c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting else (stalled_reason, verdict)
-    none_awaiting = c.APPROVED_FOR_ALL if approve_all else c.NONE_AWAITING
     conditions: tuple[Condition, ...] = (
         (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
-        (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else none_awaiting,
+        (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all),
          unapproved if awaiting else "no step waits for approval"),
         (c.COMPLETE, c.TRUE if complete else c.FALSE, complete_reason, verdict),
     )
