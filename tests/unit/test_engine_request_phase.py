@@ -116,3 +116,13 @@ def test_every_request_under_way_is_consistent(running, awaiting, only, started)
     assert (way.phase == "AwaitingApproval") == bool(awaiting and only and not running)
     assert (_reasons(way)[c.RUNNING][0] == c.TRUE) == running
     assert all(r in c.REASONS for _, _, r, _ in way.conditions) and way.readiness[0] in c.REASONS
+
+
+def test_a_dry_run_and_a_waiting_request_say_what_they_are():
+    from reversi.engine.request_phase import dry_run, planned, waiting
+
+    assert dry_run().phase == "Planned" and dry_run().readiness[0] == c.PLAN_READY
+    said = waiting("shop", "undo-a", "order-9")
+    assert said.phase == "Waiting" and said.readiness == (
+        c.WAITING_FOR_RUN, "RollbackRequest shop/undo-a is working on Run shop/order-9; this one starts when it ends")
+    assert planned(2, False)[1] == (c.PLANNED, c.TRUE, c.PLAN_READY, "2 compensations planned; fullyReversible=false")

@@ -1,6 +1,6 @@
 """The phase of a RollbackRequest at work and when it ends, with the reasons and messages of its
 conditions (docs/concepts.md#the-rollbackrequests-status). Pure: each function takes what a pass
-found and returns one value the handler writes (:class:`UnderWay`, :class:`Ending`).
+found and returns one value the handler writes (:class:`Phase`, :class:`Ending`).
 
 Under way: ``AwaitingApproval`` when only steps awaiting approval are left to start (nothing runs,
 no child run is being rolled back), else ``Running``. ``Running=False`` says why nothing runs:
@@ -30,20 +30,43 @@ Condition = tuple[str, str, str, str]  # (type, status, reason, message)
 
 
 @dataclass(frozen=True)
-class UnderWay:
-    """What a request at work says: ``phase`` (Running or AwaitingApproval), ``conditions``
-    (Running, AwaitingApproval, Complete), ``readiness`` (reason and message of its
-    Ready/Reconciling/Stalled)."""
+class Phase:
+    """What a request says in a phase that is not its end: ``phase``, ``conditions`` (``(type,
+    status, reason, message)``) and ``readiness`` (reason and message of its
+    Ready/Reconciling/Stalled, which the phase decides)."""
 
-    phase: Literal["Running", "AwaitingApproval"]
+    phase: Literal["Planned", "Waiting", "Running", "AwaitingApproval"]
     conditions: tuple[Condition, ...]
     readiness: tuple[str, str]
 
 
+def planned(compensations: int, fully_reversible: bool) -> tuple[Condition, ...]:
+    """Invalid=False and Planned=True of a request whose plan is made (``compensations``: how many
+    steps it compensates)."""
+    return ((c.INVALID, c.FALSE, c.VALID, "the request and its Run are valid"),
+            (c.PLANNED, c.TRUE, c.PLAN_READY,
+             f"{compensations} compensations planned; fullyReversible={str(fully_reversible).lower()}"))
+
+
+def dry_run() -> Phase:
+    """A dry run ends once planned: nothing is undone, the plan is its answer."""
+    return Phase("Planned", ((c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
+                             (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")),
+                 (c.PLAN_READY, "dry run: the plan is in status.plan"))
+
+
+def waiting(namespace: str, holder: str | None, held_run: str | None) -> Phase:
+    """A request waiting for the lock of ``held_run`` (its Run, or one below it), which
+    RollbackRequest ``holder`` holds (rule 6: one request works on a run at a time)."""
+    message = (f"RollbackRequest {namespace}/{holder} is working on Run {namespace}/{held_run}; "
+               "this one starts when it ends")
+    return Phase("Waiting", ((c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, message),), (c.WAITING_FOR_RUN, message))
+
+
 def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, started_any: bool,
               progress: str, active: list[int], busy_children: list[tuple[str, str | None]], verdict: str,
-              approve_all: bool) -> UnderWay:
-    """The :class:`UnderWay` of a request that has not ended. ``running``: a Job of it runs;
+              approve_all: bool) -> Phase:
+    """The :class:`Phase` of a request at work (Running or AwaitingApproval). ``running``: a Job of it runs;
     ``awaiting``: steps awaiting approval; ``only_approvals_left``: nothing runs, no child run is
     being rolled back and no other step can start; ``started_any``: some step got past pending;
     ``progress`` (``"2/5"``) and ``active`` (the steps at work) for the Running
@@ -65,7 +88,7 @@ def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, 
     )
     readiness = ((c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
                  else (c.IN_PROGRESS, running_message))
-    return UnderWay(phase, conditions, readiness)
+    return Phase(phase, conditions, readiness)
 
 
 def _none_awaiting(approve_all: bool) -> str:

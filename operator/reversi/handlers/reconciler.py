@@ -52,7 +52,7 @@ from ..engine.graph import InvalidRun, build_graph
 from ..engine import runners as rs
 from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
-from ..engine.report import build_report, outcome_reason, report_message
+from ..engine.report import outcome_reason, report_message
 from ..engine.schedule import progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
 from ..models.run import RunSpec, StepUndo
@@ -278,16 +278,12 @@ class Reconciler(TreeRollback):
         status["plan"] = st.plan_status(plan, limit)
         status["observedGeneration"] = gen
         conds = status.get("conditions") or []
-        conds = st.summary_conditions(conds, gen, [(c.INVALID, c.FALSE, c.VALID, "the request and its Run are valid"),
-                                                   (c.PLANNED, c.TRUE, c.PLAN_READY,
-                                                    f"{len(plan.of_kind(COMPENSATE))} compensations planned; "
-                                                    f"fullyReversible={str(plan.fully_reversible).lower()}")])
+        conds = st.summary_conditions(conds, gen, list(request_phase.planned(len(plan.of_kind(COMPENSATE)),
+                                                                             plan.fully_reversible)))
         if spec.dry_run:
-            report = build_report(plan, {})
-            status.update(phase="Planned", conditions=st.summary_conditions(conds, gen, [
-                (c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
-                (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan"),
-                *st.request_readiness("Planned", c.PLAN_READY, "dry run: the plan is in status.plan")]),
+            said = request_phase.dry_run()
+            status.update(phase=said.phase, conditions=st.summary_conditions(conds, gen, [
+                *said.conditions, *st.request_readiness(said.phase, *said.readiness)]),
                 completionTime=st.iso(now), progress=progress_text(plan, {}))
             status.pop("report", None)
             self._write(req, status)
@@ -309,10 +305,9 @@ class Reconciler(TreeRollback):
             pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
         elif (blocked := self._lock_tree(req, run_obj, status)) is not None:  # the Run's lock, and its children's
             held_run, holder = blocked
-            waiting = f"RollbackRequest {ns}/{holder} is working on Run {ns}/{held_run}; this one starts when it ends"
-            status.update(phase="Waiting", conditions=st.summary_conditions(conds, gen, [
-                (c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, waiting),
-                *st.request_readiness("Waiting", c.WAITING_FOR_RUN, waiting)]))
+            said = request_phase.waiting(ns, holder, held_run)
+            status.update(phase=said.phase, conditions=st.summary_conditions(conds, gen, [
+                *said.conditions, *st.request_readiness(said.phase, *said.readiness)]))
             self._write(req, status)
             self._wait_for_lock(ns, held_run or spec.run_ref.name, name)  # the held run's release wakes it
             # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
