@@ -34,7 +34,7 @@ def test_dashboard_is_well_formed():
     assert {"datasource", "namespace", "job"} <= variables
 
 
-def test_dashboard_shows_what_the_design_asks_for():
+def test_dashboard_has_a_panel_for_each_signal_an_sre_watches():
     titles = " | ".join(title.lower() for title, _ in _queries())
     for wanted in ("by verdict", "failed and unverified", "compensation duration", "verification duration",
                    "active halts", "refused calls", "incomplete rollbacks"):

@@ -60,7 +60,7 @@ def charge_step(rv, index: int, order: str, **kw) -> tuple[dict, dict]:
                    charge, **kw), charge
 
 
-def design_example(rv, name: str = "order-4711") -> dict:
+def example_run(rv, name: str = "order-4711") -> dict:
     """The example run: a read, a charge, an uncertain capture, an email."""
     s1, charge = charge_step(rv, 1, f"o-{uuid.uuid4().hex[:6]}")
     rv.run(name, [
@@ -82,7 +82,7 @@ def stamped_or_absent(entry: dict, field: str) -> None:
 
 def test_plan_of_the_design_example_matches_the_operators_dry_run_and_exits_2(rv, cluster):
     rv.apply_manifest()
-    design_example(rv)
+    example_run(rv)
     table = kr(cluster, "plan", "order-4711", namespace=rv.ns)
     assert table.returncode == 2, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.splitlines() if line[:1].isdigit()}
@@ -177,7 +177,7 @@ def test_rollback_without_wait_prints_the_name_and_creates_the_request(rv, clust
 
 def test_rollback_wait_of_an_incomplete_undo_exits_2_and_says_what_to_do(rv, cluster):
     rv.apply_manifest(capture_needs_approval=False)
-    design_example(rv, "r")
+    example_run(rv, "r")
     proc = kr(cluster, "rollback", "r", "--wait", "--name", "undo", namespace=rv.ns)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert rv.get("rollbackrequests", "undo")["status"]["phase"] == "Incomplete"

@@ -32,7 +32,7 @@ read-back has not started is compensated but ``unverified`` (reason ``Cancelled`
 runs the read-back); a mismatching read-back is not read again (failed). A step not started is
 ``cancelled`` (:func:`cancel`).
 
-Retries are per request (rule 6): each request gives a step its full ``retries`` budget, counted
+Retries are per request (rules 4 and 6): each request gives a step its full ``retries`` budget, counted
 starting at the attempt it started at (``StepRun.first_attempt``). Attempt numbers keep increasing across
 requests (the run's ``status.undo`` keeps the total), so Job names stay unique, and the
 idempotency key is the same on every attempt. A step journaled ``compensating`` is resumed at that
