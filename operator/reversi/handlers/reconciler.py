@@ -522,9 +522,9 @@ class Reconciler(TreeRollback):
             return False
         if status.get("phase") != "Waiting" or status.get("observedGeneration") != meta.get("generation", 1):
             return False
-        said = (c.get_condition(status.get("conditions"), c.RUNNING) or {}).get("message") or ""
-        if not said.startswith(f"RollbackRequest {ns}/{holder} is working"):
-            return False  # another holder than the status names: a full pass says who
+        said = c.get_condition(status.get("conditions"), c.RUNNING) or {}
+        if said.get("message") != request_phase.waiting(ns, holder, spec.run_ref.name).readiness[1]:
+            return False  # the status names another holder (or a run below): a full pass says who
         self._wait_for_lock(ns, spec.run_ref.name, name)
         fresh = self.kube.get(RUNS, ns, spec.run_ref.name)
         if fresh is None or (fresh.get("status") or {}).get("activeRequest") != holder:
