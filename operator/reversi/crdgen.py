@@ -92,7 +92,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any], where: str = "") -> d
     return _finish(node, defs, where, already=False)
 
 
-def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: bool) -> dict[str, Any]:
+def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: bool) -> dict[str, Any]:  # noqa: C901
     for key in _DROP_KEYS:
         node.pop(key, None)
     if "const" in node:

@@ -180,7 +180,7 @@ class Kube:
                 return False
             raise
 
-    def job_view(self, job: Any, reader: bool) -> JobView:
+    def job_view(self, job: Any, reader: bool) -> JobView:  # noqa: C901
         """What a Job did: running, or succeeded/failed with its container's termination message
         (and, for a reader, its stdout)."""
         state: JobState = "running"

@@ -67,7 +67,7 @@ def approval_condition(action: PlanAction, approved: dict[int, str], approved_al
     return c.set_condition(old, cond)
 
 
-def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],
+def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],  # noqa: C901
                     approved_all_by: str | None, generation: int, old: list[dict],
                     blocked_by: list[int], limit: int) -> list[dict]:
     """``Approved``, ``Compensated`` and ``Verified`` of one step (docs/concepts.md#the-rollbackrequests-status)."""

@@ -455,7 +455,7 @@ def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
     return out
 
 
-def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:
+def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:  # noqa: C901
     """The "What to do next" lines of ``describe`` (empty when nothing is left to do)."""
     meta = request.get("metadata") or {}
     name, ns = meta.get("name", "?"), meta.get("namespace", "default")
@@ -561,7 +561,7 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     return out
 
 
-def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
+def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],  # noqa: C901
                      now: dt.datetime, run_missing: str = "not found",
                      step_tools: Mapping[int, str] | None = None) -> str:
     """``kubectl reversi describe``: a report a person can read (Velero style). ``run_missing``

@@ -522,7 +522,7 @@ class PodWorker(threading.Thread):
             elif "downwardAPI" in src:
                 self._downward(target, src["downwardAPI"].get("items") or [])
 
-    def _container_config(self, r: ContainerRun, volumes: dict[str, Path]) -> tuple[list, dict, list]:
+    def _container_config(self, r: ContainerRun, volumes: dict[str, Path]) -> tuple[list, dict, list]:  # noqa: C901
         c = r.spec
         env: dict[str, str] = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),

@@ -349,7 +349,7 @@ def unavailable(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
                  Note(s, "HandlerUnavailable", f"step {s}: {error}; not attempted", warning=True)]
 
 
-def advance(
+def advance(  # noqa: C901
     run: StepRun,
     observe: Callable[[Role, int, int], JobView | None],
     verify: VerifyPlan,

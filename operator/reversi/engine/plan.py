@@ -183,7 +183,7 @@ def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
     return action
 
 
-def _base_action(
+def _base_action(  # noqa: C901
     step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str,
     runners: frozenset[str] | None = None,
     readers: Mapping[str, str] | None = None,

@@ -135,7 +135,7 @@ def _from_undo(entry: StepUndo) -> StepOutcome:
     return StepOutcome(RUNNING)
 
 
-def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,
+def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,  # noqa: C901
                  require_verification: bool = False) -> Report:
     """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
     string is accepted for outcomes without detail). O(n).

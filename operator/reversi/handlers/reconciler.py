@@ -189,7 +189,7 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- the pass
 
-    def _reconcile(self, req: dict, memory: Memory) -> float | None:
+    def _reconcile(self, req: dict, memory: Memory) -> float | None:  # noqa: C901
         meta = req["metadata"]
         ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
         ref = f"RollbackRequest {ns}/{name}"
