@@ -92,7 +92,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any], where: str = "") -> d
     return _finish(node, defs, where, already=False)
 
 
-def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: bool) -> dict[str, Any]:  # noqa: C901
+def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: bool) -> dict[str, Any]:
     for key in _DROP_KEYS:
         node.pop(key, None)
     if "const" in node:
@@ -106,17 +106,7 @@ def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: boo
             node["maxLength"] = max(len(str(v)) for v in node["enum"])
     typ = node.get("type")
     if typ == "object" or "properties" in node:
-        node["type"] = "object"
-        extra = node.pop("additionalProperties", None)
-        if "properties" in node and not already:
-            node["properties"] = {
-                key: structural(value, defs, f"{where}.{key}") for key, value in node["properties"].items()
-            }
-        if extra is True or (extra is None and "properties" not in node):
-            if "properties" not in node:
-                node["x-kubernetes-preserve-unknown-fields"] = True
-        elif isinstance(extra, dict) and extra:
-            node["additionalProperties"] = structural(extra, defs, f"{where}.*")
+        _finish_object(node, defs, where, already)
     elif typ == "array":
         if "items" in node and not already:
             node["items"] = structural(node["items"], defs, f"{where}[]")
@@ -128,6 +118,22 @@ def _finish(node: dict[str, Any], defs: dict[str, Any], where: str, already: boo
     if node.get("x-kubernetes-preserve-unknown-fields") and node.get("type") == "object" and "properties" not in node:
         node.pop("additionalProperties", None)
     return node
+
+
+def _finish_object(node: dict[str, Any], defs: dict[str, Any], where: str, already: bool) -> None:
+    """An object node: its properties made structural, free-form maps kept (preserve unknown
+    fields) or typed (``additionalProperties``)."""
+    node["type"] = "object"
+    extra = node.pop("additionalProperties", None)
+    if "properties" in node and not already:
+        node["properties"] = {
+            key: structural(value, defs, f"{where}.{key}") for key, value in node["properties"].items()
+        }
+    if extra is True or (extra is None and "properties" not in node):
+        if "properties" not in node:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    elif isinstance(extra, dict) and extra:
+        node["additionalProperties"] = structural(extra, defs, f"{where}.*")
 
 
 def _order(node: Any) -> Any:

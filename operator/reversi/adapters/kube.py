@@ -56,6 +56,26 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _job_conditions(job: Any) -> tuple[JobState, Any, str, str]:
+    """``(state, finished at, message, reason)`` from a Job's Complete and Failed conditions:
+    ``running`` until one of them is True."""
+    state: JobState = "running"
+    job_message = job_reason = ""
+    finished_at = None
+    for cond in job.status.conditions or []:
+        if cond.status != "True":
+            continue
+        if cond.type == "Complete":
+            state = "succeeded"
+            finished_at = cond.last_transition_time
+        elif cond.type == "Failed":
+            state = "failed"
+            finished_at = cond.last_transition_time
+            job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
+            job_reason = cond.reason or ""
+    return state, finished_at, job_message, job_reason
+
+
 class Kube:
     """Thin, typed access to the objects Reversi reads and writes."""
 
@@ -180,23 +200,10 @@ class Kube:
                 return False
             raise
 
-    def job_view(self, job: Any, reader: bool) -> JobView:  # noqa: C901
+    def job_view(self, job: Any, reader: bool) -> JobView:
         """What a Job did: running, or succeeded/failed with its container's termination message
         (and, for a reader, its stdout)."""
-        state: JobState = "running"
-        job_message = job_reason = ""
-        finished_at = None
-        for cond in job.status.conditions or []:
-            if cond.status != "True":
-                continue
-            if cond.type == "Complete":
-                state = "succeeded"
-                finished_at = cond.last_transition_time
-            elif cond.type == "Failed":
-                state = "failed"
-                finished_at = cond.last_transition_time
-                job_message = f"{cond.reason}: {cond.message}" if cond.reason else (cond.message or "")
-                job_reason = cond.reason or ""
+        state, finished_at, job_message, job_reason = _job_conditions(job)
         if state == "running":
             return JobView("running")
         if state == "succeeded" and not reader:

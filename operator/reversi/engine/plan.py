@@ -183,7 +183,7 @@ def _action(step: Step, kind: str, reason: str, **fields: Any) -> PlanAction:
     return action
 
 
-def _base_action(  # noqa: C901
+def _base_action(
     step: Step, snapshot: ToolSpec | None, resolution: Any | None, undo: StepUndo | None, run_id: str,
     runners: frozenset[str] | None = None,
     readers: Mapping[str, str] | None = None,
@@ -243,25 +243,11 @@ def _base_action(  # noqa: C901
     verified = verification is not None and (
         (verification.runner is not None and (runners is None or verification.runner in runners))
         or verification.tool in (readers or {}))
-    if verification is None:
-        check = "no read-back declared: the undo will not be checked (verification none)"
-    elif verified:
-        check = f"checked with {verification.tool}"
-    elif verification.runner is None:
-        check = "no reader runner configured: the undo will be unverified"
-    elif not verified:
-        check = f"reader runner {verification.runner!r} is not defined in the ToolManifest: the undo will be unverified"
-    else:
-        check = f"checked with {verification.tool}"
-    retry = ""
-    if undo is not None and undo.state == "compensationFailed":
-        retry = f"; retrying after {undo.attempts} failed attempt(s) with the same key"
-    elif undo is not None and undo.state == "compensating":
-        retry = "; a compensation was already started: its Job is adopted"
     return _action(
         step,
         COMPENSATE,
-        f"undo with {compensation.tool} ({compensation.kind}); {check}{retry}{settled}",
+        f"undo with {compensation.tool} ({compensation.kind}); {_check_text(verification, verified)}"
+        f"{_retry_text(undo)}{settled}",
         compensation_tool=compensation.tool,
         compensation_kind=compensation.kind,
         runner=compensation.runner,
@@ -271,6 +257,27 @@ def _base_action(  # noqa: C901
         residue=list(compensation.residue),
         verified=verified,
     )
+
+
+def _check_text(verification: Any, verified: bool) -> str:
+    """How a planned undo will be checked: by its reader, not at all (none declared), or not
+    (no reader runner: it will be unverified)."""
+    if verification is None:
+        return "no read-back declared: the undo will not be checked (verification none)"
+    if verified:
+        return f"checked with {verification.tool}"
+    if verification.runner is None:
+        return "no reader runner configured: the undo will be unverified"
+    return f"reader runner {verification.runner!r} is not defined in the ToolManifest: the undo will be unverified"
+
+
+def _retry_text(undo: StepUndo | None) -> str:
+    """What an earlier request left: failed attempts retried with the same key, or a Job adopted."""
+    if undo is not None and undo.state == "compensationFailed":
+        return f"; retrying after {undo.attempts} failed attempt(s) with the same key"
+    if undo is not None and undo.state == "compensating":
+        return "; a compensation was already started: its Job is adopted"
+    return ""
 
 
 def compact_plan(plan: Plan, max_actions: int = 1000) -> Plan:
