@@ -67,7 +67,7 @@ def approval_condition(action: PlanAction, approved: dict[int, str], approved_al
     return c.set_condition(old, cond)
 
 
-def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],  # noqa: C901
+def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],
                     approved_all_by: str | None, generation: int, old: list[dict],
                     blocked_by: list[int], limit: int) -> list[dict]:
     """``Approved``, ``Compensated`` and ``Verified`` of one step (docs/concepts.md#the-rollbackrequests-status)."""
@@ -77,65 +77,77 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
                                                    generation))
     stage = run.stage
     error = cut(run.error, limit) or ""
-    if stage == "compensated":
-        comp = (c.TRUE, c.COMPENSATION_SUCCEEDED, f"{action.compensation_tool} succeeded (attempt {run.attempts})")
-    elif stage == "failed" and run.verification is None:
-        comp = (c.FALSE, c.COMPENSATION_FAILED, error)
-    elif stage == "failed":
-        comp = (c.FALSE, c.COMPENSATION_FAILED, f"the undo ran but was not confirmed: {error}")
-    elif stage == "compensating":
-        comp = (c.UNKNOWN, c.COMPENSATING, f"attempt {run.attempts}: {action.compensation_tool} is running")
-    elif stage == "retrying":
-        comp = (c.UNKNOWN, c.COMPENSATION_RETRYING,
-                f"attempt {run.attempts} failed: {error}; next attempt at {iso(run.next_at)}")
-    elif stage in ("checking", "verifying", "rereading"):
-        comp = (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
-    elif stage == "cancelled":
-        comp = (c.FALSE, c.CANCELLED,
-                f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
-    elif stage in ("prechecking", "preconditioning"):
-        what = "whether it is already undone" if stage == "prechecking" else "the precondition"
-        comp = (c.UNKNOWN, c.PENDING, f"reading {what} before {action.compensation_tool} runs")
-    elif stage in _NOT_UNDONE:
-        status, reason, text = _NOT_UNDONE[stage]
-        detail = error or (action.reason if action.kind != "compensate" else "")
-        comp = (status, reason, f"{text}: {detail}" if detail and stage != "alreadyRecovered" else text)
-    elif stage == "deferred" or blocked_by:
-        comp = (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
-    elif stage == "awaitingApproval" and run.reason == c.DENIED:
-        comp = (c.FALSE, c.DENIED, f"not undone: {error}")
-    elif stage == "awaitingApproval":
-        comp = (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
-    else:
-        comp = (c.FALSE, c.PENDING, "not started yet (newest first, within parallelism)")
+    comp = _compensated(action, run, error, blocked_by)
     conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
     if stage == "compensated" and run.forced_by:
         comp = (c.TRUE, c.FORCED, f"{action.compensation_tool} succeeded (attempt {run.attempts}) although its "
                 f"precondition did not hold: forced by {run.forced_by}")
         conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
+    ver = _verified(run, verify_tool, error)
+    return c.set_condition(conds, c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+
+
+def _compensated(action: PlanAction, run: StepRun, error: str, blocked_by: list[int]) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of a step's ``Compensated`` condition, from its stage."""
+    stage = run.stage
+    if stage == "compensated":
+        return (c.TRUE, c.COMPENSATION_SUCCEEDED, f"{action.compensation_tool} succeeded (attempt {run.attempts})")
+    elif stage == "failed" and run.verification is None:
+        return (c.FALSE, c.COMPENSATION_FAILED, error)
+    elif stage == "failed":
+        return (c.FALSE, c.COMPENSATION_FAILED, f"the undo ran but was not confirmed: {error}")
+    elif stage == "compensating":
+        return (c.UNKNOWN, c.COMPENSATING, f"attempt {run.attempts}: {action.compensation_tool} is running")
+    elif stage == "retrying":
+        return (c.UNKNOWN, c.COMPENSATION_RETRYING,
+                f"attempt {run.attempts} failed: {error}; next attempt at {iso(run.next_at)}")
+    elif stage in ("checking", "verifying", "rereading"):
+        return (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
+    elif stage == "cancelled":
+        return (c.FALSE, c.CANCELLED,
+                f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
+    elif stage in ("prechecking", "preconditioning"):
+        what = "whether it is already undone" if stage == "prechecking" else "the precondition"
+        return (c.UNKNOWN, c.PENDING, f"reading {what} before {action.compensation_tool} runs")
+    elif stage in _NOT_UNDONE:
+        status, reason, text = _NOT_UNDONE[stage]
+        detail = error or (action.reason if action.kind != "compensate" else "")
+        return (status, reason, f"{text}: {detail}" if detail and stage != "alreadyRecovered" else text)
+    elif stage == "deferred" or blocked_by:
+        return (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
+    elif stage == "awaitingApproval" and run.reason == c.DENIED:
+        return (c.FALSE, c.DENIED, f"not undone: {error}")
+    elif stage == "awaitingApproval":
+        return (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
+    else:
+        return (c.FALSE, c.PENDING, "not started yet (newest first, within parallelism)")
+
+
+def _verified(run: StepRun, verify_tool: str | None, error: str) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of a step's ``Verified`` condition, from its verification."""
+    stage = run.stage
     if run.verification == "verified":
-        ver = (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
+        return (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
     elif run.verification == "none":
-        ver = (c.FALSE, c.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no verification "
-               "for this tool, so the undo counts as complete without a check")
+        return (c.FALSE, c.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no "
+                "verification for this tool, so the undo counts as complete without a check")
     elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
-        ver = (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
-               "sets requireVerification, so this undo is unverified")
+        return (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
+                "sets requireVerification, so this undo is unverified")
     elif run.verification == "unverified" and run.reason in (c.CANCELLED, c.DEADLINE_EXCEEDED):
         why = "was cancelled" if run.reason == c.CANCELLED else "reached its deadline"
-        ver = (c.FALSE, run.reason, f"undone but not checked: the request {why} before a read-back answered; "
-               "a later request on the run runs it (never the compensator again)")
+        return (c.FALSE, run.reason, f"undone but not checked: the request {why} before a read-back answered; "
+                "a later request on the run runs it (never the compensator again)")
     elif run.verification == "unverified":
-        ver = (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
+        return (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
     elif run.verification == "verificationFailed":
         reason = c.VERIFICATION_ARGUMENTS_UNAVAILABLE if run.reason == "VerificationArgumentsUnavailable" else (
             c.READ_FAILED if error.startswith("verification failed: read failed") else c.VERIFICATION_FAILED)
-        ver = (c.FALSE, reason, error)
+        return (c.FALSE, reason, error)
     elif stage in ("verifying", "rereading"):
-        ver = (c.UNKNOWN, c.VERIFYING, f"read-back {run.reads}" + (f": {error}" if error else ""))
+        return (c.UNKNOWN, c.VERIFYING, f"read-back {run.reads}" + (f": {error}" if error else ""))
     else:
-        ver = (c.UNKNOWN, c.PENDING, "not checked yet")
-    return c.set_condition(conds, c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+        return (c.UNKNOWN, c.PENDING, "not checked yet")
 
 
 def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[int]], keys: dict[int, str],
