@@ -561,7 +561,7 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     return out
 
 
-def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],  # noqa: C901
+def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
                      now: dt.datetime, run_missing: str = "not found",
                      step_tools: Mapping[int, str] | None = None) -> str:
     """``kubectl reversi describe``: a report a person can read (Velero style). ``run_missing``
@@ -616,63 +616,90 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
 
     report = status.get("report")
     if status.get("phase") == "Planned" or (report is None and status.get("plan")):
-        plan = status.get("plan") or {}
-        lines.append("")
-        verdict = "fully reversible" if plan.get("fullyReversible") else "NOT fully reversible"
-        lines.append(f"Plan ({verdict}; skipped steps not listed):")
-        actions = [a for a in plan.get("actions") or [] if a.get("kind") != SKIP]
-        if actions:
-            rows = [(a["step"], a.get("tool", ""), a.get("kind", ""), a.get("compensationTool") or "-",
-                     ("blocked by " + steps_text(a["blockedBy"], 8)) if a.get("blockedBy") else a.get("reason", ""))
-                    for a in actions[:BUCKET_LIMIT]]
-            lines += ["  " + line for line in
-                      table(("STEP", "TOOL", "KIND", "COMPENSATION", "REASON / BLOCKED BY"), rows).splitlines()]
-            if len(actions) > BUCKET_LIMIT:
-                lines.append(f"  ... and {len(actions) - BUCKET_LIMIT} more: "
-                             f"kubectl reversi plan {run_name} {ns_flag(ns)}")
-        else:
-            lines.append("  nothing to undo")
-        if plan.get("omitted"):
-            lines.append(f"  ({plan['omitted']} actions omitted from the status; "
-                         f"kubectl reversi plan {run_name} shows all)")
-
+        lines += _plan_lines(status.get("plan") or {}, run_name, ns)
     if report is not None:
-        lines.append("")
-        lines.append(f"Report ({'complete' if report.get('complete') else 'NOT complete'}):")
-        unchecked = set(report.get("noReadBack") or [])
-        for key, label in BUCKETS:
-            items = report.get(key) or []
-            if key == "compensated":  # the undos with no read-back declared are listed on their own
-                items = [s for s in items if s not in unchecked]
-            if items:
-                lines.append(f" {label}: {len(items)}")
-                notes: dict | None = None  # denied steps under awaitingApproval, forced ones under compensated
-                if key == "awaitingApproval":
-                    notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []}
-                elif key == "compensated":
-                    notes = {f["step"]: f.get("reason", "") for f in report.get("forced") or []}
-                lines += _bucket_lines(key, items, tools, notes)
-        lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
-        lines += residue_lines(report.get("residue") or [])
-        lines += run_section_lines(report.get("runs") or [])
-
+        lines += _report_lines(report, tools)
     entries = status.get("steps") or []
     if entries and status.get("phase") not in ("Planned", "Failed"):
-        lines.append("")
-        lines.append("Steps:")
-        step_rows: list[tuple[Any, ...]] = []
-        run_uid = ((run or {}).get("metadata") or {}).get("uid")
-        for e in entries[:BUCKET_LIMIT]:
-            error = f"  error: {e['lastError']}" if e.get("lastError") else ""
-            step_rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
-                              e.get("attempts", 0), step_jobs(run_uid, e), condition_reasons(e) + error))
-        lines += ["  " + line for line in
-                  table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "JOBS", "CONDITIONS"), step_rows).splitlines()]
-        if run_uid:
-            lines.append(f"  (a Job's log: kubectl logs -n {ns} job/JOB, while the Job is kept)")
-        if len(entries) > BUCKET_LIMIT:
-            lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")
+        lines += _step_lines(entries, tools, ((run or {}).get("metadata") or {}).get("uid"), ns)
+    lines += _next_step_lines(request, run)
+    if events:
+        lines += _event_lines(events, now)
+    return "\n".join(lines)
 
+
+def _plan_lines(plan: Mapping[str, Any], run_name: str, ns: str) -> list[str]:
+    """``describe``'s plan section: the actions that are not skips, at most BUCKET_LIMIT."""
+    lines: list[str] = []
+    lines.append("")
+    verdict = "fully reversible" if plan.get("fullyReversible") else "NOT fully reversible"
+    lines.append(f"Plan ({verdict}; skipped steps not listed):")
+    actions = [a for a in plan.get("actions") or [] if a.get("kind") != SKIP]
+    if actions:
+        rows = [(a["step"], a.get("tool", ""), a.get("kind", ""), a.get("compensationTool") or "-",
+                 ("blocked by " + steps_text(a["blockedBy"], 8)) if a.get("blockedBy") else a.get("reason", ""))
+                for a in actions[:BUCKET_LIMIT]]
+        lines += ["  " + line for line in
+                  table(("STEP", "TOOL", "KIND", "COMPENSATION", "REASON / BLOCKED BY"), rows).splitlines()]
+        if len(actions) > BUCKET_LIMIT:
+            lines.append(f"  ... and {len(actions) - BUCKET_LIMIT} more: "
+                         f"kubectl reversi plan {run_name} {ns_flag(ns)}")
+    else:
+        lines.append("  nothing to undo")
+    if plan.get("omitted"):
+        lines.append(f"  ({plan['omitted']} actions omitted from the status; "
+                     f"kubectl reversi plan {run_name} shows all)")
+    return lines
+
+
+def _report_lines(report: Mapping[str, Any], tools: Mapping[int, str]) -> list[str]:
+    """``describe``'s report section: each bucket with its steps, the skipped count, the residue and the runs."""
+    lines: list[str] = []
+    lines.append("")
+    lines.append(f"Report ({'complete' if report.get('complete') else 'NOT complete'}):")
+    unchecked = set(report.get("noReadBack") or [])
+    for key, label in BUCKETS:
+        items = report.get(key) or []
+        if key == "compensated":  # the undos with no read-back declared are listed on their own
+            items = [s for s in items if s not in unchecked]
+        if items:
+            lines.append(f" {label}: {len(items)}")
+            notes: dict | None = None  # denied steps under awaitingApproval, forced ones under compensated
+            if key == "awaitingApproval":
+                notes = {d["step"]: d.get("reason", "") for d in report.get("denied") or []}
+            elif key == "compensated":
+                notes = {f["step"]: f.get("reason", "") for f in report.get("forced") or []}
+            lines += _bucket_lines(key, items, tools, notes)
+    lines.append(f" Skipped (nothing to undo): {len(report.get('skipped') or [])}")
+    lines += residue_lines(report.get("residue") or [])
+    lines += run_section_lines(report.get("runs") or [])
+    return lines
+
+
+def _step_lines(entries: Sequence[Mapping[str, Any]], tools: Mapping[Any, str], run_uid: str | None,
+                ns: str) -> list[str]:
+    """``describe``'s steps section: stage, attempts, Jobs and conditions of each step."""
+    lines: list[str] = []
+    lines.append("")
+    lines.append("Steps:")
+    step_rows: list[tuple[Any, ...]] = []
+    for e in entries[:BUCKET_LIMIT]:
+        error = f"  error: {e['lastError']}" if e.get("lastError") else ""
+        step_rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
+                          e.get("attempts", 0), step_jobs(run_uid, e), condition_reasons(e) + error))
+    lines += ["  " + line for line in
+              table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "JOBS", "CONDITIONS"), step_rows).splitlines()]
+    if run_uid:
+        lines.append(f"  (a Job's log: kubectl logs -n {ns} job/JOB, while the Job is kept)")
+    if len(entries) > BUCKET_LIMIT:
+        lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")
+    return lines
+
+
+def _next_step_lines(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:
+    """``describe``'s "What to do next" section (:func:`next_steps`, or why there is nothing)."""
+    status = request.get("status") or {}
+    lines: list[str] = []
     todo = next_steps(request, run)
     lines.append("")
     lines.append("What to do next:")
@@ -683,14 +710,18 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     else:
         idle = ["  nothing more Reversi can do: read the report and the residue above."]
     lines += [f"  - {line}" if not line.startswith("  ") else f"    {line.strip()}" for line in todo] or idle
+    return lines
 
-    if events:
-        lines.append("")
-        lines.append("Events (newest last):")
-        recent = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
-                  for e in list(events)[-10:]]
-        lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), recent).splitlines()]
-    return "\n".join(lines)
+
+def _event_lines(events: Sequence[Mapping[str, Any]], now: dt.datetime) -> list[str]:
+    """``describe``'s events section: the last ten."""
+    lines: list[str] = []
+    lines.append("")
+    lines.append("Events (newest last):")
+    recent = [(age(e.get("time"), now), e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+              for e in list(events)[-10:]]
+    lines += ["  " + line for line in table(("AGE", "TYPE", "REASON", "MESSAGE"), recent).splitlines()]
+    return lines
 
 
 def step_jobs(run_uid: str | None, entry: Mapping[str, Any]) -> str:
