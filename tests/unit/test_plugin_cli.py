@@ -268,3 +268,16 @@ def test_describe_of_a_request_waiting_for_its_run_says_so_not_that_the_operator
     assert not any("reversi-operator is running" in line for line in lines)
     fresh = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}}, "status": {}}
     assert "reversi-operator is running" in next_steps(fresh, None)[0]
+
+
+def test_an_incomplete_request_says_how_to_accept_its_residue_until_it_is_accepted():
+    from reversi.cli.views import next_steps
+
+    request = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}},
+               "status": {"phase": "Incomplete", "report": {"unrecoverable": [{"step": 0, "reason": "irreversible"}]}}}
+    run = {"metadata": {"name": "r"}, "spec": {}, "status": {
+        "lastRequest": "undo", "conditions": [{"type": "RolledBack", "status": "False"}]}}
+    lines = next_steps(request, run)
+    assert any("kubectl reversi acknowledge r --note TEXT -n shop" in line for line in lines), lines
+    run["spec"]["acknowledgement"] = {"note": "told them", "actor": "lead", "request": "undo"}
+    assert not any("acknowledge" in line for line in next_steps(request, run))

@@ -455,7 +455,7 @@ def _bucket_lines(name: str, items: list[Any], tools: Mapping[int, str],
     return out
 
 
-def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:  # noqa: C901
+def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> list[str]:
     """The "What to do next" lines of ``describe`` (empty when nothing is left to do)."""
     meta = request.get("metadata") or {}
     name, ns = meta.get("name", "?"), meta.get("namespace", "default")
@@ -465,6 +465,23 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     phase = status.get("phase")
     n = ns_flag(ns)
     manifest = (((run or {}).get("spec") or {}).get("manifestRef") or {}).get("name", "<manifest>")
+    early = _next_steps_before_work(status, phase, name, run_name, n)
+    if early is not None:
+        return early
+    out = ["Another request is undoing the run; this one starts when it ends."] if phase == "Waiting" else []
+    out += _next_steps_to_settle(report, phase, name, run_name, n)
+    out += _next_steps_to_undo(report, ns, manifest, run_name, n)
+    out += _next_steps_left(report, phase, run_name, n)
+    if out and phase == "Incomplete" and run is not None and acknowledged(run) is None:
+        out.append(f"Once what stands is dealt with by hand, accept it: kubectl reversi acknowledge {run_name} "
+                   f"--note TEXT {n} (the run and this request then read as done; the report keeps the residue)")
+    return out
+
+
+def _next_steps_before_work(status: Mapping[str, Any], phase: str | None, name: str, run_name: str,
+                            n: str) -> list[str] | None:
+    """What to do about a request that never got to work (invalid, planned, waiting for its Run,
+    not picked up), or None when it did."""
     out: list[str] = []
     invalid = _conditions(status).get("Invalid") or {}
     if phase == "Failed" and invalid.get("status") == "True":
@@ -488,8 +505,13 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     if phase in (None, "Pending"):
         out.append("The operator has not picked the request up yet: check that reversi-operator is running.")
         return out
-    if phase == "Waiting":
-        out.append("Another request is undoing the run; this one starts when it ends.")
+    return None
+
+
+def _next_steps_to_settle(report: Mapping[str, Any], phase: str | None, name: str, run_name: str,
+                          n: str) -> list[str]:
+    """Steps a person must settle: unresolved, denied, awaiting approval."""
+    out: list[str] = []
     unresolved = report.get("unresolved") or []
     if unresolved:
         out.append(f"Settle unresolved step(s) {steps_text(unresolved)} (what did the call really do?), e.g.:")
@@ -508,6 +530,12 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     elif awaiting:
         out.append(f"Step(s) {steps_text(awaiting)} were never approved; start a new request and approve it: "
                    f"kubectl reversi rollback {run_name} --approve-compensations {n}")
+    return out
+
+
+def _next_steps_to_undo(report: Mapping[str, Any], ns: str, manifest: str, run_name: str, n: str) -> list[str]:
+    """Steps left standing, and how each kind can still be undone or handled."""
+    out: list[str] = []
     failed = report.get("failed") or []
     if failed:
         out.append(f"Fix what made step(s) {steps_text([f['step'] for f in failed])} fail (errors above), then re-run: "
@@ -545,6 +573,12 @@ def next_steps(request: Mapping[str, Any], run: Mapping[str, Any] | None) -> lis
     if report.get("compensationDeadlinePassed"):
         out.append(f"Step(s) {steps_text(report['compensationDeadlinePassed'])} did not start before "
                    f"spec.compensationDeadlineSeconds: re-run kubectl reversi rollback {run_name} {n} or undo by hand")
+    return out
+
+
+def _next_steps_left(report: Mapping[str, Any], phase: str | None, run_name: str, n: str) -> list[str]:
+    """What a request that ended left to a new one: cancelled, child runs, pending."""
+    out: list[str] = []
     cancelled = report.get("cancelled") or []
     if cancelled and phase in TERMINAL_PHASES:
         out.append(f"Step(s) {steps_text(cancelled)} were not started because the request was cancelled; a new "
