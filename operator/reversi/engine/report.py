@@ -53,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..models.rollbackrequest import Plan, Report, StepBlocked, StepError, StepReason, StepResidue
+from ..models.rollbackrequest import Plan, PlanAction, Report, StepBlocked, StepError, StepReason, StepResidue
 from ..models.run import StepUndo
 from .plan import (COMPENSATE, DEFER, EXPIRED, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED,
                    UndoStateInput, undo_by_step)
@@ -135,7 +135,7 @@ def _from_undo(entry: StepUndo) -> StepOutcome:
     return StepOutcome(RUNNING)
 
 
-def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,  # noqa: C901
+def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = None, *,
                  require_verification: bool = False) -> Report:
     """Build the report of ``plan`` given ``outcomes`` (``{step: StepOutcome}``; a bare state
     string is accepted for outcomes without detail). O(n).
@@ -149,101 +149,120 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
     if plan.omitted:
         raise ValueError("build_report needs the full plan from build_plan, not a compact_plan")
     outcomes = outcomes or {}
-    compensated: list[int] = []
-    skipped: list[int] = []
-    failed: list[StepError] = []
-    unrecoverable: list[StepReason] = []
-    unresolved: list[int] = []
-    unmanifested: list[int] = []
-    deferred: list[StepBlocked] = []
-    awaiting: list[int] = []
-    denied: list[StepReason] = []
-    unverified: list[int] = []
-    no_read_back: list[int] = []
-    pending: list[int] = []
-    cancelled: list[int] = []
-    statuses: dict[str, list] = {field: [] for field, _ in STATUS_BUCKETS.values()}
-    forced: list[StepReason] = []
-
-    def undone(step: int, outcome: StepOutcome, lines: list[str]) -> None:
-        if outcome.verification == VERIFIED:
-            compensated.append(step)
-        elif outcome.verification == NO_READ_BACK and not require_verification:
-            compensated.append(step)
-            no_read_back.append(step)
-        elif outcome.verification == VERIFICATION_FAILED:
-            failed.append(StepError(step=step, error=outcome.error or "verification failed"))
-            return
-        else:
-            unverified.append(step)
-        if outcome.forced_by:
-            forced.append(StepReason(step=step, reason=f"forced by {outcome.forced_by}"))
-
+    buckets = _Buckets(require_verification)
     for action in plan.actions:
-        step = action.step
-        raw = outcomes.get(step)
-        outcome = StepOutcome(raw) if isinstance(raw, str) else raw
-        kind = action.kind
-        if kind == SKIP:
-            if outcome is not None and outcome.state == COMPENSATED:
-                undone(step, outcome, list(action.residue))
-            else:
-                skipped.append(step)
-        elif kind == UNRECOVERABLE:
-            unrecoverable.append(StepReason(step=step, reason=action.reason))
-        elif kind == UNRESOLVED:
-            unresolved.append(step)
-        elif kind == UNMANIFESTED:
-            unmanifested.append(step)
-        elif kind in STATUS_BUCKETS:  # expired, handlerUnavailable (plan kinds)
-            _status_item(statuses, kind, step, action.reason)
-        elif kind == DEFER:
-            known = outcome.blocked_by if outcome is not None and outcome.blocked_by else action.blocked_by
-            deferred.append(StepBlocked(step=step, blocked_by=list(known)))
-        elif kind == COMPENSATE:
-            state = outcome.state if outcome is not None else PENDING
-            if state == COMPENSATED:
-                undone(step, outcome, list(action.residue))  # type: ignore[arg-type]
-            elif state == FAILED:
-                failed.append(StepError(step=step, error=(outcome.error if outcome else None) or "compensation failed"))
-            elif state == AWAITING_APPROVAL:
-                awaiting.append(step)
-                if outcome is not None and outcome.error:  # denied: still not undone, and why
-                    denied.append(StepReason(step=step, reason=outcome.error))
-            elif state == CANCELLED:
-                cancelled.append(step)
-            elif state == DEFERRED:
-                deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
-            elif state in (PENDING, RUNNING):
-                pending.append(step)
-            elif state in STATUS_BUCKETS:
-                _status_item(statuses, state, step, (outcome.error if outcome else None) or action.reason)
-            else:
-                raise ValueError(f"step {step}: unknown outcome state {state!r}")
-        else:  # pragma: no cover - the plan's kinds are a closed set
-            raise ValueError(f"step {step}: unknown plan kind {kind!r}")
-
-    report = Report(
-        compensated=compensated,
-        skipped=skipped,
-        failed=failed,
-        unrecoverable=unrecoverable,
-        unresolved=unresolved,
-        unmanifested=unmanifested,
-        deferred=deferred,
-        awaiting_approval=awaiting,
-        denied=denied,
-        unverified=unverified,
-        no_read_back=no_read_back,
-        pending=pending,
-        cancelled=cancelled,
-        forced=forced,
-        complete=False,
-        **statuses,
-    )
+        raw = outcomes.get(action.step)
+        buckets.place(action, StepOutcome(raw) if isinstance(raw, str) else raw)
+    report = buckets.report()
     report.residue = typed_residue(plan, report)
     report.complete = all(entry.type == DECLARED for entry in report.residue)
     return report
+
+
+class _Buckets:
+    """The report's buckets as :func:`build_report` fills them, one step at a time."""
+
+    def __init__(self, require_verification: bool):
+        self.require_verification = require_verification
+        self.compensated: list[int] = []
+        self.skipped: list[int] = []
+        self.failed: list[StepError] = []
+        self.unrecoverable: list[StepReason] = []
+        self.unresolved: list[int] = []
+        self.unmanifested: list[int] = []
+        self.deferred: list[StepBlocked] = []
+        self.awaiting: list[int] = []
+        self.denied: list[StepReason] = []
+        self.unverified: list[int] = []
+        self.no_read_back: list[int] = []
+        self.pending: list[int] = []
+        self.cancelled: list[int] = []
+        self.forced: list[StepReason] = []
+        self.statuses: dict[str, list] = {field: [] for field, _ in STATUS_BUCKETS.values()}
+
+    def place(self, action: PlanAction, outcome: StepOutcome | None) -> None:
+        """Put one planned step in its bucket, by its plan kind and (for a compensation) its outcome."""
+        step, kind = action.step, action.kind
+        if kind == SKIP:
+            if outcome is not None and outcome.state == COMPENSATED:
+                self.undone(step, outcome)
+            else:
+                self.skipped.append(step)
+        elif kind == UNRECOVERABLE:
+            self.unrecoverable.append(StepReason(step=step, reason=action.reason))
+        elif kind == UNRESOLVED:
+            self.unresolved.append(step)
+        elif kind == UNMANIFESTED:
+            self.unmanifested.append(step)
+        elif kind in STATUS_BUCKETS:  # expired, handlerUnavailable (plan kinds)
+            _status_item(self.statuses, kind, step, action.reason)
+        elif kind == DEFER:
+            known = outcome.blocked_by if outcome is not None and outcome.blocked_by else action.blocked_by
+            self.deferred.append(StepBlocked(step=step, blocked_by=list(known)))
+        elif kind == COMPENSATE:
+            self.compensation(action, outcome)
+        else:  # pragma: no cover - the plan's kinds are a closed set
+            raise ValueError(f"step {step}: unknown plan kind {kind!r}")
+
+    def compensation(self, action: PlanAction, outcome: StepOutcome | None) -> None:
+        """A planned compensation, by its outcome so far. Raises ``ValueError`` for an unknown state."""
+        step = action.step
+        state = outcome.state if outcome is not None else PENDING
+        if state == COMPENSATED:
+            self.undone(step, outcome)  # type: ignore[arg-type]
+        elif state == FAILED:
+            error = (outcome.error if outcome else None) or "compensation failed"
+            self.failed.append(StepError(step=step, error=error))
+        elif state == AWAITING_APPROVAL:
+            self.awaiting.append(step)
+            if outcome is not None and outcome.error:  # denied: still not undone, and why
+                self.denied.append(StepReason(step=step, reason=outcome.error))
+        elif state == CANCELLED:
+            self.cancelled.append(step)
+        elif state == DEFERRED:
+            self.deferred.append(StepBlocked(step=step, blocked_by=list(outcome.blocked_by) if outcome else []))
+        elif state in (PENDING, RUNNING):
+            self.pending.append(step)
+        elif state in STATUS_BUCKETS:
+            _status_item(self.statuses, state, step, (outcome.error if outcome else None) or action.reason)
+        else:
+            raise ValueError(f"step {step}: unknown outcome state {state!r}")
+
+    def undone(self, step: int, outcome: StepOutcome) -> None:
+        """A step whose compensation ran: compensated, unverified or failed, by its read-back."""
+        if outcome.verification == VERIFIED:
+            self.compensated.append(step)
+        elif outcome.verification == NO_READ_BACK and not self.require_verification:
+            self.compensated.append(step)
+            self.no_read_back.append(step)
+        elif outcome.verification == VERIFICATION_FAILED:
+            self.failed.append(StepError(step=step, error=outcome.error or "verification failed"))
+            return
+        else:
+            self.unverified.append(step)
+        if outcome.forced_by:
+            self.forced.append(StepReason(step=step, reason=f"forced by {outcome.forced_by}"))
+
+    def report(self) -> Report:
+        """The :class:`Report` of the buckets, its residue and ``complete`` still to be set."""
+        return Report(
+            compensated=self.compensated,
+            skipped=self.skipped,
+            failed=self.failed,
+            unrecoverable=self.unrecoverable,
+            unresolved=self.unresolved,
+            unmanifested=self.unmanifested,
+            deferred=self.deferred,
+            awaiting_approval=self.awaiting,
+            denied=self.denied,
+            unverified=self.unverified,
+            no_read_back=self.no_read_back,
+            pending=self.pending,
+            cancelled=self.cancelled,
+            forced=self.forced,
+            complete=False,
+            **self.statuses,
+        )
 
 
 # ------------------------------------------------------------------------------ typed residue
