@@ -522,7 +522,7 @@ class PodWorker(threading.Thread):
             elif "downwardAPI" in src:
                 self._downward(target, src["downwardAPI"].get("items") or [])
 
-    def _container_config(self, r: ContainerRun, volumes: dict[str, Path]) -> tuple[list, dict, list]:  # noqa: C901
+    def _container_config(self, r: ContainerRun, volumes: dict[str, Path]) -> tuple[list, dict, list]:
         c = r.spec
         env: dict[str, str] = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -545,29 +545,9 @@ class PodWorker(threading.Thread):
             if "valueFrom" not in e or e["valueFrom"] is None:
                 env[e["name"]] = expand(e.get("value") or "", env)
                 continue
-            vf = e["valueFrom"]
-            if vf.get("secretKeyRef"):
-                ref = vf["secretKeyRef"]
-                data = self._get_secret(ref["name"], ref.get("optional", False))
-                if data is None or ref["key"] not in data:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in Secret "
-                                      f"{self.meta['namespace']}/{ref['name']}")
-                env[e["name"]] = data[ref["key"]].decode(errors="replace")
-            elif vf.get("configMapKeyRef"):
-                ref = vf["configMapKeyRef"]
-                data = self._get_configmap(ref["name"], ref.get("optional", False))
-                if data is None or ref["key"] not in data:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f"couldn't find key {ref['key']} in ConfigMap "
-                                      f"{self.meta['namespace']}/{ref['name']}")
-                env[e["name"]] = data[ref["key"]].decode(errors="replace")
-            elif vf.get("fieldRef"):
-                env[e["name"]] = self._field(vf["fieldRef"]["fieldPath"])
-            elif vf.get("resourceFieldRef"):
-                env[e["name"]] = self._resource_field(c, vf["resourceFieldRef"])
+            value = self._env_from(c, e["valueFrom"])
+            if value is not None:
+                env[e["name"]] = value
         command = c.get("command") or []
         if not command:
             raise ConfigError("the node agent ignores images, so a container needs `command` (CommandRequired)")
@@ -581,6 +561,27 @@ class PodWorker(threading.Thread):
                 src = src / vm["subPath"]
             mounts.append({"source": str(src), "target": vm["mountPath"], "readOnly": bool(vm.get("readOnly"))})
         return argv, env, mounts
+
+    def _env_from(self, c: dict, vf: dict) -> str | None:
+        """One ``valueFrom`` of a container's env: a Secret's or ConfigMap's key, a field of the
+        pod, a resource of the container; None for an optional key that is missing. Raises
+        :class:`ConfigError` for a missing key that is not optional."""
+        for source, kind, get in (("secretKeyRef", "Secret", self._get_secret),
+                                  ("configMapKeyRef", "ConfigMap", self._get_configmap)):
+            if vf.get(source):
+                ref = vf[source]
+                data = get(ref["name"], ref.get("optional", False))
+                if data is None or ref["key"] not in data:
+                    if ref.get("optional"):
+                        return None
+                    raise ConfigError(f"couldn't find key {ref['key']} in {kind} "
+                                      f"{self.meta['namespace']}/{ref['name']}")
+                return data[ref["key"]].decode(errors="replace")
+        if vf.get("fieldRef"):
+            return self._field(vf["fieldRef"]["fieldPath"])
+        if vf.get("resourceFieldRef"):
+            return self._resource_field(c, vf["resourceFieldRef"])
+        return None
 
 
 class LogHandler(http.server.BaseHTTPRequestHandler):
