@@ -349,7 +349,7 @@ def unavailable(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
                  Note(s, "HandlerUnavailable", f"step {s}: {error}; not attempted", warning=True)]
 
 
-def advance(  # noqa: C901
+def advance(
     run: StepRun,
     observe: Callable[[Role, int, int], JobView | None],
     verify: VerifyPlan,
@@ -363,110 +363,141 @@ def advance(  # noqa: C901
 
     Final and waiting-for-the-scheduler stages are returned unchanged.
     """
-    s = run.step
+    stage = {"compensating": _compensating, "retrying": _retrying, "checking": _checking,
+             "verifying": _verifying, "rereading": _rereading}.get(run.stage)
     if run.stage in ("prechecking", "preconditioning"):
         new, effects = _guard(run, observe, guards)
         if policy.stop and any(isinstance(e, StartJob) for e in effects):
             # cancelled while a guard read ran: its answer is in, but no new Job starts
             return replace(run, stage="cancelled", reason=CANCELLED_REASON, error=policy.stop, next_at=None), []
         return new, effects
-    if run.stage == "compensating":
-        job = observe("compensator", run.attempts, 0)
-        handed = _handed_over(run, observe, verify, policy) if job is None or job.state == "succeeded" else None
-        if handed is not None:
-            # its check or read-back Job exists (started after the compensator succeeded by a pass
-            # whose status was not written, or the compensator's Job is gone since): go on from there
-            return advance(handed, observe, verify, policy, now, rng, guards)
-        if job is None and policy.stop:
-            # journaled, then cancelled before its Job existed (a crash in between): it never runs
-            return _fail(run, f"compensation attempt {run.attempts} was not started: {policy.stop}", None,
-                         "CompensationFailed")
-        if job is None:  # journaled but not created yet (a crash in between): create it now
-            return run, [StartJob(s, "compensator", run.attempts)]
-        if job.state == "running":
-            return run, []
-        if job.state == "failed":
-            error = job.message or "the compensator exited non-zero"
-            here = run.attempts_here()
-            if here < policy.retries and not policy.stop:
-                wait = delay_seconds(here, policy.base_ms, policy.max_ms, rng)
-                return replace(run, stage="retrying", next_at=now + wait, error=error), [
-                    Note(s, "CompensationRetrying",
-                         f"step {s}: attempt {here} of {policy.retries} failed: {error}; "
-                         f"retrying in {wait:.1f}s with the same idempotency key", warning=True)]
-            not_retried = f"; not retried: {policy.stop}" if policy.stop and here < policy.retries else ""
-            return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}{not_retried}", None,
-                         "CompensationFailed")
-        if policy.stop and (policy.check or verify.mode == "reader"):
-            return _unchecked(run, policy.stop)
-        if policy.check:
-            return replace(run, stage="checking", reads=0, error=None), [StartJob(s, "check", run.attempts, 0)]
-        return _begin_verification(replace(run, error=None), verify, policy)
-    if run.stage == "retrying":
-        if run.next_at is not None and now < run.next_at:
-            return run, []
-        attempt = run.attempts + 1
-        return replace(run, stage="compensating", attempts=attempt, next_at=None), [
-            Journal(s, "compensating", attempt), StartJob(s, "compensator", attempt)]
-    if run.stage == "checking":
-        job = observe("check", run.attempts, 0)
-        handed = _handed_over(run, observe, verify, policy) if job is None else None
-        if handed is not None:  # the check ran, its read-back started since, and its Job is gone (TTL)
-            return advance(handed, observe, verify, policy, now, rng, guards)
-        if job is None:
-            return run, [StartJob(s, "check", run.attempts, 0)]
-        if job.state == "running":
-            return run, []
-        if job.state == "failed":
-            return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
-                         "verificationFailed", "VerificationFailed")
-        handed = _handed_over(run, observe, verify, policy)
-        if handed is not None:
-            return advance(handed, observe, verify, policy, now, rng, guards)
-        if policy.stop and verify.mode == "reader":
-            return _unchecked(run, policy.stop)
-        return _begin_verification(run, verify, policy)
-    if run.stage == "verifying":
-        job = observe("reader", run.attempts, run.reads)
-        if job is None:
-            return run, [StartJob(s, "reader", run.attempts, run.reads)]
-        if job.state == "running":
-            return run, []
-        if job.state == "failed" and job.lost and policy.stop and run.answered_reads() <= 1:
-            # cancelled, and no read-back of this attempt answered (this lost one is not counted
-            # yet): the undo is done but unchecked
-            return _unchecked(run, policy.stop)
-        if job.state == "failed" and job.lost and run.lost_reads < LOST_READS_MAX and not policy.stop:
-            # no answer is not a failed read: read again, not counted against verification.retries
-            lost = f"read-back {run.reads} gave no answer: {job.message or 'its pod did not run to an exit'}"
-            wait = verify.backoff_ms / 1000.0
-            return replace(run, stage="rereading", next_at=now + wait, error=lost, lost_reads=run.lost_reads + 1), [
-                Note(s, "ReadBackLost", f"step {s}: {lost}; reading again in {wait:.1f}s (not counted against "
-                     f"verification.retries, {run.lost_reads + 1} of {LOST_READS_MAX} lost reads)", warning=True)]
-        if job.state == "failed":
-            problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
-        else:
-            try:
-                problem = first_mismatch(parse_answer(job.output or ""), verify.expect)
-            except ValueError as err:
-                problem = f"read failed: {err}"
-        if problem is None:
-            done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
-            return done, [Journal(s, "compensated", run.attempts, "verified")]
-        if run.answered_reads() < verify.retries and not policy.stop:
-            counted = run.answered_reads()
-            wait = ceiling_ms(counted, verify.backoff_ms, 2**31) / 1000.0
-            lost_text = f" ({run.lost_reads} lost, not counted)" if run.lost_reads else ""
-            return replace(run, stage="rereading", next_at=now + wait, error=problem), [
-                Note(s, "VerificationRetrying", f"step {s}: read-back {counted} of {verify.retries}{lost_text}: "
-                     f"{problem}; reading again in {wait:.1f}s")]
-        return _fail(run, f"verification failed: {problem}", "verificationFailed", "VerificationFailed")
-    if run.stage == "rereading":
-        if run.next_at is not None and now < run.next_at:
-            return run, []
-        reads = run.reads + 1
-        return replace(run, stage="verifying", reads=reads, next_at=None), [StartJob(s, "reader", run.attempts, reads)]
-    return run, []
+    if stage is None:
+        return run, []
+    return stage(run, observe, verify, policy, now, rng, guards)
+
+
+def _compensating(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan, policy: Policy,
+                  now: float, rng: random.Random | None, guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """The compensator of the current attempt: adopted, started, still running, failed (retry or
+    fail), or succeeded (its check, or the verification, comes next)."""
+    s = run.step
+    job = observe("compensator", run.attempts, 0)
+    handed = _handed_over(run, observe, verify, policy) if job is None or job.state == "succeeded" else None
+    if handed is not None:
+        # its check or read-back Job exists (started after the compensator succeeded by a pass
+        # whose status was not written, or the compensator's Job is gone since): go on from there
+        return advance(handed, observe, verify, policy, now, rng, guards)
+    if job is None and policy.stop:
+        # journaled, then cancelled before its Job existed (a crash in between): it never runs
+        return _fail(run, f"compensation attempt {run.attempts} was not started: {policy.stop}", None,
+                     "CompensationFailed")
+    if job is None:  # journaled but not created yet (a crash in between): create it now
+        return run, [StartJob(s, "compensator", run.attempts)]
+    if job.state == "running":
+        return run, []
+    if job.state == "failed":
+        error = job.message or "the compensator exited non-zero"
+        here = run.attempts_here()
+        if here < policy.retries and not policy.stop:
+            wait = delay_seconds(here, policy.base_ms, policy.max_ms, rng)
+            return replace(run, stage="retrying", next_at=now + wait, error=error), [
+                Note(s, "CompensationRetrying",
+                     f"step {s}: attempt {here} of {policy.retries} failed: {error}; "
+                     f"retrying in {wait:.1f}s with the same idempotency key", warning=True)]
+        not_retried = f"; not retried: {policy.stop}" if policy.stop and here < policy.retries else ""
+        return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}{not_retried}", None,
+                     "CompensationFailed")
+    if policy.stop and (policy.check or verify.mode == "reader"):
+        return _unchecked(run, policy.stop)
+    if policy.check:
+        return replace(run, stage="checking", reads=0, error=None), [StartJob(s, "check", run.attempts, 0)]
+    return _begin_verification(replace(run, error=None), verify, policy)
+
+
+def _retrying(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan, policy: Policy,
+              now: float, rng: random.Random | None, guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """Between attempts: the next one starts once its backoff has passed."""
+    s = run.step
+    if run.next_at is not None and now < run.next_at:
+        return run, []
+    attempt = run.attempts + 1
+    return replace(run, stage="compensating", attempts=attempt, next_at=None), [
+        Journal(s, "compensating", attempt), StartJob(s, "compensator", attempt)]
+
+
+def _checking(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan, policy: Policy,
+              now: float, rng: random.Random | None, guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """The verifyCommand check after the undo: started, running, failed, or passed (verification next)."""
+    s = run.step
+    job = observe("check", run.attempts, 0)
+    handed = _handed_over(run, observe, verify, policy) if job is None else None
+    if handed is not None:  # the check ran, its read-back started since, and its Job is gone (TTL)
+        return advance(handed, observe, verify, policy, now, rng, guards)
+    if job is None:
+        return run, [StartJob(s, "check", run.attempts, 0)]
+    if job.state == "running":
+        return run, []
+    if job.state == "failed":
+        return _fail(run, f"verifyCommand failed after the undo: {job.message or 'exited non-zero'}",
+                     "verificationFailed", "VerificationFailed")
+    handed = _handed_over(run, observe, verify, policy)
+    if handed is not None:
+        return advance(handed, observe, verify, policy, now, rng, guards)
+    if policy.stop and verify.mode == "reader":
+        return _unchecked(run, policy.stop)
+    return _begin_verification(run, verify, policy)
+
+
+def _verifying(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan, policy: Policy,
+               now: float, rng: random.Random | None, guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """A read-back of the undo: started, running, lost (read again, not counted), failed or
+    mismatched (read again within verification.retries, then failed), or as expected
+    (compensated, verified)."""
+    s = run.step
+    job = observe("reader", run.attempts, run.reads)
+    if job is None:
+        return run, [StartJob(s, "reader", run.attempts, run.reads)]
+    if job.state == "running":
+        return run, []
+    if job.state == "failed" and job.lost and policy.stop and run.answered_reads() <= 1:
+        # cancelled, and no read-back of this attempt answered (this lost one is not counted
+        # yet): the undo is done but unchecked
+        return _unchecked(run, policy.stop)
+    if job.state == "failed" and job.lost and run.lost_reads < LOST_READS_MAX and not policy.stop:
+        # no answer is not a failed read: read again, not counted against verification.retries
+        lost = f"read-back {run.reads} gave no answer: {job.message or 'its pod did not run to an exit'}"
+        wait = verify.backoff_ms / 1000.0
+        return replace(run, stage="rereading", next_at=now + wait, error=lost, lost_reads=run.lost_reads + 1), [
+            Note(s, "ReadBackLost", f"step {s}: {lost}; reading again in {wait:.1f}s (not counted against "
+                 f"verification.retries, {run.lost_reads + 1} of {LOST_READS_MAX} lost reads)", warning=True)]
+    if job.state == "failed":
+        problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
+    else:
+        try:
+            problem = first_mismatch(parse_answer(job.output or ""), verify.expect)
+        except ValueError as err:
+            problem = f"read failed: {err}"
+    if problem is None:
+        done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
+        return done, [Journal(s, "compensated", run.attempts, "verified")]
+    if run.answered_reads() < verify.retries and not policy.stop:
+        counted = run.answered_reads()
+        wait = ceiling_ms(counted, verify.backoff_ms, 2**31) / 1000.0
+        lost_text = f" ({run.lost_reads} lost, not counted)" if run.lost_reads else ""
+        return replace(run, stage="rereading", next_at=now + wait, error=problem), [
+            Note(s, "VerificationRetrying", f"step {s}: read-back {counted} of {verify.retries}{lost_text}: "
+                 f"{problem}; reading again in {wait:.1f}s")]
+    return _fail(run, f"verification failed: {problem}", "verificationFailed", "VerificationFailed")
+
+
+def _rereading(run: StepRun, observe: Callable[[Role, int, int], JobView | None], verify: VerifyPlan, policy: Policy,
+               now: float, rng: random.Random | None, guards: Guards) -> tuple[StepRun, list[Effect]]:
+    """Between read-backs: the next one starts once its backoff has passed."""
+    s = run.step
+    if run.next_at is not None and now < run.next_at:
+        return run, []
+    reads = run.reads + 1
+    return replace(run, stage="verifying", reads=reads, next_at=None), [StartJob(s, "reader", run.attempts, reads)]
 
 
 CANCELLED_REASON = "Cancelled"
