@@ -49,6 +49,7 @@ from ..engine import request_phase
 from ..engine import executor as ex
 from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
+from ..engine.journal import Journal
 from ..engine import runners as rs
 from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
@@ -215,24 +216,9 @@ class Reconciler(TreeRollback):
             return settle
         if self._still_waiting(req, spec, run_obj):
             return LOCK_WAIT_SECONDS  # the Run's release wakes it; no plan is built while another request works
-        try:
-            if not jr.inline_moved(run_obj):
-                jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
-                run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
-            journal = self._load_journal(run_obj, memory)
-        except jr.JournalError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+        run_obj, journal = self._journal_of(req, spec, run_obj, memory)
         if journal is None:
-            log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
-            return self.settings.tick_seconds
-        if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (rule 11)
-            journal = journal.upto(req["status"]["runSteps"])
-        if journal.missing:
-            memory.gap_passes += 1
-            if memory.gap_passes <= GAP_PASSES:
-                return self.settings.tick_seconds  # the watch of RunSteps has not caught up yet
-            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
-        memory.gap_passes = 0
+            return self.settings.tick_seconds  # the RunSteps are still being listed, or their watch catches up
         run_spec = journal.spec
         undo_all = list(journal.undo.values())
         run_uid = run_obj["metadata"]["uid"]
@@ -241,16 +227,7 @@ class Reconciler(TreeRollback):
         # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
         planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
                          if u.verified_by == name else u for u in prior]
-        try:  # the runners recorded when this request took the lock: the live ToolManifest is not read
-            recorded = rs.from_record((req.get("status") or {}).get("runners"))
-        except ValidationError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
-                          "create a new RollbackRequest") from err
-        manifest = None
-        if recorded is None:
-            manifest = self._live_manifest(ref, ns, run_spec.manifest_ref.name)
-        runners, readers_now = recorded or ({r.name: r for r in manifest.runners} if manifest else {},
-                                            current_readers(manifest))
+        recorded, manifest, runners, readers_now = self._runners_of(req, ref, ns, run_spec)
         runner_names = set(runners)
         now = time.time()
         started = _epoch((req.get("status") or {}).get("startTime")) or now
@@ -460,6 +437,54 @@ class Reconciler(TreeRollback):
         if late is not None:
             return late
         return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
+
+    # --------------------------------------------------------------------------- loading
+
+    def _journal_of(self, req: dict, spec: RollbackRequestSpec, run_obj: dict,
+                    memory: Memory) -> tuple[dict, Journal | None]:
+        """The Run (read again after moving an inline journal of Reversi 0.1 into RunSteps) and
+        its journal as this request plans it: the steps pinned at the lock (rule 11), or None
+        while the RunSteps are still being listed or their watch has not caught up with a gap
+        (at most ``GAP_PASSES`` passes). Raises :class:`Invalid` for a journal that cannot be
+        read, or a gap that stays."""
+        meta = req["metadata"]
+        ns, ref = meta["namespace"], f"RollbackRequest {meta['namespace']}/{meta['name']}"
+        try:
+            if not jr.inline_moved(run_obj):
+                jr.migrate_inline(self.kube.custom, run_obj)  # a Run of Reversi 0.1: its steps become RunSteps
+                run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
+            journal = self._load_journal(run_obj, memory)
+        except jr.JournalError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+        if journal is None:
+            log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
+            return run_obj, None
+        if (req.get("status") or {}).get("runSteps") is not None:  # the Run as it stood at the lock (rule 11)
+            journal = journal.upto(req["status"]["runSteps"])
+        if journal.missing:
+            memory.gap_passes += 1
+            if memory.gap_passes <= GAP_PASSES:
+                return run_obj, None  # the watch of RunSteps has not caught up yet
+            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
+        memory.gap_passes = 0
+        return run_obj, journal
+
+    def _runners_of(self, req: dict, ref: str, ns: str, run_spec: Any) -> tuple[Any, Any, dict, Any]:
+        """``(recorded, manifest, runners by name, readers)``: the runners recorded when this
+        request took the lock (then the live ToolManifest is not read), else the live manifest's
+        (``manifest`` None when it is gone). Raises :class:`Invalid` for a recorded list that is
+        not one."""
+        try:
+            recorded = rs.from_record((req.get("status") or {}).get("runners"))
+        except ValidationError as err:
+            raise Invalid(c.INVALID_SPEC, f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
+                          "create a new RollbackRequest") from err
+        manifest = None
+        if recorded is None:
+            manifest = self._live_manifest(ref, ns, run_spec.manifest_ref.name)
+        runners, readers_now = recorded or ({r.name: r for r in manifest.runners} if manifest else {},
+                                            current_readers(manifest))
+        return recorded, manifest, runners, readers_now
 
     # --------------------------------------------------------------------------- helpers
 
