@@ -22,6 +22,7 @@ import click
 import kopf
 
 from ..adapters.kube import Kube
+from ..adapters.journal import MOVE_WORKERS
 from . import common
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
@@ -57,7 +58,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if runtime.initialised():
         state = runtime.state()  # a retry of this activity: the port and threads are there already
     else:
-        kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG")), timeout=ours.api_timeout_seconds)
+        # a connection for each thread that calls the API at once: reconcile workers, kopf's handler
+        # threads, an inline journal's move, and the gauges' refresh
+        connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1
+        kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections),
+                    timeout=ours.api_timeout_seconds)
         metrics = Metrics(namespaces=ours.namespaces)
         if ours.metrics_port:
             metrics.serve(ours.metrics_port)
