@@ -75,12 +75,15 @@ DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 STANDING_STATES = ("failed", "unverified")
 
 Standing = dict[tuple[str, str], int]  # (tool, state) -> steps
+#: The ``tool`` label of a standing undo whose tool the request's status does not name (a step an
+#: earlier request left unverified, read back by a resync after an operator restart).
+UNKNOWN_TOOL = "unknown"
 
 
 def standing_undos(request: dict) -> Standing:
     """The steps of a finished RollbackRequest's report whose undo ended ``failed`` or
-    ``unverified``, counted by ``(tool, state)`` (tools from ``status.steps``; ``"unknown"`` when
-    a step has none there). Empty for a request with no report."""
+    ``unverified``, counted by ``(tool, state)`` (tools from ``status.steps``;
+    :data:`UNKNOWN_TOOL` when a step has none there). Empty for a request with no report."""
     status = request.get("status") or {}
     report = status.get("report") or {}
     tools = {s.get("step"): s.get("tool") for s in status.get("steps") or [] if isinstance(s, dict)}
@@ -88,9 +91,27 @@ def standing_undos(request: dict) -> Standing:
     for state in STANDING_STATES:
         for item in report.get(state) or []:
             step = item.get("step") if isinstance(item, dict) else item
-            key = (tools.get(step) or "unknown", state)
+            key = (tools.get(step) or UNKNOWN_TOOL, state)
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _keep_known_tools(listed: Standing, known: Standing | None) -> Standing:
+    """The standing undos a resync read (``listed``), unless some step's tool was not in the
+    request's status (a step left unverified by an earlier request is planned as a skip, which
+    the status does not list: tool ``unknown``) and the finished request's own report counted
+    the same steps per state with their tools (``known``, from :meth:`Metrics.request_finished`):
+    then that one."""
+    if known is None or not any(tool == UNKNOWN_TOOL for tool, _ in listed):
+        return listed
+
+    def per_state(standing: Standing) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (_, state), n in standing.items():
+            out[state] = out.get(state, 0) + n
+        return out
+
+    return known if per_state(known) == per_state(listed) else listed
 
 
 def _last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
@@ -213,7 +234,8 @@ class Metrics:
             if (namespace, run) not in last or last[(namespace, run)][0] <= done:
                 last[(namespace, run)] = (done, standing)
         with self._lock:
-            self._standing_by_run = {key: standing for key, (_, standing) in last.items() if standing}
+            self._standing_by_run = {key: _keep_known_tools(standing, self._standing_by_run.get(key))
+                                     for key, (_, standing) in last.items() if standing}
             self._export_standing()
 
     def _export_standing(self) -> None:

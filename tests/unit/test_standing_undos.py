@@ -138,3 +138,22 @@ def test_standing_undos_of_a_request_count_by_tool_and_state():
     assert standing_undos(_request("r", "t", failed=[0, 1], unverified=[2])) == {
         (CHARGE, "failed"): 2, (RESERVE, "unverified"): 1}
     assert standing_undos({"status": {}}) == {}
+
+
+def test_a_resync_keeps_the_tool_the_finished_request_named_when_its_status_does_not():
+    """A step an earlier request left unverified is planned as a skip, which the status does not
+    list: the resync cannot name its tool, and keeps the one the finished request's report gave."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    metrics.run_observed("shop", "r", _run("r", "False"))
+    metrics.request_finished("shop", "incomplete", _report(unverified=[2]), PLAN, run="r")
+    later = _request("r", "2026-12-01T11:00:00Z", unverified=[2])
+    later["status"]["steps"] = []  # the carried-over step is not in status.steps
+    metrics.refresh(_Kube([_run("r", "False")], [later]))
+    assert _standing(registry, RESERVE, "unverified") == 1
+    assert _standing(registry, "unknown", "unverified") in (None, 0)
+    # after an operator restart nothing named it: the resync says unknown, rather than nothing
+    fresh = CollectorRegistry()
+    restarted = Metrics(fresh)
+    restarted.refresh(_Kube([_run("r", "False")], [later]))
+    assert _standing(fresh, "unknown", "unverified") == 1
