@@ -61,9 +61,7 @@ def incomplete_run(run: dict) -> bool:
     """Whether a Run counts in ``reversi_incomplete_rollbacks``: its last rollback is incomplete
     (``RolledBack=False``) and no acknowledgement of it counts
     (:func:`reversi.engine.acknowledgement.acknowledged`)."""
-    return (any(cond.get("type") == "RolledBack" and cond.get("status") == "False"
-                for cond in (run.get("status") or {}).get("conditions") or [])
-            and acknowledgement.acknowledged(run) is None)
+    return acknowledgement.incomplete(run)
 
 
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",

@@ -55,6 +55,13 @@ def _rolled_back(run: Mapping[str, Any]) -> str | None:
     return _condition(run, "RolledBack")
 
 
+def incomplete(run: Mapping[str, Any]) -> bool:
+    """Whether ``run``'s last rollback left something in place (``RolledBack=False``) and no
+    acknowledgement of it counts: what the Run's Stalled condition and the
+    ``reversi_incomplete_rollbacks`` gauge both say."""
+    return _rolled_back(run) == "False" and acknowledged(run) is None
+
+
 def acknowledged(run: Mapping[str, Any]) -> Acknowledged | None:
     """The acknowledgement that counts for ``run``'s last rollback, or None: its
     ``spec.acknowledgement`` when that names the run's ``status.lastRequest`` and the last
