@@ -25,12 +25,15 @@ from reversi.devcluster.cluster import Cluster, ClusterSettings
 #: how far apart the ports of two pytest-xdist workers are
 WORKER_PORT_STEP = 10
 #: the ports a worker moves (environment variable, default): the cluster's, the test operator's
-#: (tests/integration/conftest.py) and the chart releases' (tests/chart/chartkit.py)
+#: (tests/integration/conftest.py) and the chart releases' (tests/chart/chartkit.py). All lie
+#: below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768 and up): a test that
+#: polls a port in that range before its server listens can connect to itself (TCP simultaneous
+#: open) and hold the port the server then fails to bind
 WORKER_PORTS = {
     "REVERSI_APISERVER_PORT": 16443, "REVERSI_ETCD_PORT": 12379, "REVERSI_ETCD_PEER_PORT": 12380,
     "REVERSI_KUBELET_PORT": 20250, "REVERSI_TEST_METRICS_PORT": 18089, "REVERSI_TEST_WEBHOOK_PORT": 19089,
-    "REVERSI_TEST_CHART_METRICS_PORT": 58080, "REVERSI_TEST_CHART_WEBHOOK_PORT": 59443,
-    "REVERSI_TEST_CHART_HEALTH_PORT": 58081,
+    "REVERSI_TEST_CHART_METRICS_PORT": 28180, "REVERSI_TEST_CHART_WEBHOOK_PORT": 28443,
+    "REVERSI_TEST_CHART_HEALTH_PORT": 28181,
 }
 
 

@@ -5,6 +5,7 @@ See conftest.py for the fixtures and for how a release is made to work on the lo
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -158,7 +159,7 @@ class Release:
         def ready() -> bool:
             try:
                 self.metrics_text()
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 return False
             if self.values["webhook"]["enabled"]:
                 try:
@@ -189,13 +190,13 @@ class Release:
 def release_values(**overrides: Any) -> dict:
     """Values of the live release: test ports and fast ticks; everything else as shipped."""
     values: dict[str, Any] = {
-        "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "58080"))},
-        "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "59443"))},
+        "metrics": {"port": int(os.environ.get("REVERSI_TEST_CHART_METRICS_PORT", "28180"))},
+        "webhook": {"enabled": True, "port": int(os.environ.get("REVERSI_TEST_CHART_WEBHOOK_PORT", "28443"))},
         "operator": {"tickSeconds": 0.5},
         # pods share the host's network here: the admission replicas share the webhook port
         # (SO_REUSEPORT), and leave the metrics and health ports to the operator's pod
         "admission": {"metricsPort": 0, "healthPort": 0},
-        "probes": {"healthPort": int(os.environ.get("REVERSI_TEST_CHART_HEALTH_PORT", "58081"))},
+        "probes": {"healthPort": int(os.environ.get("REVERSI_TEST_CHART_HEALTH_PORT", "28181"))},
         # the tests' CRDs come from crds/ (the crds fixture), shared with the integration tests;
         # test_chart_upgrade.py installs them with the release
         "crds": {"enabled": False},

@@ -7,8 +7,8 @@ container's ``command`` (``reversi-operator``) with this machine's PATH, so the 
 runs the operator of this checkout, with the chart's ServiceAccount, RBAC, Secret and env.
 
 On the local control plane pods share the host's network: the operator's ports are host ports,
-so the tests use ports that do not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 58080;
-``REVERSI_TEST_CHART_WEBHOOK_PORT``, default 59443); the pod's IP is the host's non-loopback
+so the tests use ports that do not clash (``REVERSI_TEST_CHART_METRICS_PORT``, default 28180;
+``REVERSI_TEST_CHART_WEBHOOK_PORT``, default 28443); the pod's IP is the host's non-loopback
 address, so the Service's EndpointSlice reaches it and the API server calls the webhooks through
 the Service, as on a real cluster.
 
