@@ -1,6 +1,6 @@
 """Recording under load: many agents recording at once, next to the same API server's plain writes.
 
-    python benchmarks/record_load_bench.py [--agents 1,4,16,32] [--seconds 10] [--only load,gap]
+    python benchmarks/record_load_bench.py [--agents 1,4,16,32] [--seconds 10] [--only load,gap] [--breakdown]
 
 Every figure is printed next to a baseline measured in the same run on the same local control
 plane, so the ratio, not the absolute rate, is the claim:
@@ -169,11 +169,56 @@ def check_runs(api: client.ApiClient, namespace: str, runs: list[str]) -> list[s
 
 # ----------------------------------------------------------------------------- scenarios
 
+def apiserver_counters(api: client.ApiClient) -> dict[str, float]:
+    """The API server's request counts by ``VERB resource[/subresource]`` (Reversi's group and
+    ConfigMaps) and its time in each admission webhook (``webhook <name>`` and ``webhook <name>
+    count``), from its /metrics."""
+    resp = api.call_api("GET", api.configuration.host + "/metrics")
+    resp.read()
+    out: dict[str, float] = {}
+    for line in resp.data.decode().splitlines():
+        if line.startswith("apiserver_request_total{") and ('group="reversi.dev"' in line
+                                                           or 'resource="configmaps"' in line):
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+            sub = labels["subresource"].strip('"')
+            key = f"{labels['verb'].strip(chr(34))} {labels['resource'].strip(chr(34))}" + (f"/{sub}" if sub else "")
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_"):
+            metric, rest = line.split("{", 1)
+            name = rest.split('name="', 1)[1].split('"', 1)[0]
+            key = f"webhook {name}" + (" count" if metric.endswith("_count") else "")
+            if metric.endswith(("_sum", "_count")):
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def print_breakdown(before: dict[str, float], after: dict[str, float]) -> None:
+    """What each recorded call cost the API server: requests by verb and resource, and the mean
+    time of each webhook review (the difference of two :func:`apiserver_counters`; a recorded
+    call is one RunStep create)."""
+    diff = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+    calls = diff.get("POST runsteps", 0.0)
+    if not calls:
+        return
+    requests = {k: v for k, v in diff.items() if not k.startswith("webhook ") and "configmaps" not in k}
+    print(f"      per recorded call: {sum(requests.values()) / calls:.2f} API requests ("
+          + ", ".join(f"{k} {v / calls:.2f}" for k, v in sorted(requests.items(), key=lambda kv: -kv[1]))
+          + ")", flush=True)
+    for key, total in sorted(diff.items()):
+        if key.startswith("webhook ") and not key.endswith(" count") and diff.get(f"{key} count"):
+            count = diff[f"{key} count"]
+            print(f"      {key[8:]}: {count / calls:.2f} reviews per call, mean {total / count * 1000:.1f} ms",
+                  flush=True)
+
+
 def load(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
-         processes: int) -> tuple[list[dict], list[str]]:
+         processes: int, breakdown: bool = False) -> tuple[list[dict], list[str]]:
     rows, problems = [], []
     for agents in agent_counts:
+        before = apiserver_counters(api) if breakdown else {}
         rec = drive("recorded", kubeconfig, namespace, agents, seconds, processes)
+        if breakdown:
+            print_breakdown(before, apiserver_counters(api))
         plain = drive("plain", kubeconfig, namespace, agents, seconds, processes)
         problems += check_runs(api, namespace, list(rec))
         (r_rate, r_p50), (p_rate, p_p50) = rate(rec, seconds), rate(plain, seconds)
@@ -280,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="load,gap,interference,move",
                         help="scenarios to run: load, gap, interference, move")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="load: also print the API requests and webhook time of each recorded call")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     cluster = Cluster()
@@ -307,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"load: each agent records as fast as it can for {args.seconds:.0f} s, then makes the same two "
                   "writes on plain ConfigMaps", flush=True)
             rows, problems = load(kubeconfig, api, namespace, [int(a) for a in args.agents.split(",")],
-                                  args.seconds, args.processes)
+                                  args.seconds, args.processes, args.breakdown)
             first, last = rows[0], rows[-1]
             print(f"  {last['agents']} agents: ratio {last['ratio']:.2f} (target >= 0.5); 1 agent: median "
                   f"{first['p50_recorded_ms'] / first['p50_plain_ms']:.2f}x the plain two writes (target <= 2)")
