@@ -84,7 +84,16 @@ def components() -> dict[str, Component]:
         "helm": Component("helm", pins["helm"]["version"], ("helm",)),
         "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool", "prometheus")),
         "cli-utils": Component("cli-utils", pins["cli-utils"]["version"], ("kstatus-check",)),
+        "node": Component("node", pins["kubernetes"]["version"], tuple(pins["node"]["commands"])),
+        "containerd": Component("containerd", pins["containerd"]["version"],
+                                ("containerd", "containerd-shim-runc-v2", "ctr")),
+        "runc": Component("runc", pins["runc"]["version"], ("runc",)),
+        "cni-plugins": Component("cni-plugins", pins["cni-plugins"]["version"],
+                                 ("bridge", "host-local", "loopback", "portmap")),
     }
+
+#: what the real node needs besides the control plane (``reversi-devcluster up --real-node``)
+NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins")
 
 
 def binary(component: str, name: str | None = None) -> Path:
@@ -93,22 +102,22 @@ def binary(component: str, name: str | None = None) -> Path:
     return comp.path(name or comp.binaries[0])
 
 
-def _go_env(workdir: Path) -> dict[str, str]:
+def _go_env(workdir: Path, cgo: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GOFLAGS", "-buildvcs=false")
-    env["CGO_ENABLED"] = "0"
+    env["CGO_ENABLED"] = "1" if cgo else "0"
     env["GOWORK"] = "off"
     env["GOTOOLCHAIN"] = env.get("GOTOOLCHAIN", "local")
     return env
 
 
-def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True) -> None:
+def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True, cgo: bool = False) -> None:
     """Run a go command, appending its output to ``log``; print a progress line per package."""
     with log.open("a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=_go_env(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            cmd, cwd=cwd, env=_go_env(cwd, cgo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True,
         )
         assert proc.stdout is not None
@@ -151,6 +160,7 @@ def _staging_replaces(k8s_version: str, staging_version: str, workdir: Path, log
 
 
 def _build_kubernetes(comp: Component, pins: dict) -> None:
+    """Commands of k8s.io/kubernetes (the control plane's, or the node's: ``comp.binaries``)."""
     k = pins["kubernetes"]
     src = comp.root / "src"
     src.mkdir(parents=True, exist_ok=True)
@@ -279,6 +289,37 @@ def _build_tool(comp: Component, *packages: str) -> None:
           *packages], src, comp.log, f"{comp.name} {comp.version}")
 
 
+def _module_source(module: str, version: str, dest: Path, log: Path) -> Path:
+    """A writable copy of ``module@version``'s source from the Go module proxy, in ``dest``
+    (modules whose go.mod has ``replace`` or ``exclude`` directives build only from their own
+    tree). Raises :class:`BuildError` when the module cannot be downloaded."""
+    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], cwd=dest.parent,
+                         env=_go_env(dest.parent), capture_output=True, text=True)
+    if out.returncode != 0:
+        log.write_text(out.stdout + out.stderr)
+        raise BuildError(f"cannot download {module}@{version}; log: {log}")
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(json.loads(out.stdout)["Dir"], dest)
+    for path in (dest, *dest.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o200)
+    return dest
+
+
+def _build_from_source(comp: Component, module: str, packages: list[str], tags: tuple[str, ...] = (),
+                       cgo: bool = False) -> None:
+    """Build ``packages`` (paths inside the module, ``.`` for its root) of ``module`` at the
+    component's version from a copy of its source, into the component's bin folder."""
+    comp.root.mkdir(parents=True, exist_ok=True)
+    src = _module_source(module, comp.version, comp.root / "src", comp.log)
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    flags = ["-tags", ",".join(tags)] if tags else []
+    target = str(comp.path(comp.binaries[0])) if packages == ["."] else str(comp.bindir) + "/"
+    # -mod=mod: a module's zip has no vendor folder, though its go.mod may say to use one
+    _run(["go", "build", "-mod=mod", "-v", "-trimpath", *flags, "-ldflags", "-s -w", "-o", target, *packages],
+         src, comp.log, f"{comp.name} {comp.version}", cgo=cgo)
+
+
 def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
     """Build the named components (default: kubernetes and etcd), skipping built ones.
 
@@ -313,6 +354,18 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
                         "github.com/prometheus/prometheus/cmd/prometheus")
         elif name == "cli-utils":
             _build_kstatus(comp)
+        elif name == "node":
+            _build_kubernetes(comp, pins)
+        elif name == "containerd":
+            _build_from_source(comp, "github.com/containerd/containerd/v2",
+                               ["./cmd/containerd", "./cmd/containerd-shim-runc-v2", "./cmd/ctr"],
+                               tags=("no_btrfs", "no_devmapper", "no_zfs"))
+        elif name == "runc":  # seccomp needs cgo and libseccomp (Debian: libseccomp-dev, pkg-config)
+            _build_from_source(comp, "github.com/opencontainers/runc", ["."], tags=("seccomp",), cgo=True)
+        elif name == "cni-plugins":
+            _build_from_source(comp, "github.com/containernetworking/plugins",
+                               ["./plugins/main/bridge", "./plugins/ipam/host-local", "./plugins/main/loopback",
+                                "./plugins/meta/portmap"])
         missing = [b for b in comp.binaries if not comp.path(b).exists()]
         if missing:
             raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")

@@ -34,7 +34,8 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("components", nargs=-1,
-                type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils"]))
+                type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
+                                  "runc", "cni-plugins"]))
 @click.option("--all", "all_", is_flag=True, help="Also build helm, promtool and the kstatus checker (cli-utils).")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
 def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
