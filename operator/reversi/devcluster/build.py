@@ -90,10 +90,11 @@ def components() -> dict[str, Component]:
         "runc": Component("runc", pins["runc"]["version"], ("runc",)),
         "cni-plugins": Component("cni-plugins", pins["cni-plugins"]["version"],
                                  ("bridge", "host-local", "loopback", "portmap")),
+        "cri-tools": Component("cri-tools", pins["cri-tools"]["version"], ("crictl",)),
     }
 
 #: what the real node needs besides the control plane (``reversi-devcluster up --real-node``)
-NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins")
+NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins", "cri-tools")
 
 
 def binary(component: str, name: str | None = None) -> Path:
@@ -366,6 +367,8 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
             _build_from_source(comp, "github.com/containernetworking/plugins",
                                ["./plugins/main/bridge", "./plugins/ipam/host-local", "./plugins/main/loopback",
                                 "./plugins/meta/portmap"])
+        elif name == "cri-tools":
+            _build_from_source(comp, "sigs.k8s.io/cri-tools", ["./cmd/crictl"])
         missing = [b for b in comp.binaries if not comp.path(b).exists()]
         if missing:
             raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")

@@ -4,6 +4,8 @@
                                          build missing binaries (kubernetes, etcd;
                                          --all adds helm, promtool, kstatus-check)
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
+    reversi-devcluster up --real-node    ... with a real node instead of the node agent: containerd, runc,
+                                         kubelet, kube-scheduler, kube-proxy, images built here (root)
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log
     reversi-devcluster kubeconfig        print the admin KUBECONFIG path
@@ -23,7 +25,8 @@ import sys
 import click
 
 from . import build as build_mod
-from .cluster import Cluster, ClusterError
+from .cluster import Cluster, ClusterError, ClusterSettings
+from .images import ImageError
 
 
 @click.group(help="Build, start, stop and inspect the local control plane (etcd, kube-apiserver, "
@@ -35,7 +38,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("components", nargs=-1,
                 type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
-                                  "runc", "cni-plugins"]))
+                                  "runc", "cni-plugins", "cri-tools"]))
 @click.option("--all", "all_", is_flag=True, help="Also build helm, promtool and the kstatus checker (cli-utils).")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
 def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
@@ -50,11 +53,14 @@ def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
 
 
 @cli.command()
-def up() -> None:
+@click.option("--real-node", is_flag=True, envvar="REVERSI_REAL_NODE",
+              help="Run pods in real containers: containerd, runc, kubelet, kube-scheduler and kube-proxy "
+                   "(needs root; builds them and the images on first use) instead of the node agent.")
+def up(real_node: bool) -> None:
     """Start the control plane (reusing a running one) and wait for a Ready node."""
     try:
-        Cluster().up(log=click.echo)
-    except (ClusterError, build_mod.BuildError) as err:
+        Cluster(ClusterSettings(real_node=real_node)).up(log=click.echo)
+    except (ClusterError, build_mod.BuildError, ImageError) as err:
         raise click.ClickException(str(err)) from err
 
 

@@ -9,7 +9,10 @@ Components, each a process of its own with its log in ``<state>/logs/<component>
   serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers, and the
   deployment, replicaset, endpoints and endpointslice controllers (for the operator installed by
   its Helm chart; with no kube-proxy, the API server reaches Services through their endpoints);
-- ``node-agent`` (:mod:`reversi.devcluster.nodeagent`), standing in for a kubelet.
+- ``node-agent`` (:mod:`reversi.devcluster.nodeagent`), standing in for a kubelet; or, with
+  ``REVERSI_REAL_NODE=1`` (``reversi-devcluster up --real-node``), a real node
+  (:mod:`reversi.devcluster.realnode`): containerd, the kubelet, kube-scheduler and kube-proxy,
+  with pods in real containers of images built here.
 
 The state folder is ``$REVERSI_CLUSTER_DIR`` or ``~/.cache/reversi/cluster``. Ports come from
 :class:`ClusterSettings` (environment variables ``REVERSI_APISERVER_PORT``,
@@ -40,9 +43,13 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from . import build, pki
+from . import build, pki, realnode
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+#: the components of a cluster with the node agent (the default)
+COMPONENTS = (*CONTROL_PLANE, "node-agent")
+#: every component a cluster folder may have a process of, in start order
+ALL_COMPONENTS = (*COMPONENTS, *realnode.COMPONENTS)
 NODE_NAME = "reversi-node"
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"
@@ -66,6 +73,10 @@ class ClusterSettings(BaseSettings):
     etcd_peer_port: int = Field(12380, description="etcd peer port on 127.0.0.1.")
     kubelet_port: int = Field(20250, description="node agent's kubelet API port (logs).")
     start_timeout: float = Field(90.0, description="Seconds to wait for each component.")
+    real_node: bool = Field(False, description="Run a real node (containerd, kubelet, kube-scheduler, kube-proxy) "
+                                               "instead of the node agent.")
+    node_bridge: str = Field("reversi0", description="The real node's pod bridge.")
+    node_pod_cidr: str = Field("10.244.0.0/24", description="The real node's pod addresses.")
     apiserver_extra_args: list[str] = Field(
         default_factory=list, description="Extra kube-apiserver flags (JSON list), e.g. feature gates.")
 
@@ -117,6 +128,23 @@ class Cluster:
     def __init__(self, settings: ClusterSettings | None = None):
         self.settings = settings or ClusterSettings()
         self.paths = Paths(self.settings.cluster_dir)
+        self.real = realnode.RealNode(self)
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """This cluster's components in start order: the control plane, then the node agent or
+        the real node's parts (``settings.real_node``)."""
+        return (*CONTROL_PLANE, *realnode.COMPONENTS) if self.settings.real_node else COMPONENTS
+
+    @property
+    def node_name(self) -> str:
+        return NODE_NAME
+
+    def kubelet_serving_pair(self, host_ip: str) -> pki.KeyPair:
+        """The real kubelet's serving certificate (its node name and ``host_ip``, the address the
+        API server reaches it at for logs and exec)."""
+        return pki.issue(self.ca, self.paths.pki, f"kubelet-{host_ip}", f"system:node:{NODE_NAME}",
+                         dns_names=("localhost", NODE_NAME), ip_addresses=("127.0.0.1", host_ip), server=True)
 
     # ----- identities -------------------------------------------------------------------
 
@@ -189,11 +217,15 @@ class Cluster:
             log(f"control plane already running at {self.server}")
             return
         self.down(quiet=True)
+        if self.settings.real_node and (why := realnode.unsupported()):
+            raise ClusterError(f"no real node on this machine: {why}")
         build.build(["kubernetes", "etcd"])
+        if self.settings.real_node:
+            self.real.build(log=log)
         for p in (self.paths.logs, self.paths.pids, self.paths.node, self.paths.kubeconfigs):
             p.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
-        for comp in COMPONENTS:
+        for comp in self.components:
             self.paths.log(comp).write_text("")
         s = self.settings
         for comp, port in (("etcd", s.etcd_port), ("etcd", s.etcd_peer_port),
@@ -206,12 +238,16 @@ class Cluster:
                 )
         certs = self._prepare_pki()
         admin = self.kubeconfig_for("reversi-admin", ("system:masters",), name="admin")
+        if self.settings.real_node:
+            self.real.prepare(_host_ip())
         started = time.monotonic()
         try:
-            for comp in COMPONENTS:
+            for comp in self.components:
                 self._start(comp, *self._command(comp, certs))
                 if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
                     self._wait(comp, self._ready_check(comp, first=True))
+                if comp == "containerd":
+                    self.real.load_images(log=log)
             self._wait("kube-controller-manager", self._default_serviceaccount_exists)
         except BaseException:
             self.down(quiet=True)
@@ -223,18 +259,25 @@ class Cluster:
         """Stop every component this folder's pid files name (reverse start order).
 
         Sends SIGTERM to each process group, then SIGKILL after a grace period; removes the
-        pid files and etcd's data, so the next ``up`` starts from an empty cluster.
+        pid files and etcd's data, so the next ``up`` starts from an empty cluster. A real node's
+        pods are removed through the CRI before containerd stops, and the host is put back as
+        it was (:meth:`reversi.devcluster.realnode.RealNode.clean_up`).
         """
-        for comp in reversed(COMPONENTS):
+        real = self.real.root.exists()
+        for comp in reversed(ALL_COMPONENTS):
             pidfile = self.paths.pid(comp)
             if not pidfile.exists():
                 continue
             pid = int(pidfile.read_text().strip() or 0)
             if pid and _alive(pid) and self._ours(pid):
-                _terminate_group(pid, grace=10.0 if comp == "node-agent" else 5.0)
+                if comp == "containerd":
+                    self.real.remove_pods()
+                _terminate_group(pid, grace=10.0 if comp in ("node-agent", "kubelet", "containerd") else 5.0)
                 if not quiet:
                     log(f"stopped {comp} (pid {pid})")
             pidfile.unlink(missing_ok=True)
+        if real:
+            self.real.clean_up()
         shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
 
     def _ours(self, pid: int) -> bool:
@@ -249,7 +292,7 @@ class Cluster:
     def status(self) -> dict[str, dict]:
         """Each component's pid, whether it is alive, and its log path."""
         out = {}
-        for comp in COMPONENTS:
+        for comp in self.components:
             pidfile = self.paths.pid(comp)
             pid = int(pidfile.read_text().strip() or 0) if pidfile.exists() else None
             out[comp] = {
@@ -281,13 +324,13 @@ class Cluster:
         Raises :class:`ClusterError` when the cluster is not up or a component does not come back.
         """
         names = set(components)
-        unknown = sorted(names - set(COMPONENTS))
+        unknown = sorted(names - set(self.components))
         if unknown:
-            raise ClusterError(f"no component {', '.join(unknown)}; the components are {', '.join(COMPONENTS)}")
+            raise ClusterError(f"no component {', '.join(unknown)}; the components are {', '.join(self.components)}")
         if not self.paths.admin_kubeconfig.exists():
             raise ClusterError(f"the control plane in {self.paths.root} is not up; run `reversi-devcluster up` first")
         started = time.monotonic()
-        order = [comp for comp in COMPONENTS if comp in names]
+        order = [comp for comp in self.components if comp in names]
         for comp in reversed(order):
             self._stop(comp, kill=kill)
             log(f"{'killed' if kill else 'stopped'} {comp}")
@@ -296,14 +339,14 @@ class Cluster:
         self.start_stopped(order, log=log)
         return time.monotonic() - started
 
-    def start_stopped(self, components=COMPONENTS, *, log=print) -> list[str]:
+    def start_stopped(self, components=ALL_COMPONENTS, *, log=print) -> list[str]:
         """Start those of ``components`` that are not running (same command, state and ports as
         ``up``; etcd's data kept) in start order, each waited for as in :meth:`restart`; return
         their names. What a test that kills components calls in its ``finally``, so the cluster is
         whole again for the tests after it. Raises :class:`ClusterError` like :meth:`restart`."""
         certs = self._prepare_pki()
         status = self.status()
-        stopped = [comp for comp in COMPONENTS if comp in components and not status[comp]["running"]]
+        stopped = [comp for comp in self.components if comp in components and not status[comp]["running"]]
         for comp in stopped:  # what is left of a dead one goes first (its pid file, a child)
             self._stop(comp, kill=True)
         started = []
@@ -350,7 +393,7 @@ class Cluster:
                 while _alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             else:
-                _terminate_group(pid, grace=10.0 if comp == "node-agent" else 5.0)
+                _terminate_group(pid, grace=10.0 if comp in ("node-agent", "kubelet", "containerd") else 5.0)
         pidfile.unlink(missing_ok=True)
 
     def _command(self, comp: str, certs: dict[str, pki.KeyPair]) -> tuple[list[str], dict[str, str] | None]:
@@ -363,6 +406,8 @@ class Cluster:
         if comp == "kube-controller-manager":
             kcm = self.kubeconfig_for("system:kube-controller-manager", name="controller-manager")
             return self._kcm_cmd(certs, kcm), None
+        if comp in realnode.COMPONENTS:
+            return self.real.command(comp, _host_ip()), None
         node = self.kubeconfig_for(
             f"system:node:{NODE_NAME}", ("system:nodes", "system:masters"), name="node-agent"
         )
@@ -384,6 +429,8 @@ class Cluster:
             return self._apiserver_ready
         if comp == "kube-controller-manager":
             return lambda: b"Starting job controller" in _read_from(self.paths.log(comp), log_offset)
+        if comp in realnode.COMPONENTS:
+            return self.real.ready_check(comp)
         if first:
             return self._node_ready
         return lambda: self._node_ready(since=since)
@@ -408,14 +455,18 @@ class Cluster:
 
     def _apiserver_cmd(self, c: dict[str, pki.KeyPair]) -> list[str]:
         s = self.settings
+        # a real node's pods reach the API server through the kubernetes Service (kube-proxy), whose
+        # endpoint cannot be a loopback address; its kubelet is authorized as a node (Node, NodeRestriction)
+        real = ["--bind-address=0.0.0.0", f"--advertise-address={_host_ip()}", "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction"]
+        loopback = ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--authorization-mode=RBAC"]
         return [
             str(build.binary("kubernetes", "kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{s.etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            *(real if s.real_node else loopback),
             f"--secure-port={s.apiserver_port}",
             f"--tls-cert-file={c['apiserver'].cert}", f"--tls-private-key-file={c['apiserver'].key}",
             f"--client-ca-file={c['ca'].cert}",
-            "--authorization-mode=RBAC",
             f"--service-account-key-file={c['sa'].cert}",
             f"--service-account-signing-key-file={c['sa'].key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -441,7 +492,9 @@ class Cluster:
             "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
             # for the operator installed by its Helm chart: Deployments and Services
             "deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller,"
-            "clusterrole-aggregation-controller",
+            "clusterrole-aggregation-controller"
+            # a real node's not-ready taint is lifted (and put back when its kubelet stops reporting)
+            + (",node-lifecycle-controller" if self.settings.real_node else ""),
             f"--service-account-private-key-file={c['sa'].key}",
             f"--root-ca-file={c['ca'].cert}",
             "--use-service-account-credentials=true",
@@ -466,7 +519,7 @@ class Cluster:
             pid = int(pidfile.read_text())
             if not _alive(pid):
                 raise ClusterError(self._died(comp))
-            for other in COMPONENTS:
+            for other in self.components:
                 opid = self.paths.pid(other)
                 if other != comp and opid.exists() and not _alive(int(opid.read_text())):
                     raise ClusterError(self._died(other))
@@ -516,6 +569,12 @@ class Cluster:
 
     def _default_serviceaccount_exists(self) -> bool:
         return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+
+def _host_ip() -> str:
+    from .nodeagent import host_ip
+
+    return host_ip()
 
 
 def _package_root() -> str:

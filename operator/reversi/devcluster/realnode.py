@@ -1,0 +1,451 @@
+"""A real node for the local control plane: containerd, runc, the CNI plugins, kubelet,
+kube-scheduler and kube-proxy on this machine (``reversi-devcluster up --real-node``).
+
+Pods run in real containers: images (built here, :mod:`reversi.devcluster.images`), restricted
+security contexts with real user ids and read-only roots, resource limits enforced by the kernel,
+probes, termination messages written by the runtime, evictions and OOM kills. The node replaces
+the node agent: the real kube-scheduler is the default scheduler, and the controller manager runs
+the node-lifecycle controller (it lifts the node's not-ready taint, and taints a node whose
+kubelet stopped reporting).
+
+Everything the node touches on the host is its own and is put back by :meth:`RealNode.clean_up`:
+
+- processes: containerd, the kubelet, kube-scheduler, kube-proxy (the cluster's process groups),
+  every container shim and container process (found by the node's socket and cgroup root);
+- files and mounts under ``<cluster>/real-node`` (containerd's root and state, the kubelet's root,
+  pod logs, CNI configuration and addresses), and the kubelet's links in ``/var/log/containers``;
+- the pod bridge (``REVERSI_NODE_BRIDGE``, default ``reversi0``) and the iptables rules of the CNI
+  plugins, of kube-proxy (``kube-proxy --cleanup``) and of the kubelet (:data:`KUBELET_CHAINS`; so
+  do not run the real node on a machine that is itself a Kubernetes node);
+- the sysctls the kubelet, kube-proxy and the bridge plugin change (saved before the first
+  start in ``sysctls.json`` and restored);
+- cgroups under the kubelet's cgroup root (``/reversi-<cluster folder name>``).
+
+Needs root, cgroups with the memory controller, iptables, and the binaries of
+:data:`reversi.devcluster.build.NODE_COMPONENTS`. Where the machine cannot run containers,
+:func:`unsupported` says why in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from . import build, images
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+#: the processes of the real node, in start order (after the control plane's)
+COMPONENTS = ("containerd", "kubelet", "kube-scheduler", "kube-proxy")
+#: the kernel settings the node's parts change; saved before the first start, restored by clean_up
+SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward",
+           "net/bridge/bridge-nf-call-iptables", "net/ipv4/conf/all/route_localnet")
+CLUSTER_CIDR = "10.244.0.0/16"
+
+
+def unsupported() -> str | None:
+    """Why this machine cannot run the real node (one line), or None when it can."""
+    if os.geteuid() != 0:
+        return "the real node needs root (containers, cgroups, iptables and a bridge)"
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not _cgroup2_has("memory"):
+        return "the real node needs the cgroup memory controller, which this kernel does not offer"
+    for tool in ("iptables", "ip"):
+        if shutil.which(tool) is None:
+            return f"the real node needs {tool} (Debian: apt-get install iptables iproute2)"
+    for tool in ("buildah", "debootstrap", "gcc"):
+        if shutil.which(tool) is None:
+            return f"the real node's images need {tool} (Debian: apt-get install {tool})"
+    return None
+
+
+def _cgroup2_has(controller: str) -> bool:
+    try:
+        return controller in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+    except OSError:
+        return False
+
+
+class RealNode:
+    """The real node of ``cluster``: its configuration, commands, readiness and clean-up."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.settings = cluster.settings
+        self.root = cluster.paths.root / "real-node"
+        self.store = images.Store.default()
+
+    # ----- where things are -------------------------------------------------------------
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return "/reversi-" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in self.cluster.paths.root.name)
+
+    @property
+    def pod_cidr(self) -> str:
+        return self.settings.node_pod_cidr
+
+    @property
+    def bridge(self) -> str:
+        return self.settings.node_bridge
+
+    def _ports(self) -> dict[str, int]:
+        base = self.settings.kubelet_port
+        return {"kubelet": base, "kubelet-healthz": base + 1, "proxy-healthz": base + 2, "proxy-metrics": base + 3}
+
+    # ----- preparing and starting ---------------------------------------------------------
+
+    def build(self, log=print) -> None:
+        """Build what is missing: the node's binaries and its images (pause, the Python base,
+        the Dockerfile's targets). Raises ``BuildError`` or :class:`images.ImageError`."""
+        build.build(list(build.NODE_COMPONENTS))
+        started = time.monotonic()
+        images.pause(self.store)
+        images.project(self.store)
+        log(f"images ready in {time.monotonic() - started:.1f}s")
+
+    def prepare(self, host_ip: str) -> None:
+        """Write the node's configuration and save the host's sysctls (once: a restart after a
+        crash must not save what the node itself set)."""
+        for sub in ("containerd", "kubelet", "pod-logs", "cni/net.d", "cni/ipam"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        saved = self.root / "sysctls.json"
+        if not saved.exists():
+            saved.write_text(json.dumps({key: _sysctl(key) for key in SYSCTLS if _sysctl(key) is not None}))
+        _set_sysctl("net/bridge/bridge-nf-call-iptables", "1")  # Service traffic between pods of one bridge
+        self._make_cgroup_root()
+        self._write_containerd_config()
+        self._write_cni_config()
+        self._write_kubelet_config(host_ip)
+        self._write_proxy_config(host_ip)
+
+    def _write_containerd_config(self) -> None:
+        runc = build.binary("runc")
+        cni_bin = build.components()["cni-plugins"].bindir
+        state = self.root / "containerd" / "state"
+        config = f"""version = 3
+root = "{self.root / 'containerd' / 'root'}"
+state = "{state}"
+
+[grpc]
+  address = "{self.socket}"
+
+[ttrpc]
+  address = "{self.root / 'containerd' / 'containerd.sock.ttrpc'}"
+
+[debug]
+  level = "warn"
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "{images.PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.runtime']
+    # the sandbox's oom_score_adj of -998 needs CAP_SYS_RESOURCE, which a VM's bounding set may lack
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    netns_mounts_under_state_dir = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = "{runc}"
+          Root = "{state / 'runc'}"
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["{cni_bin}"]
+      conf_dir = "{self.root / 'cni' / 'net.d'}"
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = true
+"""
+        (self.root / "containerd.toml").write_text(config)
+
+    def _write_cni_config(self) -> None:
+        conf = {"cniVersion": "1.0.0", "name": "reversi", "plugins": [
+            {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
+                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.root / "cni" / "ipam")}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ]}
+        (self.root / "cni" / "net.d" / "10-reversi.conflist").write_text(json.dumps(conf, indent=2))
+
+    def _write_kubelet_config(self, host_ip: str) -> None:
+        pki = self.cluster.paths.pki
+        ports = self._ports()
+        serving = self.cluster.kubelet_serving_pair(host_ip)
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root,
+            "failSwapOn": False, "protectKernelDefaults": False,
+            "containerRuntimeEndpoint": f"unix://{self.socket}",
+            "address": host_ip, "port": ports["kubelet"], "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1", "healthzPort": ports["kubelet-healthz"],
+            "tlsCertFile": str(serving.cert), "tlsPrivateKeyFile": str(serving.key),
+            "authentication": {"x509": {"clientCAFile": str(pki / "ca.crt")}, "webhook": {"enabled": True},
+                               "anonymous": {"enabled": False}},
+            "authorization": {"mode": "Webhook"},
+            "podLogsDir": str(self.root / "pod-logs"),
+            "serializeImagePulls": False,
+            # a small shared disk: evict only when it is nearly full, and never collect the images
+            # imported by hand (no registry would give them back)
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "syncFrequency": "10s", "nodeStatusReportFrequency": "10s",
+            "resolvConf": "/etc/resolv.conf",
+        }
+        (self.root / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _write_proxy_config(self, host_ip: str) -> None:
+        ports = self._ports()
+        kubeconfig = self.cluster.kubeconfig_for("system:kube-proxy", name="kube-proxy")
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "mode": "iptables", "clusterCIDR": CLUSTER_CIDR, "hostnameOverride": self.cluster.node_name,
+            "bindAddress": host_ip, "healthzBindAddress": f"127.0.0.1:{ports['proxy-healthz']}",
+            "metricsBindAddress": f"127.0.0.1:{ports['proxy-metrics']}",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            # leave the host's conntrack table and timeouts as they are
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False},
+        }
+        (self.root / "kube-proxy.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def command(self, comp: str, host_ip: str) -> list[str]:
+        """The command line that starts ``comp`` (one of :data:`COMPONENTS`)."""
+        if comp == "containerd":
+            return [str(build.binary("containerd")), "--config", str(self.root / "containerd.toml")]
+        if comp == "kubelet":
+            kubeconfig = self.cluster.kubeconfig_for(f"system:node:{self.cluster.node_name}", ("system:nodes",),
+                                                     name="kubelet")
+            return [str(build.binary("node", "kubelet")), "--config", str(self.root / "kubelet.yaml"),
+                    "--kubeconfig", str(kubeconfig), "--root-dir", str(self.root / "kubelet"),
+                    "--node-ip", host_ip, "--hostname-override", self.cluster.node_name, "--v=1"]
+        if comp == "kube-scheduler":
+            kubeconfig = self.cluster.kubeconfig_for("system:kube-scheduler", name="kube-scheduler")
+            return [str(build.binary("node", "kube-scheduler")), f"--kubeconfig={kubeconfig}",
+                    f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+                    "--leader-elect=false", "--secure-port=0", "--v=1"]
+        return [str(build.binary("node", "kube-proxy")), "--config", str(self.root / "kube-proxy.yaml"), "--v=1"]
+
+    def ready_check(self, comp: str):
+        """A callable that says whether ``comp`` is ready."""
+        if comp == "containerd":
+            return self._containerd_ready
+        if comp == "kubelet":
+            return self._node_schedulable
+        if comp == "kube-scheduler":
+            return lambda: b"Starting Kubernetes Scheduler" in _read(self.cluster.paths.log(comp))
+        port = self._ports()["proxy-healthz"]
+        return lambda: _http_ok(f"http://127.0.0.1:{port}/healthz")
+
+    def _containerd_ready(self) -> bool:
+        return self._ctr("version").returncode == 0
+
+    def _node_schedulable(self) -> bool:
+        """The node is Ready and carries no not-ready taint (the node-lifecycle controller lifts it)."""
+        code, body = self.cluster._get(f"/api/v1/nodes/{self.cluster.node_name}")
+        if code != 200:
+            return False
+        node = json.loads(body)
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+        taints = [t["key"] for t in node.get("spec", {}).get("taints") or []]
+        return ready and "node.kubernetes.io/not-ready" not in taints
+
+    def load_images(self, log=print) -> None:
+        """Copy the built images into the node's containerd (those not there yet)."""
+        refs = [images.PAUSE_IMAGE, *images.PROJECT_IMAGES.values()]
+        started = time.monotonic()
+        copied = images.load(self.store, refs, build.binary("containerd", "ctr"), self.socket,
+                             self.root / "images.json")
+        if copied:
+            log(f"imported {', '.join(copied)} into the node's containerd in {time.monotonic() - started:.1f}s")
+
+    def _ctr(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(build.binary("containerd", "ctr")), "--address", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    # ----- stopping -----------------------------------------------------------------------
+
+    def remove_pods(self) -> None:
+        """Stop and remove every pod through the CRI while containerd runs (the CNI plugins then
+        release each pod's address and rules). Best effort: what is left, clean_up removes."""
+        if not self.socket.exists():
+            return
+        subprocess.run([str(build.binary("cri-tools", "crictl")), "--runtime-endpoint", f"unix://{self.socket}",
+                        "--timeout", "20s", "rmp", "--all", "--force"], capture_output=True, timeout=90)
+
+    def clean_up(self) -> None:
+        """Put the host back as it was (see the module docstring), whatever state the node
+        reached. Run after the node's processes were stopped."""
+        self._kill_leftovers()
+        if shutil.which("iptables"):
+            subprocess.run([str(build.binary("node", "kube-proxy")), "--cleanup"], capture_output=True, timeout=60)
+            _drop_cni_rules(self.pod_cidr)
+            _drop_kubelet_chains()
+        self._unmount_all()
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
+        self._remove_cgroups()
+        for link in Path("/var/log/containers").glob("*.log") if Path("/var/log/containers").is_dir() else []:
+            try:
+                if str(self.root) in os.readlink(link):
+                    link.unlink()
+            except OSError:
+                pass
+        saved = self.root / "sysctls.json"
+        if saved.exists():
+            for key, value in json.loads(saved.read_text()).items():
+                _set_sysctl(key, value)
+            saved.unlink()
+        for sub in ("containerd/state", "kubelet", "pod-logs", "cni/ipam"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL the container shims of this node's containerd and every process in its cgroups."""
+        pids = set()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "containerd-shim" in cmdline and str(self.socket) in cmdline:
+                pids.add(int(proc.name))
+        for tasks in self._cgroup_dirs():
+            try:
+                pids.update(int(p) for p in (tasks / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+            time.sleep(0.05)
+
+    def _cgroup_dirs(self) -> list[Path]:
+        """The node's cgroup folders, deepest first, in every hierarchy."""
+        found: list[Path] = []
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            top = hierarchy / self.cgroup_root.lstrip("/")
+            if top.is_dir():
+                found += sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+                found.append(top)
+        return found
+
+    def _make_cgroup_root(self) -> None:
+        """The kubelet's cgroup root in every hierarchy (the kubelet refuses to start without it);
+        a new cpuset starts with the CPUs and memory nodes of its parent, or it could hold no task."""
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            if not hierarchy.is_dir() or hierarchy.name == "unified":
+                continue
+            top = hierarchy / self.cgroup_root.lstrip("/")
+            top.mkdir(exist_ok=True)
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (top / knob).exists() and not (top / knob).read_text().strip():
+                    (top / knob).write_text((hierarchy / knob).read_text())
+
+    def _remove_cgroups(self) -> None:
+        for folder in self._cgroup_dirs():
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+    def _unmount_all(self) -> None:
+        """Unmount everything mounted under the node's folder (pod volumes, container roots,
+        network namespaces), deepest first; lazily, so a busy mount cannot block ``down``."""
+        root = str(self.root)
+        mounts = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point == root or point.startswith(root + "/"):
+                mounts.append(point)
+        for point in sorted(set(mounts), key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
+
+
+#: the chains a kubelet makes in every table of iptables and ip6tables (its canaries, and the hint
+#: that tells other tools which iptables backend it uses)
+KUBELET_CHAINS = ("KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT")
+
+
+def _drop_kubelet_chains() -> None:
+    """Remove the kubelet's chains (:data:`KUBELET_CHAINS`) and the rules that jump to them."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            listed = subprocess.run([tool, "-t", table, "-S"], capture_output=True, text=True, timeout=30).stdout
+            for rule in listed.splitlines():
+                parts = rule.split()
+                if parts[:1] == ["-A"] and "-j" in parts and parts[parts.index("-j") + 1] in KUBELET_CHAINS \
+                        and parts[1] not in KUBELET_CHAINS:
+                    subprocess.run([tool, "-t", table, "-D", *parts[1:]], capture_output=True, timeout=30)
+            for chain in KUBELET_CHAINS:
+                if f"-N {chain}" in listed:
+                    subprocess.run([tool, "-t", table, "-F", chain], capture_output=True, timeout=30)
+                    subprocess.run([tool, "-t", table, "-X", chain], capture_output=True, timeout=30)
+
+
+def _drop_cni_rules(pod_cidr: str) -> None:
+    """Remove the NAT rules the bridge plugin's ipMasq left for pods that were never torn down
+    through the CNI (a crash): POSTROUTING jumps for sources in ``pod_cidr``, and their chains."""
+    out = subprocess.run(["iptables", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True,
+                         timeout=30).stdout
+    prefix = pod_cidr.rsplit(".", 1)[0] + "."
+    for rule in out.splitlines():
+        parts = rule.split()
+        if len(parts) > 3 and parts[0] == "-A" and "-s" in parts and parts[parts.index("-s") + 1].startswith(prefix):
+            subprocess.run(["iptables", "-t", "nat", *(["-D"] + parts[1:])], capture_output=True, timeout=30)
+            if "-j" in parts and parts[parts.index("-j") + 1].startswith("CNI-"):
+                chain = parts[parts.index("-j") + 1]
+                subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True, timeout=30)
+                subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True, timeout=30)
+
+
+def _sysctl(key: str) -> str | None:
+    try:
+        return Path("/proc/sys", key).read_text().strip()
+    except OSError:
+        return None
+
+
+def _set_sysctl(key: str, value: str) -> None:
+    try:
+        Path("/proc/sys", key).write_text(value)
+    except OSError:
+        pass
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
