@@ -263,7 +263,8 @@ state = "{state}"
         if code != 200:
             return False
         node = json.loads(body)
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+        conditions = node.get("status", {}).get("conditions", [])
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
         taints = [t["key"] for t in node.get("spec", {}).get("taints") or []]
         return ready and "node.kubernetes.io/not-ready" not in taints
 
