@@ -5,7 +5,7 @@
 #   docker build -t ghcr.io/reversi-dev/reversi-operator:0.1.0 .
 #   docker build --target demo -t reversi-demo-tools:dev .
 #
-# The operator runs as user 65532 on a read-only root file system (the chart mounts /tmp);
+# The operator runs as user 65532 (named reversi) on a read-only root file system (the chart mounts /tmp);
 # its entry point is `reversi-operator` (settings from REVERSI_* variables, see the chart).
 
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -16,9 +16,13 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # README.md is optional here (pyproject names it; the glob keeps the build working without it)
 COPY pyproject.toml README.md* ./
-COPY operator ./operator
+# the dependencies first, from the project's metadata alone (an empty package stands in), so a
+# change to the code rebuilds only the project's own wheel
 RUN test -f README.md || echo "Reversi" > README.md \
- && pip wheel --wheel-dir /wheels .
+ && mkdir -p operator/reversi && touch operator/reversi/__init__.py \
+ && pip wheel --wheel-dir /wheels . && rm /wheels/reversi-*.whl
+COPY operator ./operator
+RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- runtime ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -30,7 +34,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels reversi \
  && python -c "import reversi, kopf, kubernetes" \
- && command -v reversi-operator reversi-gateway reversi-mcp-runner
+ && command -v reversi-operator reversi-gateway reversi-mcp-runner \
+ && useradd --system --uid 65532 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin reversi
 USER 65532:65532
 EXPOSE 8080 9443
 

@@ -6,6 +6,7 @@
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
     reversi-devcluster up --real-node    ... with a real node instead of the node agent: containerd, runc,
                                          kubelet, kube-scheduler, kube-proxy, images built here (root)
+    reversi-devcluster images            rebuild the real node's images from this checkout and load them
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log
     reversi-devcluster kubeconfig        print the admin KUBECONFIG path
@@ -61,6 +62,20 @@ def up(real_node: bool) -> None:
     try:
         Cluster(ClusterSettings(real_node=real_node)).up(log=click.echo)
     except (ClusterError, build_mod.BuildError, ImageError) as err:
+        raise click.ClickException(str(err)) from err
+
+
+@cli.command()
+def images() -> None:
+    """Build the real node's images again from this checkout (what changed) and load them into
+    its containerd; pods started from then on run them."""
+    c = Cluster(ClusterSettings(real_node=True))
+    if not c.real.socket.exists():
+        raise click.ClickException("no real node is running here; start one with `reversi-devcluster up --real-node`")
+    try:
+        c.real.build(log=click.echo)
+        c.real.load_images(log=click.echo)
+    except (build_mod.BuildError, ImageError) as err:
         raise click.ClickException(str(err)) from err
 
 

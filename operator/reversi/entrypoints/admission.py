@@ -88,7 +88,8 @@ def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int 
     if not verbose:  # kopf says "Webhook ... succeeded" for every review: one line per recorded call
         objects.setLevel(logging.WARNING)
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces, standalone=True,
-             liveness_endpoint=common.liveness_endpoint(_settings))
+             liveness_endpoint=common.liveness_endpoint(_settings),
+             identity=common.identity())
 
 
 if __name__ == "__main__":

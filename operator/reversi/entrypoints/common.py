@@ -143,6 +143,19 @@ def settings_from_flags(namespaces: tuple[str, ...], kubeconfig: str | None, met
     return ours
 
 
+def identity() -> str:
+    """This process's name among its peers (kopf peering, the KopfPeering object): its host name
+    (a pod's name) and a unique suffix, ``<host>/<UTC time>-<random hex>``. kopf's own default
+    starts with the user's name from the password database, which a container that runs as a bare
+    user id (the image's 65532 under a restricted Pod Security Standard) may not have: kopf then
+    fails at start-up."""
+    import datetime as dt
+    import secrets
+
+    now = dt.datetime.now(dt.UTC).strftime("%Y%m%d%H%M%S")
+    return f"{platform.node() or 'reversi'}/{now}-{secrets.token_hex(3)}"
+
+
 def liveness_endpoint(ours: OperatorSettings) -> str | None:
     """kopf's liveness endpoint URL, or None when ``health_port`` is 0."""
     return f"http://0.0.0.0:{ours.health_port}/healthz" if ours.health_port else None

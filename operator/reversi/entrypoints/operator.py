@@ -110,7 +110,8 @@ def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int 
     global _settings
     _settings = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
     kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces,
-             standalone=_settings.peering is None, liveness_endpoint=common.liveness_endpoint(_settings))
+             standalone=_settings.peering is None, liveness_endpoint=common.liveness_endpoint(_settings),
+             identity=common.identity())
 
 if __name__ == "__main__":
     main()
