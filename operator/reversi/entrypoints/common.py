@@ -143,8 +143,9 @@ def settings_from_flags(namespaces: tuple[str, ...], kubeconfig: str | None, met
     return ours
 
 
-def identity() -> str:
-    """This process's name among its peers (kopf peering, the KopfPeering object): its host name
+def identity() -> Any:
+    """This process's name among its peers (kopf peering, the KopfPeering object), a str (typed
+    ``Any``: kopf's own type for it, a NewType of str, is not public): its host name
     (a pod's name) and a unique suffix, ``<host>/<UTC time>-<random hex>``. kopf's own default
     starts with the user's name from the password database, which a container that runs as a bare
     user id (the image's 65532 under a restricted Pod Security Standard) may not have: kopf then
