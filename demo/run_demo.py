@@ -19,6 +19,14 @@ could not run (the message names the component and its log).
     python demo/run_demo.py           # the whole story; stops what it started
     python demo/run_demo.py --keep    # leaves the cluster, operator and downstream running to try it yourself
     python demo/run_demo.py --stop    # stops what --keep left running (and its webhook configurations)
+    python demo/run_demo.py --node agent   # on the node agent even where a real node can run
+
+Where the machine can run containers (root, cgroups, iptables: see reversi.devcluster.realnode),
+everything runs on a real node: the operator is installed by its Helm chart with its image, in a
+namespace that enforces the restricted Pod Security Standard; the downstream system is a
+Deployment of the demo image behind a Service; compensator and reader Jobs run in containers of
+the demo image. Elsewhere the demo says why in one line and runs on the node agent: the operator
+and the downstream as local processes, the Jobs' commands as local processes too.
 """
 
 from __future__ import annotations
@@ -44,8 +52,8 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.devcluster import build  # noqa: E402
-from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
+from reversi.devcluster import build, images, realnode  # noqa: E402
+from reversi.devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
 from reversi.devcluster.localop import (  # noqa: E402
     OperatorProcess,
     apply_crds,
@@ -104,10 +112,33 @@ def title(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
+#: the namespace and release of the operator installed by its chart on the real node
+SYSTEM_NS = "reversi-system"
+RELEASE = "reversi"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+#: a restricted container's security context (the demo namespace enforces the restricted standard)
+LOCKED_DOWN = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def choose_node(wanted: str) -> bool:
+    """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
+    where this machine can run one; else one line says why and the node agent is used)."""
+    if wanted == "agent":
+        return False
+    why = realnode.unsupported()
+    if why is None:
+        return True
+    if wanted == "real":
+        raise ClusterError(f"no real node on this machine: {why}")
+    print(f"  (no real node here: {why}; the demo runs on the node agent instead)", flush=True)
+    return False
+
+
 class Demo:
-    def __init__(self, keep: bool):
+    def __init__(self, keep: bool, real: bool = False):
         self.keep = keep
-        self.cluster = Cluster()
+        self.real = real
+        self.cluster = Cluster(ClusterSettings(real_node=real))
         self.started_cluster = False
         self.operator: OperatorProcess | None = None
         self.downstream: subprocess.Popen | None = None
@@ -125,31 +156,30 @@ class Demo:
             refuse_a_second_demo(self.cluster)
             print(f"  using the running control plane at {self.cluster.server}")
         self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
-        apply_crds(self.admin)
-        print("  CRDs installed")
-        log = self.cluster.paths.logs / "demo-operator.log"
-        metrics_port, webhook_port = free_port(), free_port()
-        self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, log, metrics_port=metrics_port,
-                                        webhook_port=webhook_port)
-        self.operator.start()
-        print(f"  operator running (webhooks on :{webhook_port}, metrics on :{metrics_port}; log: {log})")
-        self.downstream = subprocess.Popen(
-            [sys.executable, str(REPO / "demo/downstream/server.py"), "--port", "0", "--state",
-             str(self.work / "downstream.json"), "--quiet"], stdout=subprocess.PIPE, text=True)
-        line = self.downstream.stdout.readline().strip()
-        if not line.startswith("listening on "):
-            raise RuntimeError(f"downstream server did not start: {line!r}")
-        self.downstream_url = line.split()[-1]
-        print(f"  downstream system (payments, inventory, email) at {self.downstream_url}")
         core = client.CoreV1Api(self.admin)
-        try:
-            core.delete_namespace(NS)
-            while True:
-                core.read_namespace(NS)
-                time.sleep(0.5)
-        except ApiException:
-            pass
-        core.create_namespace({"metadata": {"name": NS}})
+        if self.real:
+            self.install_chart()
+        else:
+            apply_crds(self.admin)
+            print("  CRDs installed")
+            log = self.cluster.paths.logs / "demo-operator.log"
+            metrics_port, webhook_port = free_port(), free_port()
+            self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, log, metrics_port=metrics_port,
+                                            webhook_port=webhook_port)
+            self.operator.start()
+            print(f"  operator running (webhooks on :{webhook_port}, metrics on :{metrics_port}; log: {log})")
+        recreate_namespace(core, NS, RESTRICTED if self.real else {})
+        if self.real:
+            self.downstream_url = self.downstream_deployment()
+        else:
+            self.downstream = subprocess.Popen(
+                [sys.executable, str(REPO / "demo/downstream/server.py"), "--port", "0", "--state",
+                 str(self.work / "downstream.json"), "--quiet"], stdout=subprocess.PIPE, text=True)
+            line = self.downstream.stdout.readline().strip()
+            if not line.startswith("listening on "):
+                raise RuntimeError(f"downstream server did not start: {line!r}")
+            self.downstream_url = line.split()[-1]
+        print(f"  downstream system (payments, inventory, email) at {self.downstream_url}")
         rbac = client.RbacAuthorizationV1Api(self.admin)
         self.users = {}
         for user, rules in ROLES.items():
@@ -160,14 +190,81 @@ class Demo:
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
             self.users[user] = self.cluster.kubeconfig_for(user)
         print(f"  namespace {NS}: users checkout-agent (records runs) and oncall (rolls back, approves)")
+        where = ({"IMAGE": images.DEMO_IMAGE, "PYTHON": "python", "TOOL": "/opt/reversi/demo/tool.py"} if self.real
+                 else {"IMAGE": "ghcr.io/reversi-dev/demo-tools:0.1.0", "PYTHON": sys.executable,
+                       "TOOL": str(REPO / "demo/downstream/tool.py")})
         manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(
-            PYTHON=sys.executable, TOOL=str(REPO / "demo/downstream/tool.py"), DOWNSTREAM_URL=self.downstream_url)
+            DOWNSTREAM_URL=self.downstream_url, **where)
         self.manifest_file = self.work / "manifest.yaml"
         self.manifest_file.write_text(manifest)
         body = yaml.safe_load(manifest)
         client.CustomObjectsApi(self.admin).create_namespaced_custom_object(G, V, NS, "toolmanifests", body)
         print("  ToolManifest shop-tools: how each tool is undone and checked")
         self.oncall = client.CustomObjectsApi(config.new_client_from_config(config_file=str(self.users["oncall"])))
+
+    def install_chart(self) -> None:
+        """The operator, installed by its Helm chart with its image (built here) in a namespace
+        that enforces the restricted Pod Security Standard; returns once its webhooks answer."""
+        helm = build.build(["helm"])["helm"].path("helm")
+        core = client.CoreV1Api(self.admin)
+        recreate_namespace(core, SYSTEM_NS, RESTRICTED)
+        repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+        started = time.monotonic()
+        out = subprocess.run([str(helm), "install", RELEASE, str(REPO / "charts/reversi"), "--namespace", SYSTEM_NS,
+                              "--kubeconfig", str(self.cluster.paths.admin_kubeconfig),
+                              "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                              "--wait", "--timeout", "180s"], capture_output=True, text=True, timeout=240)
+        if out.returncode != 0:
+            raise RuntimeError(f"helm install of the chart failed: {out.stderr.strip()}")
+        probe = {"apiVersion": f"{G}/{V}", "kind": "ClusterHalt", "metadata": {"name": "demo-webhook-probe"},
+                 "spec": {"reason": "probe", "by": "demo"}}
+        deadline = time.monotonic() + 60
+        while True:  # the API server reaches the webhooks through their Service
+            try:
+                client.CustomObjectsApi(self.admin).create_cluster_custom_object(G, V, "clusterhalts", probe,
+                                                                                 dry_run="All")
+                break
+            except ApiException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        print(f"  operator installed by its Helm chart (release {RELEASE} in {SYSTEM_NS}, image "
+              f"{images.OPERATOR_IMAGE}, restricted Pod Security) in {time.monotonic() - started:.0f}s")
+
+    def downstream_deployment(self) -> str:
+        """The downstream system as a Deployment of the demo image behind a Service; returns its
+        URL (the Service's cluster IP: kube-proxy routes it from this machine and from pods)."""
+        apps, core = client.AppsV1Api(self.admin), client.CoreV1Api(self.admin)
+        labels = {"app": "downstream"}
+        server = ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080",
+                  "--state", "/tmp/downstream.json", "--quiet"]
+        apps.create_namespaced_deployment(NS, {
+            "metadata": {"name": "downstream"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                             "seccompProfile": {"type": "RuntimeDefault"}},
+                         "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": server,
+                                         "ports": [{"containerPort": 8080}], "securityContext": LOCKED_DOWN,
+                                         "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
+                         "volumes": [{"name": "tmp", "emptyDir": {}}]}}}})
+        svc = core.create_namespaced_service(NS, {"metadata": {"name": "downstream"}, "spec": {
+            "selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]}})
+        deadline = time.monotonic() + 120
+        while (apps.read_namespaced_deployment("downstream", NS).status.ready_replicas or 0) < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the downstream Deployment did not become ready in 120 s")
+            time.sleep(0.5)
+        url = f"http://{svc.spec.cluster_ip}:8080"
+        while True:  # kube-proxy routes the Service a moment after its endpoint is ready
+            try:
+                with urllib.request.urlopen(url + "/_state", timeout=2):
+                    return url
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the downstream Service at {url} did not answer in 120 s") from None
+                time.sleep(0.25)
 
     def shop(self, method: str, path: str, body: dict | None = None) -> dict:
         req = urllib.request.Request(self.downstream_url + path, method=method,
@@ -347,9 +444,11 @@ class Demo:
     # ----- tearing down -----------------------------------------------------------------------
 
     def teardown(self) -> None:
-        if self.keep and self.operator is not None:  # (refused before it started: nothing to keep)
+        kept = self.operator is not None or (self.real and bool(self.downstream_url))
+        if self.keep and kept:  # (refused before it started: nothing to keep)
             state = {"operator": self.operator.proc.pid if self.operator and self.operator.proc else None,
-                     "downstream": self.downstream.pid if self.downstream else None, "work": str(self.work)}
+                     "downstream": self.downstream.pid if self.downstream else None, "work": str(self.work),
+                     "chart": self.real}
             STATE_FILE(self.cluster).write_text(json.dumps(state))
             print("\n== Try it yourself (everything is still running): the README walkthrough, filled in")
             for line in walkthrough(self.downstream_url):
@@ -363,11 +462,37 @@ class Demo:
             self.operator.stop()
             if not self.started_cluster:  # a cluster we leave running must accept writes again
                 remove_webhook_configurations(self.admin)
+        if self.real and not self.started_cluster and self.cluster.is_running():
+            uninstall_chart(self.cluster)
         if self.downstream:
             self.downstream.terminate()
         if self.started_cluster:
             self.cluster.down(quiet=True)
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def recreate_namespace(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> None:
+    """Delete namespace ``name`` (and wait until it is gone), then create it with ``labels``."""
+    try:
+        core.delete_namespace(name)
+        while True:
+            core.read_namespace(name)
+            time.sleep(0.5)
+    except ApiException:
+        pass
+    core.create_namespace({"metadata": {"name": name, "labels": labels}})
+
+
+def uninstall_chart(cluster: Cluster) -> None:
+    """Uninstall the chart's release (its webhook configurations go with it) and its namespace."""
+    helm = build.binary("helm")
+    subprocess.run([str(helm), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout", "120s",
+                    "--kubeconfig", str(cluster.paths.admin_kubeconfig)], capture_output=True, timeout=180)
+    admin = config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig))
+    try:
+        client.CoreV1Api(admin).delete_namespace(SYSTEM_NS)
+    except ApiException:
+        pass
 
 
 def STATE_FILE(cluster: Cluster) -> Path:
@@ -386,7 +511,11 @@ def refuse_a_second_demo(cluster: Cluster) -> None:
     path = STATE_FILE(cluster)
     if not path.exists():
         return
-    pid = json.loads(path.read_text()).get("operator")
+    left = json.loads(path.read_text())
+    if left.get("chart"):
+        raise DemoRunning(f"a demo started with --keep is still installed on this cluster (release {RELEASE} in "
+                          f"{SYSTEM_NS}); stop it first: python demo/run_demo.py --stop")
+    pid = left.get("operator")
     try:
         if pid:
             os.kill(pid, 0)
@@ -398,7 +527,8 @@ def refuse_a_second_demo(cluster: Cluster) -> None:
 
 
 def stop() -> int:
-    """Stop the operator and downstream a ``--keep`` run left, and remove its webhook configurations."""
+    """Stop the operator and downstream a ``--keep`` run left, and remove its webhook configurations
+    (on a real node: uninstall the chart's release)."""
     cluster = Cluster()
     path = STATE_FILE(cluster)
     if not path.exists():
@@ -408,6 +538,11 @@ def stop() -> int:
 
     left = json.loads(path.read_text())
     work = left.pop("work", None)
+    if left.pop("chart", False):
+        cluster = Cluster(ClusterSettings(real_node=True))
+        if cluster.is_running():
+            uninstall_chart(cluster)
+            print(f"uninstalled the demo's release {RELEASE} (namespace {SYSTEM_NS})")
     for name, pid in left.items():
         if not pid:
             continue
@@ -430,10 +565,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", action="store_true", help="leave the cluster, operator and downstream running")
     p.add_argument("--stop", action="store_true", help="stop what --keep left running")
+    p.add_argument("--node", choices=("auto", "real", "agent"), default=os.environ.get("REVERSI_DEMO_NODE", "auto"),
+                   help="where pods run: a real node (containers of images built here), the node agent, or "
+                        "auto (a real node where this machine can run one; default, or $REVERSI_DEMO_NODE)")
     args = p.parse_args()
     if args.stop:
         return stop()
-    demo = Demo(args.keep)
+    try:
+        demo = Demo(args.keep, real=choose_node(args.node))
+    except ClusterError as err:
+        print(f"demo failed: {err}", file=sys.stderr)
+        return 2
     try:
         demo.setup()
         demo.agent()
@@ -442,7 +584,7 @@ def main() -> int:
         req = demo.rollback()
         demo.report(req)
         return demo.check_truth(req)
-    except (ClusterError, build.BuildError, RuntimeError, ApiException) as err:
+    except (ClusterError, build.BuildError, images.ImageError, RuntimeError, ApiException) as err:
         print(f"\ndemo failed: {err}", file=sys.stderr)
         return 2
     finally:
