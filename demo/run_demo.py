@@ -62,6 +62,8 @@ from reversi.devcluster.localop import (  # noqa: E402
 )
 from reversi.models.runstep import LABEL_RUN, step_name  # noqa: E402
 
+from demo import on_real_node  # noqa: E402
+
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo"
 RUN = "order-4711"
@@ -112,14 +114,6 @@ def title(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-#: the namespace and release of the operator installed by its chart on the real node
-SYSTEM_NS = "reversi-system"
-RELEASE = "reversi"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
-#: a restricted container's security context (the demo namespace enforces the restricted standard)
-LOCKED_DOWN = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
-
-
 def choose_node(wanted: str) -> bool:
     """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
     where this machine can run one; else one line says why and the node agent is used)."""
@@ -156,9 +150,11 @@ class Demo:
             refuse_a_second_demo(self.cluster)
             print(f"  using the running control plane at {self.cluster.server}")
         self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
-        core = client.CoreV1Api(self.admin)
         if self.real:
-            self.install_chart()
+            took = on_real_node.install_chart(self.admin, self.cluster.paths.admin_kubeconfig)
+            print(f"  operator installed by its Helm chart (release {on_real_node.RELEASE} in "
+                  f"{on_real_node.SYSTEM_NS}, "
+                  f"image {images.OPERATOR_IMAGE}, restricted Pod Security) in {took:.0f}s")
         else:
             apply_crds(self.admin)
             print("  CRDs installed")
@@ -168,9 +164,9 @@ class Demo:
                                             webhook_port=webhook_port)
             self.operator.start()
             print(f"  operator running (webhooks on :{webhook_port}, metrics on :{metrics_port}; log: {log})")
-        recreate_namespace(core, NS, RESTRICTED if self.real else {})
+        on_real_node.recreate_namespace(self.admin, NS, on_real_node.RESTRICTED if self.real else {})
         if self.real:
-            self.downstream_url = self.downstream_deployment()
+            self.downstream_url = on_real_node.deploy_downstream(self.admin, NS)
         else:
             self.downstream = subprocess.Popen(
                 [sys.executable, str(REPO / "demo/downstream/server.py"), "--port", "0", "--state",
@@ -190,7 +186,8 @@ class Demo:
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
             self.users[user] = self.cluster.kubeconfig_for(user)
         print(f"  namespace {NS}: users checkout-agent (records runs) and oncall (rolls back, approves)")
-        where = ({"IMAGE": images.DEMO_IMAGE, "PYTHON": "python", "TOOL": "/opt/reversi/demo/tool.py"} if self.real
+        where = ({"IMAGE": images.DEMO_IMAGE, "PYTHON": on_real_node.TOOL_COMMAND[0],
+                  "TOOL": on_real_node.TOOL_COMMAND[1]} if self.real
                  else {"IMAGE": "ghcr.io/reversi-dev/demo-tools:0.1.0", "PYTHON": sys.executable,
                        "TOOL": str(REPO / "demo/downstream/tool.py")})
         manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(
@@ -201,70 +198,6 @@ class Demo:
         client.CustomObjectsApi(self.admin).create_namespaced_custom_object(G, V, NS, "toolmanifests", body)
         print("  ToolManifest shop-tools: how each tool is undone and checked")
         self.oncall = client.CustomObjectsApi(config.new_client_from_config(config_file=str(self.users["oncall"])))
-
-    def install_chart(self) -> None:
-        """The operator, installed by its Helm chart with its image (built here) in a namespace
-        that enforces the restricted Pod Security Standard; returns once its webhooks answer."""
-        helm = build.build(["helm"])["helm"].path("helm")
-        core = client.CoreV1Api(self.admin)
-        recreate_namespace(core, SYSTEM_NS, RESTRICTED)
-        repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
-        started = time.monotonic()
-        out = subprocess.run([str(helm), "install", RELEASE, str(REPO / "charts/reversi"), "--namespace", SYSTEM_NS,
-                              "--kubeconfig", str(self.cluster.paths.admin_kubeconfig),
-                              "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-                              "--wait", "--timeout", "180s"], capture_output=True, text=True, timeout=240)
-        if out.returncode != 0:
-            raise RuntimeError(f"helm install of the chart failed: {out.stderr.strip()}")
-        probe = {"apiVersion": f"{G}/{V}", "kind": "ClusterHalt", "metadata": {"name": "demo-webhook-probe"},
-                 "spec": {"reason": "probe", "by": "demo"}}
-        deadline = time.monotonic() + 60
-        while True:  # the API server reaches the webhooks through their Service
-            try:
-                client.CustomObjectsApi(self.admin).create_cluster_custom_object(G, V, "clusterhalts", probe,
-                                                                                 dry_run="All")
-                break
-            except ApiException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        print(f"  operator installed by its Helm chart (release {RELEASE} in {SYSTEM_NS}, image "
-              f"{images.OPERATOR_IMAGE}, restricted Pod Security) in {time.monotonic() - started:.0f}s")
-
-    def downstream_deployment(self) -> str:
-        """The downstream system as a Deployment of the demo image behind a Service; returns its
-        URL (the Service's cluster IP: kube-proxy routes it from this machine and from pods)."""
-        apps, core = client.AppsV1Api(self.admin), client.CoreV1Api(self.admin)
-        labels = {"app": "downstream"}
-        server = ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080",
-                  "--state", "/tmp/downstream.json", "--quiet"]
-        apps.create_namespaced_deployment(NS, {
-            "metadata": {"name": "downstream"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-                "metadata": {"labels": labels},
-                "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                             "seccompProfile": {"type": "RuntimeDefault"}},
-                         "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": server,
-                                         "ports": [{"containerPort": 8080}], "securityContext": LOCKED_DOWN,
-                                         "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
-                         "volumes": [{"name": "tmp", "emptyDir": {}}]}}}})
-        svc = core.create_namespaced_service(NS, {"metadata": {"name": "downstream"}, "spec": {
-            "selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]}})
-        deadline = time.monotonic() + 120
-        while (apps.read_namespaced_deployment("downstream", NS).status.ready_replicas or 0) < 1:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the downstream Deployment did not become ready in 120 s")
-            time.sleep(0.5)
-        url = f"http://{svc.spec.cluster_ip}:8080"
-        while True:  # kube-proxy routes the Service a moment after its endpoint is ready
-            try:
-                with urllib.request.urlopen(url + "/_state", timeout=2):
-                    return url
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the downstream Service at {url} did not answer in 120 s") from None
-                time.sleep(0.25)
 
     def shop(self, method: str, path: str, body: dict | None = None) -> dict:
         req = urllib.request.Request(self.downstream_url + path, method=method,
@@ -471,28 +404,9 @@ class Demo:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
-def recreate_namespace(core: client.CoreV1Api, name: str, labels: dict[str, str]) -> None:
-    """Delete namespace ``name`` (and wait until it is gone), then create it with ``labels``."""
-    try:
-        core.delete_namespace(name)
-        while True:
-            core.read_namespace(name)
-            time.sleep(0.5)
-    except ApiException:
-        pass
-    core.create_namespace({"metadata": {"name": name, "labels": labels}})
-
-
 def uninstall_chart(cluster: Cluster) -> None:
-    """Uninstall the chart's release (its webhook configurations go with it) and its namespace."""
-    helm = build.binary("helm")
-    subprocess.run([str(helm), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait", "--timeout", "120s",
-                    "--kubeconfig", str(cluster.paths.admin_kubeconfig)], capture_output=True, timeout=180)
     admin = config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig))
-    try:
-        client.CoreV1Api(admin).delete_namespace(SYSTEM_NS)
-    except ApiException:
-        pass
+    on_real_node.uninstall_chart(cluster.paths.admin_kubeconfig, admin)
 
 
 def STATE_FILE(cluster: Cluster) -> Path:
@@ -513,8 +427,9 @@ def refuse_a_second_demo(cluster: Cluster) -> None:
         return
     left = json.loads(path.read_text())
     if left.get("chart"):
-        raise DemoRunning(f"a demo started with --keep is still installed on this cluster (release {RELEASE} in "
-                          f"{SYSTEM_NS}); stop it first: python demo/run_demo.py --stop")
+        raise DemoRunning(f"a demo started with --keep is still installed on this cluster (release "
+                          f"{on_real_node.RELEASE} in {on_real_node.SYSTEM_NS}); stop it first: "
+                          "python demo/run_demo.py --stop")
     pid = left.get("operator")
     try:
         if pid:
@@ -542,7 +457,7 @@ def stop() -> int:
         cluster = Cluster(ClusterSettings(real_node=True))
         if cluster.is_running():
             uninstall_chart(cluster)
-            print(f"uninstalled the demo's release {RELEASE} (namespace {SYSTEM_NS})")
+            print(f"uninstalled the demo's release {on_real_node.RELEASE} (namespace {on_real_node.SYSTEM_NS})")
     for name, pid in left.items():
         if not pid:
             continue

@@ -219,6 +219,9 @@ class Cluster:
         self.down(quiet=True)
         if self.settings.real_node and (why := realnode.unsupported()):
             raise ClusterError(f"no real node on this machine: {why}")
+        if self.settings.real_node and (other := realnode.running_elsewhere(self.paths.root)):
+            raise ClusterError(f"a real node of the cluster in {other} runs on this machine, and there can be one: "
+                               f"stop it first (REVERSI_CLUSTER_DIR={other} reversi-devcluster down)")
         build.build(["kubernetes", "etcd"])
         if self.settings.real_node:
             self.real.build(log=log)

@@ -68,6 +68,24 @@ def unsupported() -> str | None:
     return None
 
 
+def running_elsewhere(root: Path) -> Path | None:
+    """The cluster folder of a real node that runs on this machine outside ``root``, or None.
+    One real node per machine: two kube-proxies would each rewrite the other's rules."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not args or Path(args[0]).name not in ("kube-proxy", "kubelet") or "--config" not in args:
+            continue
+        config = Path(args[args.index("--config") + 1]) if args.index("--config") + 1 < len(args) else None
+        if config is not None and config.parent.name == "real-node" and config.parent.parent != root:
+            return config.parent.parent
+    return None
+
+
 def _cgroup2_has(controller: str) -> bool:
     try:
         return controller in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()

@@ -1,0 +1,123 @@
+"""Reversi installed as users install it, on the local control plane's real node: the operator by
+its Helm chart with its image, the demo's downstream system as a Deployment of the demo image
+behind a Service. Shared by the demo (demo/run_demo.py) and the real-node tests (tests/e2e).
+
+Every function raises ``RuntimeError`` saying what did not come up, or ``ApiException``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from reversi.devcluster import build, images
+
+REPO = Path(__file__).resolve().parents[1]
+G, V = "reversi.dev", "v1alpha1"
+#: the namespace and release of the operator
+SYSTEM_NS = "reversi-system"
+RELEASE = "reversi"
+#: labels of a namespace that enforces the restricted Pod Security Standard
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+#: a restricted container's security context
+LOCKED_DOWN = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+#: the demo tool's command in the demo image (the Dockerfile's demo target)
+TOOL_COMMAND = ["python", "/opt/reversi/demo/tool.py"]
+
+
+def recreate_namespace(api: client.ApiClient, name: str, labels: dict[str, str]) -> None:
+    """Delete namespace ``name`` (and wait until it is gone), then create it with ``labels``."""
+    core = client.CoreV1Api(api)
+    try:
+        core.delete_namespace(name)
+        while True:
+            core.read_namespace(name)
+            time.sleep(0.5)
+    except ApiException:
+        pass
+    core.create_namespace({"metadata": {"name": name, "labels": labels}})
+
+
+def install_chart(api: client.ApiClient, kubeconfig: Path, values: dict[str, Any] | None = None) -> float:
+    """Install the chart (release :data:`RELEASE`) with the operator image built here into
+    :data:`SYSTEM_NS`, a namespace that enforces the restricted Pod Security Standard; ``values``
+    are more values (``{"operator": {"tickSeconds": 0.5}}``). Returns the seconds it took, once
+    the API server reaches the webhooks through their Service."""
+    helm = build.build(["helm"])["helm"].path("helm")
+    recreate_namespace(api, SYSTEM_NS, RESTRICTED)
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    started = time.monotonic()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        json.dump({"image": {"repository": repository, "tag": tag}, **(values or {})}, file)  # JSON is YAML
+        file.flush()
+        out = subprocess.run([str(helm), "install", RELEASE, str(REPO / "charts/reversi"), "--namespace", SYSTEM_NS,
+                              "--kubeconfig", str(kubeconfig), "--values", file.name, "--wait", "--timeout", "180s"],
+                             capture_output=True, text=True, timeout=240)
+    if out.returncode != 0:
+        raise RuntimeError(f"helm install of the chart failed: {out.stderr.strip()}")
+    probe = {"apiVersion": f"{G}/{V}", "kind": "ClusterHalt", "metadata": {"name": "webhook-probe"},
+             "spec": {"reason": "probe", "by": "reversi"}}
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.CustomObjectsApi(api).create_cluster_custom_object(G, V, "clusterhalts", probe, dry_run="All")
+            return time.monotonic() - started
+        except ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
+    """Uninstall the release (its webhook configurations go with it) and delete its namespace."""
+    subprocess.run([str(build.binary("helm")), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait",
+                    "--timeout", "120s", "--kubeconfig", str(kubeconfig)], capture_output=True, timeout=180)
+    try:
+        client.CoreV1Api(api).delete_namespace(SYSTEM_NS)
+    except ApiException:
+        pass
+
+
+def deploy_downstream(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
+    """The downstream system as a Deployment of the demo image behind a Service in ``namespace``
+    (restricted); returns its URL, the Service's cluster IP (kube-proxy routes it from this
+    machine and from pods), once it answers."""
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    labels = {"app": "downstream"}
+    server = ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080",
+              "--state", "/tmp/downstream.json", "--quiet"]
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "downstream"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                         "seccompProfile": {"type": "RuntimeDefault"}},
+                     "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": server,
+                                     "ports": [{"containerPort": 8080}], "securityContext": LOCKED_DOWN,
+                                     "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
+                     "volumes": [{"name": "tmp", "emptyDir": {}}]}}}})
+    svc = core.create_namespaced_service(namespace, {"metadata": {"name": "downstream"}, "spec": {
+        "selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]}})
+    deadline = time.monotonic() + timeout
+    while (apps.read_namespaced_deployment("downstream", namespace).status.ready_replicas or 0) < 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the downstream Deployment did not become ready in {timeout:.0f} s")
+        time.sleep(0.5)
+    url = f"http://{svc.spec.cluster_ip}:8080"
+    while True:  # kube-proxy routes the Service a moment after its endpoint is ready
+        try:
+            with urllib.request.urlopen(url + "/_state", timeout=2):
+                return url
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the downstream Service at {url} did not answer in {timeout:.0f} s") from None
+            time.sleep(0.25)
