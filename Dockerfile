@@ -26,6 +26,9 @@ RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- runtime ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
+# A digest of the build context, for builders whose layer cache does not follow the bind mount
+# below (buildah 1.28): a new value runs the install again. Docker's BuildKit needs none.
+ARG SOURCE_DIGEST=""
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

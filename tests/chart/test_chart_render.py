@@ -218,7 +218,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     needed |= {("reversi.dev", "runs/finalizers", "update"),
                ("batch", "jobs", "create"), ("batch", "jobs", "get"), ("batch", "jobs", "list"),
                ("batch", "jobs", "watch"), ("", "secrets", "create"), ("", "pods", "get"), ("", "pods", "list"),
-               ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"),
+               ("", "pods/log", "get"), ("", "events", "create"), ("", "events", "patch"), ("", "events", "list"),
                ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),

@@ -53,8 +53,7 @@ def real_cluster():
         pytest.skip(f"no real node on this machine: {why}")
     c = Cluster(real_settings())
     reuse = os.environ.get("REVERSI_REUSE_CLUSTER") == "1" and c.is_running()
-    if not reuse:
-        c.up()
+    c.up()  # a running one gets this checkout's images
     yield c
     if not reuse:
         c.down()

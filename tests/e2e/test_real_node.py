@@ -33,3 +33,38 @@ def test_the_chart_installed_operator_undoes_a_charge_with_a_compensator_in_a_co
         assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
         ended = pod.status.container_statuses[0].state.terminated
         assert ended.exit_code == 0 and ended.container_id.startswith("containerd://"), ended
+
+
+def test_a_compensator_killed_by_its_memory_limit_is_reported_as_such_and_the_charge_stands(shop):
+    """The kernel's OOM killer ends the compensator (its runner's memory limit): the attempt
+    fails with the reason named, never as a success, and the report says the charge may stand,
+    as it does downstream."""
+    hungry = shop.runner("hungry", command=["python", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))"],
+                         resources={"limits": {"memory": "48Mi"}, "requests": {"memory": "48Mi"}})
+    shop.manifest([shop.runner(), hungry], compensator="hungry")
+    charge = shop.charge_in_a_run("order-2", "o-2")
+    name = shop.roll_back("order-2", retries=1)
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] != "Succeeded", describe(shop, name)
+    assert 0 not in done["status"]["report"].get("compensated", []), describe(shop, name)
+    failed = {f["step"]: f["error"] for f in done["status"]["report"].get("failed", [])}
+    assert "OOMKilled" in failed.get(0, ""), describe(shop, name)
+    assert shop.refunds(charge["id"]) == []
+    (pod,) = shop.pods(**{"reversi.dev/step": "0"})
+    assert pod.status.container_statuses[0].state.terminated.reason == "OOMKilled"
+
+
+def test_a_runner_image_that_cannot_be_pulled_is_named_in_the_step(shop):
+    """A runner whose image no registry has: the kubelet cannot pull it; the step says so, naming
+    the image and the kubelet's reason, and the charge is reported as standing."""
+    missing = shop.runner("missing", image="localhost/reversi-no-such-image:1", deadlineSeconds=15)
+    shop.manifest([shop.runner(), missing], compensator="missing")
+    charge = shop.charge_in_a_run("order-3", "o-3")
+    name = shop.roll_back("order-3", retries=1)
+    done = shop.wait_final(name)
+    assert 0 not in done["status"]["report"].get("compensated", []), describe(shop, name)
+    failed = {f["step"]: f["error"] for f in done["status"]["report"].get("failed", [])}
+    error = failed.get(0) or shop.step_status(name, 0).get("lastError") or ""
+    assert "localhost/reversi-no-such-image:1" in error and ("ErrImagePull" in error or "ImagePullBackOff" in error), \
+        describe(shop, name)
+    assert shop.refunds(charge["id"]) == []

@@ -214,15 +214,16 @@ class Kube:
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
         message, output = "", None
         ends: list[tuple[int | None, str | None]] = []
+        waiting: list[tuple[str | None, str | None]] = []
         if pods:
             pod = pods[-1]
             for cs in (pod.status.container_statuses if pod.status else None) or []:
                 term = cs.state.terminated if cs.state else None
                 if term is not None:
                     ends.append((term.exit_code, term.reason))
-                    message = (term.message or "").strip()
-                    if not message and term.exit_code:
-                        message = f"exit code {term.exit_code}"
+                    message = ended_message(term.exit_code, term.reason, term.message)
+                elif cs.state and cs.state.waiting:
+                    waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
             truth = pod_verdict(state, [code for code, _ in ends])
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
@@ -245,7 +246,31 @@ class Kube:
             message = job_message
         if state == "failed" and job_message.startswith("DeadlineExceeded"):
             message = f"{job_message}; {message}" if message and message not in job_message else job_message
+        if state == "failed" and not ends:  # its program never ran: say what kept it from running
+            trouble = never_ran(waiting) or self._pod_trouble(ns, name)
+            if trouble:
+                message = f"{message}; its container never ran: {trouble}"
         return JobView(state, message=message, output=output, lost=lost)
+
+    def _pod_trouble(self, namespace: str, job: str) -> str | None:
+        """What kept a Job's pods from running, from their containers' Warning Events (the pods
+        themselves are gone: the Job controller deletes a failed Job's running pods; the pod's own
+        Events, such as a node's missing cluster DNS, say nothing of its container), the newest
+        first; None when there are none. The pods' names come from the Job's own ``SuccessfulCreate`` Events. Two
+        LISTs, only for a failed Job whose program never ran. Raises ``ApiException``."""
+        created, _ = calls.list_all(self.core.list_namespaced_event, namespace,
+                                    field_selector=f"involvedObject.kind=Job,involvedObject.name={job}",
+                                    timeout=self.timeout)
+        pods = {e.message.rsplit(" ", 1)[-1] for e in created
+                if e.reason == "SuccessfulCreate" and (e.message or "").startswith("Created pod: ")}
+        found: list[Any] = []
+        for pod in sorted(pods):
+            events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
+                                       field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning",
+                                       timeout=self.timeout)
+            found += events
+        return pod_trouble([(e.reason, e.message, e.last_timestamp or e.event_time) for e in found
+                            if e.involved_object and e.involved_object.field_path])
 
     # ----- events -------------------------------------------------------------------------------
 
@@ -270,6 +295,51 @@ class Kube:
                        timeout=self.timeout)
         except ApiException as err:  # an event is worth a log line, never a failure
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
+
+
+#: a terminated container's reasons that say only that its program ended (the exit code says how)
+PLAIN_ENDS = frozenset({"Error", "Completed"})
+
+
+def ended_message(exit_code: int | None, reason: str | None, message: str | None) -> str:
+    """The error of a container that terminated: its termination message (what it wrote to
+    /dev/termination-log), else its exit code; with the runtime's reason in front when the
+    reason says more than that the program ended (``OOMKilled``: the kernel killed it at its
+    memory limit; ``ContainerCannotRun``, ``StartError``). Empty for an exit 0 with no message.
+    Pure."""
+    text = (message or "").strip()
+    if not text and exit_code:
+        text = f"exit code {exit_code}"
+    if reason and reason not in PLAIN_ENDS:
+        return f"{reason}: {text}" if text else reason
+    return text
+
+
+def never_ran(waiting: list[tuple[str | None, str | None]]) -> str | None:
+    """Why a container is still waiting to run, from its ``(reason, message)`` (the kubelet's
+    ``ErrImagePull``, ``ImagePullBackOff``, ``CreateContainerConfigError``, ...), or None when
+    there is no reason. Pure."""
+    for reason, message in waiting:
+        if reason and reason != "ContainerCreating":
+            return f"{reason}: {message}" if message else reason
+    return None
+
+
+def pod_trouble(events: list[tuple[str | None, str | None, Any]], most: int = 2) -> str | None:
+    """What the Warning Events of a pod that never ran say, from ``(reason, message, time)``
+    tuples: the ``most`` newest distinct ones, newest first, as ``reason: message`` joined by
+    ``; `` (an image pull says both the kubelet's state, ``Error: ImagePullBackOff``, and the
+    image, ``Back-off pulling image "x"``). None when there are none. Pure."""
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+    ordered = sorted(enumerate(events), key=lambda ie: (ie[1][2] or epoch, ie[0]), reverse=True)
+    said: list[str] = []
+    for _, (reason, message, _when) in ordered:
+        text = f"{reason}: {message}" if reason and message else (reason or message or "")
+        if text and text not in said:
+            said.append(text)
+        if len(said) == most:
+            break
+    return "; ".join(said) or None
 
 
 def pod_verdict(job_state: JobState, exit_codes: list[int | None]) -> JobState:

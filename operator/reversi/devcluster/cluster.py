@@ -215,6 +215,9 @@ class Cluster:
         """
         if self.is_running():
             log(f"control plane already running at {self.server}")
+            if self.settings.real_node:  # pods started from now on run this checkout's images
+                self.real.build(log=log)
+                self.real.load_images(log=log)
             return
         self.down(quiet=True)
         if self.settings.real_node and (why := realnode.unsupported()):
