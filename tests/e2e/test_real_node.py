@@ -5,8 +5,10 @@ the downstream system's own record of what happened (tests/e2e/conftest.py)."""
 from __future__ import annotations
 
 import pytest
+from kubernetes import client
 
 from tests.e2e.conftest import describe
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -68,3 +70,56 @@ def test_a_runner_image_that_cannot_be_pulled_is_named_in_the_step(shop):
     assert "localhost/reversi-no-such-image:1" in error and ("ErrImagePull" in error or "ImagePullBackOff" in error), \
         describe(shop, name)
     assert shop.refunds(charge["id"]) == []
+
+
+def _compensator_running(shop, timeout: float = 60) -> str:
+    """The name of step 0's compensator pod once its container runs."""
+    def running():
+        for pod in shop.pods(**{"reversi.dev/step": "0"}):
+            statuses = pod.status.container_statuses or []
+            if pod.spec.containers[0].name == "compensator" and statuses and statuses[0].state.running:
+                return pod.metadata.name
+        return None
+    return wait_for(running, timeout=timeout, what="the compensator's container to run")
+
+
+def test_a_compensator_evicted_mid_call_is_tried_again_and_the_refund_happens_once(shop, real_api):
+    """The Eviction API ends the compensator while its refund call waits for an answer (the
+    refund already happened downstream): the attempt fails, the next one sends the same
+    idempotency key, so the downstream replays instead of refunding twice; the report says
+    compensated after two attempts, and the downstream shows exactly one refund."""
+    shop.manifest([shop.runner(env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
+                                    {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])])
+    charge = shop.charge_in_a_run("order-4", "o-4")
+    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=60)
+    name = shop.roll_back("order-4", retries=3, backoff={"baseMs": 500, "maxMs": 1000})
+    pod = _compensator_running(shop)
+    wait_for(lambda: shop.refunds(charge["id"]), timeout=30, what="the refund to happen downstream")
+    client.CoreV1Api(real_api).create_namespaced_pod_eviction(
+        pod, shop.namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
+                              "metadata": {"name": pod, "namespace": shop.namespace}})
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] == "Succeeded", describe(shop, name)
+    assert shop.step_status(name, 0)["attempts"] == 2, describe(shop, name)
+    assert len(shop.refunds(charge["id"])) == 1
+    calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+    assert [c["replayed"] for c in calls] == [False, True], calls  # one effect, then its replay
+
+
+def test_a_kubelet_restarted_under_a_running_compensator_loses_nothing(shop, real_cluster):
+    """The kubelet stops while the compensator waits for its refund's answer and comes back:
+    the container kept running under containerd, its exit is read after the restart, and the
+    refund is reported compensated and happened once."""
+    shop.manifest([shop.runner(env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
+                                    {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])])
+    charge = shop.charge_in_a_run("order-5", "o-5")
+    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=8)
+    name = shop.roll_back("order-5")
+    _compensator_running(shop)
+    real_cluster.restart(["kubelet"], kill=True, down_seconds=2)
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] == "Succeeded", describe(shop, name)
+    assert shop.step_status(name, 0)["attempts"] == 1, describe(shop, name)
+    calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+    assert [c["replayed"] for c in calls] == [False], calls
+    assert shop.downstream.get_charge(charge["id"])["refunded"] is True
