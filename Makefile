@@ -10,13 +10,22 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback
+.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback
 
 install:
 	$(PIP) install -q -e '.[test]'
 
 build: install
 	reversi-devcluster build --all
+	reversi-devcluster images
+
+# Debian packages the real node needs (root): iptables, libseccomp (runc's build), buildah and debootstrap (its
+# images); installed only when missing
+node-deps:
+	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap; do \
+	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
+	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # ruff over the code, tests, benchmarks and demo; mypy over operator/reversi (rules: pyproject.toml)
 lint: install

@@ -1,12 +1,12 @@
 """``reversi-devcluster``: build, start, stop and inspect the local control plane.
 
     reversi-devcluster build [--all] [COMPONENT...]
-                                         build missing binaries (kubernetes, etcd;
-                                         --all adds helm, promtool, kstatus-check)
+                                         build missing binaries (kubernetes, etcd; --all adds
+                                         helm, promtool, kstatus-check and the real node's parts)
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
     reversi-devcluster up --real-node    ... with a real node instead of the node agent: containerd, runc,
                                          kubelet, kube-scheduler, kube-proxy, images built here (root)
-    reversi-devcluster images            rebuild the real node's images from this checkout and load them
+    reversi-devcluster images            build the real node's images from this checkout (and load them)
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log
     reversi-devcluster kubeconfig        print the admin KUBECONFIG path
@@ -26,6 +26,7 @@ import sys
 import click
 
 from . import build as build_mod
+from . import realnode
 from .cluster import Cluster, ClusterError, ClusterSettings
 from .images import ImageError
 
@@ -40,11 +41,13 @@ def cli() -> None:
 @click.argument("components", nargs=-1,
                 type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
                                   "runc", "cni-plugins", "cri-tools"]))
-@click.option("--all", "all_", is_flag=True, help="Also build helm, promtool and the kstatus checker (cli-utils).")
+@click.option("--all", "all_", is_flag=True,
+              help="Also build helm, promtool, the kstatus checker (cli-utils) and the real node's parts.")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
 def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
     """Build the pinned binaries that are missing from the cache (default: kubernetes, etcd)."""
-    names = list(components) or ["kubernetes", "etcd"] + (["helm", "prometheus", "cli-utils"] if all_ else [])
+    names = list(components) or ["kubernetes", "etcd"] + (
+        ["helm", "prometheus", "cli-utils", *build_mod.NODE_COMPONENTS] if all_ else [])
     try:
         comps = build_mod.build(names, force=force)
     except build_mod.BuildError as err:
@@ -67,14 +70,18 @@ def up(real_node: bool) -> None:
 
 @cli.command()
 def images() -> None:
-    """Build the real node's images again from this checkout (what changed) and load them into
-    its containerd; pods started from then on run them."""
+    """Build the real node's images from this checkout (what changed) and, when its real node
+    runs, load them into its containerd (pods started from then on run them). Where this machine
+    cannot run a real node, say why and do nothing."""
+    why = realnode.unsupported()
+    if why:
+        click.echo(f"no real node on this machine ({why}): no images to build")
+        return
     c = Cluster(ClusterSettings(real_node=True))
-    if not c.real.socket.exists():
-        raise click.ClickException("no real node is running here; start one with `reversi-devcluster up --real-node`")
     try:
         c.real.build(log=click.echo)
-        c.real.load_images(log=click.echo)
+        if c.is_running():
+            c.real.load_images(log=click.echo)
     except (build_mod.BuildError, ImageError) as err:
         raise click.ClickException(str(err)) from err
 
