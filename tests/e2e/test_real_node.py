@@ -59,7 +59,7 @@ def test_a_compensator_killed_by_its_memory_limit_is_reported_as_such_and_the_ch
 def test_a_runner_image_that_cannot_be_pulled_is_named_in_the_step(shop):
     """A runner whose image no registry has: the kubelet cannot pull it; the step says so, naming
     the image and the kubelet's reason, and the charge is reported as standing."""
-    missing = shop.runner("missing", image="localhost/reversi-no-such-image:1", deadlineSeconds=15)
+    missing = shop.runner("missing", image="localhost/reversi-no-such-image:1", deadlineSeconds=8)
     shop.manifest([shop.runner(), missing], compensator="missing")
     charge = shop.charge_in_a_run("order-3", "o-3")
     name = shop.roll_back("order-3", retries=1)

@@ -119,8 +119,9 @@ def test_rule9_halted_sdk_call_raises_before_the_call_is_made(rv, users, admin_a
     assert made == [], "the call must not be made"
     assert "kill switch: charges look duplicated" in str(err.value)
     assert [s["spec"]["index"] for s in rv.steps("r")] == [0], "nothing is recorded for the refused call"
-    halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls") and h,
-                    what="refused count")
+    # the webhook counts the refusal and the operator reports the halt in force, each when it gets to it
+    halt = wait_for(lambda: (h := rv.get("halts", "stop")).get("status", {}).get("refusedCalls")
+                    and h["status"].get("active") and h, what="refused count and the halt reported in force")
     assert halt["status"]["active"] is True and halt["status"]["refusedCalls"] == 1 and halt["status"]["since"]
     # lifting the halt is deleting it
     rv.custom.delete_namespaced_custom_object(G, V, namespace, "halts", "stop")
