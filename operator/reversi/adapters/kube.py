@@ -249,7 +249,10 @@ class Kube:
         if state == "failed" and not ends:  # its program never ran: say what kept it from running
             trouble = never_ran(waiting) or self._pod_trouble(ns, name)
             if trouble:
-                message = f"{message}; its container never ran: {trouble}"
+                template = job.spec.template if job.spec else None
+                containers = (template.spec.containers or []) if template and template.spec else []
+                image = f" (image {containers[0].image})" if containers else ""
+                message = f"{message}; its container{image} never ran: {trouble}"
         return JobView(state, message=message, output=output, lost=lost)
 
     def _pod_trouble(self, namespace: str, job: str) -> str | None:

@@ -430,7 +430,7 @@ class Cluster:
         """A callable that says whether ``comp`` is ready: on first start (``first``) or after a
         restart at epoch ``since`` (its log then read from ``log_offset``)."""
         if comp == "etcd":
-            return lambda: _http_ok(f"http://127.0.0.1:{self.settings.etcd_port}/health")
+            return lambda: http_ok(f"http://127.0.0.1:{self.settings.etcd_port}/health")
         if comp == "kube-apiserver":
             return self._apiserver_ready
         if comp == "kube-controller-manager":
@@ -601,7 +601,8 @@ def _port_in_use(port: int) -> bool:
     return False
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 within 2 s (a component's health endpoint)."""
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
             return resp.status == 200

@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -269,8 +268,10 @@ state = "{state}"
             return self._node_schedulable
         if comp == "kube-scheduler":
             return lambda: b"Starting Kubernetes Scheduler" in _read(self.cluster.paths.log(comp))
+        from .cluster import http_ok
+
         port = self._ports()["proxy-healthz"]
-        return lambda: _http_ok(f"http://127.0.0.1:{port}/healthz")
+        return lambda: http_ok(f"http://127.0.0.1:{port}/healthz")
 
     def _containerd_ready(self) -> bool:
         return self._ctr("version").returncode == 0
@@ -460,11 +461,3 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False

@@ -53,14 +53,19 @@ def manifest_specs(namespace: str | None, name: str, body: kopf.Body,
 def run_jobs(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Labels,
              **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """The project's Jobs (compensators and readers) by ``(namespace, run uid)``: each Job's
-    metadata and status (its pod template is left out to keep memory small). It shares the one
+    metadata and status, and of its pod template only each container's name and image (the rest
+    is left out to keep memory small; the image names a container that never ran). It shares the one
     watch of Jobs with :func:`reversi.handlers.rollback.rollback_job_event`, which registers it (the
     admission server, which imports this module, watches no Jobs)."""
     assert namespace is not None  # Jobs are namespaced
     meta = body.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "labels", "annotations", "creationTimestamp",
                                  "resourceVersion") if k in meta}
-    return {(namespace, labels.get(LABEL_RUN_UID, "")): {"metadata": kept, "status": dict(body.get("status") or {})}}
+    containers = [{"name": c.get("name"), "image": c.get("image")}
+                  for c in ((body.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+                  if isinstance(c, dict)]
+    return {(namespace, labels.get(LABEL_RUN_UID, "")): {"metadata": kept, "status": dict(body.get("status") or {}),
+                                                         "spec": {"template": {"spec": {"containers": containers}}}}}
 
 
 @dataclass
