@@ -87,37 +87,50 @@ def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
 
 
 def deploy_downstream(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
-    """The downstream system as a Deployment of the demo image behind a Service in ``namespace``
-    (restricted); returns its URL, the Service's cluster IP (kube-proxy routes it from this
-    machine and from pods), once it answers."""
+    """The downstream system (demo/downstream/server.py) in ``namespace``: see :func:`deploy_service`."""
+    return deploy_service(api, namespace, "downstream", ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0",
+                                                         "--port", "8080", "--state", "/tmp/downstream.json",
+                                                         "--quiet"], 8080, timeout)
+
+
+def deploy_mcp_shop(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
+    """The MCP shop (demo/mcp_shop/server.py) in ``namespace``; returns its MCP endpoint's URL."""
+    url = deploy_service(api, namespace, "mcp-shop", ["python", "/opt/reversi/demo/mcp_shop.py", "--host", "0.0.0.0",
+                                                      "--port", "8000"], 8000, timeout)
+    return url + "/mcp"
+
+
+def deploy_service(api: client.ApiClient, namespace: str, name: str, command: list[str], port: int,
+                   timeout: float = 120) -> str:
+    """``command`` in the demo image as Deployment ``name`` behind a Service of the same name in
+    ``namespace`` (restricted); returns its base URL, the Service's cluster IP (kube-proxy routes it
+    from this machine and from pods), once its ``/_state`` answers."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    labels = {"app": "downstream"}
-    server = ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0", "--port", "8080",
-              "--state", "/tmp/downstream.json", "--quiet"]
+    labels = {"app": name}
     apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": "downstream"},
+        "metadata": {"name": name},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
             "metadata": {"labels": labels},
             "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
                                          "seccompProfile": {"type": "RuntimeDefault"}},
-                     "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": server,
-                                     "ports": [{"containerPort": 8080}], "securityContext": LOCKED_DOWN,
-                                     "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                     "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": command,
+                                     "ports": [{"containerPort": port}], "securityContext": LOCKED_DOWN,
+                                     "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
                                      "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
                      "volumes": [{"name": "tmp", "emptyDir": {}}]}}}})
-    svc = core.create_namespaced_service(namespace, {"metadata": {"name": "downstream"}, "spec": {
-        "selector": labels, "ports": [{"port": 8080, "targetPort": 8080}]}})
+    svc = core.create_namespaced_service(namespace, {"metadata": {"name": name}, "spec": {
+        "selector": labels, "ports": [{"port": port, "targetPort": port}]}})
     deadline = time.monotonic() + timeout
-    while (apps.read_namespaced_deployment("downstream", namespace).status.ready_replicas or 0) < 1:
+    while (apps.read_namespaced_deployment(name, namespace).status.ready_replicas or 0) < 1:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the downstream Deployment did not become ready in {timeout:.0f} s")
+            raise RuntimeError(f"Deployment {namespace}/{name} did not become ready in {timeout:.0f} s")
         time.sleep(0.5)
-    url = f"http://{svc.spec.cluster_ip}:8080"
+    url = f"http://{svc.spec.cluster_ip}:{port}"
     while True:  # kube-proxy routes the Service a moment after its endpoint is ready
         try:
             with urllib.request.urlopen(url + "/_state", timeout=2):
                 return url
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the downstream Service at {url} did not answer in {timeout:.0f} s") from None
+                raise RuntimeError(f"Service {namespace}/{name} at {url} did not answer in {timeout:.0f} s") from None
             time.sleep(0.25)

@@ -4,9 +4,15 @@ the downstream system's own record of what happened (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+from typing import Any
+
 import pytest
 from kubernetes import client
 
+from demo import on_real_node
+from reversi.devcluster import images
 from tests.e2e.conftest import describe
 from tests.helpers import wait_for
 
@@ -123,3 +129,46 @@ def test_a_kubelet_restarted_under_a_running_compensator_loses_nothing(shop, rea
     calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
     assert [c["replayed"] for c in calls] == [False], calls
     assert shop.downstream.get_charge(charge["id"])["refunded"] is True
+
+
+def test_reversi_mcp_runner_jobs_undo_an_mcp_servers_call_from_the_operator_image(shop, real_api):
+    """The gateway's runner in a container: the compensator and reader Jobs run
+    ``reversi-mcp-runner`` from the operator image against an MCP server (the MCP shop, a
+    Deployment of the demo image); the shop's own call log shows the refund, with its
+    idempotency key, and the read back."""
+    mcp_url = on_real_node.deploy_mcp_shop(real_api, shop.namespace)
+    runner = {"name": "mcp", "image": images.OPERATOR_IMAGE, "command": ["reversi-mcp-runner"],
+              "env": [{"name": "REVERSI_MCP_URL", "value": mcp_url}], "deadlineSeconds": 60}
+    shop.manifest([runner], compensator="mcp", reader="mcp")
+    from reversi.sdk import Recorder
+
+    rec = Recorder.open(shop.namespace, "order-6", manifest="tools", api=real_api)
+    args = {"order_id": "o-6", "amount": 700, "customer": "cus_9"}
+    charge = rec.call("payments.create_charge", args, lambda a: _mcp_call(mcp_url, "payments.create_charge", a))
+    name = shop.roll_back("order-6")
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] == "Succeeded" and done["status"]["report"]["compensated"] == [0], \
+        describe(shop, name)
+    with urllib.request.urlopen(mcp_url.removesuffix("/mcp") + "/_state", timeout=10) as resp:
+        truth = json.load(resp)
+    assert truth["charges"][charge["id"]]["refunded"] is True
+    refunds = [c for c in truth["calls"] if c["tool"] == "payments.refund"]
+    assert len(refunds) == 1 and refunds[0]["idempotency_key"], refunds
+    assert any(c["tool"] == "payments.get_charge" for c in truth["calls"]), "the reader Job read the shop back"
+
+
+def _mcp_call(url: str, tool: str, args: dict) -> dict:
+    """One MCP tool call to ``url``; its structured result."""
+    import anyio
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def go() -> Any:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            async with Client(streamable_http_client(url, http_client=http), cache=None) as c:
+                return await c.call_tool(tool, args)
+
+    result = anyio.run(go)
+    assert not result.is_error, result
+    return result.structured_content or json.loads(result.content[0].text)
