@@ -118,6 +118,8 @@ def test_pod_truth_a_failed_job_whose_container_exited_0_succeeded():
     assert pod_verdict("failed", []) == "failed", "no pod: the Job's verdict stands"
     assert pod_verdict("succeeded", [1]) == "succeeded"
     assert pod_verdict("running", [0]) == "running"
+    assert pod_verdict("failed", [0], disrupted=True) == "failed", \
+        "an evicted pod's exit 0 may be its answer to the SIGTERM that stopped it mid-call"
 
 
 def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():

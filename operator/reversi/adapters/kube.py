@@ -224,7 +224,9 @@ class Kube:
                     message = ended_message(term.exit_code, term.reason, term.message)
                 elif cs.state and cs.state.waiting:
                     waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
-            truth = pod_verdict(state, [code for code, _ in ends])
+            disrupted = any(cond.type == "DisruptionTarget" and cond.status == "True"
+                            for cond in (pod.status.conditions if pod.status else None) or [])
+            truth = pod_verdict(state, [code for code, _ in ends], disrupted)
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
                 state, message, job_message = truth, "", ""
@@ -345,12 +347,15 @@ def pod_trouble(events: list[tuple[str | None, str | None, Any]], most: int = 2)
     return "; ".join(said) or None
 
 
-def pod_verdict(job_state: JobState, exit_codes: list[int | None]) -> JobState:
+def pod_verdict(job_state: JobState, exit_codes: list[int | None], disrupted: bool = False) -> JobState:
     """What an attempt really did, from its pod rather than its Job (pod truth): a Job marked
     ``failed`` — e.g. ``DeadlineExceeded`` after the API server was down while its pod ran —
     whose every container terminated with exit code 0 did its work, so it ``succeeded`` (a reader
-    still checks it); anything else keeps the Job's verdict. Pure."""
-    if job_state == "failed" and exit_codes and all(code == 0 for code in exit_codes):
+    still checks it); anything else keeps the Job's verdict. A ``disrupted`` pod (its
+    ``DisruptionTarget`` condition: evicted, preempted, its node lost) proves nothing by an exit 0,
+    which may be a program's answer to the SIGTERM that ended it mid-call, so the Job's verdict
+    stands. Pure."""
+    if job_state == "failed" and not disrupted and exit_codes and all(code == 0 for code in exit_codes):
         return "succeeded"
     return job_state
 
