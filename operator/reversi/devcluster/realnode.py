@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -307,8 +308,13 @@ state = "{state}"
         release each pod's address and rules). Best effort: what is left, clean_up removes."""
         if not self.socket.exists():
             return
-        subprocess.run([str(build.binary("cri-tools", "crictl")), "--runtime-endpoint", f"unix://{self.socket}",
-                        "--timeout", "20s", "rmp", "--all", "--force"], capture_output=True, timeout=90)
+        crictl = [str(build.binary("cri-tools", "crictl")), "--runtime-endpoint", f"unix://{self.socket}",
+                  "--timeout", "60s"]
+        for _ in range(2):  # a pod whose network teardown was cut short (its request timed out) goes again
+            subprocess.run([*crictl, "rmp", "--all", "--force"], capture_output=True, timeout=150)
+            left = subprocess.run([*crictl, "pods", "-q"], capture_output=True, text=True, timeout=60).stdout
+            if not left.strip():
+                return
 
     def clean_up(self) -> None:
         """Put the host back as it was (see the module docstring), whatever state the node
@@ -433,7 +439,7 @@ def _drop_cni_rules(pod_cidr: str) -> None:
                          timeout=30).stdout
     prefix = pod_cidr.rsplit(".", 1)[0] + "."
     for rule in out.splitlines():
-        parts = rule.split()
+        parts = shlex.split(rule)  # the plugin's rule carries a quoted comment
         if len(parts) > 3 and parts[0] == "-A" and "-s" in parts and parts[parts.index("-s") + 1].startswith(prefix):
             subprocess.run(["iptables", "-t", "nat", *(["-D"] + parts[1:])], capture_output=True, timeout=30)
             if "-j" in parts and parts[parts.index("-j") + 1].startswith("CNI-"):
