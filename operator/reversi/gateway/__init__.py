@@ -15,4 +15,44 @@ Modules:
 - :mod:`.proxy`: the MCP server the agent talks to;
 - :mod:`.main`: the ``reversi-gateway`` command;
 - :mod:`.runner`: the ``reversi-mcp-runner`` command (compensator and reader Jobs over MCP).
+
+Both commands need the ``gateway`` extra (``pip install 'reversi[gateway]'``: the MCP SDK,
+uvicorn, starlette), which the operator, ``kubectl reversi`` and the SDK do without; without it
+they say so in one line (exit 2) instead of a traceback.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+#: the gateway extra's own packages (they bring the rest: anyio, httpx, the MCP types)
+EXTRA_MODULES = ("mcp", "uvicorn", "starlette")
+
+
+def _missing_extra(command: str, err: ModuleNotFoundError) -> int:
+    """Exit status 2 and one line when the gateway extra is not installed; else ``err`` again."""
+    missing = [name for name in EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if not missing:
+        raise err
+    print(f"{command} needs the gateway extra ({', '.join(missing)} not installed): pip install 'reversi[gateway]'",
+          file=sys.stderr)
+    return 2
+
+
+def gateway_main() -> int:
+    """The ``reversi-gateway`` command (:func:`reversi.gateway.main.main`)."""
+    try:
+        from .main import main
+    except ModuleNotFoundError as err:
+        return _missing_extra("reversi-gateway", err)
+    return main()
+
+
+def runner_main() -> int:
+    """The ``reversi-mcp-runner`` command (:func:`reversi.gateway.runner.main`)."""
+    try:
+        from .runner import main
+    except ModuleNotFoundError as err:
+        return _missing_extra("reversi-mcp-runner", err)
+    return main()
