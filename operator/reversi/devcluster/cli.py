@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
 
 import click
+from pydantic import ValidationError
 
 from . import build as build_mod
 from . import realnode
@@ -63,9 +65,20 @@ def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
 def up(real_node: bool) -> None:
     """Start the control plane (reusing a running one) and wait for a Ready node."""
     try:
-        Cluster(ClusterSettings(real_node=real_node)).up(log=click.echo)
+        settings = ClusterSettings(real_node=real_node)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise click.ClickException(f"bad REVERSI_{str(first['loc'][0]).upper()}: {first['msg']}") from None
+    # a SIGTERM mid-way stops what was started, as Ctrl-C does (up's own clean-up on any exception)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        Cluster(settings).up(log=click.echo)
     except (ClusterError, build_mod.BuildError, ImageError) as err:
         raise click.ClickException(str(err)) from err
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @cli.command()

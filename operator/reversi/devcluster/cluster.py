@@ -75,7 +75,8 @@ class ClusterSettings(BaseSettings):
     start_timeout: float = Field(90.0, description="Seconds to wait for each component.")
     real_node: bool = Field(False, description="Run a real node (containerd, kubelet, kube-scheduler, kube-proxy) "
                                                "instead of the node agent.")
-    node_bridge: str = Field("reversi0", description="The real node's pod bridge.")
+    node_bridge: str = Field("reversi0", min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.-]+$",
+                             description="The real node's pod bridge (a Linux interface name: at most 15 characters).")
     node_pod_cidr: str = Field("10.244.0.0/24", description="The real node's pod addresses.")
     apiserver_extra_args: list[str] = Field(
         default_factory=list, description="Extra kube-apiserver flags (JSON list), e.g. feature gates.")
@@ -133,8 +134,10 @@ class Cluster:
     @property
     def components(self) -> tuple[str, ...]:
         """This cluster's components in start order: the control plane, then the node agent or
-        the real node's parts (``settings.real_node``)."""
-        return (*CONTROL_PLANE, *realnode.COMPONENTS) if self.settings.real_node else COMPONENTS
+        the real node's parts (``settings.real_node``, or a real node already runs in this folder:
+        ``status`` and ``up`` then see it as it is)."""
+        real = self.settings.real_node or any(self.paths.pid(comp).exists() for comp in realnode.COMPONENTS)
+        return (*CONTROL_PLANE, *realnode.COMPONENTS) if real else COMPONENTS
 
     @property
     def node_name(self) -> str:
@@ -219,12 +222,12 @@ class Cluster:
                 self.real.build(log=log)
                 self.real.load_images(log=log)
             return
-        self.down(quiet=True)
         if self.settings.real_node and (why := realnode.unsupported()):
             raise ClusterError(f"no real node on this machine: {why}")
         if self.settings.real_node and (other := realnode.running_elsewhere(self.paths.root)):
             raise ClusterError(f"a real node of the cluster in {other} runs on this machine, and there can be one: "
                                f"stop it first (REVERSI_CLUSTER_DIR={other} reversi-devcluster down)")
+        self.down(quiet=True)
         build.build(["kubernetes", "etcd"])
         if self.settings.real_node:
             self.real.build(log=log)
@@ -283,7 +286,7 @@ class Cluster:
                     log(f"stopped {comp} (pid {pid})")
             pidfile.unlink(missing_ok=True)
         if real:
-            self.real.clean_up()
+            self.real.clean_up(log=(lambda _m: None) if quiet else log)
         shutil.rmtree(self.paths.etcd_data, ignore_errors=True)
 
     def _ours(self, pid: int) -> bool:

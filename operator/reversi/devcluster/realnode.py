@@ -51,6 +51,8 @@ COMPONENTS = ("containerd", "kubelet", "kube-scheduler", "kube-proxy")
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward",
            "net/bridge/bridge-nf-call-iptables", "net/ipv4/conf/all/route_localnet")
 CLUSTER_CIDR = "10.244.0.0/16"
+#: the name of the node's CNI network (in its conflist, and in the comments of the plugins' rules)
+NETWORK = "reversi"
 
 
 def unsupported() -> str | None:
@@ -69,8 +71,11 @@ def unsupported() -> str | None:
 
 
 def running_elsewhere(root: Path) -> Path | None:
-    """The cluster folder of a real node that runs on this machine outside ``root``, or None.
-    One real node per machine: two kube-proxies would each rewrite the other's rules."""
+    """The cluster folder of another real node on this machine, or None: one whose containerd,
+    kubelet or kube-proxy runs (even alone, after a crash of the others), or a sibling folder of
+    ``root`` whose node changed the host and was not stopped yet (its ``sysctls.json``). One real
+    node per machine: two kube-proxies would each rewrite the other's rules, and the second would
+    save the first's sysctls as the host's own."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -78,11 +83,15 @@ def running_elsewhere(root: Path) -> Path | None:
             args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not args or Path(args[0]).name not in ("kube-proxy", "kubelet") or "--config" not in args:
+        if not args or Path(args[0]).name not in ("kube-proxy", "kubelet", "containerd") or "--config" not in args:
             continue
-        config = Path(args[args.index("--config") + 1]) if args.index("--config") + 1 < len(args) else None
+        at = args.index("--config") + 1
+        config = Path(args[at]) if at < len(args) else None
         if config is not None and config.parent.name == "real-node" and config.parent.parent != root:
             return config.parent.parent
+    for marker in root.parent.glob("*/real-node/sysctls.json"):
+        if marker.parent.parent != root:
+            return marker.parent.parent
     return None
 
 
@@ -194,7 +203,7 @@ state = "{state}"
         (self.root / "containerd.toml").write_text(config)
 
     def _write_cni_config(self) -> None:
-        conf = {"cniVersion": "1.0.0", "name": "reversi", "plugins": [
+        conf = {"cniVersion": "1.0.0", "name": NETWORK, "plugins": [
             {"type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": True, "hairpinMode": True,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
                       "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.root / "cni" / "ipam")}},
@@ -316,16 +325,17 @@ state = "{state}"
             if not left.strip():
                 return
 
-    def clean_up(self) -> None:
+    def clean_up(self, log=print) -> None:
         """Put the host back as it was (see the module docstring), whatever state the node
-        reached. Run after the node's processes were stopped."""
+        reached. Run after the node's processes were stopped.
+
+        What is this node's alone (its processes, mounts, cgroups, pod log links) always goes.
+        What the host shares (the bridge, iptables, sysctls) is put back only when this node
+        changed it (``sysctls.json``, saved by :meth:`prepare`, is still there) and no other real
+        node runs on the machine: that one's pods use the same rules and settings; its own
+        ``down`` puts them back."""
         self._kill_leftovers()
-        if shutil.which("iptables"):
-            subprocess.run([str(build.binary("node", "kube-proxy")), "--cleanup"], capture_output=True, timeout=60)
-            _drop_cni_rules(self.pod_cidr)
-            _drop_kubelet_chains()
         self._unmount_all()
-        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
         self._remove_cgroups()
         for link in Path("/var/log/containers").glob("*.log") if Path("/var/log/containers").is_dir() else []:
             try:
@@ -333,13 +343,23 @@ state = "{state}"
                     link.unlink()
             except OSError:
                 pass
-        saved = self.root / "sysctls.json"
-        if saved.exists():
-            for key, value in json.loads(saved.read_text()).items():
-                _set_sysctl(key, value)
-            saved.unlink()
         for sub in ("containerd/state", "kubelet", "pod-logs", "cni/ipam"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
+        saved = self.root / "sysctls.json"
+        if not saved.exists():
+            return
+        other = running_elsewhere(self.cluster.paths.root)
+        if other is not None:
+            log(f"the host's bridge, iptables rules and sysctls are left to the real node of {other}, which runs")
+            return
+        if shutil.which("iptables"):
+            subprocess.run([str(build.binary("node", "kube-proxy")), "--cleanup"], capture_output=True, timeout=60)
+            _drop_cni_rules(self.pod_cidr)
+            _drop_kubelet_chains()
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, timeout=30)
+        for key, value in json.loads(saved.read_text()).items():
+            _set_sysctl(key, value)
+        saved.unlink()
 
     def _kill_leftovers(self) -> None:
         """SIGKILL the container shims of this node's containerd and every process in its cgroups."""
@@ -433,19 +453,43 @@ def _drop_kubelet_chains() -> None:
 
 
 def _drop_cni_rules(pod_cidr: str) -> None:
-    """Remove the NAT rules the bridge plugin's ipMasq left for pods that were never torn down
-    through the CNI (a crash): POSTROUTING jumps for sources in ``pod_cidr``, and their chains."""
-    out = subprocess.run(["iptables", "-t", "nat", "-S", "POSTROUTING"], capture_output=True, text=True,
-                         timeout=30).stdout
+    """Remove the iptables rules the CNI plugins left for pods that were never torn down through
+    the CNI (a crash, a teardown cut short): in the nat table, every rule of this node's network
+    (its comment names :data:`NETWORK`, or its source or target is in ``pod_cidr``), then every
+    ``CNI-`` chain left empty and the jumps to it; the portmap plugin's shared ``CNI-HOSTPORT-``
+    chains go once no port mapping is left in ``CNI-HOSTPORT-DNAT``."""
     prefix = pod_cidr.rsplit(".", 1)[0] + "."
-    for rule in out.splitlines():
-        parts = shlex.split(rule)  # the plugin's rule carries a quoted comment
-        if len(parts) > 3 and parts[0] == "-A" and "-s" in parts and parts[parts.index("-s") + 1].startswith(prefix):
-            subprocess.run(["iptables", "-t", "nat", *(["-D"] + parts[1:])], capture_output=True, timeout=30)
-            if "-j" in parts and parts[parts.index("-j") + 1].startswith("CNI-"):
-                chain = parts[parts.index("-j") + 1]
-                subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True, timeout=30)
-                subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True, timeout=30)
+
+    def rules() -> list[list[str]]:
+        out = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True, timeout=30).stdout
+        return [shlex.split(line) for line in out.splitlines()]  # a plugin's rule carries a quoted comment
+
+    def ours(rule: list[str]) -> bool:
+        text = " ".join(rule)
+        addresses = [rule[i + 1] for i, arg in enumerate(rule[:-1]) if arg in ("-s", "-d", "--to-destination")]
+        return f'name: "{NETWORK}"' in text or any(a.startswith(prefix) for a in addresses)
+
+    def iptables(*args: str) -> None:
+        subprocess.run(["iptables", "-t", "nat", *args], capture_output=True, timeout=30)
+
+    for rule in rules():
+        if rule[:1] == ["-A"] and ours(rule):
+            iptables("-D", *rule[1:])
+    for _ in range(3):  # chains emptied by the first round may hold the only jumps to others
+        current = rules()
+        chains = {r[1] for r in current if r[:1] == ["-N"] and r[1].startswith("CNI-")}
+        filled = {r[1] for r in current if r[:1] == ["-A"]}
+        empty = {c for c in chains if c not in filled}
+        if "CNI-HOSTPORT-DNAT" in empty:  # no port mapping left: the shared chains go too
+            empty |= {c for c in chains if c.startswith("CNI-HOSTPORT-")}
+        if not empty:
+            return
+        for rule in current:
+            if rule[:1] == ["-A"] and "-j" in rule and rule[rule.index("-j") + 1] in empty:
+                iptables("-D", *rule[1:])
+        for chain in empty:
+            iptables("-F", chain)
+            iptables("-X", chain)
 
 
 def _sysctl(key: str) -> str | None:
