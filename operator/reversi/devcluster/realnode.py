@@ -8,7 +8,9 @@ the node agent: the real kube-scheduler is the default scheduler, and the contro
 the node-lifecycle controller (it lifts the node's not-ready taint, and taints a node whose
 kubelet stopped reporting).
 
-Everything the node touches on the host is its own and is put back by :meth:`RealNode.clean_up`:
+Everything the node touches on the host is put back by :meth:`RealNode.clean_up` (what the host
+shares, the bridge, iptables and sysctls, only by the node that changed it and while no other real
+node runs):
 
 - processes: containerd, the kubelet, kube-scheduler, kube-proxy (the cluster's process groups),
   every container shim and container process (found by the node's socket and cgroup root);
