@@ -144,9 +144,6 @@ class Shop:
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         return client.CoreV1Api(self.api).list_namespaced_pod(self.namespace, label_selector=selector).items
 
-    def jobs(self) -> list[Any]:
-        return client.BatchV1Api(self.api).list_namespaced_job(self.namespace).items
-
 
 @pytest.fixture
 def shop(request, real_api, release) -> Shop:

@@ -134,10 +134,15 @@ def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True
                 )
         rc = proc.wait()
     if rc != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise BuildError(
-            f"building {label} failed (exit {rc}); full log: {log}\n--- last lines ---\n{tail}"
-        )
+        raise BuildError(f"building {label} failed (exit {rc}); full log: {log}\n--- last lines ---\n{log_tail(log)}")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the log at ``path`` (empty when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def _staging_replaces(k8s_version: str, staging_version: str, workdir: Path, log: Path) -> list[str]:

@@ -438,6 +438,8 @@ class Cluster:
             return self._apiserver_ready
         if comp == "kube-controller-manager":
             return lambda: b"Starting job controller" in _read_from(self.paths.log(comp), log_offset)
+        if comp == "kube-scheduler":  # read from its start: after a restart, the old line says nothing
+            return lambda: b"Starting Kubernetes Scheduler" in _read_from(self.paths.log(comp), log_offset)
         if comp in realnode.COMPONENTS:
             return self.real.ready_check(comp)
         if first:
@@ -658,8 +660,5 @@ def _read_from(path: Path, offset: int) -> bytes:
 
 
 def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return ""
-    return "--- last lines ---\n" + "\n".join(text)
+    text = build.log_tail(path, lines)
+    return "--- last lines ---\n" + text if text else ""

@@ -79,7 +79,8 @@ class Store:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE if capture else log, stderr=log, text=True,
                                   timeout=timeout)
         if check and proc.returncode != 0:
-            raise ImageError(f"buildah {args[0]} failed (exit {proc.returncode}); log: {self.log}\n{_tail(self.log)}")
+            raise ImageError(f"buildah {args[0]} failed (exit {proc.returncode}); log: {self.log}\n"
+                             f"{build.log_tail(self.log)}")
         return proc.stdout or ""
 
     def image_id(self, ref: str) -> str | None:
@@ -112,7 +113,7 @@ def python_base(store: Store) -> str:
                                   stdout=log, stderr=log, timeout=1800)
         if proc.returncode != 0:
             raise ImageError(f"debootstrap of {SUITE} failed (exit {proc.returncode}); log: {store.log}\n"
-                             f"{_tail(store.log)}")
+                             f"{build.log_tail(store.log)}")
         _finish_rootfs(rootfs)
         container = store.buildah("from", "scratch").strip()
         try:
@@ -259,10 +260,3 @@ def load(store: Store, refs: list[str], ctr: Path, address: Path, record: Path) 
         copied.append(ref)
     record.write_text(json.dumps(done))
     return copied
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""

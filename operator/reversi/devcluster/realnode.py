@@ -273,13 +273,12 @@ state = "{state}"
         return [str(build.binary("node", "kube-proxy")), "--config", str(self.root / "kube-proxy.yaml"), "--v=1"]
 
     def ready_check(self, comp: str):
-        """A callable that says whether ``comp`` is ready."""
+        """A callable that says whether ``comp`` (containerd, kubelet, kube-proxy) is ready; the
+        cluster reads kube-scheduler's readiness from its log."""
         if comp == "containerd":
             return self._containerd_ready
         if comp == "kubelet":
             return self._node_schedulable
-        if comp == "kube-scheduler":
-            return lambda: b"Starting Kubernetes Scheduler" in _read(self.cluster.paths.log(comp))
         from .cluster import http_ok
 
         port = self._ports()["proxy-healthz"]
@@ -506,10 +505,3 @@ def _set_sysctl(key: str, value: str) -> None:
         Path("/proc/sys", key).write_text(value)
     except OSError:
         pass
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
