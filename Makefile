@@ -14,6 +14,7 @@ TEST_WORKERS ?= 2
 
 install:
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e ./devcluster  # after reversi: an older reversi owned the reversi-devcluster command
 
 build: install
 	reversi-devcluster build --all
@@ -27,9 +28,9 @@ node-deps:
 	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# ruff over the code, tests, benchmarks and demo; mypy over operator/reversi (rules: pyproject.toml)
+# ruff over the code, tests, benchmarks and demo; mypy over operator/reversi and devcluster/reversi_devcluster (rules: pyproject.toml)
 lint: install
-	$(PYTHON) -m ruff check operator tests benchmarks demo
+	$(PYTHON) -m ruff check operator devcluster tests benchmarks demo
 	$(PYTHON) -m mypy
 
 test: build

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from reversi.devcluster.cluster import Cluster, ClusterSettings
+from reversi_devcluster.cluster import Cluster, ClusterSettings
 
 
 def warm_start(runs: int) -> list[float]:
@@ -42,7 +42,7 @@ def cold_build() -> float:
     with tempfile.TemporaryDirectory(prefix="reversi-cold-") as tmp:
         env = {**os.environ, "REVERSI_CACHE": str(Path(tmp) / "cache"), "GOCACHE": str(Path(tmp) / "gocache")}
         started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "build", "kubernetes", "etcd"],
+        subprocess.run([sys.executable, "-m", "reversi_devcluster.cli", "build", "kubernetes", "etcd"],
                        env=env, check=True)
         return time.monotonic() - started
 

@@ -35,8 +35,8 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import step_body  # noqa: E402
-from reversi.devcluster.cluster import Cluster  # noqa: E402
-from reversi.devcluster.localop import apply_crds  # noqa: E402
+from reversi_devcluster.cluster import Cluster  # noqa: E402
+from reversi_devcluster.localop import apply_crds  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-bench"
@@ -170,7 +170,7 @@ def dry_runs(api: client.ApiClient, cluster: Cluster, run: str, count: int) -> N
     """Start the operator, then create ``count`` + 1 dry-run RollbackRequests one after the other
     and time each from create to phase Planned. The first is reported on its own: it includes the
     operator's start and its first LIST of the run's RunSteps (the run's informer then keeps them)."""
-    from reversi.devcluster.localop import OperatorProcess, free_port
+    from reversi_devcluster.localop import OperatorProcess, free_port
 
     custom = client.CustomObjectsApi(api)
     op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "bench-operator.log",

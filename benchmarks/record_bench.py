@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "operator"))
 from kubernetes import client, config  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.devcluster.cluster import Cluster  # noqa: E402
-from reversi.devcluster.localop import (  # noqa: E402
+from reversi_devcluster.cluster import Cluster  # noqa: E402
+from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess, apply_crds, free_port, remove_webhook_configurations)
 from reversi.sdk import Recorder  # noqa: E402
 

@@ -50,9 +50,9 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.devcluster.cluster import Cluster  # noqa: E402
-from reversi.devcluster.localop import AdmissionPool, OperatorProcess, apply_crds, free_port  # noqa: E402
-from reversi.devcluster.localop import remove_webhook_configurations  # noqa: E402
+from reversi_devcluster.cluster import Cluster  # noqa: E402
+from reversi_devcluster.localop import AdmissionPool, OperatorProcess, apply_crds, free_port  # noqa: E402
+from reversi_devcluster.localop import remove_webhook_configurations  # noqa: E402
 from reversi.sdk import OutcomeNotRecorded, Recorder, RecordingRefused  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -63,8 +63,8 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from reversi.adapters import jobs as jobs_mod
 from reversi.adapters.journal import step_body
-from reversi.devcluster.cluster import Cluster
-from reversi.devcluster.localop import (
+from reversi_devcluster.cluster import Cluster
+from reversi_devcluster.localop import (
     OperatorProcess,
     apply_crds,
     free_port,

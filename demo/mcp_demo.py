@@ -41,9 +41,9 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.devcluster import build  # noqa: E402
-from reversi.devcluster.cluster import Cluster, ClusterError  # noqa: E402
-from reversi.devcluster.localop import (  # noqa: E402
+from reversi_devcluster import build  # noqa: E402
+from reversi_devcluster.cluster import Cluster, ClusterError  # noqa: E402
+from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess,
     apply_crds,
     free_port,

@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from reversi.devcluster import build, images
+from reversi_devcluster import build, images
 
 REPO = Path(__file__).resolve().parents[1]
 G, V = "reversi.dev", "v1alpha1"

@@ -21,7 +21,7 @@ could not run (the message names the component and its log).
     python demo/run_demo.py --stop    # stops what --keep left running (and its webhook configurations)
     python demo/run_demo.py --node agent   # on the node agent even where a real node can run
 
-Where the machine can run containers (root, cgroups, iptables: see reversi.devcluster.realnode),
+Where the machine can run containers (root, cgroups, iptables: see reversi_devcluster.realnode),
 everything runs on a real node: the operator is installed by its Helm chart with its image, in a
 namespace that enforces the restricted Pod Security Standard; the downstream system is a
 Deployment of the demo image behind a Service; compensator and reader Jobs run in containers of
@@ -52,9 +52,9 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi.devcluster import build, images, realnode  # noqa: E402
-from reversi.devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
-from reversi.devcluster.localop import (  # noqa: E402
+from reversi_devcluster import build, images, realnode  # noqa: E402
+from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
+from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess,
     apply_crds,
     free_port,

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from reversi.devcluster.cluster import Cluster, ClusterSettings
+from reversi_devcluster.cluster import Cluster, ClusterSettings
 
 #: how far apart the ports of two pytest-xdist workers are
 WORKER_PORT_STEP = 10
@@ -57,7 +57,7 @@ _cluster_used = False
 
 @pytest.fixture(scope="session")
 def cluster():
-    """The running local control plane (:class:`reversi.devcluster.cluster.Cluster`)."""
+    """The running local control plane (:class:`reversi_devcluster.cluster.Cluster`)."""
     global _cluster_used
     _cluster_used = True
     c = Cluster()

@@ -24,7 +24,7 @@ HEALTH_KEY = "resource.customizations.health.reversi.dev_{kind}"
 
 
 def kstatus_binary() -> Path:
-    from reversi.devcluster.build import binary
+    from reversi_devcluster.build import binary
 
     return binary("cli-utils", "kstatus-check")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from reversi.devcluster.build import binary
+from reversi_devcluster.build import binary
 from tests.chart.chartkit import Release, Renderer, release_values
 from tests.integration.conftest import crds, downstream  # noqa: F401 - fixtures used by the chart tests
 from tests.integration.conftest import integration_operator_paused

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from reversi import crdgen
-from reversi.devcluster.localop import apply_crds
+from reversi_devcluster.localop import apply_crds
 from reversi.models import ALL_CRDS
 from reversi.models.common import SCHEMA_VERSION
 from tests.chart.chartkit import CHART, REPO, Release, release_values

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from reversi.devcluster.localop import free_port
+from reversi_devcluster.localop import free_port
 from tests.chart.chartkit import find, permission_errors, undo_an_order
 from tests.helpers import wait_for
 from tests.integration.conftest import RV

@@ -1,6 +1,6 @@
 """The real-node tier: Reversi installed as users install it, on a real kubelet with containerd.
 
-One local control plane with a real node (:mod:`reversi.devcluster.realnode`) serves the whole
+One local control plane with a real node (:mod:`reversi_devcluster.realnode`) serves the whole
 tier: the operator runs from its image, installed by the Helm chart in a namespace that enforces
 the restricted Pod Security Standard; each test gets a restricted namespace of its own with the
 demo's downstream system (a Deployment of the demo image behind a Service), so what a compensator
@@ -26,8 +26,8 @@ from kubernetes import client, config
 
 from demo import on_real_node
 from demo.downstream.client import Client
-from reversi.devcluster import build, images, realnode
-from reversi.devcluster.cluster import Cluster, ClusterSettings
+from reversi_devcluster import build, images, realnode
+from reversi_devcluster.cluster import Cluster, ClusterSettings
 from tests.helpers import wait_for
 
 G, V = "reversi.dev", "v1alpha1"

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from demo import on_real_node
-from reversi.devcluster import images
+from reversi_devcluster import images
 from tests.e2e.conftest import describe
 from tests.helpers import wait_for
 

@@ -26,7 +26,7 @@ import pytest
 from kubernetes import client
 
 from reversi.adapters.journal import list_objects, step_body
-from reversi.devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
+from reversi_devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
 from reversi.models.runstep import step_name
 from tests.helpers import wait_for
 

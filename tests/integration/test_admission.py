@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters.journal import step_body
-from reversi.devcluster import build
+from reversi_devcluster import build
 from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, step_name
 from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
 from tests.helpers import users_with_roles, wait_for

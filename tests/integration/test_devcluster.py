@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from reversi.devcluster import build
+from reversi_devcluster import build
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from reversi.devcluster import build
-from reversi.devcluster.cluster import COMPONENTS, Cluster, ClusterError, ClusterSettings
-from reversi.devcluster.localop import free_port
+from reversi_devcluster import build
+from reversi_devcluster.cluster import COMPONENTS, Cluster, ClusterError, ClusterSettings
+from reversi_devcluster.localop import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -61,7 +61,7 @@ def test_a_component_that_dies_later_shows_in_status_and_down_cleans_up(tmp_path
         os.kill(kcm, 9)
         env = {**os.environ, "REVERSI_CLUSTER_DIR": str(c.paths.root),
                "REVERSI_APISERVER_PORT": str(c.settings.apiserver_port)}
-        out = subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "status"],
+        out = subprocess.run([sys.executable, "-m", "reversi_devcluster.cli", "status"],
                              capture_output=True, text=True, env=env, timeout=30)
         assert out.returncode == 1
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith("kube-controller-manager"))
@@ -77,7 +77,7 @@ def test_a_build_that_fails_names_the_component_and_its_log(tmp_path, monkeypatc
     pins.write_text(build.PINS_FILE.read_text().replace(f'version = "{etcd}"', 'version = "v3.6.999"'))
     monkeypatch.setenv("REVERSI_PINS", str(pins))
     monkeypatch.setenv("REVERSI_CACHE", str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-m", "reversi.devcluster.cli", "build", "etcd"],
+    out = subprocess.run([sys.executable, "-m", "reversi_devcluster.cli", "build", "etcd"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "building etcd (resolve modules) failed" in out.stderr

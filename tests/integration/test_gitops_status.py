@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from reversi.devcluster.build import binary
+from reversi_devcluster.build import binary
 from tests.gitops import FIXTURES, REPO, argocd_health, kstatus
 from tests.helpers import wait_for
 from tests.integration.conftest import GROUP, VERSION

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from kubernetes.client.rest import ApiException
 
-from reversi.devcluster import build
+from reversi_devcluster import build
 from reversi.models.halt import pattern_problem
 from reversi.sdk import Halted, Recorder
 from tests.gitops import kstatus

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reversi.devcluster.build import binary
-from reversi.devcluster.localop import free_port
+from reversi_devcluster.build import binary
+from reversi_devcluster.localop import free_port
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -178,7 +178,7 @@ def pause(store: Store) -> str:
 def checkout_root() -> Path:
     """The checkout whose Dockerfile builds the project's images. Raises :class:`ImageError`
     when the package does not run from a checkout (an installed wheel carries no Dockerfile)."""
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "Dockerfile").is_file():
         raise ImageError(f"no Dockerfile in {root}: the project's images are built from a checkout of Reversi")
     return root

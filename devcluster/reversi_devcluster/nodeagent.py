@@ -12,7 +12,7 @@ subresource: no scheduler runs), and runs each container of those pods **as a lo
   ``KUBERNETES_SERVICE_HOST``/``PORT`` point at the API server on loopback.
 - Secret, ConfigMap, emptyDir, downwardAPI and projected volumes (service-account tokens from
   the TokenRequest API) appear at their ``mountPath`` inside a private mount namespace per
-  container (``unshare --mount``; needs root), see :mod:`reversi.devcluster.launcher`.
+  container (``unshare --mount``; needs root), see :mod:`reversi_devcluster.launcher`.
 - ``terminationMessagePath`` is honoured (4096-byte cap; ``FallbackToLogsOnError`` uses the
   last 80 lines / 2048 bytes of the log), and ``workingDir``.
 - Pod status (phase, conditions, per-container state with exit code, reason, times,
@@ -42,6 +42,7 @@ import argparse
 import base64
 import datetime as dt
 import http.server
+import importlib.util
 import json
 import logging
 import os
@@ -106,6 +107,16 @@ def host_ip() -> str:
     except OSError:
         return "127.0.0.1"
     return address if not address.startswith("127.") else "127.0.0.1"
+
+
+
+def python_path() -> str:
+    """``PYTHONPATH`` for the node agent and the processes it runs as containers: the folders that
+    hold the ``reversi`` package and this one (both run from the checkout)."""
+    spec = importlib.util.find_spec("reversi")
+    roots = [Path(spec.origin).resolve().parents[1]] if spec and spec.origin else []
+    roots.append(Path(__file__).resolve().parents[1])
+    return os.pathsep.join(dict.fromkeys(str(r) for r in roots))
 
 
 class ConfigError(Exception):
@@ -328,7 +339,7 @@ class PodWorker(threading.Thread):
         spec_file.write_text(json.dumps(spec))
         logf = self._log_path(r).open("ab")
         cmd = ["unshare", "--mount", "--propagation", "private", "--",
-               sys.executable, "-m", "reversi.devcluster.launcher", str(spec_file)]
+               sys.executable, "-m", "reversi_devcluster.launcher", str(spec_file)]
         launcher_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                         "PYTHONPATH": self.agent.package_root}
         with self.lock:
@@ -657,7 +668,7 @@ class NodeAgent:
         self.port = port
         self.apiserver_host = apiserver_host
         self.apiserver_port = apiserver_port
-        self.package_root = str(Path(__file__).resolve().parents[2])
+        self.package_root = python_path()
         self.pod_ip = host_ip()
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()

@@ -12,7 +12,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from ..certs import KeyPair, write_key, issue, make_ca
+from reversi.certs import KeyPair, write_key, issue, make_ca
 
 __all__ = ["KeyPair", "issue", "make_ca", "make_service_account_keys"]
 

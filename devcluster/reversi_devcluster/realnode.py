@@ -1,7 +1,7 @@
 """A real node for the local control plane: containerd, runc, the CNI plugins, kubelet,
 kube-scheduler and kube-proxy on this machine (``reversi-devcluster up --real-node``).
 
-Pods run in real containers: images (built here, :mod:`reversi.devcluster.images`), restricted
+Pods run in real containers: images (built here, :mod:`reversi_devcluster.images`), restricted
 security contexts with real user ids and read-only roots, resource limits enforced by the kernel,
 probes, termination messages written by the runtime, evictions and OOM kills. The node replaces
 the node agent: the real kube-scheduler is the default scheduler, and the controller manager runs
@@ -24,7 +24,7 @@ node runs):
 - cgroups under the kubelet's cgroup root (``/reversi-<cluster folder name>``).
 
 Needs root, cgroups with the memory controller, iptables, and the binaries of
-:data:`reversi.devcluster.build.NODE_COMPONENTS`. Where the machine cannot run containers,
+:data:`reversi_devcluster.build.NODE_COMPONENTS`. Where the machine cannot run containers,
 :func:`unsupported` says why in one line.
 """
 

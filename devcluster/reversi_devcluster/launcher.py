@@ -1,7 +1,7 @@
 """Start one container's process inside a private mount namespace.
 
 The node agent runs ``unshare --mount --propagation private -- python -m
-reversi.devcluster.launcher SPEC.json``. This module bind-mounts each prepared volume folder
+reversi_devcluster.launcher SPEC.json``. This module bind-mounts each prepared volume folder
 (and the container's termination-message file) at its ``mountPath``, changes to the working
 directory and replaces itself with the container's command (``execvpe``), so the command's
 exit code is the container's exit code. The mounts vanish with the namespace when the

@@ -9,9 +9,9 @@ Components, each a process of its own with its log in ``<state>/logs/<component>
   serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers, and the
   deployment, replicaset, endpoints and endpointslice controllers (for the operator installed by
   its Helm chart; with no kube-proxy, the API server reaches Services through their endpoints);
-- ``node-agent`` (:mod:`reversi.devcluster.nodeagent`), standing in for a kubelet; or, with
+- ``node-agent`` (:mod:`reversi_devcluster.nodeagent`), standing in for a kubelet; or, with
   ``REVERSI_REAL_NODE=1`` (``reversi-devcluster up --real-node``), a real node
-  (:mod:`reversi.devcluster.realnode`): containerd, the kubelet, kube-scheduler and kube-proxy,
+  (:mod:`reversi_devcluster.realnode`): containerd, the kubelet, kube-scheduler and kube-proxy,
   with pods in real containers of images built here.
 
 The state folder is ``$REVERSI_CLUSTER_DIR`` or ``~/.cache/reversi/cluster``. Ports come from
@@ -43,7 +43,7 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from . import build, pki, realnode
+from . import build, nodeagent, pki, realnode
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
 #: the components of a cluster with the node agent (the default)
@@ -270,7 +270,7 @@ class Cluster:
         Sends SIGTERM to each process group, then SIGKILL after a grace period; removes the
         pid files and etcd's data, so the next ``up`` starts from an empty cluster. A real node's
         pods are removed through the CRI before containerd stops, and the host is put back as
-        it was (:meth:`reversi.devcluster.realnode.RealNode.clean_up`).
+        it was (:meth:`reversi_devcluster.realnode.RealNode.clean_up`).
         """
         real = self.real.root.exists()
         for comp in reversed(ALL_COMPONENTS):
@@ -421,13 +421,13 @@ class Cluster:
             f"system:node:{NODE_NAME}", ("system:nodes", "system:masters"), name="node-agent"
         )
         return [
-            sys.executable, "-m", "reversi.devcluster.nodeagent",
+            sys.executable, "-m", "reversi_devcluster.nodeagent",
             "--kubeconfig", str(node), "--node-name", NODE_NAME,
             "--state-dir", str(self.paths.node), "--port", str(s.kubelet_port),
             "--tls-cert", str(certs["kubelet"].cert), "--tls-key", str(certs["kubelet"].key),
             "--client-ca", str(certs["ca"].cert),
             "--apiserver-host", "127.0.0.1", "--apiserver-port", str(s.apiserver_port),
-        ], {"PYTHONPATH": _package_root()}
+        ], {"PYTHONPATH": nodeagent.python_path()}
 
     def _ready_check(self, comp: str, *, first: bool, since: float = 0.0, log_offset: int = 0):
         """A callable that says whether ``comp`` is ready: on first start (``first``) or after a
@@ -586,10 +586,6 @@ def _host_ip() -> str:
     from .nodeagent import host_ip
 
     return host_ip()
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
 
 
 def _safe(text: str) -> str:

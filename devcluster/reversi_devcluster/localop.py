@@ -22,9 +22,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..adapters import webhooks
+from reversi.adapters import webhooks
 
-CRD_DIR = Path(__file__).resolve().parents[3] / "crds"
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 
 
 def apply_crds(api: client.ApiClient, folder: Path = CRD_DIR, timeout: float = 60) -> list[str]:
