@@ -76,6 +76,22 @@ def install_chart(api: client.ApiClient, kubeconfig: Path, values: dict[str, Any
             time.sleep(0.5)
 
 
+def upgrade_chart(kubeconfig: Path, values: dict[str, Any]) -> float:
+    """``helm upgrade`` of the release with ``values`` over the ones it has (``--reuse-values``);
+    returns the seconds it took, once every Deployment that changed has rolled out (``--wait``)."""
+    helm = build.build(["helm"])["helm"].path("helm")
+    started = time.monotonic()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        json.dump(values, file)
+        file.flush()
+        out = subprocess.run([str(helm), "upgrade", RELEASE, str(REPO / "charts/reversi"), "--namespace", SYSTEM_NS,
+                              "--kubeconfig", str(kubeconfig), "--reuse-values", "--values", file.name, "--wait",
+                              "--timeout", "180s"], capture_output=True, text=True, timeout=240)
+    if out.returncode != 0:
+        raise RuntimeError(f"helm upgrade of the chart failed: {out.stderr.strip()}")
+    return time.monotonic() - started
+
+
 def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
     """Uninstall the release (its webhook configurations go with it) and delete its namespace."""
     subprocess.run([str(build.binary("helm")), "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait",

@@ -27,6 +27,7 @@ Exit codes
   1  the downstream refused or failed (HTTP error, timeout, connection error)
   2  the call itself is wrong: unknown tool, wrong kind of tool, missing argument, bad JSON,
      DOWNSTREAM_URL unset
+  143  stopped by SIGTERM (eviction, deadline, pod deleted): the call may or may not have happened
 On failure one line goes to stderr (and to the termination log).
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import urllib.error
 import urllib.parse
@@ -170,7 +172,16 @@ def fail(code: int, line: str) -> int:
     return code
 
 
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    """An eviction, a deadline or a deleted pod sends SIGTERM. In a container this program is PID 1,
+    for which the kernel has no default action on SIGTERM: without this handler the pod would end only
+    when the kubelet SIGKILLs it, after the grace period. The call may or may not have taken effect."""
+    raise SystemExit(fail(128 + signum, "stopped by SIGTERM (the pod is being terminated): the call may or may "
+                                        "not have taken effect"))
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     argv = sys.argv[1:] if argv is None else argv
     if argv:
         print(__doc__, file=sys.stderr if argv[0] not in ("-h", "--help") else sys.stdout)

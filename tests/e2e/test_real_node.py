@@ -4,7 +4,10 @@ the downstream system's own record of what happened (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -17,6 +20,7 @@ from tests.e2e.conftest import describe
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
+G, V = "reversi.dev", "v1alpha1"
 
 
 def test_the_chart_installed_operator_undoes_a_charge_with_a_compensator_in_a_container(shop):
@@ -172,3 +176,53 @@ def _mcp_call(url: str, tool: str, args: dict) -> dict:
     result = anyio.run(go)
     assert not result.is_error, result
     return result.structured_content or json.loads(result.content[0].text)
+
+
+def test_a_rolling_upgrade_of_the_release_refuses_no_call_an_agent_records(shop, real_cluster, real_api):
+    """``helm upgrade`` rolls the operator and every admission replica (a new pod annotation) while
+    an agent records calls as fast as it can: no call is refused, every recorded call was made
+    exactly once downstream, and the longest wait between two recorded calls stays short
+    (docs/operations.md#admission-where-each-rule-is-enforced)."""
+    from reversi.sdk import Recorder
+
+    shop.manifest([shop.runner()])
+    rec = Recorder.open(shop.namespace, "order-7", manifest="tools", api=real_api)
+    stop, recorded, refused = threading.Event(), [], []
+
+    def agent() -> None:
+        while not stop.is_set():
+            order = f"o-7-{len(recorded) + len(refused)}"
+            try:
+                rec.call("payments.create_charge", {"order_id": order, "amount": 100, "customer": "cus_9"},
+                         lambda a: shop.downstream.create_charge(a["order_id"], a["amount"], a["customer"],
+                                                                 idempotency_key=a["order_id"]))
+                recorded.append(time.monotonic())
+            except Exception as e:  # noqa: BLE001 - every refusal is the finding
+                refused.append(f"{order}: {e!r}")
+
+    core = client.CoreV1Api(real_api)
+    before = {p.metadata.name for p in core.list_namespaced_pod(on_real_node.SYSTEM_NS).items}
+    thread = threading.Thread(target=agent, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: len(recorded) >= 5, timeout=30, what="the agent to record its first calls")
+        rolled_at = time.monotonic()
+        took = on_real_node.upgrade_chart(real_cluster.paths.admin_kubeconfig,
+                                          {"podAnnotations": {"reversi.dev/rolled": str(rolled_at)}})
+        count = len(recorded)
+        wait_for(lambda: len(recorded) >= count + 5, timeout=30, what="the agent to record after the upgrade")
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    after = {p.metadata.name for p in core.list_namespaced_pod(on_real_node.SYSTEM_NS).items
+             if p.metadata.deletion_timestamp is None}
+    assert after and not after & before, f"the upgrade rolled every pod: before {before}, after {after}"
+    assert refused == [], refused[:5]
+    during = [t for t in recorded if t >= rolled_at]
+    longest = max(b - a for a, b in itertools.pairwise(during))
+    print(f"rolling upgrade: {took:.1f} s, {len(during)} calls recorded meanwhile, longest wait {longest:.2f} s")
+    assert longest < 5, f"{longest:.2f} s without a recorded call during the upgrade"
+    charges = [c for c in shop.downstream.state()["charges"].values() if c["order_id"].startswith("o-7-")]
+    steps = shop.custom.list_namespaced_custom_object(G, V, shop.namespace, "runsteps",
+                                                      label_selector="reversi.dev/run=order-7")["items"]
+    assert len(charges) == len(recorded) == len([s for s in steps if s["spec"].get("outcome") == "succeeded"])
