@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -161,21 +162,69 @@ def test_reversi_mcp_runner_jobs_undo_an_mcp_servers_call_from_the_operator_imag
     assert any(c["tool"] == "payments.get_charge" for c in truth["calls"]), "the reader Job read the shop back"
 
 
-def _mcp_call(url: str, tool: str, args: dict) -> dict:
-    """One MCP tool call to ``url``; its structured result."""
+def test_the_charts_gateway_records_an_agents_mcp_call_as_the_agent_and_it_is_undone(shop, real_cluster, real_api):
+    """The chart's reversi-gateway Deployment (the operator image, restricted) in front of the MCP
+    shop: an agent's service account calls through it with its own token; the step is recorded as
+    the agent (the gateway impersonates it) before the shop sees the call, and a rollback by
+    ``reversi-mcp-runner`` Jobs refunds it once, as the shop's own log shows."""
+    mcp_url = on_real_node.deploy_mcp_shop(real_api, shop.namespace)
+    runner = {"name": "mcp", "image": images.OPERATOR_IMAGE, "command": ["reversi-mcp-runner"],
+              "env": [{"name": "REVERSI_MCP_URL", "value": mcp_url}], "deadlineSeconds": 60}
+    shop.manifest([runner], compensator="mcp", reader="mcp")
+    core, rbac = client.CoreV1Api(real_api), client.RbacAuthorizationV1Api(real_api)
+    core.create_namespaced_service_account(shop.namespace, {"metadata": {"name": "agent"}})
+    rbac.create_namespaced_role_binding(shop.namespace, {
+        "metadata": {"name": "agent-records"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": shop.namespace}]})
+    token = core.create_namespaced_service_account_token("agent", shop.namespace, {
+        "spec": {"expirationSeconds": 600}}).status.token
+    on_real_node.upgrade_chart(real_cluster.paths.admin_kubeconfig, {"gateway": {
+        "enabled": True, "upstreamURL": mcp_url, "manifest": "tools"}})
+    gateway = core.read_namespaced_service("reversi-gateway", on_real_node.SYSTEM_NS)
+    url = f"http://{gateway.spec.cluster_ip}:{gateway.spec.ports[0].port}/mcp"
+    wait_for(lambda: _answers(gateway.spec.cluster_ip, gateway.spec.ports[0].port), timeout=30,
+             what="kube-proxy to route the gateway's Service")
+    charge = _mcp_call(url, "payments.create_charge", {"order_id": "o-8", "amount": 700, "customer": "cus_9"},
+                       {"Authorization": f"Bearer {token}", "Reversi-Run-Id": "order-8"})
+    assert charge["_meta"]["reversi.dev/run"] == "order-8" and charge["_meta"]["reversi.dev/outcome"] == "succeeded"
+    run = shop.custom.get_namespaced_custom_object(G, V, shop.namespace, "runs", "order-8")
+    assert run["spec"]["principal"] == f"system:serviceaccount:{shop.namespace}:agent"
+    name = shop.roll_back("order-8")
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] == "Succeeded" and done["status"]["report"]["compensated"] == [0], \
+        describe(shop, name)
+    with urllib.request.urlopen(mcp_url.removesuffix("/mcp") + "/_state", timeout=10) as resp:
+        truth = json.load(resp)
+    assert [c["tool"] for c in truth["calls"] if c["tool"] != "payments.get_charge"] == \
+        ["payments.create_charge", "payments.refund"], truth["calls"]
+    assert truth["charges"][charge["id"]]["refunded"] is True
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted."""
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _mcp_call(url: str, tool: str, args: dict, headers: dict[str, str] | None = None) -> dict:
+    """One MCP tool call to ``url`` (with HTTP ``headers``); its structured result."""
     import anyio
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     async def go() -> Any:
-        async with httpx2.AsyncClient(timeout=30) as http:
+        async with httpx2.AsyncClient(headers=headers or {}, timeout=30) as http:
             async with Client(streamable_http_client(url, http_client=http), cache=None) as c:
                 return await c.call_tool(tool, args)
 
     result = anyio.run(go)
-    assert not result.is_error, result
-    return result.structured_content or json.loads(result.content[0].text)
+    assert not result.is_error, (result.meta, [getattr(c, "text", c) for c in result.content])
+    return {**(result.structured_content or json.loads(result.content[0].text)), "_meta": result.meta or {}}
 
 
 def test_a_rolling_upgrade_of_the_release_refuses_no_call_an_agent_records(shop, real_cluster, real_api):
