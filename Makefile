@@ -48,10 +48,12 @@ fuzz: build
 	REVERSI_FUZZ_EXAMPLES=2000 $(PYTHON) -m pytest -q -s tests/integration/test_fuzz.py
 
 # chaos: 100 rollbacks while the operator is SIGKILLed, kube-apiserver and etcd restarted, the node agent
-# lost and every watch cut; invariants checked against the downstream (make test runs 8). Replay a run
-# with REVERSI_CHAOS_SEED=<the seed it printed>.
+# lost and every watch cut; then 12 on the real node while containerd or the kubelet is SIGKILLed or the
+# compensator evicted (skipped where the machine runs no real node); invariants checked against the
+# downstream (make test runs 8 and 1). Replay a run with REVERSI_CHAOS_SEED=<the seed it printed>.
 chaos: build
 	REVERSI_CHAOS_ROLLBACKS=100 $(PYTHON) -m pytest -q -s tests/integration/test_chaos.py
+	REVERSI_NODE_CHAOS_ROLLBACKS=12 $(PYTHON) -m pytest -q -s tests/e2e/test_real_node.py -k own_faults
 
 # recording cost at step 100 and step 5,000 of one run (the journal's O(1) claim)
 bench-record: build
