@@ -2,12 +2,17 @@
 
     python benchmarks/devcluster_bench.py            # warm start (binaries already built), 3 runs
     python benchmarks/devcluster_bench.py --cold     # also a cold build of kubernetes + etcd
+    python benchmarks/devcluster_bench.py --nodes    # the node agent next to the real node: up, Jobs, down
 
 Warm start: from ``up`` to a Ready node (and the default service account), with binaries in
 the cache, on a cluster in a temporary folder and its own ports, so a running cluster is left
 alone. Cold build: kubernetes and etcd built into an empty cache with an empty Go build cache
 (``GOCACHE``); the Go module download cache is kept, so network time is not measured.
-Prints one line per figure.
+``--nodes``: for each kind of node, a cluster in a temporary folder on its own ports: ``up`` (to a
+Ready node; the real node also imports the images into its fresh containerd), then Jobs created one
+after the other, each timed from its create to its ``Complete`` condition (a Python one-liner: the
+demo image's ``python`` on the real node, this machine's on the node agent), then ``down``. The real
+node needs a machine that can run it and no other real node running. Prints one line per figure.
 """
 
 from __future__ import annotations
@@ -47,11 +52,73 @@ def cold_build() -> float:
         return time.monotonic() - started
 
 
+def job_seconds(api, namespace: str, image: str, jobs: int) -> list[float]:
+    """Seconds from each Job's create to its Complete condition, ``jobs`` Jobs one after the other."""
+    from kubernetes import client, watch
+
+    batch = client.BatchV1Api(api)
+    times = []
+    for i in range(jobs):
+        body = {"metadata": {"name": f"bench-{i}"}, "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                                      "command": ["python3", "-c", "print('ok')"]}]}}}}
+        started = time.monotonic()
+        batch.create_namespaced_job(namespace, body)
+        for event in watch.Watch().stream(batch.list_namespaced_job, namespace,
+                                          field_selector=f"metadata.name=bench-{i}", timeout_seconds=120):
+            conditions = event["object"].status.conditions or []
+            if any(c.type in ("Complete", "Failed") and c.status == "True" for c in conditions):
+                assert any(c.type == "Complete" for c in conditions), f"Job bench-{i} failed: {conditions}"
+                break
+        times.append(time.monotonic() - started)
+    return times
+
+
+def nodes(jobs: int) -> None:
+    """The node agent and the real node side by side: up, Job create to Complete, down."""
+    from kubernetes import client, config
+
+    from reversi_devcluster import images, realnode
+
+    why = realnode.unsupported()
+    kinds = [("node agent", False)] + ([("real node", True)] if not why else [])
+    if why:
+        print(f"real node: not measured ({why})")
+    figures = {}
+    for label, real in kinds:
+        with tempfile.TemporaryDirectory(prefix="reversi-bench-node-") as tmp:
+            settings = ClusterSettings(cluster_dir=Path(tmp), apiserver_port=36443, etcd_port=32379,
+                                       etcd_peer_port=32380, kubelet_port=40250, real_node=real,
+                                       node_bridge="reversi-bench", node_pod_cidr="10.244.120.0/24")
+            cluster = Cluster(settings)
+            started = time.monotonic()
+            cluster.up(log=lambda *_: None)
+            up = time.monotonic() - started
+            try:
+                api = config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig))
+                client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
+                times = job_seconds(api, "bench", images.DEMO_IMAGE, jobs)
+            finally:
+                started = time.monotonic()
+                cluster.down(quiet=True)
+                down = time.monotonic() - started
+            figures[label] = statistics.median(times)
+            print(f"{label}: up {up:.1f}s; Job create to Complete median {figures[label]:.2f}s "
+                  f"(runs: {', '.join(f'{t:.2f}' for t in times)}); down {down:.1f}s")
+    if len(figures) == 2:
+        print(f"Job create to Complete, real node / node agent: {figures['real node'] / figures['node agent']:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--cold", action="store_true", help="also measure a cold build (many minutes)")
+    p.add_argument("--nodes", action="store_true", help="the node agent next to the real node (up, Jobs, down)")
+    p.add_argument("--jobs", type=int, default=7, help="Jobs per node with --nodes")
     args = p.parse_args()
+    if args.nodes:
+        nodes(args.jobs)
+        return
     times = warm_start(args.runs)
     print(f"warm start, up to Ready node: median {statistics.median(times):.1f}s "
           f"(runs: {', '.join(f'{t:.1f}s' for t in times)}; target <= 30s)")
