@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -27,8 +28,6 @@ SYSTEM_NS = "reversi-system"
 RELEASE = "reversi"
 #: labels of a namespace that enforces the restricted Pod Security Standard
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
-#: a restricted container's security context
-LOCKED_DOWN = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 #: the demo tool's command in the demo image (the Dockerfile's demo target)
 TOOL_COMMAND = ["python", "/opt/reversi/demo/tool.py"]
 
@@ -103,10 +102,9 @@ def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
 
 
 def deploy_downstream(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
-    """The downstream system (demo/downstream/server.py) in ``namespace``: see :func:`deploy_service`."""
-    return deploy_service(api, namespace, "downstream", ["python", "/opt/reversi/demo/server.py", "--host", "0.0.0.0",
-                                                         "--port", "8080", "--state", "/tmp/downstream.json",
-                                                         "--quiet"], 8080, timeout)
+    """The downstream system (demo/downstream/server.py) in ``namespace``, as demo/downstream.yaml
+    (the same file docs/operations.md applies on kind): see :func:`deploy_service`."""
+    return deploy_service(api, namespace, "downstream", None, 8080, timeout)
 
 
 def deploy_mcp_shop(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
@@ -116,26 +114,34 @@ def deploy_mcp_shop(api: client.ApiClient, namespace: str, timeout: float = 120)
     return url + "/mcp"
 
 
-def deploy_service(api: client.ApiClient, namespace: str, name: str, command: list[str], port: int,
+def service_objects(name: str, command: list[str] | None, port: int) -> tuple[dict, dict]:
+    """The Deployment and Service of demo/downstream.yaml (the demo image filled in), renamed ``name``,
+    running ``command`` (None: the downstream server's own) on ``port``."""
+    text = (REPO / "demo/downstream.yaml").read_text().replace("${IMAGE}", images.DEMO_IMAGE)
+    deployment, service = yaml.safe_load_all(text)
+    labels = {"app": name}
+    deployment["metadata"]["name"] = service["metadata"]["name"] = name
+    deployment["spec"]["selector"]["matchLabels"] = service["spec"]["selector"] = labels
+    template = deployment["spec"]["template"]
+    template["metadata"]["labels"] = labels
+    (container,) = template["spec"]["containers"]
+    if command is not None:
+        container["command"] = command
+        container["ports"] = [{"containerPort": port}]
+        container["readinessProbe"]["tcpSocket"]["port"] = port
+        service["spec"]["ports"] = [{"port": port, "targetPort": port}]
+    return deployment, service
+
+
+def deploy_service(api: client.ApiClient, namespace: str, name: str, command: list[str] | None, port: int,
                    timeout: float = 120) -> str:
     """``command`` in the demo image as Deployment ``name`` behind a Service of the same name in
-    ``namespace`` (restricted); returns its base URL, the Service's cluster IP (kube-proxy routes it
-    from this machine and from pods), once its ``/_state`` answers."""
+    ``namespace`` (restricted; :func:`service_objects`); returns its base URL, the Service's cluster IP
+    (kube-proxy routes it from this machine and from pods), once its ``/_state`` answers."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    labels = {"app": name}
-    apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": name},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                         "seccompProfile": {"type": "RuntimeDefault"}},
-                     "containers": [{"name": "server", "image": images.DEMO_IMAGE, "command": command,
-                                     "ports": [{"containerPort": port}], "securityContext": LOCKED_DOWN,
-                                     "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
-                                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}],
-                     "volumes": [{"name": "tmp", "emptyDir": {}}]}}}})
-    svc = core.create_namespaced_service(namespace, {"metadata": {"name": name}, "spec": {
-        "selector": labels, "ports": [{"port": port, "targetPort": port}]}})
+    deployment, service = service_objects(name, command, port)
+    apps.create_namespaced_deployment(namespace, deployment)
+    svc = core.create_namespaced_service(namespace, service)
     deadline = time.monotonic() + timeout
     while (apps.read_namespaced_deployment(name, namespace).status.ready_replicas or 0) < 1:
         if time.monotonic() > deadline:
