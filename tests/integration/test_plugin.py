@@ -327,18 +327,25 @@ def test_approve_refused_by_the_server_shows_its_message(rv, cluster):
 # ------------------------------------------------------------------------------ describe
 
 
-def test_describe_run_shows_the_newest_request_and_errors_name_the_fix(rv, cluster):
+def test_describe_run_shows_the_request_that_last_held_the_run_and_errors_name_the_fix(rv, cluster):
+    """describe run/RUN shows the newest request of a run that no rollback has held yet, then the
+    one that last took its lock (status.lastRequest, the one its Ready condition and the alerts
+    follow), even when a dry run is created after it."""
     rv.apply_manifest()
     s0, _ = charge_step(rv, 0, "o-describe")
     rv.run("r", [s0])
     rv.request("older", "r", dryRun=True)
     rv.wait_phase("older", "Planned", timeout=30)
-    time.sleep(1.1)  # creationTimestamp has whole seconds: "newest" needs a later one
+    first = kr(cluster, "describe", "run/r", namespace=rv.ns)
+    assert first.returncode == 0 and first.stdout.startswith("Name:         older\n"), first.stdout[:200]
     rv.request("newer", "r")
     rv.wait_phase("newer", "Succeeded", "Incomplete")
+    time.sleep(1.1)  # creationTimestamp has whole seconds: the dry run below is the newest request
+    rv.request("later-dry-run", "r", dryRun=True)
+    rv.wait_phase("later-dry-run", "Planned", timeout=30)
     proc = kr(cluster, "describe", "run/r", namespace=rv.ns)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("Name:         newer\n")
+    assert proc.stdout.startswith("Name:         newer\n"), proc.stdout[:200]
     assert "Phase:        Succeeded" in proc.stdout and "Compensated (undone and checked by a reader): 1" in proc.stdout
     assert "RunnersRecorded" in proc.stdout and "RollbackComplete" in proc.stdout  # the request's events
     by_name = kr(cluster, "describe", "older", namespace=rv.ns)

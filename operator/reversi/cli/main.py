@@ -329,13 +329,23 @@ REQUEST_PREFIXES = ("rollbackrequest/", "rollbackrequests/", "rbr/", "rollbackre
                     "rollbackrequests.reversi.dev/")
 
 
-def newest_request(c: Connection, run: str) -> dict:
-    """The newest RollbackRequest whose spec.runRef.name is ``run``."""
+def request_of_run(c: Connection, run: dict) -> dict:
+    """The RollbackRequest ``describe run/RUN`` shows: the one working on the run now
+    (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``,
+    whose verdict the run's Ready condition, the alerts and an acknowledgement follow; a later dry
+    run does not hide it), else the newest one whose ``spec.runRef.name`` is the run (a dry run
+    takes no lock). Raises :class:`CliError` when the run has none."""
+    name = run["metadata"]["name"]
+    status = run.get("status") or {}
+    for held in (status.get("activeRequest"), status.get("lastRequest")):
+        found = c.get("rollbackrequests", held) if held else None
+        if found:  # else deleted since: the newest one left
+            return found
     mine = [r for r in c.list("rollbackrequests")
-            if ((r.get("spec") or {}).get("runRef") or {}).get("name") == run]
+            if ((r.get("spec") or {}).get("runRef") or {}).get("name") == name]
     if not mine:
-        raise CliError(f"no RollbackRequest for Run {c.namespace}/{run}; start one with "
-                       f"kubectl reversi rollback {run} -n {c.namespace}")
+        raise CliError(f"no RollbackRequest for Run {c.namespace}/{name}; start one with "
+                       f"kubectl reversi rollback {name} -n {c.namespace}")
     return max(mine, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"]))
 
 
@@ -378,9 +388,7 @@ def describe(target: str, run_name: str | None) -> int:
         target, lowered = f"run/{run_name}", f"run/{run_name.lower()}"
     run_prefix = next((p for p in RUN_PREFIXES if lowered.startswith(p)), None)
     if run_prefix:
-        run = target[len(run_prefix):]
-        load_run(c, run)
-        req = newest_request(c, run)
+        req = request_of_run(c, load_run(c, target[len(run_prefix):]))
     else:
         req_prefix = next((p for p in REQUEST_PREFIXES if lowered.startswith(p)), "")
         name = target[len(req_prefix):]
