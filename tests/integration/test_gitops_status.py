@@ -47,6 +47,8 @@ EXPECTED = {
     "rollbackrequest-failed": ("Failed", "Degraded"),
     "rollbackrequest-planned": ("Current", "Healthy"),
     "rollbackrequest-planned-then-edited": ("Current", "Healthy"),
+    "run-acknowledged": ("Current", "Healthy"),
+    "rollbackrequest-acknowledged": ("Current", "Healthy"),
 }
 
 
@@ -156,6 +158,17 @@ def test_every_kind_in_every_phase_computes_to_the_expected_gitops_verdict(rv):
     seen["rollbackrequest-planned-then-edited"] = wait_for(
         lambda: (lambda r: r if r["metadata"]["generation"] == 2 and _observed(r) else None)(
             rv.get("rollbackrequests", "plan")), what="the edit of a final request to be observed")
+
+    # acknowledged: a person accepts what the email's rollback left (kubectl reversi acknowledge);
+    # the Run and its request read as done for GitOps while their reports stay incomplete
+    rv.patch("runs", "r-email", {"spec": {"acknowledgement": {"note": "apologised to the customer"}}})
+    seen["run-acknowledged"] = wait_for(lambda: (lambda r: r if _observed(r) and _cond(r, "Ready").get("status")
+                                                 == "True" else None)(rv.get("runs", "r-email")),
+                                        what="Run r-email Ready with its residue acknowledged")
+    seen["rollbackrequest-acknowledged"] = wait_for(
+        lambda: (lambda r: r if _cond(r, "Ready").get("status") == "True" else None)(
+            rv.get("rollbackrequests", "undo-email")), what="RollbackRequest undo-email Ready, acknowledged")
+    assert seen["rollbackrequest-acknowledged"]["status"]["phase"] == "Incomplete"
 
     assert set(seen) == set(EXPECTED)
     verdicts = kstatus(list(seen.values()))
