@@ -477,6 +477,16 @@ def test_dashboard_config_map_holds_the_dashboard(render):
         (CHART / "files" / "dashboards" / "reversi.json").read_text())
 
 
+def test_dashboard_job_variable_follows_metrics_job_name(render):
+    """The dashboard's ``job`` variable defaults to the scrape job the chart names
+    (``metrics.jobName``), so its panels read the release's own series."""
+    objs = render({"dashboard": {"enabled": True}, "metrics": {"jobName": "reversi-prod"}})
+    dashboard = json.loads(find(objs, "ConfigMap")["data"]["reversi.json"])
+    (job,) = [v for v in dashboard["templating"]["list"] if v["name"] == "job"]
+    assert job["query"] == job["current"]["value"] == "reversi-prod", job
+    assert "reversi-operator" not in json.dumps(dashboard)
+
+
 def test_every_optional_feature_renders(render):
     kinds = {o["kind"] for o in render(ALL_FEATURES)}
     assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate", "Issuer", "KopfPeering",
