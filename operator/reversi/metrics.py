@@ -160,7 +160,12 @@ class Metrics:
                                     ["crd"], registry=r)
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
-        self._run_events = 0  # Run watch events seen: a resync that overlapped one is dropped
+        #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> counted:
+        #: newer than the list, they are laid over it; None while no resync lists
+        self._changes_while_listing: dict[tuple[str, str], bool] | None = None
+        #: False until the first resync: a watch event alone (the operator just started) knows one
+        #: Run of a namespace, not the others, and a 0 it exported would clear a firing alert
+        self._synced = False
         self._known_halts: set[str] = set()
         #: (namespace, run) -> the standing undos of the Run's last finished rollback (Runs with none
         #: are left out, so setting the gauge costs what stands, not the number of Runs)
@@ -239,7 +244,10 @@ class Metrics:
     def _export_standing(self) -> None:
         """Set ``reversi_standing_undos`` from the standing undos of the Runs counted incomplete
         (call with the lock held). A label set that falls to nothing is set to 0, not removed: a
-        series that disappears and comes back at 1 looks unchanged to ``increase()``."""
+        series that disappears and comes back at 1 looks unchanged to ``increase()``. Nothing is
+        exported before the first resync of the Runs (:meth:`refresh_runs`)."""
+        if not self._synced:
+            return
         totals: dict[tuple[str, str, str], int] = {}
         for (namespace, run), standing in self._standing_by_run.items():
             if run not in self._incomplete_runs.get(namespace, ()):
@@ -252,16 +260,30 @@ class Metrics:
 
     def refresh_runs(self, kube: Any) -> None:
         """Recompute ``reversi_incomplete_rollbacks`` from a paged list of the Runs (the periodic
-        resync; between resyncs :meth:`run_observed` keeps it from the Runs' watch events)."""
+        resync; between resyncs :meth:`run_observed` keeps it from the Runs' watch events). A
+        watch event that comes in while the list is read is newer than the list: it is laid over
+        it. The first resync is also the first time the gauges are exported (a namespace's count,
+        or a 0, is never exported from the events of a freshly started operator alone)."""
         with self._lock:
-            seen = self._run_events
-        found: dict[str, set[str]] = {}
-        for namespace, name in self._list(kube, "runs", keep=_incomplete_key):
-            found.setdefault(namespace, set()).add(name)
+            self._changes_while_listing = {}
+        try:
+            found: dict[str, set[str]] = {}
+            for namespace, name in self._list(kube, "runs", keep=_incomplete_key):
+                found.setdefault(namespace, set()).add(name)
+        except BaseException:
+            with self._lock:
+                self._changes_while_listing = None
+            raise
         with self._lock:
-            if self._run_events != seen:
-                return  # an event came in while listing: it is newer than the list, keep it
+            for (namespace, name), counted in (self._changes_while_listing or {}).items():
+                names = found.setdefault(namespace, set())
+                if counted:
+                    names.add(name)
+                else:
+                    names.discard(name)
+            self._changes_while_listing = None
             self._incomplete_runs = found
+            self._synced = True
             for ns in self._known_incomplete | set(found):
                 self.incomplete.labels(ns).set(len(found.get(ns, ())))
             self._known_incomplete |= set(found)
@@ -269,19 +291,23 @@ class Metrics:
 
     def run_observed(self, namespace: str, name: str, run: dict | None) -> None:
         """Keep ``reversi_incomplete_rollbacks`` from one watch event of a Run (``run``: the
-        object, ``None`` when it was deleted): O(1), no API call."""
+        object, ``None`` when it was deleted): O(1), no API call; exported once the Runs were
+        resynced at least once (:meth:`refresh_runs`)."""
         counted = run is not None and incomplete_run(run)
         with self._lock:
-            self._run_events += 1
+            if self._changes_while_listing is not None:
+                self._changes_while_listing[(namespace, name)] = counted
             names = self._incomplete_runs.setdefault(namespace, set())
+            if run is None:
+                self._standing_by_run.pop((namespace, name), None)
             if (name in names) == counted and namespace in self._known_incomplete:
                 return
             if counted:
                 names.add(name)
             else:
                 names.discard(name)
-            if run is None:
-                self._standing_by_run.pop((namespace, name), None)
+            if not self._synced:
+                return
             self.incomplete.labels(namespace).set(len(names))
             self._known_incomplete.add(namespace)
             self._export_standing()

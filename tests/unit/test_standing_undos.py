@@ -38,13 +38,25 @@ PLAN = SimpleNamespace(actions={0: SimpleNamespace(tool=CHARGE), 1: SimpleNamesp
                                 2: SimpleNamespace(tool=RESERVE)})
 
 
+class _NoRuns:
+    def list_paged(self, plural: str, namespace: str | None = None, keep=None) -> list:
+        return []
+
+
+def _resynced(registry: CollectorRegistry) -> Metrics:
+    """The operator's metrics after its first resync of the Runs (before it, nothing is exported)."""
+    metrics = Metrics(registry)
+    metrics.refresh_runs(_NoRuns())
+    return metrics
+
+
 def _standing(registry: CollectorRegistry, tool: str = CHARGE, state: str = "failed") -> float | None:
     return registry.get_sample_value("reversi_standing_undos", {"namespace": "shop", "tool": tool, "state": state})
 
 
 def test_a_failed_undo_stands_until_a_later_request_undoes_it():
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = _resynced(registry)
     metrics.request_finished("shop", "incomplete", _report(failed=[0, 1], unverified=[2]), PLAN, run="r")
     metrics.run_observed("shop", "r", _run("r", "False"))
     assert _standing(registry) == 2
@@ -58,7 +70,7 @@ def test_a_failed_undo_stands_until_a_later_request_undoes_it():
 
 def test_acknowledging_the_run_clears_what_stands_and_deleting_it_too():
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = _resynced(registry)
     metrics.run_observed("shop", "r", _run("r", "False"))
     metrics.request_finished("shop", "incomplete", _report(failed=[0]), PLAN, run="r")
     assert _standing(registry) == 1
@@ -72,7 +84,7 @@ def test_acknowledging_the_run_clears_what_stands_and_deleting_it_too():
 
 def test_a_dry_run_or_a_request_without_a_run_changes_nothing():
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = _resynced(registry)
     metrics.run_observed("shop", "r", _run("r", "False"))
     metrics.request_finished("shop", "incomplete", _report(failed=[0]), PLAN, run="r")
     metrics.request_finished("shop", "dryRun")
@@ -120,7 +132,7 @@ def test_the_gauge_always_sums_the_last_report_of_each_incomplete_unacknowledged
     """Whatever order requests finish and Runs change in, the gauge is the sum, over the Runs now
     incomplete and not acknowledged, of the failed steps of each one's last report."""
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
+    metrics = _resynced(registry)
     last: dict[str, set[int]] = {}
     incomplete: dict[str, bool] = {}
     for run, failed, is_incomplete, acknowledged in events:
