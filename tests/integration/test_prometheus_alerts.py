@@ -182,3 +182,75 @@ def test_an_incomplete_rollback_stays_pending_through_a_restart_and_clears_when_
     wait_for(lambda: not prometheus.alerts("ReversiRollbackIncomplete", ns), timeout=90,
              what="ReversiRollbackIncomplete cleared by the acknowledgement")
     assert prometheus.query(f'reversi_incomplete_rollbacks{{namespace="{ns}"}}')[0]["value"][1] == "0"
+
+
+def _paused_watching(operator, check, seconds: float = 4) -> list[bool]:
+    """SIGSTOP the operator for ``seconds`` (its /metrics stops answering: missed scrapes with no
+    restart, no counter reset), then SIGCONT it; what ``check`` said every half second meanwhile
+    and for 5 s after."""
+    seen = [check()]
+    os.kill(operator.proc.pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < seconds:
+            seen.append(check())
+            time.sleep(0.5)
+    finally:
+        os.kill(operator.proc.pid, signal.SIGCONT)
+    back = time.monotonic()
+    while time.monotonic() - back < 5:
+        seen.append(check())
+        time.sleep(0.5)
+    return seen
+
+
+def test_failed_and_unverified_undos_fire_through_missed_scrapes_until_the_run_is_acknowledged(
+        rv, operator, prometheus):
+    """One rollback leaves a failed undo (critical) and an unverified one (warning): both alerts
+    fire at once, the dashboard's standing panels and table count them, a paused operator (missed
+    scrapes, no restart) neither clears nor resets them, and acknowledging the Run's residue
+    clears both, with no new rollback."""
+    from tests.integration.test_metrics import UNCHECKED
+
+    rv.apply_manifest(extra_tools=[UNCHECKED])
+    ns = rv.ns
+    a, b = rv.charge("o-prom-a"), rv.charge("o-prom-b")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-prom-a", "amount": 700, "customer": "cus_9"}, a),
+                 rv.step(1, "payments.create_charge_unchecked", {"order_id": "o-prom-b"}, b)])
+    # newest first: step 1's refund goes through (unverified: the request requires a check and the
+    # tool declares none), step 0's fails
+    rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "error", "skip": 1, "times": 1})
+    rv.request("undo", "r", retries=1, requireVerification=True)
+    report = rv.wait_phase("undo", "Incomplete")["status"]["report"]
+    assert [f["step"] for f in report["failed"]] == [0] and report["unverified"] == [1]
+    failed = wait_for(lambda: _firing(prometheus, "ReversiCompensationFailed", ns), timeout=90,
+                      what="ReversiCompensationFailed firing")
+    unverified = wait_for(lambda: _firing(prometheus, "ReversiUnverifiedUndo", ns), timeout=90,
+                          what="ReversiUnverifiedUndo firing")
+    assert unverified["labels"]["tool"] == "payments.create_charge_unchecked"
+    assert unverified["labels"]["severity"] == "warning" and failed["labels"]["severity"] == "critical"
+    sel = f'namespace=~"{ns}"'
+    for title, want in (("Failed undos standing", [1]), ("Unverified undos standing", [1]),
+                        ("Incomplete rollbacks", [1])):
+        got = [float(r["value"][1]) for r in prometheus.query(_dashboard_expr(title).replace(
+            'namespace=~"$namespace"', sel))]
+        assert got == want, (title, got)
+    table = prometheus.query(_dashboard_expr("Failed and unverified undos standing now").replace(
+        'namespace=~"$namespace"', sel))
+    assert {(r["metric"]["tool"], r["metric"]["state"]) for r in table} == {
+        ("payments.create_charge", "failed"), ("payments.create_charge_unchecked", "unverified")}
+    verdicts = prometheus.query(_dashboard_expr("Rollbacks by verdict").replace('namespace=~"$namespace"', sel))
+    assert {r["metric"]["verdict"]: float(r["value"][1]) for r in verdicts}.get("incomplete") == 1
+    # missed scrapes with no restart: the operator paused, its target down, then back
+    both = lambda: (_firing(prometheus, "ReversiCompensationFailed", ns) is not None  # noqa: E731
+                    and _firing(prometheus, "ReversiUnverifiedUndo", ns) is not None)
+    seen = _paused_watching(operator, both)
+    assert all(seen), f"an alert stopped firing while scrapes were missed: {seen}"
+    assert _firing(prometheus, "ReversiCompensationFailed", ns)["activeAt"] == failed["activeAt"]
+    # a person accepts the residue: both clear, and the standing gauges fall to 0
+    rv.patch("runs", "r", {"spec": {"acknowledgement": {"note": "refunded by hand in the payments console"}}})
+    wait_for(lambda: not prometheus.alerts("ReversiCompensationFailed", ns)
+             and not prometheus.alerts("ReversiUnverifiedUndo", ns), timeout=90,
+             what="both alerts cleared by the acknowledgement")
+    standing = prometheus.query(f'reversi_standing_undos{{namespace="{ns}"}}')
+    assert standing and all(r["value"][1] == "0" for r in standing), standing
