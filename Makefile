@@ -2,7 +2,7 @@
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
 #                 (make demo KEEP=1 leaves it all running to try it yourself)
 #   make test   - builds what is missing, starts the local control plane, runs every test, stops it
-#   make lint   - ruff and mypy with the rule set in pyproject.toml (seconds; .ci/run runs it before make test)
+#   make lint   - ruff, mypy and lint-imports with the rule set in pyproject.toml (seconds; .ci/run runs it before make test)
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
@@ -28,10 +28,12 @@ node-deps:
 	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
-# ruff over the code, tests, benchmarks and demo; mypy over operator/reversi and devcluster/reversi_devcluster (rules: pyproject.toml)
+# ruff over the code, tests, benchmarks and demo; mypy over operator/reversi and devcluster/reversi_devcluster; lint-imports:
+# the package's layers, no import cycle, a pure engine (rules: pyproject.toml)
 lint: install
 	$(PYTHON) -m ruff check operator devcluster tests benchmarks demo
 	$(PYTHON) -m mypy
+	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())" --no-cache
 
 test: build
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile

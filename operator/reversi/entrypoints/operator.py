@@ -27,10 +27,12 @@ from . import common
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
-from ..handlers import peering as _peering  # noqa: F401 - workers follow kopf's peering pause
+from ..handlers import peering as _peering  # workers follow kopf's peering pause (its handlers register)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import runtime
+from ..handlers.reconciler import Reconciler
+from ..handlers.workers import Workers
 from ..handlers import schema as schema_handlers
 from ..metrics import Metrics
 from ..settings import OperatorSettings
@@ -68,7 +70,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             metrics.serve(ours.metrics_port)
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
                          name="metrics-refresh").start()
-        state = runtime.init(ours, kube, metrics)
+        state = runtime.init(ours, kube, metrics, parts=_parts)
     # before any handler writes: refuse to reconcile against CRDs older than this operator. While
     # the API server cannot answer, nothing reconciles (state.schema stays unset) and the check is
     # made again on the CRDs' watch events, which kopf lists as soon as it reaches the API server
@@ -77,6 +79,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     except Exception as err:  # noqa: BLE001 - the CRD events check again; never a start that cannot finish
         log.warning("the installed CRDs could not be read yet (%s); the check is made again when kopf lists them",
                     err)
+
+
+def _parts(state: runtime.State) -> tuple[Reconciler, Workers]:
+    """The reconciler (reading kopf's indices and the run informers from ``state``) and the
+    workers, a fixed pool started now: the threads do not grow with the requests."""
+    ours = state.settings
+    reconciler = Reconciler(state.kube, ours, state.metrics, allowed=runtime.reconciling, shared=state)
+    workers = Workers(reconciler, ours.tick_seconds, size=ours.workers, paused=_peering.paused)
+    workers.start()
+    return reconciler, workers
 
 
 kopf.on.login()(common.login)

@@ -138,7 +138,8 @@ def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
-    return ix.manifest(runtime.state().indices, namespace, name)
+    state = runtime.state()
+    return ix.manifest(state.indices, namespace, name, state.kube)
 
 
 def _raw(fn: Callable[[dict], None]) -> Callable[[kopf.RawBody], None]:
@@ -894,7 +895,7 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
 
 def _approved_steps(namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
     """The run's journal with just the approved ``steps`` (their RunSteps, or inline steps of 0.1)."""
-    entries = [ix.step_entry(namespace, run, i) for i in steps
+    entries = [ix.step_entry(runtime.state().kube, namespace, run, i) for i in steps
                if isinstance(i, int) and 0 <= i < MAX_RUN_STEPS]
     return assemble(run_spec, [e for e in entries if e is not None]).spec
 

@@ -93,19 +93,21 @@ def _first(store: Any) -> Any:
     return next(iter(store), None)
 
 
-def step_entry(namespace: str, run: str, index: int) -> Entry | None:
-    """The RunStep of step ``index`` from the API (one GET), or None when it does not exist."""
-    obj = runtime.state().kube.get(jr.STEPS, namespace, step_name(run, index))
+def step_entry(kube: Any, namespace: str, run: str, index: int) -> Entry | None:
+    """The RunStep of step ``index`` from the API (one GET with ``kube``, a
+    :class:`reversi.adapters.kube.Kube`), or None when it does not exist."""
+    obj = kube.get(jr.STEPS, namespace, step_name(run, index))
     return jr.entry_of(obj) if obj is not None else None
 
 
-def manifest(indices: Indices | None, namespace: str, name: str | None) -> ToolManifestSpec | None:
-    """The ToolManifest's spec from the index, else from the API; None when missing or invalid."""
+def manifest(indices: Indices | None, namespace: str, name: str | None, kube: Any) -> ToolManifestSpec | None:
+    """The ToolManifest's spec from the index, else from the API (``kube``, a
+    :class:`reversi.adapters.kube.Kube`); None when missing or invalid."""
     if not name:
         return None
     if indices is not None and (namespace, name) in indices.manifests:
         return _first(indices.manifests.get((namespace, name)))
-    obj = runtime.state().kube.get("toolmanifests", namespace, name)
+    obj = kube.get("toolmanifests", namespace, name)
     if obj is None:
         return None
     try:

@@ -60,7 +60,6 @@ from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
-from . import runtime
 from .tree import TreeRollback
 
 log = logging.getLogger("reversi.rollback")
@@ -117,8 +116,12 @@ class Reconciler(TreeRollback):
     runs is rolled back as a tree (:mod:`reversi.handlers.tree`, rule 17)."""
 
     def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
-                 allowed: Callable[[], bool] = lambda: True):
+                 allowed: Callable[[], bool] = lambda: True, shared: Any = None):
+        """``shared``: the process's shared objects (``reversi.handlers.runtime.State``), read for
+        kopf's indices (ToolManifests, each run's Jobs) and the runs' RunStep informers; None (a
+        reconciler on its own, e.g. in a test) reads all of it from the API."""
         self.kube = kube
+        self.shared = shared
         self.allowed = allowed  # False while the installed CRDs are older than the operator
         self.settings = settings
         self.metrics = metrics
@@ -126,6 +129,10 @@ class Reconciler(TreeRollback):
         self._run_waiters: dict[tuple[str, str], set[str]] = {}
         self._lock_waiters: dict[tuple[str, str], set[str]] = {}  # requests in phase Waiting, by Run
         self._waiters_lock = threading.Lock()
+
+    def _indices(self) -> ix.Indices | None:
+        """kopf's live indices, once a handler has seen them; None before, or on its own."""
+        return self.shared.indices if self.shared is not None else None
 
     def waiting_for(self, namespace: str, run: str) -> list[str]:
         """Requests waiting for Run ``namespace/run`` to be created (woken by its creation)."""
@@ -308,7 +315,7 @@ class Reconciler(TreeRollback):
             runner_names = set(runners)
 
         # ---- decide (engine/decide.py: pure) ----
-        jobs = ix.jobs_of_run(runtime.state().indices if runtime.initialised() else None, self.kube, ns, run_uid)
+        jobs = ix.jobs_of_run(self._indices(), self.kube, ns, run_uid)
         req_uid = meta.get("uid", "")
         job_labels = jobs.labels() if isinstance(jobs, ix.RunJobs) else [j.metadata.labels or {} for j in jobs.values()]
 
@@ -705,7 +712,7 @@ class Reconciler(TreeRollback):
         its first LIST; None while that LIST is not in), else one paged LIST (a reconciler used on
         its own, e.g. in a test)."""
         meta = run_obj["metadata"]
-        journals = runtime.state().journals if runtime.initialised() else None
+        journals = self.shared.journals if self.shared is not None else None
         memory.journal_version = None
         if journals is None:
             return jr.load(self.kube.custom, run_obj)
@@ -719,9 +726,9 @@ class Reconciler(TreeRollback):
     def _live_manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         """The ToolManifest as it is now (kopf's index, else the API); None when missing. Raises
         :class:`Invalid` when it is invalid."""
-        indices = runtime.state().indices if runtime.initialised() else None
+        indices = self._indices()
         if indices is not None and (ns, name) in indices.manifests:
-            manifest = ix.manifest(indices, ns, name)
+            manifest = ix.manifest(indices, ns, name, self.kube)
             if manifest is None:
                 raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
                               "fix it (kubectl apply shows what is wrong)")

@@ -8,15 +8,15 @@ reconciler and no workers.
 from __future__ import annotations
 
 from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..adapters.kube import Kube
 from ..adapters.stepwatch import RunJournals
 from ..settings import OperatorSettings
-from . import peering
 
-if TYPE_CHECKING:  # built in init(): the reconciler reaches this module's state while it is imported
+if TYPE_CHECKING:  # types only: the start-up handler builds them (init's ``parts``)
     from .reconciler import Reconciler
     from .workers import Workers
 
@@ -45,17 +45,16 @@ _state: State | None = None
 READS_PER_REVIEW = 4
 
 
-def init(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
-    """Build the shared objects once; handlers reach them through :func:`state`."""
+def init(settings: OperatorSettings, kube: Kube, metrics: Any = None,
+         parts: Callable[[State], tuple[Reconciler, Workers]] | None = None) -> State:
+    """Build the shared objects once; handlers reach them through :func:`state`. ``parts``
+    builds the reconciler and the workers from the state (``reversi-operator``'s start-up handler
+    passes it: this module never imports them, so nothing they import reaches back up to them)."""
     global _state
-    from .reconciler import Reconciler
-    from .workers import Workers
-
-    reconciler = Reconciler(kube, settings, metrics, allowed=reconciling)
-    workers = Workers(reconciler, settings.tick_seconds, size=settings.workers, paused=peering.paused)
-    workers.start()  # a fixed pool from the start: the threads do not grow with the requests
-    _state = State(settings, kube, reconciler, workers, metrics,
+    _state = State(settings, kube, None, None, metrics,
                    journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
+    if parts is not None:
+        _state.reconciler, _state.workers = parts(_state)
     return _state
 
 
