@@ -94,17 +94,18 @@ class Shop:
         return {"name": name, "image": images.DEMO_IMAGE, "command": on_real_node.TOOL_COMMAND,
                 "env": [{"name": "DOWNSTREAM_URL", "value": self.url}], "deadlineSeconds": 60, **extra}
 
-    def manifest(self, runners: list[dict], compensator: str = "shop", reader: str = "shop") -> None:
+    def manifest(self, runners: list[dict], compensator: str = "shop", reader: str | None = "shop") -> None:
         """ToolManifest ``tools``: a charge undone by a refund (``compensator``), checked by a
-        read of the charge (``reader``)."""
+        read of the charge (``reader``; None: no read-back declared)."""
+        charge: dict[str, Any] = {
+            "name": "payments.create_charge", "effect": "write", "idempotencyKey": "$args.order_id",
+            "compensation": {"tool": "payments.refund", "kind": "compensation",
+                             "args": {"charge_id": "$result.id", "amount": "$args.amount"}, "runner": compensator}}
+        if reader is not None:
+            charge["verification"] = {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"},
+                                      "expect": {"refunded": True}, "runner": reader}
         body = {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "tools"}, "spec": {
-            "runners": runners,
-            "tools": [{"name": "payments.create_charge", "effect": "write", "idempotencyKey": "$args.order_id",
-                       "compensation": {"tool": "payments.refund", "kind": "compensation",
-                                        "args": {"charge_id": "$result.id", "amount": "$args.amount"},
-                                        "runner": compensator},
-                       "verification": {"tool": "payments.get_charge", "args": {"charge_id": "$result.id"},
-                                        "expect": {"refunded": True}, "runner": reader}}]}}
+            "runners": runners, "tools": [charge]}}
         self.custom.create_namespaced_custom_object(G, V, self.namespace, "toolmanifests", body)
 
     def charge_in_a_run(self, run: str, order: str, amount: int = 700) -> dict:

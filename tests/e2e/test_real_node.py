@@ -122,6 +122,34 @@ def test_a_compensator_evicted_mid_call_is_tried_again_and_the_refund_happens_on
     assert [c["replayed"] for c in calls] == [False, True], calls  # one effect, then its replay
 
 
+def test_an_evicted_compensator_that_exits_0_is_not_taken_for_a_done_undo(shop, real_api):
+    """An exit 0 that answers an eviction's SIGTERM is no proof of the undo. The compensator's entry
+    point answers SIGTERM with exit 0 (a shell trap), and the tool declares no read-back that could
+    catch a wrong verdict. It is evicted while its refund waits for an answer (the refund
+    happened). On this Kubernetes (v1.36.3) the Job controller counts the evicted pod failed
+    (``BackoffLimitExceeded``) although its container exited 0, and the pod is gone; where the pod
+    is still there, pod truth would see that exit 0 and its ``DisruptionTarget`` and still not
+    take it for a success. The attempt is tried again with the same idempotency key, which the
+    downstream replays: compensated after 2 attempts, one real refund."""
+    trap = shop.runner("trap", command=["sh", "-c", "trap 'exit 0' TERM; python /opt/reversi/demo/tool.py & wait $!"],
+                       env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
+                            {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])
+    shop.manifest([trap], compensator="trap", reader=None)
+    charge = shop.charge_in_a_run("order-9", "o-9")
+    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=60)
+    name = shop.roll_back("order-9", retries=3, backoff={"baseMs": 500, "maxMs": 1000})
+    pod = _compensator_running(shop)
+    wait_for(lambda: shop.refunds(charge["id"]), timeout=30, what="the refund to happen downstream")
+    client.CoreV1Api(real_api).create_namespaced_pod_eviction(
+        pod, shop.namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
+                              "metadata": {"name": pod, "namespace": shop.namespace}})
+    done = shop.wait_final(name)
+    assert shop.step_status(name, 0)["attempts"] == 2, describe(shop, name)
+    assert done["status"]["report"]["compensated"] == [0], describe(shop, name)
+    calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+    assert [c["replayed"] for c in calls] == [False, True], calls  # the effect once, then its replay
+
+
 def test_a_kubelet_restarted_under_a_running_compensator_loses_nothing(shop, real_cluster):
     """The kubelet stops while the compensator waits for its refund's answer and comes back:
     the container kept running under containerd, its exit is read after the restart, and the

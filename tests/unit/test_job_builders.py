@@ -120,6 +120,24 @@ def test_pod_truth_a_failed_job_whose_container_exited_0_succeeded():
     assert pod_verdict("running", [0]) == "running"
     assert pod_verdict("failed", [0], disrupted=True) == "failed", \
         "an evicted pod's exit 0 may be its answer to the SIGTERM that stopped it mid-call"
+    assert pod_verdict("failed", [0], deadline_killed=True) == "failed", \
+        "so may the exit 0 of a program the Job's deadline stopped"
+
+
+def test_the_deadline_killed_a_program_that_finished_at_or_after_it():
+    """Pod truth upgrades a late-marked Job only for a program that finished before the Job's
+    deadline; one that finished at or after it was stopped by the deadline's SIGTERM."""
+    import datetime as dt
+
+    from reversi.adapters.kube import killed_by_deadline
+
+    deadline = dt.datetime(2026, 12, 1, 10, 0, 0, tzinfo=dt.UTC)
+    before, after = deadline - dt.timedelta(seconds=5), deadline + dt.timedelta(seconds=1)
+    assert not killed_by_deadline("DeadlineExceeded", deadline, [before]), "it ended by itself; marked late"
+    assert killed_by_deadline("DeadlineExceeded", deadline, [after])
+    assert killed_by_deadline("DeadlineExceeded", deadline, [None]), "no finish time: the deadline's reason stands"
+    assert killed_by_deadline("DeadlineExceeded", None, [before]), "no start time to judge by"
+    assert not killed_by_deadline("BackoffLimitExceeded", deadline, [after])
 
 
 def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():
@@ -134,6 +152,10 @@ def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():
     assert not no_answer("DeadlineExceeded", [(1, "Error")]), "it exited 1 by itself before the deadline"
     assert not no_answer("BackoffLimitExceeded", [(1, "Error")])
     assert not no_answer("BackoffLimitExceeded", [(137, "OOMKilled")]), "an answer of sorts: it ran out of memory"
+    assert no_answer("BackoffLimitExceeded", [(143, "Error")], disrupted=True), \
+        "an evicted reader's exit answered the SIGTERM, not the question"
+    assert no_answer("DeadlineExceeded", [(1, "Error")], deadline_killed=True), \
+        "it exited 1 when the deadline stopped it"
 
 
 def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while():

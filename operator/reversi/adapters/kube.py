@@ -76,6 +76,15 @@ def _job_conditions(job: Any) -> tuple[JobState, Any, str, str]:
     return state, finished_at, job_message, job_reason
 
 
+def _deadline(job: Any) -> dt.datetime | None:
+    """When a Job's ``activeDeadlineSeconds`` runs out (its start time plus the deadline), or None."""
+    start = job.status.start_time if job.status else None
+    seconds = job.spec.active_deadline_seconds if job.spec else None
+    if start is None or seconds is None:
+        return None
+    return start + dt.timedelta(seconds=seconds)
+
+
 class Kube:
     """Thin, typed access to the objects Reversi reads and writes."""
 
@@ -213,6 +222,7 @@ class Kube:
                                  timeout=self.timeout)
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
         message, output = "", None
+        disrupted = deadline_killed = False
         ends: list[tuple[int | None, str | None]] = []
         waiting: list[tuple[str | None, str | None]] = []
         if pods:
@@ -226,7 +236,10 @@ class Kube:
                     waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
             disrupted = any(cond.type == "DisruptionTarget" and cond.status == "True"
                             for cond in (pod.status.conditions if pod.status else None) or [])
-            truth = pod_verdict(state, [code for code, _ in ends], disrupted)
+            finished = [cs.state.terminated.finished_at for cs in (pod.status.container_statuses or [])
+                        if cs.state and cs.state.terminated] if pod.status else []
+            deadline_killed = killed_by_deadline(job_reason, _deadline(job), finished)
+            truth = pod_verdict(state, [code for code, _ in ends], disrupted, deadline_killed)
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
                 state, message, job_message = truth, "", ""
@@ -243,7 +256,7 @@ class Kube:
                                  ns, name, err.status, api_message(err))
                         return JobView("running")
                     return JobView("failed", message=f"cannot read the reader's output: {api_message(err)}")
-        lost = state == "failed" and no_answer(job_reason, ends)
+        lost = state == "failed" and no_answer(job_reason, ends, disrupted, deadline_killed)
         if state == "failed" and not message:
             message = job_message
         if state == "failed" and job_message.startswith("DeadlineExceeded"):
@@ -347,17 +360,32 @@ def pod_trouble(events: list[tuple[str | None, str | None, Any]], most: int = 2)
     return "; ".join(said) or None
 
 
-def pod_verdict(job_state: JobState, exit_codes: list[int | None], disrupted: bool = False) -> JobState:
+def pod_verdict(job_state: JobState, exit_codes: list[int | None], disrupted: bool = False,
+                deadline_killed: bool = False) -> JobState:
     """What an attempt really did, from its pod rather than its Job (pod truth): a Job marked
     ``failed`` — e.g. ``DeadlineExceeded`` after the API server was down while its pod ran —
     whose every container terminated with exit code 0 did its work, so it ``succeeded`` (a reader
-    still checks it); anything else keeps the Job's verdict. A ``disrupted`` pod (its
-    ``DisruptionTarget`` condition: evicted, preempted, its node lost) proves nothing by an exit 0,
-    which may be a program's answer to the SIGTERM that ended it mid-call, so the Job's verdict
-    stands. Pure."""
-    if job_state == "failed" and not disrupted and exit_codes and all(code == 0 for code in exit_codes):
+    still checks it); anything else keeps the Job's verdict. An exit 0 that may be a program's
+    answer to the SIGTERM that stopped it mid-call proves nothing, so the Job's verdict stands:
+    a ``disrupted`` pod (its ``DisruptionTarget`` condition: evicted, preempted, its node lost),
+    or one ``deadline_killed`` (:func:`killed_by_deadline`). Pure."""
+    if (job_state == "failed" and not disrupted and not deadline_killed and exit_codes
+            and all(code == 0 for code in exit_codes)):
         return "succeeded"
     return job_state
+
+
+def killed_by_deadline(job_reason: str, deadline: dt.datetime | None, finished: list[dt.datetime | None]) -> bool:
+    """Whether the Job's ``activeDeadlineSeconds`` ended its program rather than the program
+    itself: the Job failed ``DeadlineExceeded`` and a container finished at or after the deadline
+    (``deadline``: the Job's start time plus its deadline; ``finished``: each terminated
+    container's ``finishedAt``, None when unknown). A program that finished before the deadline
+    exited by itself (the Job was marked late, e.g. after an outage). Pure."""
+    if job_reason != "DeadlineExceeded":
+        return False
+    if deadline is None:
+        return True  # no start time to judge by: the deadline is the Job's own reason
+    return any(at is None or at >= deadline for at in finished)
 
 
 #: a container's termination reason that says the node lost it, not that its program ended
@@ -367,15 +395,17 @@ LOST_CONTAINER = "ContainerStatusUnknown"
 SIGNALLED_EXITS = frozenset({137, 143})
 
 
-def no_answer(job_reason: str, ends: list[tuple[int | None, str | None]]) -> bool:
+def no_answer(job_reason: str, ends: list[tuple[int | None, str | None]], disrupted: bool = False,
+              deadline_killed: bool = False) -> bool:
     """Whether a failed Job's program gave no answer of its own. ``job_reason`` is the reason of
     the Job's ``Failed`` condition (e.g. ``DeadlineExceeded``, ``BackoffLimitExceeded``); ``ends``
     the ``(exitCode, reason)`` of each terminated container of its last pod (empty: no pod, or
     none of its containers terminated). No answer: nothing terminated (the pod never ran its
-    program to an exit), a container the node lost (:data:`LOST_CONTAINER`), or one the Job's
-    deadline killed (``DeadlineExceeded`` and a signalled exit). A program that exited non-zero
-    by itself answered (a failed read, rule 5). Pure."""
-    if not ends:
+    program to an exit), a container the node lost (:data:`LOST_CONTAINER`), a pod ``disrupted``
+    (evicted, preempted: whatever it exited with answered the SIGTERM), or one the Job's deadline
+    killed (``deadline_killed``, or ``DeadlineExceeded`` and a signalled exit). A program that
+    exited non-zero by itself answered (a failed read, rule 5). Pure."""
+    if not ends or disrupted or deadline_killed:
         return True
     for code, reason in ends:
         if reason == LOST_CONTAINER:
