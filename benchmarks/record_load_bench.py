@@ -19,6 +19,11 @@ plane, so the ratio, not the absolute rate, is the claim:
   pass to the final phase) and their ratio.
 - **move**: a Run of Reversi 0.1 with 3,000 inline steps is created; printed: the seconds until
   the operator moved them into RunSteps, and until a dry-run RollbackRequest of it is Planned.
+- **rolling** (only when asked, ``--only rolling``; a machine that runs the real node): the chart
+  is installed with its image on a control plane with a real node (its own folder and ports), and
+  4 agents record while ``helm upgrade`` rolls the operator and every admission replica (a new
+  pod annotation). Printed: calls refused, the longest time with no call recorded, the upgrade's
+  seconds.
 
 Targets (the recording path's own, see docs/operations.md#admission-where-each-rule-is-enforced):
 32 agents' rate at least 0.5 of the plain writes'; one agent's median per call at most 2 times
@@ -317,18 +322,72 @@ def move(api: client.ApiClient, namespace: str, steps: int = 3000) -> dict[str, 
     return {"moved_s": moved, "planned_s": time.monotonic() - started}
 
 
+def rolling(seconds: float, processes: int) -> int:
+    """The rolling scenario: a real-node control plane of its own (``<cache>/cluster-bench-real``),
+    the chart installed with its image, 4 agents recording while ``helm upgrade`` rolls the
+    operator and the admission replicas a third of the way in."""
+    from reversi_devcluster import build, realnode
+    from reversi_devcluster.cluster import ClusterSettings
+
+    sys.path.insert(0, str(ROOT))
+    from demo import on_real_node
+
+    why = realnode.unsupported()
+    if why:
+        print(f"rolling: not measured, no real node on this machine ({why})")
+        return 0
+    cluster = Cluster(ClusterSettings(real_node=True, cluster_dir=build.cache_root() / "cluster-bench-real",
+                                      apiserver_port=17643, etcd_port=13679, etcd_peer_port=13680,
+                                      kubelet_port=21650, node_bridge="reversi-bench", node_pod_cidr="10.244.110.0/24"))
+    cluster.up(log=lambda *_: None)
+    kubeconfig = str(cluster.paths.admin_kubeconfig)
+    api = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        on_real_node.install_chart(api, cluster.paths.admin_kubeconfig)
+        namespace = f"record-rolling-{uuid.uuid4().hex[:6]}"
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", MANIFEST)
+        time.sleep(1.0)  # the admission replicas' manifest index sees the new manifest
+        took: list[float] = []
+
+        def upgrade(start: float) -> None:
+            time.sleep(max(0.0, start + seconds / 3 - time.time()))
+            took.append(on_real_node.upgrade_chart(cluster.paths.admin_kubeconfig,
+                                                   {"podAnnotations": {"reversi.dev/rolled": str(time.time())}}))
+
+        print(f"rolling: 4 agents record for {seconds:.0f} s; helm upgrade rolls the operator and every admission "
+              "replica a third of the way in", flush=True)
+        bounds: list[float] = []
+        records = drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=upgrade, window=bounds)
+        calls = sorted(r for recs in records.values() for r in recs)
+        refused = sum(1 for r in calls if r[2])
+        ends = [bounds[0], *(r[0] for r in calls if not r[2]), bounds[1]]
+        longest = max(b - a for a, b in itertools.pairwise(ends))
+        print(f"  the upgrade took {took[0] if took else float('nan'):.1f} s; refused calls {refused}, recorded "
+              f"{len(ends) - 2}, longest window without a recorded call {longest:.2f} s (target: 0 refused, <= 1 s)",
+              flush=True)
+    finally:
+        cluster.down(quiet=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", default="1,4,16,32", help="agent counts of the load scenario")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
     parser.add_argument("--processes", type=int, default=4, help="worker processes the agents are spread over")
     parser.add_argument("--only", default="load,gap,interference,move",
-                        help="scenarios to run: load, gap, interference, move")
+                        help="scenarios to run: load, gap, interference, move; rolling (a real node) when named")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
     parser.add_argument("--breakdown", action="store_true",
                         help="load: also print the API requests and webhook time of each recorded call")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
+    if "rolling" in only:
+        rolling(max(args.seconds, 45.0), args.processes)
+        only.discard("rolling")
+        if not only:
+            return 0
     cluster = Cluster()
     started_cluster = not cluster.is_running()
     if started_cluster:

@@ -99,6 +99,29 @@ def _compensator_running(shop, timeout: float = 60, run: str | None = None) -> s
     return wait_for(running, timeout=timeout, what="the compensator's container to run")
 
 
+def _evict(shop, real_api, pod: str) -> None:
+    """Evict ``pod`` through the Eviction API, as a node drain does."""
+    client.CoreV1Api(real_api).create_namespaced_pod_eviction(pod, shop.namespace, {
+        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": shop.namespace}})
+
+
+def _evicted_mid_refund(shop, real_api, run: str, order: str) -> tuple[str, dict]:
+    """Charge ``order`` in Run ``run``, roll it back, and evict the compensator while its refund
+    waits for an answer (the refund has happened downstream): the request's name and the charge."""
+    charge = shop.charge_in_a_run(run, order)
+    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=60)
+    name = shop.roll_back(run, retries=3, backoff={"baseMs": 500, "maxMs": 1000})
+    pod = _compensator_running(shop)
+    wait_for(lambda: shop.refunds(charge["id"]), timeout=30, what="the refund to happen downstream")
+    _evict(shop, real_api, pod)
+    return name, charge
+
+
+def _refund_replays(shop) -> list[bool]:
+    """Whether each refund call the downstream saw was a replay of an earlier one's key."""
+    return [c["replayed"] for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
+
+
 def test_a_compensator_evicted_mid_call_is_tried_again_and_the_refund_happens_once(shop, real_api):
     """The Eviction API ends the compensator while its refund call waits for an answer (the
     refund already happened downstream): the attempt fails, the next one sends the same
@@ -106,20 +129,12 @@ def test_a_compensator_evicted_mid_call_is_tried_again_and_the_refund_happens_on
     compensated after two attempts, and the downstream shows exactly one refund."""
     shop.manifest([shop.runner(env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
                                     {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])])
-    charge = shop.charge_in_a_run("order-4", "o-4")
-    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=60)
-    name = shop.roll_back("order-4", retries=3, backoff={"baseMs": 500, "maxMs": 1000})
-    pod = _compensator_running(shop)
-    wait_for(lambda: shop.refunds(charge["id"]), timeout=30, what="the refund to happen downstream")
-    client.CoreV1Api(real_api).create_namespaced_pod_eviction(
-        pod, shop.namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
-                              "metadata": {"name": pod, "namespace": shop.namespace}})
+    name, charge = _evicted_mid_refund(shop, real_api, "order-4", "o-4")
     done = shop.wait_final(name)
     assert done["status"]["phase"] == "Succeeded", describe(shop, name)
     assert shop.step_status(name, 0)["attempts"] == 2, describe(shop, name)
     assert len(shop.refunds(charge["id"])) == 1
-    calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
-    assert [c["replayed"] for c in calls] == [False, True], calls  # one effect, then its replay
+    assert _refund_replays(shop) == [False, True]  # one effect, then its replay
 
 
 def test_an_evicted_compensator_that_exits_0_is_not_taken_for_a_done_undo(shop, real_api):
@@ -135,19 +150,11 @@ def test_an_evicted_compensator_that_exits_0_is_not_taken_for_a_done_undo(shop, 
                        env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
                             {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])
     shop.manifest([trap], compensator="trap", reader=None)
-    charge = shop.charge_in_a_run("order-9", "o-9")
-    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=60)
-    name = shop.roll_back("order-9", retries=3, backoff={"baseMs": 500, "maxMs": 1000})
-    pod = _compensator_running(shop)
-    wait_for(lambda: shop.refunds(charge["id"]), timeout=30, what="the refund to happen downstream")
-    client.CoreV1Api(real_api).create_namespaced_pod_eviction(
-        pod, shop.namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
-                              "metadata": {"name": pod, "namespace": shop.namespace}})
+    name, _ = _evicted_mid_refund(shop, real_api, "order-9", "o-9")
     done = shop.wait_final(name)
     assert shop.step_status(name, 0)["attempts"] == 2, describe(shop, name)
     assert done["status"]["report"]["compensated"] == [0], describe(shop, name)
-    calls = [c for c in shop.downstream.state()["calls"] if c["path"] == "/payments/refunds"]
-    assert [c["replayed"] for c in calls] == [False, True], calls  # the effect once, then its replay
+    assert _refund_replays(shop) == [False, True]  # the effect once, then its replay
 
 
 def test_a_kubelet_restarted_under_a_running_compensator_loses_nothing(shop, real_cluster):
@@ -183,12 +190,7 @@ def test_reversi_mcp_runner_jobs_undo_an_mcp_servers_call_from_the_operator_imag
     rec = Recorder.open(shop.namespace, "order-6", manifest="tools", api=real_api)
     args = {"order_id": "o-6", "amount": 700, "customer": "cus_9"}
     charge = rec.call("payments.create_charge", args, lambda a: _mcp_call(mcp_url, "payments.create_charge", a))
-    name = shop.roll_back("order-6")
-    done = shop.wait_final(name)
-    assert done["status"]["phase"] == "Succeeded" and done["status"]["report"]["compensated"] == [0], \
-        describe(shop, name)
-    with urllib.request.urlopen(mcp_url.removesuffix("/mcp") + "/_state", timeout=10) as resp:
-        truth = json.load(resp)
+    truth = _rolled_back_in_the_mcp_shop(shop, "order-6", mcp_url)
     assert truth["charges"][charge["id"]]["refunded"] is True
     refunds = [c for c in truth["calls"] if c["tool"] == "payments.refund"]
     assert len(refunds) == 1 and refunds[0]["idempotency_key"], refunds
@@ -223,15 +225,21 @@ def test_the_charts_gateway_records_an_agents_mcp_call_as_the_agent_and_it_is_un
     assert charge["_meta"]["reversi.dev/run"] == "order-8" and charge["_meta"]["reversi.dev/outcome"] == "succeeded"
     run = shop.custom.get_namespaced_custom_object(G, V, shop.namespace, "runs", "order-8")
     assert run["spec"]["principal"] == f"system:serviceaccount:{shop.namespace}:agent"
-    name = shop.roll_back("order-8")
+    truth = _rolled_back_in_the_mcp_shop(shop, "order-8", mcp_url)
+    assert [c["tool"] for c in truth["calls"] if c["tool"] != "payments.get_charge"] == \
+        ["payments.create_charge", "payments.refund"], truth["calls"]
+    assert truth["charges"][charge["id"]]["refunded"] is True
+
+
+def _rolled_back_in_the_mcp_shop(shop, run: str, mcp_url: str) -> dict:
+    """Roll ``run`` back, check that its one step was compensated, and return the MCP shop's own
+    state (its charges and every call it saw)."""
+    name = shop.roll_back(run)
     done = shop.wait_final(name)
     assert done["status"]["phase"] == "Succeeded" and done["status"]["report"]["compensated"] == [0], \
         describe(shop, name)
     with urllib.request.urlopen(mcp_url.removesuffix("/mcp") + "/_state", timeout=10) as resp:
-        truth = json.load(resp)
-    assert [c["tool"] for c in truth["calls"] if c["tool"] != "payments.get_charge"] == \
-        ["payments.create_charge", "payments.refund"], truth["calls"]
-    assert truth["charges"][charge["id"]]["refunded"] is True
+        return json.load(resp)
 
 
 def _answers(host: str, port: int) -> bool:
@@ -345,8 +353,7 @@ def test_rollbacks_hold_against_the_nodes_own_faults(shop, real_cluster, real_ap
         pod = _compensator_running(shop, run=run)
         down = rng.uniform(0, 2)
         if fault == "eviction":
-            client.CoreV1Api(real_api).create_namespaced_pod_eviction(pod, shop.namespace, {
-                "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": shop.namespace}})
+            _evict(shop, real_api, pod)
         else:
             real_cluster.restart([fault], kill=True, down_seconds=down)
         done = shop.wait_final(name)
