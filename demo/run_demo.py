@@ -118,9 +118,12 @@ def choose_node(wanted: str) -> bool:
     """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
     where this machine can run one; else one line says why and the node agent is used)."""
     if wanted == "agent":
+        print("  (on the node agent, as asked: pods run as local processes, without their images)", flush=True)
         return False
     why = realnode.unsupported()
     if why is None:
+        print("  (on a real node: kubelet and containerd run the pods in containers of the images built here)",
+              flush=True)
         return True
     if wanted == "real":
         raise ClusterError(f"no real node on this machine: {why}")
