@@ -382,7 +382,11 @@ class Demo:
     def teardown(self) -> None:
         kept = self.operator is not None or (self.real and bool(self.downstream_url))
         if self.keep and kept:  # (refused before it started: nothing to keep)
+            admission = self.operator.admission if self.operator else None
             state = {"operator": self.operator.proc.pid if self.operator and self.operator.proc else None,
+                     # the admission servers run in sessions of their own: the operator's group is not theirs
+                     **{f"admission-{i}": r.proc.pid for i, r in enumerate(admission.replicas if admission else [])
+                        if r.proc},
                      "downstream": self.downstream.pid if self.downstream else None, "work": str(self.work),
                      "chart": self.real}
             STATE_FILE(self.cluster).write_text(json.dumps(state))
@@ -465,7 +469,10 @@ def stop() -> int:
         if not pid:
             continue
         try:
-            os.killpg(pid, signal.SIGTERM) if name == "operator" else os.kill(pid, signal.SIGTERM)
+            if name == "operator" or name.startswith("admission-"):  # each leads a process group of its own
+                os.killpg(pid, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
             print(f"stopped the demo's {name} (pid {pid})")
         except ProcessLookupError:
             pass

@@ -348,6 +348,14 @@ def test_describe_run_shows_the_request_that_last_held_the_run_and_errors_name_t
     assert proc.stdout.startswith("Name:         newer\n"), proc.stdout[:200]
     assert "Phase:        Succeeded" in proc.stdout and "Compensated (undone and checked by a reader): 1" in proc.stdout
     assert "RunnersRecorded" in proc.stdout and "RollbackComplete" in proc.stdout  # the request's events
+    # the request that held it deleted, and its name used again for another Run: never shown for this one
+    rv.run("other", [])
+    rv.custom.delete_namespaced_custom_object(GROUP, VERSION, rv.ns, "rollbackrequests", "newer")
+    wait_for(lambda: "newer" not in {r["metadata"]["name"] for r in rv.custom.list_namespaced_custom_object(
+        GROUP, VERSION, rv.ns, "rollbackrequests")["items"]}, what="the request gone")
+    rv.request("newer", "other", dryRun=True)
+    reused = kr(cluster, "describe", "run/r", namespace=rv.ns)
+    assert reused.returncode == 0 and reused.stdout.startswith("Name:         later-dry-run\n"), reused.stdout[:200]
     by_name = kr(cluster, "describe", "older", namespace=rv.ns)
     assert by_name.returncode == 0 and "Phase:        Planned" in by_name.stdout
     assert f"kubectl reversi rollback r -n {rv.ns}" in by_name.stdout

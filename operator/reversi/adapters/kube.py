@@ -239,7 +239,10 @@ class Kube:
             finished = [cs.state.terminated.finished_at for cs in (pod.status.container_statuses or [])
                         if cs.state and cs.state.terminated] if pod.status else []
             deadline_killed = killed_by_deadline(job_reason, _deadline(job), finished)
-            truth = pod_verdict(state, [code for code, _ in ends], disrupted, deadline_killed)
+            # every container counts: one still running (or never started) proves nothing yet
+            codes = [cs.state.terminated.exit_code if cs.state and cs.state.terminated else None
+                     for cs in (pod.status.container_statuses if pod.status else None) or []]
+            truth = pod_verdict(state, codes, disrupted, deadline_killed)
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
                 state, message, job_message = truth, "", ""

@@ -339,8 +339,8 @@ def request_of_run(c: Connection, run: dict) -> dict:
     status = run.get("status") or {}
     for held in (status.get("activeRequest"), status.get("lastRequest")):
         found = c.get("rollbackrequests", held) if held else None
-        if found:  # else deleted since: the newest one left
-            return found
+        if found and ((found.get("spec") or {}).get("runRef") or {}).get("name") == name:
+            return found  # else deleted since (or its name used again for another Run): the newest one left
     mine = [r for r in c.list("rollbackrequests")
             if ((r.get("spec") or {}).get("runRef") or {}).get("name") == name]
     if not mine:

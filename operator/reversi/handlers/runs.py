@@ -84,7 +84,7 @@ def _write(key: tuple[str, str], body: dict) -> None:
         return  # the Run changed since: its next event brings it here again
     last = (body.get("status") or {}).get("lastRequest")
     if last and (ack is not None or _was_acknowledged(body)):
-        _sync_last_request(kube, key[0], last, ack)
+        _sync_last_request(kube, key[0], last, ack, run=key[1])
 
 
 def _was_acknowledged(body: dict) -> bool:
@@ -92,11 +92,13 @@ def _was_acknowledged(body: dict) -> bool:
     return ready.get("reason") == c.RESIDUE_ACKNOWLEDGED
 
 
-def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None) -> None:
+def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None,
+                       run: str) -> None:
     """The Run's last RollbackRequest says whether its residue is acknowledged (Ready) or not
-    (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue)."""
+    (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue). A request of that
+    name for another Run (the Run's own was deleted and the name used again) is left alone."""
     request = kube.get("rollbackrequests", namespace, name)
-    if request is None:
+    if request is None or ((request.get("spec") or {}).get("runRef") or {}).get("name") != run:
         return
     update = st.request_acknowledged_update(request.get("status"), ack)
     if update is None:
