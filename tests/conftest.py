@@ -19,6 +19,7 @@ import re
 import uuid
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from reversi_devcluster.cluster import Cluster, ClusterSettings
 
@@ -35,6 +36,11 @@ WORKER_PORTS = {
     "REVERSI_TEST_CHART_METRICS_PORT": 28180, "REVERSI_TEST_CHART_WEBHOOK_PORT": 28443,
     "REVERSI_TEST_CHART_HEALTH_PORT": 28181,
 }
+
+# The properties judge results, not speed: on a loaded 2-core CI machine an example that takes more
+# than Hypothesis' default 200 ms deadline is no failure of the rule it checks.
+hypothesis_settings.register_profile("reversi", deadline=None)
+hypothesis_settings.load_profile("reversi")
 
 
 def _worker_environment(worker: str | None) -> dict[str, str]:
