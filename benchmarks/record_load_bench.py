@@ -248,11 +248,16 @@ def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any
 
     bounds: list[float] = []
     records = drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=fault, window=bounds)
+    return gaps(records, bounds)
+
+
+def gaps(records: dict[str, list], bounds: list[float]) -> dict[str, float]:
+    """Of the agents' ``records`` in the window ``bounds`` (start, end): calls refused, calls
+    recorded, and the longest time (s) with no call recorded by any agent (the window's edges count)."""
     calls = sorted(r for recs in records.values() for r in recs)
-    refused = sum(1 for r in calls if r[2])
-    ends = [bounds[0], *(r[0] for r in calls if not r[2]), bounds[1]]  # the window's edges count too
-    longest = max(b - a for a, b in itertools.pairwise(ends))
-    return {"refused": refused, "recorded": len(ends) - 2, "longest_gap_s": longest}
+    ends = [bounds[0], *(r[0] for r in calls if not r[2]), bounds[1]]
+    return {"refused": sum(1 for r in calls if r[2]), "recorded": len(ends) - 2,
+            "longest_gap_s": max(b - a for a, b in itertools.pairwise(ends))}
 
 
 def _wait(check: Any, timeout: float, what: str) -> Any:
@@ -358,14 +363,11 @@ def rolling(seconds: float, processes: int) -> int:
         print(f"rolling: 4 agents record for {seconds:.0f} s; helm upgrade rolls the operator and every admission "
               "replica a third of the way in", flush=True)
         bounds: list[float] = []
-        records = drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=upgrade, window=bounds)
-        calls = sorted(r for recs in records.values() for r in recs)
-        refused = sum(1 for r in calls if r[2])
-        ends = [bounds[0], *(r[0] for r in calls if not r[2]), bounds[1]]
-        longest = max(b - a for a, b in itertools.pairwise(ends))
-        print(f"  the upgrade took {took[0] if took else float('nan'):.1f} s; refused calls {refused}, recorded "
-              f"{len(ends) - 2}, longest window without a recorded call {longest:.2f} s (target: 0 refused, <= 1 s)",
-              flush=True)
+        g = gaps(drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=upgrade, window=bounds),
+                 bounds)
+        print(f"  the upgrade took {took[0] if took else float('nan'):.1f} s; refused calls {g['refused']}, recorded "
+              f"{g['recorded']}, longest window without a recorded call {g['longest_gap_s']:.2f} s (target: 0 "
+              "refused, <= 1 s)", flush=True)
     finally:
         cluster.down(quiet=True)
     return 0

@@ -111,21 +111,24 @@ def _firing(prom: Prometheus, name: str, ns: str) -> dict | None:
     return next((a for a in prom.alerts(name, ns) if a["state"] == "firing"), None)
 
 
+def _sampled(check, seconds: float) -> list[bool]:
+    """What ``check`` (a bool) said, called every half second for ``seconds``."""
+    seen = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        seen.append(check())
+        time.sleep(0.5)
+    return seen
+
+
 def _restart_watching(operator, check) -> list[bool]:
     """Kill the operator, start it again, and keep calling ``check`` (a bool) every half second
     from the kill until 10 s after it is back: what ``check`` said each time."""
     seen = [check()]
     operator.kill()
-    stopped = time.monotonic()
-    while time.monotonic() - stopped < 4:  # a few missed scrapes (the target is down)
-        seen.append(check())
-        time.sleep(0.5)
+    seen += _sampled(check, 4)  # a few missed scrapes (the target is down)
     operator.start()
-    back = time.monotonic()
-    while time.monotonic() - back < 10:
-        seen.append(check())
-        time.sleep(0.5)
-    return seen
+    return seen + _sampled(check, 10)
 
 
 def _dashboard_expr(title: str, rate_interval: str = "5m") -> str:
@@ -191,17 +194,10 @@ def _paused_watching(operator, check, seconds: float = 4) -> list[bool]:
     seen = [check()]
     os.kill(operator.proc.pid, signal.SIGSTOP)
     try:
-        stopped = time.monotonic()
-        while time.monotonic() - stopped < seconds:
-            seen.append(check())
-            time.sleep(0.5)
+        seen += _sampled(check, seconds)
     finally:
         os.kill(operator.proc.pid, signal.SIGCONT)
-    back = time.monotonic()
-    while time.monotonic() - back < 5:
-        seen.append(check())
-        time.sleep(0.5)
-    return seen
+    return seen + _sampled(check, 5)
 
 
 def test_failed_and_unverified_undos_fire_through_missed_scrapes_until_the_run_is_acknowledged(

@@ -227,21 +227,20 @@ class Kube:
         waiting: list[tuple[str | None, str | None]] = []
         if pods:
             pod = pods[-1]
+            codes: list[int | None] = []  # every container's: one still running proves nothing yet
+            finished: list[Any] = []
             for cs in (pod.status.container_statuses if pod.status else None) or []:
                 term = cs.state.terminated if cs.state else None
+                codes.append(term.exit_code if term is not None else None)
                 if term is not None:
                     ends.append((term.exit_code, term.reason))
+                    finished.append(term.finished_at)
                     message = ended_message(term.exit_code, term.reason, term.message)
                 elif cs.state and cs.state.waiting:
                     waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
             disrupted = any(cond.type == "DisruptionTarget" and cond.status == "True"
                             for cond in (pod.status.conditions if pod.status else None) or [])
-            finished = [cs.state.terminated.finished_at for cs in (pod.status.container_statuses or [])
-                        if cs.state and cs.state.terminated] if pod.status else []
             deadline_killed = killed_by_deadline(job_reason, _deadline(job), finished)
-            # every container counts: one still running (or never started) proves nothing yet
-            codes = [cs.state.terminated.exit_code if cs.state and cs.state.terminated else None
-                     for cs in (pod.status.container_statuses if pod.status else None) or []]
             truth = pod_verdict(state, codes, disrupted, deadline_killed)
             if truth != state:
                 log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)

@@ -43,7 +43,7 @@ from ..engine.journal import Journal
 from ..engine.gcpause import no_cyclic_gc
 from ..engine.plan import build_plan
 from ..models.halt import pattern_problem
-from ..models.rollbackrequest import Plan
+from ..models.rollbackrequest import Plan, run_ref_name
 from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
 from . import views
@@ -329,6 +329,11 @@ REQUEST_PREFIXES = ("rollbackrequest/", "rollbackrequests/", "rbr/", "rollbackre
                     "rollbackrequests.reversi.dev/")
 
 
+def requests_of(c: Connection, run: str) -> list[dict]:
+    """The RollbackRequests of the namespace whose ``spec.runRef`` names Run ``run`` (one paged LIST)."""
+    return [r for r in c.list("rollbackrequests") if run_ref_name(r) == run]
+
+
 def request_of_run(c: Connection, run: dict) -> dict:
     """The RollbackRequest ``describe run/RUN`` shows: the one working on the run now
     (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``,
@@ -339,10 +344,9 @@ def request_of_run(c: Connection, run: dict) -> dict:
     status = run.get("status") or {}
     for held in (status.get("activeRequest"), status.get("lastRequest")):
         found = c.get("rollbackrequests", held) if held else None
-        if found and ((found.get("spec") or {}).get("runRef") or {}).get("name") == name:
+        if found and run_ref_name(found) == name:
             return found  # else deleted since (or its name used again for another Run): the newest one left
-    mine = [r for r in c.list("rollbackrequests")
-            if ((r.get("spec") or {}).get("runRef") or {}).get("name") == name]
+    mine = requests_of(c, name)
     if not mine:
         raise CliError(f"no RollbackRequest for Run {c.namespace}/{name}; start one with "
                        f"kubectl reversi rollback {name} -n {c.namespace}")
@@ -906,8 +910,7 @@ def kill_switch_status() -> int:
 def export(run: str, with_snapshots: bool) -> int:
     c = conn()
     obj = load_run(c, run)
-    requests = [r for r in c.list("rollbackrequests")
-                if ((r.get("spec") or {}).get("runRef") or {}).get("name") == run]
+    requests = requests_of(c, run)
     names = {r["metadata"]["uid"]: r["metadata"]["name"] for r in requests}
     events = c.events_for(c.namespace, "RollbackRequest", set(names))
     transitions = [{"request": names.get(e["uid"], e["name"]), "reason": e["reason"], "message": e["message"],

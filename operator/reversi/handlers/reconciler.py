@@ -55,7 +55,7 @@ from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
 from ..engine.report import outcome_reason, report_message
 from ..engine.schedule import progress_text, ready_steps
-from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec
+from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec, run_ref_name
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
@@ -910,7 +910,7 @@ class Reconciler(TreeRollback):
             *st.request_readiness("Failed", reason, message)])
         status.update(phase="Failed", conditions=conds, observedGeneration=gen,
                       completionTime=st.iso(time.time()))
-        run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name")
+        run_name = run_ref_name(req)
         if run_name:
             self._release(meta["namespace"], run_name, meta["name"], complete=False)
             self._release_tree(meta["namespace"], meta["name"], status)

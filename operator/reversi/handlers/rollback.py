@@ -13,7 +13,7 @@ import kopf
 from ..adapters import journal as jr
 from ..adapters import status as st
 from ..adapters.jobs import ANNOTATION_REQUEST, LABEL_MANAGED_BY, LABEL_ROLE
-from ..models.rollbackrequest import TERMINAL_PHASES
+from ..models.rollbackrequest import TERMINAL_PHASES, run_ref_name
 from . import indices as ix
 from . import runtime
 
@@ -29,7 +29,7 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
     if type == "DELETED":
         workers.stop(namespace, name)
         if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (rule 14)
-            run_name = ((body.get("spec") or {}).get("runRef") or {}).get("name")
+            run_name = run_ref_name(body)
             try:
                 reconciler.request_deleted(namespace, name, run_name)
             except Exception as err:  # noqa: BLE001 - the next request, or the Job's event, settles it

@@ -22,6 +22,7 @@ from .. import conditions as c
 from ..adapters import status as st
 from ..engine import acknowledgement
 from ..adapters.kube import Conflict
+from ..models.rollbackrequest import run_ref_name
 from . import runtime
 
 log = logging.getLogger("reversi.runs")
@@ -98,7 +99,7 @@ def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgemen
     (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue). A request of that
     name for another Run (the Run's own was deleted and the name used again) is left alone."""
     request = kube.get("rollbackrequests", namespace, name)
-    if request is None or ((request.get("spec") or {}).get("runRef") or {}).get("name") != run:
+    if request is None or run_ref_name(request) != run:
         return
     update = st.request_acknowledged_update(request.get("status"), ack)
     if update is None:

@@ -52,6 +52,13 @@ PHASES: tuple[str, ...] = ("Pending", "Waiting", "Planned", "Running", "Awaiting
 TERMINAL_PHASES = frozenset({"Planned", "Succeeded", "Incomplete", "Failed"})
 
 
+def run_ref_name(request: Any) -> str | None:
+    """The name of the Run a RollbackRequest (a dict, as the API returns it) names in
+    ``spec.runRef``, or None when it names none. Pure."""
+    name = ((request.get("spec") or {}).get("runRef") or {}).get("name")
+    return name if isinstance(name, str) else None
+
+
 class Approval(ReversiModel):
     """Approval of one step's compensation (rule 8 of docs/concepts.md#rollback-rules)."""
 
