@@ -348,21 +348,31 @@ def job_for(
     name = job_name(run_uid, step, attempt, role, read)
     labels = _labels(request, run_uid, step, attempt, role, read)
     annotations = {ANNOTATION_RUN: run_name, ANNOTATION_REQUEST: request.name}
-    env: list[dict[str, Any]] = [
-        {"name": "REVERSI_CALL_FILE", "value": CALL_FILE},
-        {"name": "REVERSI_CALL", "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.call_key}}},
-        {"name": "REVERSI_ROLE", "value": role},
-    ]
-    if call_ref.key_key:
-        env.append({"name": "REVERSI_IDEMPOTENCY_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.key_key}}})
-    env += [dict(e) for e in runner.env]
+    container = _job_container(runner, call_ref, role, command)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": owner.namespace, "labels": labels,
+                     "annotations": annotations, "ownerReferences": [owner.reference()]},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": _job_deadline(runner, deadline_seconds),
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "template": {"metadata": {"labels": labels, "annotations": annotations},
+                         "spec": _job_pod_spec(container, runner, call_ref, settings)},
+        },
+    }
+
+
+def _job_container(runner: Runner, call_ref: CallRef, role: Role, command: list[str] | None) -> dict[str, Any]:
+    """The Job's one container, named after ``role``: the runner's image, its command and args
+    (or ``command`` with no args), its resources, the call mounted read-only at :data:`CALL_DIR`
+    and a writable ``/tmp``, under the ``restricted`` Pod Security Standard."""
     container: dict[str, Any] = {
         "name": role,
         "image": runner.image,
         "command": list(command) if command else list(runner.command),
         "args": [] if command else list(runner.args),
-        "env": env,
+        "env": _container_env(runner, call_ref, role),
         "envFrom": [dict(e) for e in runner.env_from],
         "volumeMounts": [
             {"name": "call", "mountPath": CALL_DIR, "readOnly": True},
@@ -382,9 +392,39 @@ def job_for(
     }
     if runner.resources:
         container["resources"] = dict(runner.resources)
+    return container
+
+
+def _container_env(runner: Runner, call_ref: CallRef, role: Role) -> list[dict[str, Any]]:
+    """The container's environment: ``REVERSI_CALL_FILE``, ``REVERSI_CALL`` (from the calls
+    Secret), ``REVERSI_ROLE``, ``REVERSI_IDEMPOTENCY_KEY`` when ``call_ref`` has one, then the
+    runner's own variables."""
+    env: list[dict[str, Any]] = [
+        {"name": "REVERSI_CALL_FILE", "value": CALL_FILE},
+        {"name": "REVERSI_CALL", "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.call_key}}},
+        {"name": "REVERSI_ROLE", "value": role},
+    ]
+    if call_ref.key_key:
+        env.append({"name": "REVERSI_IDEMPOTENCY_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": call_ref.secret, "key": call_ref.key_key}}})
+    env += [dict(e) for e in runner.env]
+    return env
+
+
+def _job_deadline(runner: Runner, deadline_seconds: int | None) -> int:
+    """The Job's ``activeDeadlineSeconds``: the runner's, or ``deadline_seconds`` when smaller
+    (at least 1)."""
     deadline = runner.deadline_seconds
     if deadline_seconds is not None:
         deadline = max(1, min(deadline, deadline_seconds))
+    return deadline
+
+
+def _job_pod_spec(container: dict[str, Any], runner: Runner, call_ref: CallRef,
+                  settings: JobSettings) -> dict[str, Any]:
+    """The pod spec around ``container``: never restarted, run as ``settings.run_as_user``, the
+    runner's service account (its token mounted only then), and the volumes ``call`` (only the
+    Job's own key of the calls Secret) and ``tmp``."""
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": bool(runner.service_account_name),
@@ -405,15 +445,4 @@ def job_for(
     }
     if runner.service_account_name:
         pod_spec["serviceAccountName"] = runner.service_account_name
-    job = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": owner.namespace, "labels": labels,
-                     "annotations": annotations, "ownerReferences": [owner.reference()]},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline,
-            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
-        },
-    }
-    return job
+    return pod_spec
