@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from ..models.run import RunSpec
+from ..models.run import RunSpec, Step, ToolSnapshot
 from ..models.toolmanifest import ToolSpec
 
 MAX_BLOCKED_BY = 8  # blockers listed per step, lowest first (a step is blocked when at least one exists)
@@ -99,49 +99,13 @@ def build_graph(spec: RunSpec) -> Graph:
     for position, step in enumerate(steps):
         index = step.index
         if index != position:
-            if index in seen:
-                raise InvalidRun(
-                    f"spec.steps[{position}]: index {index} is used twice; indices must be 0, 1, 2, ... in order",
-                    step=index,
-                )
-            raise InvalidRun(
-                f"spec.steps[{position}]: index {index} is out of order; the step at position {position} "
-                f"must have index {position} (indices are 0, 1, 2, ... in order)",
-                step=index,
-            )
+            raise _index_error(position, index, seen)
         seen.add(index)
-        deps: list[int] = []
-        for d in step.depends_on:
-            if d == index:
-                raise InvalidRun(
-                    f"step {index} ({step.tool}) depends on itself; remove {d} from its dependsOn", step=index
-                )
-            if d < 0 or d >= n:
-                raise InvalidRun(
-                    f"step {index} ({step.tool}) depends on step {d}, which does not exist "
-                    f"(the run has steps 0..{n - 1}); fix its dependsOn",
-                    step=index,
-                )
-            if d > index:
-                raise InvalidRun(
-                    f"step {index} ({step.tool}) depends on the later step {d}: that would be a cycle; "
-                    "dependsOn may only name earlier steps",
-                    step=index,
-                )
-            deps.append(d)
-        unique_deps = tuple(sorted(set(deps)))
+        unique_deps = _explicit_dependencies(step, n)
         for d in unique_deps:
             explicit_dependents.setdefault(d, []).append(index)
         tools.append(step.tool)
-        snap: ToolSpec | None = step.snapshot
-        if snap is None and step.snapshot_id is not None:
-            snap = by_id.get(step.snapshot_id)
-            if snap is None:
-                raise InvalidRun(
-                    f"step {index} ({step.tool}) names snapshot {step.snapshot_id!r}, which is not in spec.snapshots; "
-                    "add the snapshot or fix snapshotId",
-                    step=index,
-                )
+        snap = _snapshot_of(step, by_id)
         snapshots.append(snap)
         req = tuple(snap.requires) if snap is not None else ()
         requires.append(req)
@@ -149,16 +113,7 @@ def build_graph(spec: RunSpec) -> Graph:
         steps_by_tool.setdefault(step.tool, []).append(index)
         for tool in set(req):
             requirers_by_tool.setdefault(tool, []).append(index)
-    resolved: set[int] = set()
-    for res in spec.resolutions:
-        if res.step >= n:
-            raise InvalidRun(
-                f"a resolution names step {res.step}, but the run has steps 0..{n - 1}; fix spec.resolutions",
-                step=res.step,
-            )
-        if res.step in resolved:
-            raise InvalidRun(f"step {res.step} has two resolutions; keep one", step=res.step)
-        resolved.add(res.step)
+    _check_resolutions(spec, n)
     return Graph(
         tools=tools,
         requires=requires,
@@ -169,6 +124,77 @@ def build_graph(spec: RunSpec) -> Graph:
         explicit_dependents=explicit_dependents,
     )
 
+
+def _index_error(position: int, index: int, seen: set[int]) -> InvalidRun:
+    """The error for the step at ``position`` whose index is not ``position``: its index is used
+    twice (already in ``seen``) or out of order."""
+    if index in seen:
+        return InvalidRun(
+            f"spec.steps[{position}]: index {index} is used twice; indices must be 0, 1, 2, ... in order",
+            step=index,
+        )
+    return InvalidRun(
+        f"spec.steps[{position}]: index {index} is out of order; the step at position {position} "
+        f"must have index {position} (indices are 0, 1, 2, ... in order)",
+        step=index,
+    )
+
+
+def _explicit_dependencies(step: Step, n: int) -> tuple[int, ...]:
+    """The step's ``dependsOn``, without repeats, ascending. Raises :class:`InvalidRun` when it
+    names the step itself, a step outside ``0..n-1`` (dangling) or a later step (a cycle)."""
+    index = step.index
+    deps: list[int] = []
+    for d in step.depends_on:
+        if d == index:
+            raise InvalidRun(
+                f"step {index} ({step.tool}) depends on itself; remove {d} from its dependsOn", step=index
+            )
+        if d < 0 or d >= n:
+            raise InvalidRun(
+                f"step {index} ({step.tool}) depends on step {d}, which does not exist "
+                f"(the run has steps 0..{n - 1}); fix its dependsOn",
+                step=index,
+            )
+        if d > index:
+            raise InvalidRun(
+                f"step {index} ({step.tool}) depends on the later step {d}: that would be a cycle; "
+                "dependsOn may only name earlier steps",
+                step=index,
+            )
+        deps.append(d)
+    return tuple(sorted(set(deps)))
+
+
+def _snapshot_of(step: Step, by_id: dict[str, ToolSnapshot]) -> ToolSpec | None:
+    """The step's manifest entry: its inline ``snapshot``, else the entry of ``spec.snapshots``
+    its ``snapshotId`` names (``by_id``), else None (unmanifested). Raises :class:`InvalidRun`
+    when ``snapshotId`` names no entry."""
+    snap: ToolSpec | None = step.snapshot
+    if snap is None and step.snapshot_id is not None:
+        snap = by_id.get(step.snapshot_id)
+        if snap is None:
+            raise InvalidRun(
+                f"step {step.index} ({step.tool}) names snapshot {step.snapshot_id!r}, which is not in "
+                "spec.snapshots; add the snapshot or fix snapshotId",
+                step=step.index,
+            )
+    return snap
+
+
+def _check_resolutions(spec: RunSpec, n: int) -> None:
+    """Return nothing when each resolution names one of the ``n`` steps and no step is resolved
+    twice; raise :class:`InvalidRun` naming the first that does not."""
+    resolved: set[int] = set()
+    for res in spec.resolutions:
+        if res.step >= n:
+            raise InvalidRun(
+                f"a resolution names step {res.step}, but the run has steps 0..{n - 1}; fix spec.resolutions",
+                step=res.step,
+            )
+        if res.step in resolved:
+            raise InvalidRun(f"step {res.step} has two resolutions; keep one", step=res.step)
+        resolved.add(res.step)
 
 class DependentIndex:
     """Which later steps (among those registered) depend on a step, for newest-first scans.
