@@ -487,23 +487,42 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     moved = inline is not None and _same_call(inline, spec)
     if not moved:
         _check_new_step(parsed, name, run_obj, manifest, entry, user, namespace, dryrun, reads)
-    label = None
-    snapshot = entry
-    if moved:
-        snapshot = None
-        raw_snapshot = spec.get("snapshot")
-        try:
-            snapshot = ToolSpec.model_validate(raw_snapshot) if isinstance(raw_snapshot, dict) else None
-        except ValidationError:
-            snapshot = None
-    if (snapshot is not None and snapshot.idempotency_key and isinstance(tool, str)
-            and isinstance(spec.get("args"), dict)):
-        try:
-            label = forward_key_label(tool, forward_key(snapshot.idempotency_key, spec["args"], None))
-        except (MissingValue, TypeError, ValueError):
-            label = None
+    label = _forward_key_label_of(spec, _carried_snapshot(spec) if moved else entry)
     owner = jr.owner_reference(run, run_obj["metadata"]["uid"])
     principal = run_spec.get("principal") if moved else user
+    patch.fns.append(_raw(_stamp_new_step(run, owner, label, principal, moved, entry, now)))
+
+
+def _carried_snapshot(spec: dict) -> ToolSpec | None:
+    """The manifest entry a step carries in its own ``spec.snapshot`` (the moved copy of an inline
+    step keeps the one it was recorded with), or None when it has none or it is malformed."""
+    raw_snapshot = spec.get("snapshot")
+    try:
+        return ToolSpec.model_validate(raw_snapshot) if isinstance(raw_snapshot, dict) else None
+    except ValidationError:
+        return None
+
+
+def _forward_key_label_of(spec: dict, snapshot: ToolSpec | None) -> str | None:
+    """The forward-key label of a step (its tool's ``idempotencyKey`` resolved from its args, as
+    :func:`forward_key_label`), or None when ``snapshot`` has no key template or the step's args
+    do not give it a value."""
+    tool = spec.get("tool")
+    if (snapshot is None or not snapshot.idempotency_key or not isinstance(tool, str)
+            or not isinstance(spec.get("args"), dict)):
+        return None
+    try:
+        return forward_key_label(tool, forward_key(snapshot.idempotency_key, spec["args"], None))
+    except (MissingValue, TypeError, ValueError):
+        return None
+
+
+def _stamp_new_step(run: str, owner: dict, label: str | None, principal: str | None, moved: bool,
+                    entry: ToolSpec | None, now: str) -> Callable[[dict], None]:
+    """The patch function that stamps a new RunStep: the labels ``reversi.dev/run`` (``run``) and,
+    when ``label`` is set, the forward key; ``owner`` as its one Run owner; ``principal`` (or none);
+    and unless the step is an inline step ``moved`` with its own snapshot and time, the manifest
+    ``entry`` as ``snapshot`` (none: unmanifested) and ``now`` as ``recordedAt``."""
 
     def stamp(raw: dict) -> None:
         meta = raw.setdefault("metadata", {})
@@ -530,7 +549,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
             s["snapshot"] = entry.to_wire()
         s["recordedAt"] = now  # the server's clock, not the client's
 
-    patch.fns.append(_raw(stamp))
+    return stamp
 
 
 #: Runs of Reversi 0.1 whose inline journal is being moved, by (namespace, name): the whole Run as
