@@ -301,3 +301,43 @@ def is_true(conditions: Iterable[dict[str, Any]] | None, type_: str) -> bool:
     """True when the condition of ``type_`` exists and has status ``"True"``."""
     cond = get_condition(conditions, type_)
     return bool(cond and cond.get("status") == TRUE)
+
+
+# ----------------------------------------------------------------- kstatus: Ready / Reconciling / Stalled
+
+READY_STATE, PROGRESSING, STALLED_STATE = "ready", "progressing", "stalled"
+
+
+def readiness(state: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
+    """The ``Ready``, ``Reconciling`` and ``Stalled`` updates (for ``reversi.adapters.status.summary_conditions``)
+    of an object that is ``"ready"``, ``"progressing"`` or ``"stalled"`` (kstatus conventions):
+
+    - ready: Ready=True (``reason``), Reconciling=False and Stalled=False (``Idle``);
+    - progressing: Ready=False and Reconciling=True (``reason``; it may wait for a person, e.g.
+      an approval), Stalled=False (``Idle``);
+    - stalled (a person must act): Ready=False and Stalled=True (``reason``), Reconciling=False.
+
+    kstatus then computes Current, InProgress and Failed. Raises ``ValueError`` for another state.
+    """
+    if state not in (READY_STATE, PROGRESSING, STALLED_STATE):
+        raise ValueError(f"readiness state must be ready, progressing or stalled, not {state!r}")
+    idle = "nothing is in progress" if state != PROGRESSING else "work is in progress"
+    return [
+        (READY, TRUE if state == READY_STATE else FALSE, reason, message),
+        (RECONCILING, TRUE if state == PROGRESSING else FALSE, reason if state == PROGRESSING else IDLE,
+         message if state == PROGRESSING else idle),
+        (STALLED, TRUE if state == STALLED_STATE else FALSE, reason if state == STALLED_STATE else IDLE,
+         message if state == STALLED_STATE else "nothing needs a person" if state == READY_STATE
+         else "not stalled: Reconciling says what it is doing or waiting for"),
+    ]
+
+
+def request_readiness(phase: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
+    """Ready/Reconciling/Stalled of a RollbackRequest in ``phase``: ready when Planned or
+    Succeeded; stalled when Incomplete or Failed (the report or the Invalid condition says what
+    a person must do); progressing otherwise (Pending, Waiting, Running, AwaitingApproval)."""
+    if phase in ("Planned", "Succeeded"):
+        return readiness(READY_STATE, reason, message)
+    if phase in ("Incomplete", "Failed"):
+        return readiness(STALLED_STATE, reason, message)
+    return readiness(PROGRESSING, reason, message)

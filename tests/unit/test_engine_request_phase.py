@@ -126,3 +126,78 @@ def test_a_dry_run_and_a_waiting_request_say_what_they_are():
     assert said.phase == "Waiting" and said.readiness == (
         c.WAITING_FOR_RUN, "RollbackRequest shop/undo-a is working on Run shop/order-9; this one starts when it ends")
     assert planned(2, False)[1] == (c.PLANNED, c.TRUE, c.PLAN_READY, "2 compensations planned; fullyReversible=false")
+
+
+# ---------------------------------------------------------------- every phase, its readiness, the pass's end
+
+def _all_phases():
+    from reversi.engine.request_phase import (cancelled_before_planning, dry_run, failed, run_missing,
+                                              waiting)
+
+    return [dry_run(), run_missing("Run shop/r not found"), failed(c.RUN_NOT_FOUND, "fix spec.runRef.name"),
+            cancelled_before_planning("oncall", "its Run shop/r does not exist"), waiting("shop", "a", "r"),
+            _way(), _way(awaiting=[1], only_approvals_left=True), _end(complete=True), _end()]
+
+
+def test_every_phase_sets_its_readiness_from_the_phase_alone():
+    """Ready when Planned or Succeeded, Stalled when Incomplete or Failed, Reconciling otherwise
+    (kstatus; docs/concepts.md#the-rollbackrequests-status): one rule for every phase a request
+    can say, including those of a request that never planned."""
+    kstatus = {"Planned": c.READY, "Succeeded": c.READY, "Incomplete": c.STALLED, "Failed": c.STALLED,
+               "Pending": c.RECONCILING, "Waiting": c.RECONCILING, "Running": c.RECONCILING,
+               "AwaitingApproval": c.RECONCILING}
+    for said in _all_phases():
+        updates = {t: (s, r, m) for t, s, r, m in said.updates()}
+        true = [t for t in (c.READY, c.RECONCILING, c.STALLED) if updates[t][0] == c.TRUE]
+        assert true == [kstatus[said.phase]], said
+        assert updates[kstatus[said.phase]][1:] == said.readiness
+        assert all(r in c.REASONS for _, _, r, _ in said.updates()), said
+
+
+def test_a_request_that_cannot_be_carried_out_fails_with_invalid_and_a_warning():
+    from reversi.engine.request_phase import failed
+
+    said = failed(c.MANIFEST_NOT_FOUND, "ToolManifest shop/tools not found; create it again")
+    assert (said.phase, said.event, said.warning, said.outcome) == ("Failed", c.MANIFEST_NOT_FOUND, True, "invalid")
+    assert _reasons(said)[c.INVALID] == (c.TRUE, c.MANIFEST_NOT_FOUND)
+    assert _reasons(said)[c.COMPLETE] == (c.FALSE, c.MANIFEST_NOT_FOUND)
+    assert said.verdict == "ToolManifest shop/tools not found; create it again"
+
+
+def test_a_request_cancelled_before_it_planned_names_who_and_why_and_undid_nothing():
+    from reversi.engine.request_phase import cancelled_before_planning
+
+    said = cancelled_before_planning(None, "its Run shop/r does not exist")
+    assert (said.phase, said.event, said.outcome, said.warning) == ("Incomplete", "RollbackCancelled", "cancelled",
+                                                                    True)
+    assert said.verdict == ("cancelled by an unknown user before anything was planned (its Run shop/r does not "
+                            "exist): nothing was undone")
+    assert _reasons(said)[c.COMPLETE] == (c.FALSE, c.CANCELLED) and said.readiness[0] == c.CANCELLED
+
+
+@given(finished=st.booleans(), awaiting=st.lists(st.integers(0, 9), max_size=3), deadline_passed=st.booleans())
+def test_a_request_ends_when_nothing_can_move_unless_a_person_may_still_approve(finished, awaiting, deadline_passed):
+    from reversi.engine.request_phase import ends
+
+    said = ends(finished=finished, awaiting=awaiting, deadline_passed=deadline_passed)
+    assert said == (finished and (not awaiting or deadline_passed))
+
+
+def test_the_next_pass_comes_at_the_tick_or_later_while_awaiting_approval_and_a_recount_wins():
+    from reversi.engine.request_phase import next_pass
+
+    assert next_pass("Running", tick_seconds=1.0, wait_seconds=5.0) == 1.0
+    assert next_pass("AwaitingApproval", tick_seconds=1.0, wait_seconds=5.0) == 5.0
+    assert next_pass("AwaitingApproval", tick_seconds=1.0, wait_seconds=5.0, late=0.3) == 0.3
+
+
+def test_a_status_with_only_steps_under_way_may_wait_at_most_the_defer_window():
+    from reversi.engine.request_phase import STATUS_DEFER_SECONDS, may_defer_write
+
+    old = {"phase": "Running", "steps": [{"step": 0, "stage": "pending", "attempts": 0}]}
+    started = {"phase": "Running", "steps": [{"step": 0, "stage": "compensating", "attempts": 1}]}
+    assert may_defer_write(old, started, None, 100.0)
+    assert may_defer_write(old, started, 100.0, 100.0 + STATUS_DEFER_SECONDS - 0.1)
+    assert not may_defer_write(old, started, 100.0, 100.0 + STATUS_DEFER_SECONDS)
+    ended = {"phase": "Running", "steps": [{"step": 0, "stage": "compensated", "attempts": 1}]}
+    assert not may_defer_write(old, ended, None, 100.0)

@@ -1,6 +1,6 @@
 """Few status writes (docs/concepts.md#the-rollbackrequests-status): the request's status is
 written when a step ends (or the phase, an approval, a retry changes), not at once when steps only
-start or hand over from their compensator to its check or read-back (handlers/reconciler.py
+start or hand over from their compensator to its check or read-back (engine/request_phase.py
 ``only_under_way``; written at the latest after ``STATUS_DEFER_SECONDS``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reversi.engine import executor as ex
-from reversi.handlers.reconciler import only_under_way
+from reversi.engine.request_phase import only_under_way
 
 
 def entry(step, stage, attempts=1, reads=0, message="m"):

@@ -246,42 +246,9 @@ def active(runs: dict[int, StepRun]) -> list[int]:
 
 # ----------------------------------------------------------------- kstatus: Ready / Reconciling / Stalled
 
-READY_STATE, PROGRESSING, STALLED_STATE = "ready", "progressing", "stalled"
-
-
-def readiness(state: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
-    """The ``Ready``, ``Reconciling`` and ``Stalled`` updates (for :func:`summary_conditions`)
-    of an object that is ``"ready"``, ``"progressing"`` or ``"stalled"`` (kstatus conventions):
-
-    - ready: Ready=True (``reason``), Reconciling=False and Stalled=False (``Idle``);
-    - progressing: Ready=False and Reconciling=True (``reason``; it may wait for a person, e.g.
-      an approval), Stalled=False (``Idle``);
-    - stalled (a person must act): Ready=False and Stalled=True (``reason``), Reconciling=False.
-
-    kstatus then computes Current, InProgress and Failed. Raises ``ValueError`` for another state.
-    """
-    if state not in (READY_STATE, PROGRESSING, STALLED_STATE):
-        raise ValueError(f"readiness state must be ready, progressing or stalled, not {state!r}")
-    idle = "nothing is in progress" if state != PROGRESSING else "work is in progress"
-    return [
-        (c.READY, c.TRUE if state == READY_STATE else c.FALSE, reason, message),
-        (c.RECONCILING, c.TRUE if state == PROGRESSING else c.FALSE, reason if state == PROGRESSING else c.IDLE,
-         message if state == PROGRESSING else idle),
-        (c.STALLED, c.TRUE if state == STALLED_STATE else c.FALSE, reason if state == STALLED_STATE else c.IDLE,
-         message if state == STALLED_STATE else "nothing needs a person" if state == READY_STATE
-         else "not stalled: Reconciling says what it is doing or waiting for"),
-    ]
-
-
-def request_readiness(phase: str, reason: str, message: str) -> list[tuple[str, str, str, str]]:
-    """Ready/Reconciling/Stalled of a RollbackRequest in ``phase``: ready when Planned or
-    Succeeded; stalled when Incomplete or Failed (the report or the Invalid condition says what
-    a person must do); progressing otherwise (Pending, Waiting, Running, AwaitingApproval)."""
-    if phase in ("Planned", "Succeeded"):
-        return readiness(READY_STATE, reason, message)
-    if phase in ("Incomplete", "Failed"):
-        return readiness(STALLED_STATE, reason, message)
-    return readiness(PROGRESSING, reason, message)
+# readiness and request_readiness are pure rules of the conditions (reversi.conditions), used here
+READY_STATE, PROGRESSING, STALLED_STATE = c.READY_STATE, c.PROGRESSING, c.STALLED_STATE
+readiness, request_readiness = c.readiness, c.request_readiness
 
 
 def run_readiness(conditions: list[dict] | None, name: str = "NAME",

@@ -25,19 +25,45 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .. import conditions as c
+from . import executor as ex
 
 Condition = tuple[str, str, str, str]  # (type, status, reason, message)
 
 
+PhaseName = Literal["Pending", "Waiting", "Planned", "AwaitingApproval", "Running", "Succeeded", "Incomplete",
+                   "Failed"]
+
+
 @dataclass(frozen=True)
 class Phase:
-    """What a request says in a phase that is not its end: ``phase``, ``conditions`` (``(type,
-    status, reason, message)``) and ``readiness`` (reason and message of its
-    Ready/Reconciling/Stalled, which the phase decides)."""
+    """What a request says in a phase: ``phase``, ``conditions`` (``(type, status, reason,
+    message)``) and ``readiness`` (reason and message of its Ready/Reconciling/Stalled, whose
+    status the phase decides: :func:`reversi.conditions.request_readiness`)."""
 
-    phase: Literal["Planned", "Waiting", "Running", "AwaitingApproval"]
+    phase: PhaseName
     conditions: tuple[Condition, ...]
     readiness: tuple[str, str]
+
+    def updates(self) -> list[Condition]:
+        """Every condition this phase sets, its Ready/Reconciling/Stalled included: the one way a
+        request's phase becomes conditions (for ``reversi.adapters.status.summary_conditions``)."""
+        return [*self.conditions, *c.request_readiness(self.phase, *self.readiness)]
+
+
+Verdict = Literal["complete", "cancelled", "incomplete", "invalid", "dryRun"]
+
+
+@dataclass(frozen=True)
+class Ending(Phase):
+    """What a request that ends says, on top of its :class:`Phase`: ``verdict`` (the one-line
+    summary), ``event`` (the Event's reason, its message the verdict; None: no Event),
+    ``warning`` (a Warning Event), ``outcome`` (the verdict label of
+    ``reversi_rollbacks_total``)."""
+
+    verdict: str = ""
+    event: str | None = None
+    outcome: Verdict = "incomplete"
+    warning: bool = False
 
 
 def planned(compensations: int, fully_reversible: bool) -> tuple[Condition, ...]:
@@ -48,11 +74,38 @@ def planned(compensations: int, fully_reversible: bool) -> tuple[Condition, ...]
              f"{compensations} compensations planned; fullyReversible={str(fully_reversible).lower()}"))
 
 
-def dry_run() -> Phase:
-    """A dry run ends once planned: nothing is undone, the plan is its answer."""
-    return Phase("Planned", ((c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
-                             (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")),
-                 (c.PLAN_READY, "dry run: the plan is in status.plan"))
+def dry_run() -> Ending:
+    """A dry run ends once planned: nothing is undone, the plan is its answer (no Event)."""
+    return Ending("Planned", ((c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
+                              (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")),
+                  (c.PLAN_READY, "dry run: the plan is in status.plan"), verdict="dry run", outcome="dryRun")
+
+
+def run_missing(message: str) -> Phase:
+    """A request whose Run does not exist yet, waiting for it to be created (``Pending``,
+    ``Planned=False`` reason ``RunNotFound``; Reconciling=True, so a GitOps tool waits)."""
+    return Phase("Pending", ((c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message),), (c.RUN_NOT_FOUND, message))
+
+
+def failed(reason: str, message: str) -> Ending:
+    """A request that cannot be carried out (docs/concepts.md#the-rollbackrequests-status):
+    ``Failed`` with ``Invalid=True`` (``reason``: what is wrong; ``message``: what to fix), a
+    Warning Event of that reason, verdict label ``invalid``."""
+    return Ending("Failed", ((c.INVALID, c.TRUE, reason, message),
+                             (c.RUNNING, c.FALSE, c.FINISHED, "the request cannot be carried out"),
+                             (c.COMPLETE, c.FALSE, reason, message)),
+                  (reason, message), verdict=message, event=reason, outcome="invalid", warning=True)
+
+
+def cancelled_before_planning(cancelled_by: str | None, why: str) -> Ending:
+    """A request cancelled (rule 13) before it could plan (``why``: its Run is missing): it ends
+    ``Incomplete`` with ``Complete=False`` reason ``Cancelled``; nothing ran, no lock was taken."""
+    message = (f"cancelled by {cancelled_by or 'an unknown user'} before anything was planned ({why}): "
+               "nothing was undone")
+    return Ending("Incomplete", ((c.RUNNING, c.FALSE, c.FINISHED, "no compensation ran"),
+                                 (c.COMPLETE, c.FALSE, c.CANCELLED, message)),
+                  (c.CANCELLED, message), verdict=message, event="RollbackCancelled", outcome="cancelled",
+                  warning=True)
 
 
 def waiting(namespace: str, holder: str | None, held_run: str | None) -> Phase:
@@ -96,23 +149,6 @@ def _none_awaiting(approve_all: bool) -> str:
     return c.APPROVED_FOR_ALL if approve_all else c.NONE_AWAITING
 
 
-@dataclass(frozen=True)
-class Ending:
-    """What a request that ends says. ``conditions``: Running, AwaitingApproval and Complete
-    (``(type, status, reason, message)``); ``readiness``: the reason and message of its
-    Ready/Reconciling/Stalled for ``phase``; ``event``: the Event's reason (its message is
-    ``verdict``; a Warning unless complete); ``outcome``: the verdict label of
-    ``reversi_rollbacks_total``."""
-
-    phase: Literal["Succeeded", "Incomplete"]
-    verdict: str
-    conditions: tuple[Condition, ...]
-    readiness: tuple[str, str]
-    event: str
-    outcome: Literal["complete", "cancelled", "incomplete"]
-    warning: bool
-
-
 def ending(*, complete: bool, verdict: str, undone_some: bool, compensates_nothing: bool,
            deadline_passed: bool, cancelled_by: str | None, cancelling: bool, awaiting: list[int],
            approve_all: bool) -> Ending:
@@ -141,8 +177,80 @@ def ending(*, complete: bool, verdict: str, undone_some: bool, compensates_nothi
          unapproved if awaiting else "no step waits for approval"),
         (c.COMPLETE, c.TRUE if complete else c.FALSE, complete_reason, verdict),
     )
-    outcome: Literal["complete", "cancelled", "incomplete"] = (
+    outcome: Verdict = (
         "complete" if complete else "cancelled" if cancelling else "incomplete")
     event = {"complete": "RollbackComplete", "cancelled": "RollbackCancelled",
              "incomplete": "RollbackIncomplete"}[outcome]
-    return Ending(phase, verdict, conditions, readiness, event, outcome, warning=not complete)
+    return Ending(phase, conditions, readiness, verdict=verdict, event=event, outcome=outcome, warning=not complete)
+
+
+# ------------------------------------------------------------------------------ the pass's end
+
+def ends(*, finished: bool, awaiting: list[int], deadline_passed: bool) -> bool:
+    """Whether a request ends in this pass: nothing can move any more (``finished``), unless steps
+    still await approval (``awaiting``) and its deadline has not passed: a person may still
+    approve them, so it stays ``AwaitingApproval``."""
+    return finished and not (awaiting and not deadline_passed)
+
+
+def next_pass(phase: PhaseName, *, tick_seconds: float, wait_seconds: float, late: float | None = None) -> float:
+    """Seconds until the next pass of a request under way in ``phase``: ``late`` when a recount of
+    the run boundary asked for it (rule 11), ``wait_seconds`` while it awaits an approval (the
+    approval itself wakes it), else ``tick_seconds``."""
+    if late is not None:
+        return late
+    return wait_seconds if phase == "AwaitingApproval" else tick_seconds
+
+
+#: the longest a request's status may go unwritten while it only has steps under way (see
+#: :func:`only_under_way`): a step started or handed over shows in status within this time, in seconds
+STATUS_DEFER_SECONDS = 5.0
+
+
+def may_defer_write(old: dict, new: dict, unwritten_since: float | None, now: float) -> bool:
+    """Whether the write of request status ``new`` (the stored one is ``old``) may wait: it only
+    has steps under way (:func:`only_under_way`) and the status has gone unwritten for less than
+    :data:`STATUS_DEFER_SECONDS` (``unwritten_since`` and ``now``: monotonic seconds; None: the
+    stored status is up to date)."""
+    return only_under_way(old, new) and (unwritten_since is None or now - unwritten_since < STATUS_DEFER_SECONDS)
+
+
+def only_under_way(old: dict, new: dict) -> bool:
+    """Whether request status ``new`` differs from the stored ``old`` only in steps under way:
+    started (``pending`` -> a stage that holds a parallelism slot, :data:`executor.SLOT_STAGES`)
+    or handed over from their compensator to its check or first read-back (``compensating`` ->
+    ``checking`` or ``verifying``, same attempt), and in what those change in the summary (the
+    conditions' messages, the report). Such a status is not written at once (to keep API writes few: a
+    step's status is written when it ends, with the starts since; at the latest after
+    :data:`STATUS_DEFER_SECONDS`). It is what a crash between a Job's creation and the status
+    write leaves: a pass that rebuilds from the older status finds each step's journal entry
+    (rule 3: written before its Job) and adopts its Jobs by their names (``executor._handed_over``).
+    A phase, an outcome, an approval, a retry, pinned RunSteps or runners are written at once."""
+    before = {e.get("step"): e for e in old.get("steps") or []}
+    after = new.get("steps") or []
+    if not before or len(after) != len(before):
+        return False
+    for entry in after:
+        was = before.get(entry.get("step"))
+        if was is None:
+            return False
+        if was != entry and not (_handed_over(was, entry) or _started(was, entry)):
+            return False
+    return _summary(new) == _summary(old)
+
+
+def _handed_over(was: dict, entry: dict) -> bool:
+    return (was.get("stage") in ("compensating", "checking") and entry.get("stage") in ("checking", "verifying")
+            and entry.get("attempts") == was.get("attempts") and entry.get("reads", 0) <= 1)
+
+
+def _started(was: dict, entry: dict) -> bool:
+    return was.get("stage") == "pending" and entry.get("stage") in ex.SLOT_STAGES
+
+
+def _summary(status: dict) -> dict:
+    """A status without its steps, its report and its conditions' messages."""
+    rest = {k: v for k, v in status.items() if k not in ("steps", "conditions", "report")}
+    rest["conditions"] = sorted(tuple(sorted((k, str(v)) for k, v in cond.items() if k != "message"))
+                                for cond in status.get("conditions") or [])
+    return rest

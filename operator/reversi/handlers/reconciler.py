@@ -55,12 +55,12 @@ from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
 from ..engine.report import outcome_reason, report_message
 from ..engine.schedule import progress_text, ready_steps
-from ..models.rollbackrequest import TERMINAL_PHASES, RollbackRequestSpec, run_ref_name
+from ..models.rollbackrequest import TERMINAL_PHASES, Plan, Report, RollbackRequestSpec, run_ref_name
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
-from .tree import TreeRollback
+from .tree import TreePass, TreeRollback
 
 log = logging.getLogger("reversi.rollback")
 
@@ -109,6 +109,77 @@ class Invalid(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+@dataclass(frozen=True)
+class Next:
+    """When the next pass comes: in ``seconds``, or never (None: the request ended)."""
+
+    seconds: float | None
+
+
+@dataclass
+class Loaded:
+    """What a pass loaded: the request and its spec, its Run (as read after moving an inline
+    journal), the journal as this request plans it, the runners it uses (``recorded`` in
+    ``status.runners``, else the live ``manifest``'s), its graph and plan, and the status this
+    pass writes (a copy of the stored one). ``now`` and ``started``: epoch seconds."""
+
+    req: dict
+    spec: RollbackRequestSpec
+    run_obj: dict
+    journal: Journal
+    recorded: Any
+    manifest: ToolManifestSpec | None
+    runners: dict[str, Runner]
+    readers: dict[str, str]
+    now: float
+    started: float
+    graph: Any = field(init=False)
+    plan: Plan = field(init=False)
+    ns: str = field(init=False)
+    name: str = field(init=False)
+    gen: int = field(init=False)
+    ref: str = field(init=False)
+    run_name: str = field(init=False)
+    run_uid: str = field(init=False)
+    status: dict = field(init=False)
+    old_entries: dict[int, dict] = field(init=False)
+    mine: dict[int, StepUndo] = field(init=False)
+    prior: list[StepUndo] = field(init=False)
+
+    def __post_init__(self) -> None:
+        meta = self.req["metadata"]
+        self.ns, self.name, self.gen = meta["namespace"], meta["name"], meta.get("generation", 1)
+        self.ref = f"RollbackRequest {self.ns}/{self.name}"
+        self.run_name, self.run_uid = self.spec.run_ref.name, self.run_obj["metadata"]["uid"]
+        self.status = dict(self.req.get("status") or {})
+        self.old_entries = {e["step"]: e for e in self.status.get("steps") or []}
+        undo = list(self.journal.undo.values())
+        self.mine = {u.step: u for u in undo if u.request == self.name}  # this request's own undo
+        self.prior = [u for u in undo if u.request != self.name]  # what earlier requests left
+
+
+@dataclass
+class Held:
+    """What holding the Run gave a pass: ``cancelling`` (``spec.cancel``), the ``tree`` of runs
+    below it locked with it (None: no child runs) and the ``floor`` below which steps wait for a
+    child run (:mod:`reversi.engine.tree`)."""
+
+    cancelling: bool
+    tree: TreePass | None
+    floor: int
+
+
+@dataclass
+class Decided:
+    """The engine's decision of a pass (``d``), the inputs it was made from, and the labels of
+    the run's Jobs and the request's uid (which guard reads are this request's own)."""
+
+    inputs: dc.PassInputs
+    d: Any
+    labels: list[dict]
+    req_uid: str
 
 
 class Reconciler(TreeRollback):
@@ -197,132 +268,175 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- the pass
 
-    def _reconcile(self, req: dict, memory: Memory) -> float | None:  # noqa: C901
+    def _reconcile(self, req: dict, memory: Memory) -> float | None:
+        """One pass: load, decide, act (the module docstring has the steps). Returns the seconds
+        until the next pass, or None when the request ended. Raises :class:`Invalid` for a
+        request that cannot be carried out, ``ApiException`` for a transient API error."""
+        loaded = self._load(req, memory)
+        if isinstance(loaded, Next):
+            return loaded.seconds
+        if loaded.spec.dry_run:
+            loaded.status.update(progress=progress_text(loaded.plan, {}))
+            loaded.status.pop("report", None)
+            self._end(loaded, request_phase.dry_run())
+            return None
+        held = self._hold(loaded, memory)
+        if isinstance(held, Next):
+            return held.seconds
+        decided = self._decide(loaded, held, memory)
+        self._act(loaded, decided, memory)
+        return self._report(loaded, held, decided, memory)
+
+    # ------------------------------------------------------------------------------- load
+
+    def _load(self, req: dict, memory: Memory) -> Loaded | Next:
+        """The request's spec, its Run, the journal as it plans it, its runners and its plan (rule
+        2: against the undo left by other requests), with the status this pass starts from; or
+        when to come back (the Run missing or settling, the lock held by another, the journal
+        still being read). Raises :class:`Invalid`."""
         meta = req["metadata"]
-        ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
+        ns, name = meta["namespace"], meta["name"]
         ref = f"RollbackRequest {ns}/{name}"
         try:
             spec = RollbackRequestSpec.model_validate(req.get("spec") or {})
         except ValidationError as err:
             raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
-        run_obj = self.kube.get(RUNS, ns, spec.run_ref.name)
-        gone = run_gone(req.get("status") or {}, run_obj)
-        if gone:  # the Run this request locked was deleted (and maybe created again): its progress is not the new Run's
-            raise Invalid(c.RUN_NOT_FOUND, f"{ref}: Run {ns}/{spec.run_ref.name} {gone} after this request took its "
-                          "lock; its compensator Jobs went with it, and nothing this request did applies to "
-                          "another Run: look at what the old Run's calls left, and create a new request for the "
-                          "Run as it is now")
-        self._wait_for_run(ns, spec.run_ref.name, name, run_obj is None)
+        run_obj = self._run_of(req, spec)
         if run_obj is None:
-            if spec.cancel:
-                self._cancelled_before_planning(req, spec, f"its Run {ns}/{spec.run_ref.name} does not exist")
-                return None
-            return self._run_missing(req, spec.run_ref.name)
+            return Next(self._no_run(req, spec))
         settle = self._run_settling(req, run_obj)
         if settle:
-            return settle
+            return Next(settle)
         if self._still_waiting(req, spec, run_obj):
-            return LOCK_WAIT_SECONDS  # the Run's release wakes it; no plan is built while another request works
+            return Next(LOCK_WAIT_SECONDS)  # the Run's release wakes it; no plan is built while another request works
         run_obj, journal = self._journal_of(req, spec, run_obj, memory)
         if journal is None:
-            return self.settings.tick_seconds  # the RunSteps are still being listed, or their watch catches up
-        run_spec = journal.spec
-        undo_all = list(journal.undo.values())
-        run_uid = run_obj["metadata"]["uid"]
-        mine = {u.step: u for u in undo_all if u.request == name}
-        prior = [u for u in undo_all if u.request != name]
-        # steps this request re-verified (rule 5) are planned as they were when it started: undone, unverified
-        planned_prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
-                         if u.verified_by == name else u for u in prior]
-        recorded, manifest, runners, readers_now = self._runners_of(req, ref, ns, run_spec)
-        runner_names = set(runners)
+            return Next(self.settings.tick_seconds)  # the RunSteps are still being listed, or their watch catches up
+        recorded, manifest, runners, readers = self._runners_of(req, ref, ns, journal.spec)
         now = time.time()
-        started = _epoch((req.get("status") or {}).get("startTime")) or now
-        plan_key = _plan_key(run_obj, req, memory, started, runner_names, readers_now,
-                             recorded is not None or manifest is not None)
+        loaded = Loaded(req, spec, run_obj, journal, recorded, manifest, runners, readers, now=now,
+                        started=_epoch((req.get("status") or {}).get("startTime")) or now)
+        loaded.graph, loaded.plan = self._plan(loaded, memory)
+        status = loaded.status
+        status.setdefault("startTime", st.iso(loaded.started))
+        status["plan"] = st.plan_status(loaded.plan, self.settings.status_detail_limit)
+        status["observedGeneration"] = loaded.gen
+        status["conditions"] = st.summary_conditions(status.get("conditions") or [], loaded.gen, request_phase.planned(
+            len(loaded.plan.of_kind(COMPENSATE)), loaded.plan.fully_reversible))
+        return loaded
+
+    def _run_of(self, req: dict, spec: RollbackRequestSpec) -> dict | None:
+        """The request's Run, or None while it does not exist. Raises :class:`Invalid` when the Run
+        this request locked was deleted (and maybe created again): its progress is not the new Run's."""
+        meta = req["metadata"]
+        ns, run = meta["namespace"], spec.run_ref.name
+        run_obj = self.kube.get(RUNS, ns, run)
+        gone = run_gone(req.get("status") or {}, run_obj)
+        if gone:
+            raise Invalid(c.RUN_NOT_FOUND, f"RollbackRequest {ns}/{meta['name']}: Run {ns}/{run} {gone} after this "
+                          "request took its lock; its compensator Jobs went with it, and nothing this request did "
+                          "applies to another Run: look at what the old Run's calls left, and create a new request "
+                          "for the Run as it is now")
+        self._wait_for_run(ns, run, meta["name"], run_obj is None)
+        return run_obj
+
+    def _no_run(self, req: dict, spec: RollbackRequestSpec) -> float | None:
+        """A pass of a request whose Run does not exist: cancelled, it ends; else it waits."""
+        if not spec.cancel:
+            return self._run_missing(req, spec.run_ref.name)
+        meta = req["metadata"]
+        self._wait_for_run(meta["namespace"], spec.run_ref.name, meta["name"], False)
+        said = request_phase.cancelled_before_planning(
+            spec.cancelled_by, f"its Run {meta['namespace']}/{spec.run_ref.name} does not exist")
+        status = dict(req.get("status") or {})
+        status["observedGeneration"] = meta.get("generation", 1)
+        self._end_with(req, status, said)
+        return None
+
+    def _plan(self, loaded: Loaded, memory: Memory) -> tuple[Any, Plan]:
+        """The graph and plan of the request's Run, built again only when what they are built
+        from changed (:func:`_plan_key`). Steps this request re-verified (rule 5) are planned as
+        they were when it started: undone, unverified. Raises :class:`Invalid`."""
+        run_spec, names = loaded.journal.spec, set(loaded.runners)
+        handlers_known = loaded.recorded is not None or loaded.manifest is not None
+        key = _plan_key(loaded.run_obj, loaded.req, memory, loaded.started, names, loaded.readers, handlers_known)
+        if key is not None and memory.plan is not None and memory.plan_key == key:
+            return memory.plan  # nothing it is built from changed since the last pass
+        prior = [u.model_copy(update={"state": "compensated", "verification": "unverified"})
+                 if u.verified_by == loaded.name else u for u in loaded.prior]
         try:
-            if plan_key is not None and memory.plan is not None and memory.plan_key == plan_key:
-                graph, plan = memory.plan  # nothing it is built from changed since the last pass
-            else:
-                graph = build_graph(run_spec)
-                plan = build_plan(run_spec, planned_prior, run_id=run_uid, graph=graph,
-                                  # the plan's verified: a reader exists
-                                  runner_names=runner_names, readers=readers_now,
-                                  # a step whose runner is not there (not in the manifest, not recorded) is
-                                  # handlerUnavailable; unknown while the manifest is gone and nothing is recorded
-                                  handlers=runner_names if (recorded is not None or manifest is not None) else None,
-                                  now=started)  # undo windows are judged when the request started
-                memory.plan_key, memory.plan = plan_key, (graph, plan)
+            graph = build_graph(run_spec)
+            # verified: a reader exists; a step whose runner is not there (not in the manifest, not
+            # recorded) is handlerUnavailable; unknown while the manifest is gone and nothing is recorded
+            plan = build_plan(run_spec, prior, run_id=loaded.run_uid, graph=graph, runner_names=names,
+                              readers=loaded.readers, handlers=names if handlers_known else None,
+                              now=loaded.started)  # undo windows are judged when the request started
         except InvalidRun as err:
             raise Invalid(c.INVALID_DEPENDENCIES,
-                          f"{ref}: Run {ns}/{spec.run_ref.name} cannot be planned: {err}") from err
-        status = dict(req.get("status") or {})
-        status.setdefault("startTime", st.iso(started))
-        limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
-        status["plan"] = st.plan_status(plan, limit)
-        status["observedGeneration"] = gen
-        conds = status.get("conditions") or []
-        conds = st.summary_conditions(conds, gen, list(request_phase.planned(len(plan.of_kind(COMPENSATE)),
-                                                                             plan.fully_reversible)))
-        if spec.dry_run:
-            said = request_phase.dry_run()
-            status.update(phase=said.phase, conditions=st.summary_conditions(conds, gen, [
-                *said.conditions, *st.request_readiness(said.phase, *said.readiness)]),
-                completionTime=st.iso(now), progress=progress_text(plan, {}))
-            status.pop("report", None)
-            self._write(req, status)
-            if self.metrics:
-                self.metrics.request_finished(ns, "dryRun")
-            return None
-        needed_runners = {a.runner for a in plan.of_kind(COMPENSATE) if a.runner}
-        if needed_runners and manifest is None and recorded is None:
-            raise Invalid(c.MANIFEST_NOT_FOUND, f"{ref}: ToolManifest {ns}/{run_spec.manifest_ref.name} not found; "
-                          "its runners are needed to run compensators: create it again (a Run's manifestRef "
+                          f"{loaded.ref}: Run {loaded.ns}/{loaded.run_name} cannot be planned: {err}") from err
+        memory.plan_key, memory.plan = key, (graph, plan)
+        return graph, plan
+
+    # ------------------------------------------------------------------------ hold the Run
+
+    def _hold(self, loaded: Loaded, memory: Memory) -> Held | Next:
+        """Take the Run's lock and its children's (rule 6), or wait for it (``Waiting``); with the
+        lock, pin the Run's steps (rule 11) and record the runners this request uses. A request
+        cancelled before it took the lock never takes it. Raises :class:`Invalid`."""
+        spec, run_spec, status = loaded.spec, loaded.journal.spec, loaded.status
+        needed = {a.runner for a in loaded.plan.of_kind(COMPENSATE) if a.runner}
+        if needed and loaded.manifest is None and loaded.recorded is None:
+            raise Invalid(c.MANIFEST_NOT_FOUND, f"{loaded.ref}: ToolManifest {loaded.ns}/{run_spec.manifest_ref.name} "
+                          "not found; its runners are needed to run compensators: create it again (a Run's manifestRef "
                           "cannot change), then create a new RollbackRequest")
-        # a runner missing from the manifest made only its steps handlerUnavailable (the plan says so)
-
-        # ---- the lock (rule 6) ----
-        cancelling = spec.cancel
-        stop = dc.stop_reason(spec)
-        holding = (run_obj.get("status") or {}).get("activeRequest") == name or self._held_for(req, run_obj)
-        if cancelling and not holding:
-            pass  # cancelled before it took the lock: nothing runs, it never takes it (finished below)
-        elif (blocked := self._lock_tree(req, run_obj, status)) is not None:  # the Run's lock, and its children's
+        # (a runner missing from the manifest made only its steps handlerUnavailable: the plan says so)
+        holding = (loaded.run_obj.get("status") or {}).get("activeRequest") == loaded.name \
+            or self._held_for(loaded.req, loaded.run_obj)
+        idle = spec.cancel and not holding  # cancelled before it took the lock: nothing runs, it never takes it
+        if not idle and (blocked := self._lock_tree(loaded.req, loaded.run_obj, status)) is not None:
             held_run, holder = blocked
-            said = request_phase.waiting(ns, holder, held_run)
-            status.update(phase=said.phase, conditions=st.summary_conditions(conds, gen, [
-                *said.conditions, *st.request_readiness(said.phase, *said.readiness)]))
-            self._write(req, status)
-            self._wait_for_lock(ns, held_run or spec.run_ref.name, name)  # the held run's release wakes it
+            self._say(loaded.req, status, request_phase.waiting(loaded.ns, holder, held_run))
+            self._write(loaded.req, status)
+            self._wait_for_lock(loaded.ns, held_run or loaded.run_name, loaded.name)  # its release wakes it
             # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
-            return WAIT_SECONDS if holder else self.settings.tick_seconds
-        if status.get("runSteps") is None and not (cancelling and not holding):
-            # the Run is closed from now on: pin the steps it had (the plan never takes a later one)
-            status["runSteps"] = jr.count_steps(self.kube.custom, ns, spec.run_ref.name, journal.size)
-            memory.pinned_at = time.time()
-            if status["runSteps"] != journal.size or recorded is not None:
-                self.kube.merge_status(REQUESTS, ns, name, {"runSteps": status["runSteps"]})
-                if status["runSteps"] != journal.size:
-                    return self.settings.tick_seconds  # plan again, with exactly those steps
-            # else it is written with the runners below, before any Job starts (a crash before
-            # that pins again: the Run is closed, and the count before the end catches a late step)
-        tree = self._tree_pass(req, status)  # the runs below this one, locked with it (None: no child runs)
-        floor = tree.floor if tree is not None else 0  # steps below it wait for a child run (engine/tree.py)
-        if recorded is None and not (cancelling and not holding):
+            return Next(WAIT_SECONDS if holder else self.settings.tick_seconds)
+        if status.get("runSteps") is None and not idle and self._pin(loaded, memory):
+            return Next(self.settings.tick_seconds)  # plan again, with exactly the steps pinned
+        tree = self._tree_pass(loaded.req, status)  # the runs below this one, locked with it (None: no child runs)
+        if loaded.recorded is None and not idle:
             # record the runners this request uses before any Job starts: it uses only those until it ends
-            # (a request cancelled before it took the lock never records: it starts nothing)
-            runners, readers_now = self._record_runners(req, status, plan, run_spec, prior, runners, readers_now)
-            runner_names = set(runners)
+            loaded.runners, loaded.readers = self._record_runners(loaded.req, status, loaded.plan, run_spec,
+                                                                  loaded.prior, loaded.runners, loaded.readers)
+        return Held(cancelling=spec.cancel, tree=tree, floor=tree.floor if tree is not None else 0)
 
-        # ---- decide (engine/decide.py: pure) ----
-        jobs = ix.jobs_of_run(self._indices(), self.kube, ns, run_uid)
-        req_uid = meta.get("uid", "")
-        job_labels = jobs.labels() if isinstance(jobs, ix.RunJobs) else [j.metadata.labels or {} for j in jobs.values()]
+    def _pin(self, loaded: Loaded, memory: Memory) -> bool:
+        """Pin the steps the Run has now (``status.runSteps``): the Run is closed from now on, and
+        the plan never takes a later step (rule 11). True when the count differs from the
+        journal this pass planned (plan again first)."""
+        status, size = loaded.status, loaded.journal.size
+        status["runSteps"] = jr.count_steps(self.kube.custom, loaded.ns, loaded.run_name, size)
+        memory.pinned_at = time.time()
+        if status["runSteps"] != size or loaded.recorded is not None:
+            self.kube.merge_status(REQUESTS, loaded.ns, loaded.name, {"runSteps": status["runSteps"]})
+            return status["runSteps"] != size
+        # else it is written with the runners, before any Job starts (a crash before that pins
+        # again: the Run is closed, and the count before the end catches a late step)
+        return False
+
+    # ----------------------------------------------------------------------------- decide
+
+    def _decide(self, loaded: Loaded, held: Held, memory: Memory) -> Decided:
+        """What the engine decides from the request's status, the journal and its Jobs
+        (:func:`reversi.engine.decide.decide`, pure): each step moved on, the Jobs to start, the
+        journal entries and Events, and the report so far."""
+        jobs = ix.jobs_of_run(self._indices(), self.kube, loaded.ns, loaded.run_uid)
+        labels = jobs.labels() if isinstance(jobs, ix.RunJobs) else [j.metadata.labels or {} for j in jobs.values()]
+        req_uid = loaded.req["metadata"].get("uid", "")
 
         def observe(role: ex.Role, attempt: int, read: int, step: int) -> ex.JobView | None:
             if role in jobs_mod.GUARD_ROLES:  # this request's own guard read, never an earlier request's answer
-                read = jobs_mod.guard_read(job_labels, req_uid, step, attempt, role)
-            jname = jobs_mod.job_name(run_uid, step, attempt, role, read)
+                read = jobs_mod.guard_read(labels, req_uid, step, attempt, role)
+            jname = jobs_mod.job_name(loaded.run_uid, step, attempt, role, read)
             if jname in memory.views:
                 return memory.views[jname]
             job = jobs.get(jname)
@@ -330,120 +444,157 @@ class Reconciler(TreeRollback):
                 return None
             view = self.kube.job_view(job, reader=(role in ex.READ_ROLES))
             if view.state != "running":
-                memory.views[jname] = view
+                memory.views[jname] = view  # a finished Job's view never changes
             return view
 
-        old_entries = {e["step"]: e for e in status.get("steps") or []}
-        inputs = dc.PassInputs(request=name, spec=spec, plan=plan, graph=graph, run=run_spec, mine=mine, prior=prior,
-                               entries=old_entries, now=now, started=started,
-                               observe=observe, floor=floor, runner_names=frozenset(runner_names),
-                               readers=readers_now)
+        inputs = dc.PassInputs(request=loaded.name, spec=loaded.spec, plan=loaded.plan, graph=loaded.graph,
+                               run=loaded.journal.spec, mine=loaded.mine, prior=loaded.prior,
+                               entries=loaded.old_entries, now=loaded.now, started=loaded.started, observe=observe,
+                               floor=held.floor, runner_names=frozenset(loaded.runners), readers=loaded.readers)
         d = dc.decide(inputs, memory.rng)
         for old, new in d.moves:
-            self._durations(ns, plan.actions[new.step].tool, old, new, memory, now)
-        steps_by_index = {s.index: s for s in run_spec.steps}
-        verify_plans, guards = d.verify_plans, dict(d.guards)
+            self._durations(loaded.ns, loaded.plan.actions[new.step].tool, old, new, memory, loaded.now)
+        return Decided(inputs, d, labels, req_uid)
 
-        # ---- act: journal first, then Jobs, then Events (rule 3) ----
+    # -------------------------------------------------------------------------------- act
+
+    def _act(self, loaded: Loaded, decided: Decided, memory: Memory) -> None:
+        """Carry out the decision: the journal on the Run first, then the Jobs, then the Events
+        (rule 3). A Job the API server refuses for good fails only its own step: a compensator's
+        step is failed by the engine (:func:`reversi.engine.decide.refused`), a read is a failed
+        read. Raises ``ApiException`` for a transient error (the next pass tries again)."""
+        d = decided.d
         effects = list(d.effects)
-        self._journal(ns, spec.run_ref.name, name, [e for e in effects if isinstance(e, ex.Journal)], plan, memory,
-                      reverified={u.step: u for u in prior if u.step in d.reverify})
+        self._journal(loaded.ns, loaded.run_name, loaded.name, [e for e in effects if isinstance(e, ex.Journal)],
+                      loaded.plan, memory, reverified={u.step: u for u in loaded.prior if u.step in d.reverify})
+        steps = {s.index: s for s in loaded.journal.spec.steps}
+        verify_plans, guards = d.verify_plans, dict(d.guards)
         for e in effects:
-            if isinstance(e, ex.StartJob):
-                if e.role in jobs_mod.GUARD_ROLES:
-                    e = replace(e, read=jobs_mod.guard_read(job_labels, req_uid, e.step, e.attempt, e.role))
-                try:
-                    self._start_job(req, run_obj, plan, steps_by_index, verify_plans, runners, spec, e, guards)
-                except (ApiException, ValidationError, jobs_mod.CallTooLarge) as err:
-                    if isinstance(err, ApiException) and (err.status >= 500 or err.status == 429):
-                        raise  # transient: the next pass tries again
-                    # refused for good (an invalid Job or Secret, a forbidden field, a call too long)
-                    why = (api_message(err) if isinstance(err, ApiException)
-                           else _first_error(err) if isinstance(err, ValidationError) else str(err))
-                    # its handler cannot run: only this step
-                    if e.role == "compensator" and e.step in d.runs:
-                        d, more = dc.refused(inputs, d, e.step, f"cannot create the compensator Job: {why}")
-                        self._journal(ns, spec.run_ref.name, name, [x for x in more if isinstance(x, ex.Journal)],
-                                      plan, memory)
-                        effects += [x for x in more if isinstance(x, ex.Note)]
-                        continue
-                    jname = jobs_mod.job_name(run_uid, e.step, e.attempt, e.role, e.read)
-                    memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {why}")
+            if not isinstance(e, ex.StartJob):
+                continue
+            if e.role in jobs_mod.GUARD_ROLES:
+                e = replace(e, read=jobs_mod.guard_read(decided.labels, decided.req_uid, e.step, e.attempt, e.role))
+            try:
+                self._start_job(loaded.req, loaded.run_obj, loaded.plan, steps, verify_plans, loaded.runners,
+                                loaded.spec, e, guards)
+            except (ApiException, ValidationError, jobs_mod.CallTooLarge) as err:
+                why = _refusal(err)  # raises again a transient error
+                if e.role == "compensator" and e.step in d.runs:  # its handler cannot run: only this step fails
+                    d, more = dc.refused(decided.inputs, d, e.step, f"cannot create the compensator Job: {why}")
+                    self._journal(loaded.ns, loaded.run_name, loaded.name,
+                                  [x for x in more if isinstance(x, ex.Journal)], loaded.plan, memory)
+                    effects += [x for x in more if isinstance(x, ex.Note)]
+                    continue
+                jname = jobs_mod.job_name(loaded.run_uid, e.step, e.attempt, e.role, e.read)
+                memory.views[jname] = ex.JobView("failed", f"cannot create the {e.role} Job: {why}")
         for e in effects:
             if isinstance(e, ex.Note):
-                self.kube.event(req, e.reason, e.message, e.warning)
+                self.kube.event(loaded.req, e.reason, e.message, e.warning)
+        decided.d = d
 
-        # ---- report ----
-        running, awaiting, deadline_passed = d.running, d.awaiting, d.deadline_passed
-        approved, approved_all_by = dict(d.approved), d.approved_all_by
+    # ----------------------------------------------------------------------------- report
+
+    def _report(self, loaded: Loaded, held: Held, decided: Decided, memory: Memory) -> float | None:
+        """Write what the pass found: the steps, the report and the phase
+        (:mod:`reversi.engine.request_phase`, pure). When nothing can move any more the request
+        ends (after a last count of the run boundary, rule 11): the Run is released, then the
+        status written, then the Event. Returns the seconds until the next pass, or None."""
+        d, tree, status = decided.d, held.tree, loaded.status
         end = d.ending
         if tree is not None:  # child runs: the next one as a unit once the steps above it are settled
-            next_child = tree.next
-            self._drive_tree(req, spec, tree, d.settled, stop or (dc.deadline_text(spec) if deadline_passed else None))
-            end = dc.conclude(inputs, d, children_left=next_child is not None or tree.next is not None)
-        finished = end.finished
-        runs, progress, deferred, report = dict(end.runs), dict(end.progress), dict(end.deferred), end.report
-        own_complete = report.complete
-        if tree is not None:  # complete only when every run of the tree is
-            report = report.model_copy(update={"complete": own_complete and tree.complete()})
-        keys = {s: u.idempotency_key for s, u in mine.items()}
-        verify_tools = {s: v.tool for s, v in verify_plans.items()}
-        reverify = dict(d.reverify)
-        status["steps"] = st.step_entries(plan, runs, deferred if finished else {}, keys, approved, approved_all_by,
-                                          gen, old_entries, verify_tools, limit, mlimit)
-        if reverify:
-            reread = st.reverify_entries(plan, reverify, verify_tools, gen, old_entries, mlimit)
-            status["steps"] = sorted(status["steps"] + reread, key=lambda e: e["step"])
-        status["progress"] = progress_text(plan, progress)
-        status["report"] = st.report_status(report, mlimit)
-        if tree is not None:
-            status["report"]["runs"] = self._tree_sections(tree, report, own_complete, finished, cancelling)
+            children_left = tree.next is not None
+            self._drive_tree(loaded.req, loaded.spec, tree, d.settled, dc.stop_reason(loaded.spec) or (
+                dc.deadline_text(loaded.spec) if d.deadline_passed else None))
+            end = dc.conclude(decided.inputs, d, children_left=children_left or tree.next is not None)
+        report, own_complete = self._status_of_steps(loaded, held, decided, end)
         verdict = report_message(report)
         if tree is not None:
             verdict += "; runs below: " + ", ".join(f"{x['run']} {x['outcome']}" for x in tree.ordered())
-        ending = finished and not (awaiting and not deadline_passed)
+        ending = request_phase.ends(finished=end.finished, awaiting=d.awaiting, deadline_passed=d.deadline_passed)
         # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
-        late = self._count_again(req, spec.run_ref.name, status, memory, now) if ending else None
+        late = self._count_again(loaded.req, loaded.run_name, status, memory, loaded.now) if ending else None
         if ending and late is None:
-            end_ = request_phase.ending(complete=report.complete, verdict=verdict,
-                                  undone_some=outcome_reason(report) == "Partial",
-                                  compensates_nothing=not plan.of_kind(COMPENSATE) and tree is None,
-                                  deadline_passed=deadline_passed, cancelled_by=spec.cancelled_by,
-                                  cancelling=cancelling, awaiting=awaiting, approve_all=spec.approve_compensations)
-            status.update(phase=end_.phase, completionTime=st.iso(now), conditions=st.summary_conditions(
-                conds, gen, [*end_.conditions, *st.request_readiness(end_.phase, *end_.readiness)]))
-            # the Run is released first: whoever sees the final phase finds the Run free (a crash in
-            # between only means the next pass finishes the request again, from the journal)
-            self._release(ns, spec.run_ref.name, name, own_complete)
-            self._release_tree(ns, name, status)
-            self._write(req, status)
-            self.kube.event(req, end_.event, end_.verdict, warning=end_.warning)
-            if self.metrics:
-                self.metrics.request_finished(ns, end_.outcome, report, plan, run=spec.run_ref.name)
+            said = request_phase.ending(
+                complete=report.complete, verdict=verdict, undone_some=outcome_reason(report) == "Partial",
+                compensates_nothing=not loaded.plan.of_kind(COMPENSATE) and tree is None,
+                deadline_passed=d.deadline_passed, cancelled_by=loaded.spec.cancelled_by, cancelling=held.cancelling,
+                awaiting=d.awaiting, approve_all=loaded.spec.approve_compensations)
+            self._end(loaded, said, released_complete=own_complete, report=report)
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
-        only_approvals_left = not running and not child_busy and not ready_steps(
-            plan, graph, progress, spec.parallelism, floor=floor, holding=ex.holding_slots(runs))
+        runs, progress = dict(end.runs), dict(end.progress)
         way = request_phase.under_way(
-            running=bool(running), awaiting=awaiting, only_approvals_left=only_approvals_left,
+            running=bool(d.running), awaiting=d.awaiting, only_approvals_left=not d.running and not child_busy and not
+            ready_steps(loaded.plan, loaded.graph, progress, loaded.spec.parallelism, floor=held.floor,
+                        holding=ex.holding_slots(runs)),
             started_any=any(r.stage not in ("pending", "awaitingApproval", "deferred") for r in runs.values()),
             progress=status["progress"], active=st.active(runs),
             busy_children=[(x["run"], x.get("request")) for x in child_busy], verdict=verdict,
-            approve_all=spec.approve_compensations)
-        phase = way.phase
-        status.update(phase=phase, conditions=st.summary_conditions(
-            conds, gen, [*way.conditions, *st.request_readiness(phase, *way.readiness)]))
-        now_mono = time.monotonic()
-        if only_under_way(req.get("status") or {}, status) and (
-                memory.unwritten_since is None or now_mono - memory.unwritten_since < STATUS_DEFER_SECONDS):
+            approve_all=loaded.spec.approve_compensations)
+        self._say(loaded.req, status, way)
+        now = time.monotonic()
+        if request_phase.may_defer_write(loaded.req.get("status") or {}, status, memory.unwritten_since, now):
             if memory.unwritten_since is None:
-                memory.unwritten_since = now_mono
+                memory.unwritten_since = now
         else:
-            self._write(req, status)
+            self._write(loaded.req, status)
             memory.unwritten_since = None
-        if late is not None:
-            return late
-        return WAIT_SECONDS if phase == "AwaitingApproval" else self.settings.tick_seconds
+        return request_phase.next_pass(way.phase, tick_seconds=self.settings.tick_seconds, wait_seconds=WAIT_SECONDS,
+                                       late=late)
+
+    def _status_of_steps(self, loaded: Loaded, held: Held, decided: Decided, end: Any) -> tuple[Report, bool]:
+        """Put each step's entry, the progress and the report in the pass's status; returns the
+        report (complete only when every run of the tree is) and whether the request's own steps
+        are complete."""
+        d, tree, status, gen = decided.d, held.tree, loaded.status, loaded.gen
+        limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
+        report = end.report
+        own_complete = report.complete
+        if tree is not None:
+            report = report.model_copy(update={"complete": own_complete and tree.complete()})
+        keys = {s: u.idempotency_key for s, u in loaded.mine.items()}
+        verify_tools = {s: v.tool for s, v in d.verify_plans.items()}
+        status["steps"] = st.step_entries(loaded.plan, dict(end.runs), dict(end.deferred) if end.finished else {},
+                                          keys, dict(d.approved), d.approved_all_by, gen, loaded.old_entries,
+                                          verify_tools, limit, mlimit)
+        if d.reverify:
+            reread = st.reverify_entries(loaded.plan, dict(d.reverify), verify_tools, gen, loaded.old_entries, mlimit)
+            status["steps"] = sorted(status["steps"] + reread, key=lambda e: e["step"])
+        status["progress"] = progress_text(loaded.plan, dict(end.progress))
+        status["report"] = st.report_status(report, mlimit)
+        if tree is not None:
+            status["report"]["runs"] = self._tree_sections(tree, report, own_complete, end.finished, held.cancelling)
+        return report, own_complete
+
+    def _say(self, req: dict, status: dict, said: request_phase.Phase) -> None:
+        """Put phase ``said`` in ``status``: its phase and its conditions, readiness included."""
+        gen = req["metadata"].get("generation", 1)
+        status.update(phase=said.phase, conditions=st.summary_conditions(status.get("conditions") or [], gen,
+                                                                         said.updates()))
+
+    def _end(self, loaded: Loaded, said: request_phase.Ending, released_complete: bool | None = None,
+             report: Report | None = None) -> None:
+        """End a request that planned (``said``): release the Run first (``released_complete``;
+        None: it never held it), so whoever sees the final phase finds the Run free (a crash in
+        between only means the next pass ends the request again, from the journal)."""
+        if released_complete is not None:
+            self._release(loaded.ns, loaded.run_name, loaded.name, released_complete)
+            self._release_tree(loaded.ns, loaded.name, loaded.status)
+        self._end_with(loaded.req, loaded.status, said, report=report, plan=loaded.plan, run=loaded.run_name)
+
+    def _end_with(self, req: dict, status: dict, said: request_phase.Ending, report: Report | None = None,
+                  plan: Plan | None = None, run: str | None = None) -> None:
+        """Write the end ``said`` (phase, conditions, ``completionTime``), then its Event and the
+        ``reversi_rollbacks_total`` verdict: the one way every request ends."""
+        ns = req["metadata"]["namespace"]
+        self._say(req, status, said)
+        status["completionTime"] = st.iso(time.time())
+        self._write(req, status)
+        if said.event:
+            self.kube.event(req, said.event, said.verdict, warning=said.warning)
+        if self.metrics:
+            self.metrics.request_finished(ns, said.outcome, report, plan, run=run if report is not None else None)
+
 
     # --------------------------------------------------------------------------- loading
 
@@ -850,35 +1001,14 @@ class Reconciler(TreeRollback):
         status = dict(req.get("status") or {})
         message = (f"{where} not found; waiting for it to be created (up to {limit:g}s after the request, until "
                    f"{st.iso(created + limit)}), then the request fails; check spec.runRef.name")
-        # Reconciling=True (kstatus InProgress): a GitOps tool waits instead of reporting it healthy
-        conds = st.summary_conditions(status.get("conditions") or [], gen, [
-            (c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message), *st.request_readiness("Pending", c.RUN_NOT_FOUND, message)])
-        if status.get("phase") != "Pending" or conds != status.get("conditions"):
-            status.update(phase="Pending", conditions=conds, observedGeneration=gen)
+        said = request_phase.run_missing(message)
+        conds = st.summary_conditions(status.get("conditions") or [], gen, said.updates())
+        if status.get("phase") != said.phase or conds != status.get("conditions"):
+            status.update(phase=said.phase, conditions=conds, observedGeneration=gen)
             self._write(req, status)
-            if (req.get("status") or {}).get("phase") != "Pending":
+            if (req.get("status") or {}).get("phase") != said.phase:
                 self.kube.event(req, c.RUN_NOT_FOUND, message)
         return max(min(left, WAIT_SECONDS * 12), 0.1)
-
-    def _cancelled_before_planning(self, req: dict, spec: RollbackRequestSpec, why: str) -> None:
-        """A request cancelled before it could plan (its Run missing): it ends ``Incomplete`` with
-        ``Complete=False`` reason ``Cancelled`` and no report; nothing ran, no lock was taken."""
-        meta = req["metadata"]
-        gen = meta.get("generation", 1)
-        status = dict(req.get("status") or {})
-        message = (f"cancelled by {spec.cancelled_by or 'an unknown user'} before anything was planned ({why}): "
-                   "nothing was undone")
-        status.update(phase="Incomplete", observedGeneration=gen, completionTime=st.iso(time.time()),
-                      conditions=st.summary_conditions(status.get("conditions") or [], gen, [
-                          (c.RUNNING, c.FALSE, c.FINISHED, "no compensation ran"),
-                          (c.COMPLETE, c.FALSE, c.CANCELLED, message),
-                          *st.request_readiness("Incomplete", c.CANCELLED, message)]))
-        self._wait_for_run(meta["namespace"], spec.run_ref.name, meta["name"], False)
-        self._write(req, status)
-        self.kube.event(req, "RollbackCancelled", message, warning=True)
-        if self.metrics:
-            self.metrics.request_finished(meta["namespace"], "cancelled")
-        return None
 
     def _run_settling(self, req: dict, run_obj: dict) -> float | None:
         """A request that waited for its Run (``RunNotFound``) gives the steps applied with the Run
@@ -898,68 +1028,28 @@ class Reconciler(TreeRollback):
         self.kube.merge_status(REQUESTS, meta["namespace"], meta["name"], status)
 
     def _fail(self, req: dict, reason: str, message: str) -> None:
-        """End the request ``Failed`` with an ``Invalid`` condition that says what to fix; a Run
-        it held is released and marked not rolled back."""
+        """End the request ``Failed`` with an ``Invalid`` condition that says what to fix
+        (:func:`reversi.engine.request_phase.failed`); a Run it held is released and marked not
+        rolled back."""
         meta = req["metadata"]
-        gen = meta.get("generation", 1)
         status = dict(req.get("status") or {})
-        conds = st.summary_conditions(status.get("conditions") or [], gen, [
-            (c.INVALID, c.TRUE, reason, message),
-            (c.RUNNING, c.FALSE, c.FINISHED, "the request cannot be carried out"),
-            (c.COMPLETE, c.FALSE, reason, message),
-            *st.request_readiness("Failed", reason, message)])
-        status.update(phase="Failed", conditions=conds, observedGeneration=gen,
-                      completionTime=st.iso(time.time()))
+        status["observedGeneration"] = meta.get("generation", 1)
         run_name = run_ref_name(req)
         if run_name:
             self._release(meta["namespace"], run_name, meta["name"], complete=False)
             self._release_tree(meta["namespace"], meta["name"], status)
-        self._write(req, status)
-        self.kube.event(req, reason, message, warning=True)
-        if self.metrics:
-            self.metrics.request_finished(meta["namespace"], "invalid")
+        self._end_with(req, status, request_phase.failed(reason, message))
 
 
-#: the longest a request's status may go unwritten while it only has steps under way (see
-#: :func:`only_under_way`): a step started or handed over shows in status within this time
-STATUS_DEFER_SECONDS = 5.0
-
-
-def only_under_way(old: dict, new: dict) -> bool:
-    """Whether request status ``new`` differs from the stored ``old`` only in steps under way:
-    started (``pending`` -> a stage that holds a parallelism slot, :data:`executor.SLOT_STAGES`)
-    or handed over from their compensator to its check or first read-back (``compensating`` ->
-    ``checking`` or ``verifying``, same attempt), and in what those change in the summary (the
-    conditions' messages, the report). Such a status is not written at once (to keep API writes few: a
-    step's status is written when it ends, with the starts since; at the latest after
-    :data:`STATUS_DEFER_SECONDS`). It is what a crash between a Job's creation and the status
-    write leaves: a pass that rebuilds from the older status finds each step's journal entry
-    (rule 3: written before its Job) and adopts its Jobs by their names (``executor._handed_over``).
-    A phase, an outcome, an approval, a retry, pinned RunSteps or runners are written at once."""
-    before = {e.get("step"): e for e in old.get("steps") or []}
-    after = new.get("steps") or []
-    if not before or len(after) != len(before):
-        return False
-    for entry in after:
-        was = before.get(entry.get("step"))
-        if was is None:
-            return False
-        if was == entry:
-            continue
-        handed_over = (was.get("stage") in ("compensating", "checking")
-                       and entry.get("stage") in ("checking", "verifying")
-                       and entry.get("attempts") == was.get("attempts") and entry.get("reads", 0) <= 1)
-        started = was.get("stage") == "pending" and entry.get("stage") in ex.SLOT_STAGES
-        if not (handed_over or started):
-            return False
-
-    def summary(status: dict) -> dict:
-        rest = {k: v for k, v in status.items() if k not in ("steps", "conditions", "report")}
-        rest["conditions"] = sorted(tuple(sorted((k, str(v)) for k, v in cond.items() if k != "message"))
-                                    for cond in status.get("conditions") or [])
-        return rest
-
-    return summary(new) == summary(old)
+def _refusal(err: Exception) -> str:
+    """What a refused Job creation says: the API server's message, the first validation error,
+    or the size check's. Raises ``err`` again when it is transient (a 5xx or 429: the next pass
+    tries again)."""
+    if isinstance(err, ApiException):
+        if err.status >= 500 or err.status == 429:
+            raise err
+        return api_message(err)
+    return _first_error(err) if isinstance(err, ValidationError) else str(err)
 
 
 def _compensator_call(run_meta: dict, action, step) -> dict:
