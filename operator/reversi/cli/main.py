@@ -34,8 +34,8 @@ import click
 from kubernetes.client.rest import ApiException
 
 from ..adapters.journal import JournalError, inline_moved, load
-from ..adapters.tree import node_of, root_of
-from ..engine.tree import Node, subtree
+from ..adapters.run_tree import node_of, root_of
+from ..engine.nested_runs import Node, subtree
 from ..models.run import LABEL_ROOT
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph

@@ -15,7 +15,7 @@ from typing import Any
 from ..adapters.jobs import job_name
 from ..engine.acknowledgement import acknowledged
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
-from ..engine.tree import Node, units
+from ..engine.nested_runs import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
 
 #: Fields of one action in ``plan --json``, in this order (snake_case, the plugin's JSON contract).

@@ -89,7 +89,7 @@ def _unsettled(kind: str, state: str | None) -> bool:
 def allowed_steps(plan: Plan, graph: Graph, progress: Progress, *, floor: int = 0) -> tuple[list[int], list[int]]:
     """Pending compensate steps that no unsettled dependent blocks, newest first, split by phase:
     ``(inverse-kind, compensation-kind)``. Steps below ``floor`` are held back (nested runs: they
-    wait until the child runs opened above them are undone, :mod:`reversi.engine.tree`). O(n).
+    wait until the child runs opened above them are undone, :mod:`reversi.engine.nested_runs`). O(n).
     Raises ``ValueError`` for an unknown state."""
     _check_full(plan)
     _check_states(progress)

@@ -51,14 +51,14 @@ from ..adapters import journal as jr
 from ..adapters.jobs import Owner, build_job
 from ..adapters import apicalls as calls
 from ..adapters.kube import api_message
-from ..adapters import tree as tree_io
+from ..adapters import run_tree as tree_io
 from ..engine import acknowledgement
 from ..engine import admission as rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
 from ..engine.templates import MissingValue
-from ..engine import tree as tree_rules
+from ..engine import nested_runs as tree_rules
 from ..models.halt import ClusterHaltSpec, HaltSpec
 from ..models.rollbackrequest import RollbackRequestSpec
 from ..models.run import LABEL_PARENT, LABEL_ROOT, RunSpec

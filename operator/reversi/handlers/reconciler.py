@@ -60,7 +60,7 @@ from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
 from . import indices as ix
-from .tree import TreePass, TreeRollback
+from .tree_rollback import TreePass, TreeRollback
 
 log = logging.getLogger("reversi.rollback")
 
@@ -164,7 +164,7 @@ class Loaded:
 class Held:
     """What holding the Run gave a pass: ``cancelling`` (``spec.cancel``), the ``tree`` of runs
     below it locked with it (None: no child runs) and the ``floor`` below which steps wait for a
-    child run (:mod:`reversi.engine.tree`)."""
+    child run (:mod:`reversi.engine.nested_runs`)."""
 
     cancelling: bool
     tree: TreePass | None
@@ -184,7 +184,7 @@ class Decided:
 
 class Reconciler(TreeRollback):
     """Reconciles RollbackRequests; one instance serves every worker thread. A run with child
-    runs is rolled back as a tree (:mod:`reversi.handlers.tree`, rule 17)."""
+    runs is rolled back as a tree (:mod:`reversi.handlers.tree_rollback`, rule 17)."""
 
     def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
                  allowed: Callable[[], bool] = lambda: True, shared: Any = None):

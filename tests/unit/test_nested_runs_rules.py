@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from reversi.engine import build_graph, build_plan
 from reversi.engine.schedule import COMPENSATED, is_finished, ready_steps
-from reversi.engine.tree import (
+from reversi.engine.nested_runs import (
     Node,
     ancestry_problem,
     children_order,
@@ -163,7 +163,7 @@ def test_the_schedule_with_a_floor_follows_the_tree_order(data):
 
 
 def test_child_requests_are_named_and_owned_deterministically():
-    from reversi.handlers.tree import child_request, child_request_name
+    from reversi.handlers.tree_rollback import child_request, child_request_name
     from reversi.models.rollbackrequest import RollbackRequestSpec
 
     name = child_request_name("undo", "a")

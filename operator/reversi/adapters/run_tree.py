@@ -1,5 +1,5 @@
 """Nested runs (docs/concepts.md#nested-runs): reading a tree of Runs from the API (the rules are in
-:mod:`reversi.engine.tree`).
+:mod:`reversi.engine.nested_runs`).
 
 A child Run carries the labels ``reversi.dev/parent: <parent>`` and ``reversi.dev/root: <root of
 its tree>``, stamped at admission, so a tree is one LIST by label; each walk up a tree is bounded by
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.tree import Node
+from ..engine.nested_runs import Node
 from ..models.run import LABEL_ROOT, MAX_RUN_DEPTH
 from .kube import Kube
 
@@ -25,7 +25,7 @@ def parent_of(run_obj: dict | None) -> str | None:
 
 
 def node_of(run_obj: dict) -> Node:
-    """A Run object as a :class:`~reversi.engine.tree.Node`."""
+    """A Run object as a :class:`~reversi.engine.nested_runs.Node`."""
     ref = (run_obj.get("spec") or {}).get("parentRef") or {}
     opened = ref.get("step") if isinstance(ref, dict) else None
     meta = run_obj.get("metadata") or {}

@@ -1,7 +1,7 @@
 """A RollbackRequest of a run with child runs (rule 17, docs/concepts.md#nested-runs): one lock over the
 whole tree, children rolled back as units in causal order, one report with a section per run.
 
-The order is :mod:`reversi.engine.tree`'s. The request works on its own run with the per-run
+The order is :mod:`reversi.engine.nested_runs`'s. The request works on its own run with the per-run
 machinery of :mod:`reversi.handlers.reconciler`, holding back the steps below the current
 *floor* (the opening index of the next child not yet rolled back). When everything at or above
 the floor is settled, the next child is rolled back as a unit by a RollbackRequest of its own,
@@ -33,8 +33,8 @@ from typing import Any
 
 from .. import conditions as c
 from ..adapters.kube import Kube
-from ..adapters import tree as tree_io
-from ..engine import tree as rules
+from ..adapters import run_tree as tree_io
+from ..engine import nested_runs as rules
 from ..engine.report import report_message
 from ..models.rollbackrequest import TERMINAL_PHASES, Report, RollbackRequestSpec
 from ..models.run import MAX_RUN_DEPTH
