@@ -1,4 +1,4 @@
-"""Rollback workers: a keyed work queue of RollbackRequests served by a fixed pool of threads.
+"""Rollback workers: RollbackRequests on the operator's work queue, served by a fixed pool of threads.
 
 kopf tells us about requests, their Jobs and their Runs (:mod:`reversi.handlers.rollback`); each
 event adds the request's key (``namespace/name``) to a :class:`reversi.workqueue.WorkQueue`.
@@ -7,10 +7,10 @@ event adds the request's key (``namespace/name``) to a :class:`reversi.workqueue
 requeue). So the operator's threads do not grow with the requests, a request never has two
 passes at once, and a burst of events for one request makes one pass.
 
-A pass that raises is retried with exponential backoff (``tick * 2**failures``, at most 30 s);
-during the backoff an event does not bring the pass forward (the request's own status write
-would), and after three failures in a row the request says so (``report_error``). While kopf's
-peering pauses the operator (a standby replica), no pass starts (``paused``).
+A pass that raises is retried with the queue's backoff per key (``tick * 2**failures``, at most
+30 s); during the backoff an event does not bring the pass forward (the request's own status
+write would), and after three failures in a row the request says so (``report_error``). While
+kopf's peering pauses the operator (a standby replica), no pass starts (``paused``).
 
 Workers are plain threads rather than kopf daemons because kopf puts a finalizer on objects with
 daemons, and a finalizer would keep requests (and their namespaces) from being deleted whenever
@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from kubernetes.client.rest import ApiException
 
 from ..adapters.kube import api_message
-from ..workqueue import WorkQueue
+from ..workqueue import Backoff, WorkQueue
 from .reconciler import Memory, Reconciler
 
 log = logging.getLogger("reversi.workers")
@@ -47,18 +46,18 @@ def _describe(err: Exception) -> str:
 
 
 class Workers:
-    """The rollback work queue and its pool (see the module docstring). ``size``: threads in the
-    pool (``settings.workers``); ``paused``: true while no pass may start (kopf's peering pause)."""
+    """The rollback work queue and its pool (see the module docstring). ``tick_seconds``: the
+    backoff's base; ``size``: threads in the pool (``settings.workers``); ``paused``: true while no
+    pass may start (kopf's peering pause)."""
 
     def __init__(self, reconciler: Reconciler, tick_seconds: float, size: int = 4,
                  paused: Callable[[], bool] = lambda: False):
         self.reconciler = reconciler
-        self.tick = tick_seconds
-        self.queue = WorkQueue(size, self._pass, paused=paused, name="rollback-worker")
+        self.queue: WorkQueue[str] = WorkQueue(
+            self._pass, workers=size, backoff=Backoff(tick_seconds, MAX_BACKOFF_SECONDS), failed=self._failed,
+            paused=paused, name="rollback-worker")
         self._lock = threading.Lock()
         self._memory: dict[str, Memory] = {}  # what a request's passes keep between them
-        self._failures: dict[str, int] = {}  # failing passes in a row
-        self._hold: dict[str, float] = {}  # backing off until (monotonic seconds): events do not wake it
 
     def start(self) -> None:
         """Start the pool's threads (also done by the first :meth:`ensure`)."""
@@ -67,17 +66,14 @@ class Workers:
     def ensure(self, namespace: str, name: str) -> None:
         """Queue a pass of the request now (or when its backoff ends). Safe from any thread; many
         calls at once still make one pass at a time."""
-        key = f"{namespace}/{name}"
-        with self._lock:
-            hold = self._hold.get(key)
         self.queue.start()
-        self.queue.add(key, max(hold - time.monotonic(), 0.0) if hold else 0.0)
+        self.queue.add(f"{namespace}/{name}")
 
     def stop(self, namespace: str, name: str) -> None:
         """Forget the request (it was deleted): no further pass; one running now ends as it is."""
         key = f"{namespace}/{name}"
         self.queue.forget(key)
-        self._drop(key)
+        self._forget_memory(key)
 
     def count(self) -> int:
         """Requests queued or in a pass now."""
@@ -90,36 +86,28 @@ class Workers:
     def stop_all(self) -> None:
         self.queue.stop()
 
-    def _drop(self, key: str) -> None:
+    def _forget_memory(self, key: str) -> None:
         with self._lock:
             self._memory.pop(key, None)
-            self._failures.pop(key, None)
-            self._hold.pop(key, None)
 
     def _pass(self, key: str) -> float | None:
-        """One reconcile pass of ``key``; the seconds until the next one, or None."""
+        """One reconcile pass of ``key``; the seconds until the next one, or None. What it raises
+        the queue retries after its backoff (:meth:`_failed` says so)."""
         namespace, name = key.split("/", 1)
         with self._lock:
             memory = self._memory.setdefault(key, Memory())
-        delay: float | None
-        try:
-            delay = self.reconciler.reconcile(namespace, name, memory)
-            with self._lock:
-                self._failures.pop(key, None)
-                self._hold.pop(key, None)
-        except Exception as err:  # log, back off, try again: never crash the operator
-            with self._lock:
-                failures = self._failures[key] = self._failures.get(key, 0) + 1
-                backoff = min(self.tick * (2 ** min(failures, 5)), MAX_BACKOFF_SECONDS)
-                self._hold[key] = time.monotonic() + backoff  # back off in full: events must not wake it early
-            self.queue.postpone(key, backoff)  # nor an event that came during this pass
-            log.exception("RollbackRequest %s: reconcile failed (%d in a row); retrying", key, failures)
-            if failures >= REPORT_AFTER_FAILURES:
-                try:
-                    self.reconciler.report_error(namespace, name, _describe(err))
-                except Exception:  # noqa: BLE001 - the API may be what fails
-                    log.warning("RollbackRequest %s: could not report the error on it", key)
-            delay = backoff
+        delay = self.reconciler.reconcile(namespace, name, memory)
         if delay is None:
-            self._drop(key)
+            self._forget_memory(key)
         return delay
+
+    def _failed(self, key: str, err: Exception, failures: int) -> None:
+        """A pass of ``key`` raised ``err``, the ``failures``-th in a row: log it and, from the
+        third on, say so on the request."""
+        log.error("RollbackRequest %s: reconcile failed (%d in a row); retrying", key, failures, exc_info=err)
+        if failures >= REPORT_AFTER_FAILURES:
+            namespace, name = key.split("/", 1)
+            try:
+                self.reconciler.report_error(namespace, name, _describe(err))
+            except Exception:  # noqa: BLE001 - the API may be what fails
+                log.warning("RollbackRequest %s: could not report the error on it", key)
