@@ -2,7 +2,8 @@
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
 #                 (make demo KEEP=1 leaves it all running to try it yourself)
 #   make test   - builds what is missing, starts the local control plane, runs every test, stops it
-#   make lint   - ruff, mypy and lint-imports with the rule set in pyproject.toml (seconds; .ci/run runs it before make test)
+#   make lint   - ruff, mypy and lint-imports with the rule set in pyproject.toml, and flake8's function length limit
+#                 in .flake8 (seconds; .ci/run runs it before make test)
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
@@ -29,11 +30,13 @@ node-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
 
 # ruff over the code, tests, benchmarks and demo; mypy over operator/reversi and devcluster/reversi_devcluster; lint-imports:
-# the package's layers, no import cycle, a pure engine (rules: pyproject.toml)
+# the package's layers, no import cycle, a pure engine (rules: pyproject.toml); flake8 over operator/ with one check,
+# flake8-functions' CFQ001: no function longer than 80 lines (.flake8)
 lint: install
 	$(PYTHON) -m ruff check operator devcluster tests benchmarks demo
 	$(PYTHON) -m mypy
 	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())" --no-cache
+	$(PYTHON) -m flake8 operator
 
 test: build
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
