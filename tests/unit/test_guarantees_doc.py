@@ -134,6 +134,12 @@ def test_every_cell_of_the_fault_matrix_names_a_test_that_exists():
     assert not found, "docs/guarantees.md:\n" + "\n".join(found)
 
 
+def test_every_test_the_page_cites_outside_the_tables_exists_too():
+    text = GUARANTEES.read_text(encoding="utf-8")
+    found = problems([Cell(where="docs/guarantees.md", report="n/a", proof=text)])
+    assert not found, "\n".join(found)
+
+
 def test_every_link_of_the_page_goes_to_an_anchor_of_the_page():
     """The overview's cells link to the rows that prove them: a renamed anchor breaks the link."""
     text = GUARANTEES.read_text(encoding="utf-8")
