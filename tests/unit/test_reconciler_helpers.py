@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import reversi.handlers.runtime  # noqa: F401  (imports the handlers in their order: reconciler <-> indices)
 from reversi.engine import executor as ex
-from reversi.handlers.reconciler import Memory, Reconciler, _plan_key, current_readers, run_gone
+from reversi.handlers.reconciler import PassMemory, Reconciler, _plan_key, current_readers, run_gone
 from reversi.models.run import StepUndo
 from reversi.models.toolmanifest import ToolManifestSpec
 from reversi.settings import OperatorSettings
@@ -14,26 +14,26 @@ RUN = {"metadata": {"resourceVersion": "41"}}
 REQ = {"status": {"runSteps": 3}}
 
 
-def key(memory: Memory, run=RUN, req=REQ, started=100.0, runners=frozenset({"cli"}), readers=None, known=True):
+def key(memory: PassMemory, run=RUN, req=REQ, started=100.0, runners=frozenset({"cli"}), readers=None, known=True):
     return _plan_key(run, req, memory, started, set(runners), readers or {}, known)
 
 
 def test_the_plan_is_never_cached_without_an_informer():
-    assert key(Memory()) is None  # journal read by a LIST: no version to compare
+    assert key(PassMemory()) is None  # journal read by a LIST: no version to compare
 
 
 def test_the_plan_key_changes_with_everything_the_plan_is_built_from():
-    memory = Memory(journal_version=7)
+    memory = PassMemory(journal_version=7)
     base = key(memory)
-    assert base is not None and key(Memory(journal_version=7)) == base
-    assert key(Memory(journal_version=8)) != base
+    assert base is not None and key(PassMemory(journal_version=7)) == base
+    assert key(PassMemory(journal_version=8)) != base
     assert key(memory, run={"metadata": {"resourceVersion": "42"}}) != base
     assert key(memory, req={"status": {"runSteps": 4}}) != base
     assert key(memory, started=101.0) != base
     assert key(memory, runners={"cli", "other"}) != base
     assert key(memory, readers={"get": "cli"}) != base
     assert key(memory, known=False) != base
-    written = Memory(journal_version=7, written={1: StepUndo(step=1, state="compensating", attempts=1,
+    written = PassMemory(journal_version=7, written={1: StepUndo(step=1, state="compensating", attempts=1,
                                                              idempotency_key="a" * 64)})
     assert key(written) != base  # undo this process wrote that the watch has not brought back yet
 
@@ -70,7 +70,7 @@ class Metrics:
 def test_attempts_and_read_backs_are_timed_from_the_moves_of_a_pass():
     metrics = Metrics()
     rec = Reconciler(None, OperatorSettings(), metrics)  # type: ignore[arg-type]  # no API used
-    memory = Memory()
+    memory = PassMemory()
     pending, compensating = ex.StepRun(2), ex.StepRun(2, stage="compensating", attempts=1)
     verifying = ex.StepRun(2, stage="verifying", attempts=1, reads=1)
     done = ex.StepRun(2, stage="compensated", attempts=1, verification="verified")

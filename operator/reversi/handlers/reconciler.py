@@ -80,7 +80,7 @@ BOUNDARY_GRACE_SECONDS = 0.5
 
 
 @dataclass
-class Memory:
+class PassMemory:
     """What a worker keeps between passes: finished Job views (they never change) and the
     random source for backoff jitter."""
 
@@ -101,7 +101,7 @@ class Memory:
     unwritten_since: float | None = None
 
 
-class Invalid(Exception):
+class CannotCarryOut(Exception):
     """The request cannot be carried out; ``reason`` is a condition reason, the message says
     what to fix."""
 
@@ -229,7 +229,7 @@ class Reconciler(TreeRollback):
 
     # ------------------------------------------------------------------------------ entry
 
-    def reconcile(self, namespace: str, name: str, memory: Memory) -> float | None:
+    def reconcile(self, namespace: str, name: str, memory: PassMemory) -> float | None:
         """Run one pass. Returns the seconds until the next pass, or None when the request is
         final (or gone), or while reconciling is not allowed (the installed CRDs are older than
         the operator: a schema check restarts the workers once they are upgraded)."""
@@ -243,7 +243,7 @@ class Reconciler(TreeRollback):
             return None
         try:
             return self._reconcile(req, memory)
-        except Invalid as bad:
+        except CannotCarryOut as bad:
             self._fail(req, bad.reason, bad.message)
             return None
 
@@ -268,9 +268,9 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- the pass
 
-    def _reconcile(self, req: dict, memory: Memory) -> float | None:
+    def _reconcile(self, req: dict, memory: PassMemory) -> float | None:
         """One pass: load, decide, act (the module docstring has the steps). Returns the seconds
-        until the next pass, or None when the request ended. Raises :class:`Invalid` for a
+        until the next pass, or None when the request ended. Raises :class:`CannotCarryOut` for a
         request that cannot be carried out, ``ApiException`` for a transient API error."""
         loaded = self._load(req, memory)
         if isinstance(loaded, Next):
@@ -289,18 +289,18 @@ class Reconciler(TreeRollback):
 
     # ------------------------------------------------------------------------------- load
 
-    def _load(self, req: dict, memory: Memory) -> Loaded | Next:
+    def _load(self, req: dict, memory: PassMemory) -> Loaded | Next:
         """The request's spec, its Run, the journal as it plans it, its runners and its plan (rule
         2: against the undo left by other requests), with the status this pass starts from; or
         when to come back (the Run missing or settling, the lock held by another, the journal
-        still being read). Raises :class:`Invalid`."""
+        still being read). Raises :class:`CannotCarryOut`."""
         meta = req["metadata"]
         ns, name = meta["namespace"], meta["name"]
         ref = f"RollbackRequest {ns}/{name}"
         try:
             spec = RollbackRequestSpec.model_validate(req.get("spec") or {})
         except ValidationError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
+            raise CannotCarryOut(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self._run_of(req, spec)
         if run_obj is None:
             return Next(self._no_run(req, spec))
@@ -326,14 +326,15 @@ class Reconciler(TreeRollback):
         return loaded
 
     def _run_of(self, req: dict, spec: RollbackRequestSpec) -> dict | None:
-        """The request's Run, or None while it does not exist. Raises :class:`Invalid` when the Run
+        """The request's Run, or None while it does not exist. Raises :class:`CannotCarryOut` when the Run
         this request locked was deleted (and maybe created again): its progress is not the new Run's."""
         meta = req["metadata"]
         ns, run = meta["namespace"], spec.run_ref.name
         run_obj = self.kube.get(RUNS, ns, run)
         gone = run_gone(req.get("status") or {}, run_obj)
         if gone:
-            raise Invalid(c.RUN_NOT_FOUND, f"RollbackRequest {ns}/{meta['name']}: Run {ns}/{run} {gone} after this "
+            raise CannotCarryOut(c.RUN_NOT_FOUND,
+                f"RollbackRequest {ns}/{meta['name']}: Run {ns}/{run} {gone} after this "
                           "request took its lock; its compensator Jobs went with it, and nothing this request did "
                           "applies to another Run: look at what the old Run's calls left, and create a new request "
                           "for the Run as it is now")
@@ -353,10 +354,10 @@ class Reconciler(TreeRollback):
         self._end_with(req, status, said)
         return None
 
-    def _plan(self, loaded: Loaded, memory: Memory) -> tuple[Any, Plan]:
+    def _plan(self, loaded: Loaded, memory: PassMemory) -> tuple[Any, Plan]:
         """The graph and plan of the request's Run, built again only when what they are built
         from changed (:func:`_plan_key`). Steps this request re-verified (rule 5) are planned as
-        they were when it started: undone, unverified. Raises :class:`Invalid`."""
+        they were when it started: undone, unverified. Raises :class:`CannotCarryOut`."""
         run_spec, names = loaded.journal.spec, set(loaded.runners)
         handlers_known = loaded.recorded is not None or loaded.manifest is not None
         key = _plan_key(loaded.run_obj, loaded.req, memory, loaded.started, names, loaded.readers, handlers_known)
@@ -372,21 +373,22 @@ class Reconciler(TreeRollback):
                               readers=loaded.readers, handlers=names if handlers_known else None,
                               now=loaded.started)  # undo windows are judged when the request started
         except InvalidRun as err:
-            raise Invalid(c.INVALID_DEPENDENCIES,
+            raise CannotCarryOut(c.INVALID_DEPENDENCIES,
                           f"{loaded.ref}: Run {loaded.ns}/{loaded.run_name} cannot be planned: {err}") from err
         memory.plan_key, memory.plan = key, (graph, plan)
         return graph, plan
 
     # ------------------------------------------------------------------------ hold the Run
 
-    def _hold(self, loaded: Loaded, memory: Memory) -> Held | Next:
+    def _hold(self, loaded: Loaded, memory: PassMemory) -> Held | Next:
         """Take the Run's lock and its children's (rule 6), or wait for it (``Waiting``); with the
         lock, pin the Run's steps (rule 11) and record the runners this request uses. A request
-        cancelled before it took the lock never takes it. Raises :class:`Invalid`."""
+        cancelled before it took the lock never takes it. Raises :class:`CannotCarryOut`."""
         spec, run_spec, status = loaded.spec, loaded.journal.spec, loaded.status
         needed = {a.runner for a in loaded.plan.of_kind(COMPENSATE) if a.runner}
         if needed and loaded.manifest is None and loaded.recorded is None:
-            raise Invalid(c.MANIFEST_NOT_FOUND, f"{loaded.ref}: ToolManifest {loaded.ns}/{run_spec.manifest_ref.name} "
+            raise CannotCarryOut(c.MANIFEST_NOT_FOUND,
+                f"{loaded.ref}: ToolManifest {loaded.ns}/{run_spec.manifest_ref.name} "
                           "not found; its runners are needed to run compensators: create it again (a Run's manifestRef "
                           "cannot change), then create a new RollbackRequest")
         # (a runner missing from the manifest made only its steps handlerUnavailable: the plan says so)
@@ -409,7 +411,7 @@ class Reconciler(TreeRollback):
                                                                   loaded.prior, loaded.runners, loaded.readers)
         return Held(cancelling=spec.cancel, tree=tree, floor=tree.floor if tree is not None else 0)
 
-    def _pin(self, loaded: Loaded, memory: Memory) -> bool:
+    def _pin(self, loaded: Loaded, memory: PassMemory) -> bool:
         """Pin the steps the Run has now (``status.runSteps``): the Run is closed from now on, and
         the plan never takes a later step (rule 11). True when the count differs from the
         journal this pass planned (plan again first)."""
@@ -425,7 +427,7 @@ class Reconciler(TreeRollback):
 
     # ----------------------------------------------------------------------------- decide
 
-    def _decide(self, loaded: Loaded, held: Held, memory: Memory) -> Decided:
+    def _decide(self, loaded: Loaded, held: Held, memory: PassMemory) -> Decided:
         """What the engine decides from the request's status, the journal and its Jobs
         (:func:`reversi.engine.decide.decide`, pure): each step moved on, the Jobs to start, the
         journal entries and Events, and the report so far."""
@@ -458,7 +460,7 @@ class Reconciler(TreeRollback):
 
     # -------------------------------------------------------------------------------- act
 
-    def _act(self, loaded: Loaded, decided: Decided, memory: Memory) -> None:
+    def _act(self, loaded: Loaded, decided: Decided, memory: PassMemory) -> None:
         """Carry out the decision: the journal on the Run first, then the Jobs, then the Events
         (rule 3). A Job the API server refuses for good fails only its own step: a compensator's
         step is failed by the engine (:func:`reversi.engine.decide.refused`), a read is a failed
@@ -494,7 +496,7 @@ class Reconciler(TreeRollback):
 
     # ----------------------------------------------------------------------------- report
 
-    def _report(self, loaded: Loaded, held: Held, decided: Decided, memory: Memory) -> float | None:
+    def _report(self, loaded: Loaded, held: Held, decided: Decided, memory: PassMemory) -> float | None:
         """Write what the pass found: the steps, the report and the phase
         (:mod:`reversi.engine.request_phase`, pure). When nothing can move any more the request
         ends (after a last count of the run boundary, rule 11): the Run is released, then the
@@ -599,11 +601,11 @@ class Reconciler(TreeRollback):
     # --------------------------------------------------------------------------- loading
 
     def _journal_of(self, req: dict, spec: RollbackRequestSpec, run_obj: dict,
-                    memory: Memory) -> tuple[dict, Journal | None]:
+                    memory: PassMemory) -> tuple[dict, Journal | None]:
         """The Run (read again after moving an inline journal of Reversi 0.1 into RunSteps) and
         its journal as this request plans it: the steps pinned at the lock (rule 11), or None
         while the RunSteps are still being listed or their watch has not caught up with a gap
-        (at most ``GAP_PASSES`` passes). Raises :class:`Invalid` for a journal that cannot be
+        (at most ``GAP_PASSES`` passes). Raises :class:`CannotCarryOut` for a journal that cannot be
         read, or a gap that stays."""
         meta = req["metadata"]
         ns, ref = meta["namespace"], f"RollbackRequest {meta['namespace']}/{meta['name']}"
@@ -613,7 +615,7 @@ class Reconciler(TreeRollback):
                 run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
             journal = self._load_journal(run_obj, memory)
         except jr.JournalError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: {err}") from err
+            raise CannotCarryOut(c.INVALID_SPEC, f"{ref}: {err}") from err
         if journal is None:
             log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
             return run_obj, None
@@ -623,19 +625,20 @@ class Reconciler(TreeRollback):
             memory.gap_passes += 1
             if memory.gap_passes <= GAP_PASSES:
                 return run_obj, None  # the watch of RunSteps has not caught up yet
-            raise Invalid(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
+            raise CannotCarryOut(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
         memory.gap_passes = 0
         return run_obj, journal
 
     def _runners_of(self, req: dict, ref: str, ns: str, run_spec: Any) -> tuple[Any, Any, dict, Any]:
         """``(recorded, manifest, runners by name, readers)``: the runners recorded when this
         request took the lock (then the live ToolManifest is not read), else the live manifest's
-        (``manifest`` None when it is gone). Raises :class:`Invalid` for a recorded list that is
+        (``manifest`` None when it is gone). Raises :class:`CannotCarryOut` for a recorded list that is
         not one."""
         try:
             recorded = rs.from_record((req.get("status") or {}).get("runners"))
         except ValidationError as err:
-            raise Invalid(c.INVALID_SPEC, f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
+            raise CannotCarryOut(c.INVALID_SPEC,
+                f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
                           "create a new RollbackRequest") from err
         manifest = None
         if recorded is None:
@@ -646,7 +649,7 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- helpers
 
-    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: Memory, now: float) -> None:
+    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: PassMemory, now: float) -> None:
         """Time compensator attempts and verifications (histograms; in-memory start times, so a
         step in flight across an operator restart is not timed)."""
         s = new.step
@@ -664,7 +667,7 @@ class Reconciler(TreeRollback):
             if started is not None and self.metrics:
                 self.metrics.observe_verification(ns, tool, now - started)
 
-    def _count_again(self, req: dict, run: str, status: dict, memory: Memory, now: float) -> float | None:
+    def _count_again(self, req: dict, run: str, status: dict, memory: PassMemory, now: float) -> float | None:
         """The last check of the run boundary (rule 11) before a request that took the lock ends.
 
         The step webhook admits a step when it reads the Run open, and the API server stores the
@@ -815,7 +818,7 @@ class Reconciler(TreeRollback):
         meta = run_obj["metadata"]
         ns, run_name, run_uid = meta["namespace"], meta["name"], meta["uid"]
         try:
-            journal = self._load_journal(run_obj, Memory())
+            journal = self._load_journal(run_obj, PassMemory())
         except jr.JournalError as err:
             log.warning("Run %s/%s: cannot read its journal to settle what %s left: %s", ns, run_name, request, err)
             return
@@ -840,7 +843,7 @@ class Reconciler(TreeRollback):
                          ns, run_name, entry.step, request, settled.state, job.metadata.name)
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
-                 memory: Memory | None = None, reverified: dict[int, StepUndo] | None = None) -> None:
+                 memory: PassMemory | None = None, reverified: dict[int, StepUndo] | None = None) -> None:
         """Write each step's undo state on its RunStep (status) before any Job starts (rule 3).
         Only the request holding the Run's lock writes undo state, so no write can race another;
         ``memory.written`` keeps what was written until the watch brings it back."""
@@ -852,13 +855,14 @@ class Reconciler(TreeRollback):
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
                 if err.status == 404:
-                    raise Invalid(c.RUN_NOT_FOUND, f"step {j.step} of Run {ns}/{run_name} was deleted during the "
+                    raise CannotCarryOut(c.RUN_NOT_FOUND,
+                        f"step {j.step} of Run {ns}/{run_name} was deleted during the "
                                   "rollback") from err
                 raise
             if memory is not None:
                 memory.written[j.step] = value
 
-    def _load_journal(self, run_obj: dict, memory: Memory):
+    def _load_journal(self, run_obj: dict, memory: PassMemory):
         """The run's journal: from the run's informer when the operator runs (no API call after
         its first LIST; None while that LIST is not in), else one paged LIST (a reconciler used on
         its own, e.g. in a test)."""
@@ -876,12 +880,12 @@ class Reconciler(TreeRollback):
 
     def _live_manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         """The ToolManifest as it is now (kopf's index, else the API); None when missing. Raises
-        :class:`Invalid` when it is invalid."""
+        :class:`CannotCarryOut` when it is invalid."""
         indices = self._indices()
         if indices is not None and (ns, name) in indices.manifests:
             manifest = ix.manifest(indices, ns, name, self.kube)
             if manifest is None:
-                raise Invalid(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
+                raise CannotCarryOut(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
                               "fix it (kubectl apply shows what is wrong)")
             return manifest
         return self._manifest(ref, ns, name)
@@ -891,13 +895,14 @@ class Reconciler(TreeRollback):
                         readers: dict[str, str]) -> tuple[dict[str, Runner], dict[str, str]]:
         """Write ``status.runners`` (the runners the plan needs, as the ToolManifest gives them
         now) and say so in an Event; return them as :func:`reversi.engine.runners.from_record`
-        reads them back. Raises :class:`Invalid` (``RunnersTooLarge``) when they are too big to keep."""
+        reads them back. Raises :class:`CannotCarryOut` (``RunnersTooLarge``) when they are too big to keep."""
         meta = req["metadata"]
         ns, name = meta["namespace"], meta["name"]
         entries = rs.record(runners, rs.runners_needed(plan, run_spec, prior, runners, readers))
         size = rs.record_size(entries)
         if size > rs.RECORD_LIMIT_BYTES:
-            raise Invalid(c.RUNNERS_TOO_LARGE, f"RollbackRequest {ns}/{name}: the runners it needs take {size} bytes "
+            raise CannotCarryOut(c.RUNNERS_TOO_LARGE,
+                f"RollbackRequest {ns}/{name}: the runners it needs take {size} bytes "
                           f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
                           "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
         status["runners"] = entries
@@ -920,7 +925,7 @@ class Reconciler(TreeRollback):
         try:
             return ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
         except ValidationError as err:
-            raise Invalid(c.MANIFEST_INVALID,
+            raise CannotCarryOut(c.MANIFEST_INVALID,
                           f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
@@ -996,7 +1001,7 @@ class Reconciler(TreeRollback):
         where = f"RollbackRequest {ns}/{name}: Run {ns}/{run}"
         if left <= 0:
             self._wait_for_run(ns, run, name, False)
-            raise Invalid(c.RUN_NOT_FOUND, f"{where} not found (waited {limit:g}s for it to be created); "
+            raise CannotCarryOut(c.RUN_NOT_FOUND, f"{where} not found (waited {limit:g}s for it to be created); "
                           "create the Run and a new request, or fix spec.runRef.name")
         status = dict(req.get("status") or {})
         message = (f"{where} not found; waiting for it to be created (up to {limit:g}s after the request, until "
@@ -1073,7 +1078,7 @@ def run_gone(status: dict, run_obj: dict | None) -> str | None:
     return None
 
 
-def _plan_key(run_obj: dict, req: dict, memory: Memory, started: float, runner_names: set[str],
+def _plan_key(run_obj: dict, req: dict, memory: PassMemory, started: float, runner_names: set[str],
               readers: dict[str, str], handlers_known: bool) -> tuple | None:
     """What a request's plan is built from: the Run (its resourceVersion), its journal (the
     informer's version, and the undo this process wrote but has not seen come back), the steps

@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 
 from ..adapters.kube import api_message
 from ..workqueue import Backoff, WorkQueue
-from .reconciler import Memory, Reconciler
+from .reconciler import PassMemory, Reconciler
 
 log = logging.getLogger("reversi.workers")
 
@@ -57,7 +57,7 @@ class Workers:
             self._pass, workers=size, backoff=Backoff(tick_seconds, MAX_BACKOFF_SECONDS), failed=self._failed,
             paused=paused, name="rollback-worker")
         self._lock = threading.Lock()
-        self._memory: dict[str, Memory] = {}  # what a request's passes keep between them
+        self._memory: dict[str, PassMemory] = {}  # what a request's passes keep between them
 
     def start(self) -> None:
         """Start the pool's threads (also done by the first :meth:`ensure`)."""
@@ -95,7 +95,7 @@ class Workers:
         the queue retries after its backoff (:meth:`_failed` says so)."""
         namespace, name = key.split("/", 1)
         with self._lock:
-            memory = self._memory.setdefault(key, Memory())
+            memory = self._memory.setdefault(key, PassMemory())
         delay = self.reconciler.reconcile(namespace, name, memory)
         if delay is None:
             self._forget_memory(key)
