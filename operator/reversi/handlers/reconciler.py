@@ -335,9 +335,9 @@ class Reconciler(TreeRollback):
         if gone:
             raise CannotCarryOut(c.RUN_NOT_FOUND,
                 f"RollbackRequest {ns}/{meta['name']}: Run {ns}/{run} {gone} after this "
-                          "request took its lock; its compensator Jobs went with it, and nothing this request did "
-                          "applies to another Run: look at what the old Run's calls left, and create a new request "
-                          "for the Run as it is now")
+                "request took its lock; its compensator Jobs went with it, and nothing this request did "
+                "applies to another Run: look at what the old Run's calls left, and create a new request "
+                "for the Run as it is now")
         self._wait_for_run(ns, run, meta["name"], run_obj is None)
         return run_obj
 
@@ -389,8 +389,8 @@ class Reconciler(TreeRollback):
         if needed and loaded.manifest is None and loaded.recorded is None:
             raise CannotCarryOut(c.MANIFEST_NOT_FOUND,
                 f"{loaded.ref}: ToolManifest {loaded.ns}/{run_spec.manifest_ref.name} "
-                          "not found; its runners are needed to run compensators: create it again (a Run's manifestRef "
-                          "cannot change), then create a new RollbackRequest")
+                "not found; its runners are needed to run compensators: create it again (a Run's manifestRef "
+                "cannot change), then create a new RollbackRequest")
         # (a runner missing from the manifest made only its steps handlerUnavailable: the plan says so)
         holding = (loaded.run_obj.get("status") or {}).get("activeRequest") == loaded.name \
             or self._held_for(loaded.req, loaded.run_obj)
@@ -639,7 +639,7 @@ class Reconciler(TreeRollback):
         except ValidationError as err:
             raise CannotCarryOut(c.INVALID_SPEC,
                 f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
-                          "create a new RollbackRequest") from err
+                "create a new RollbackRequest") from err
         manifest = None
         if recorded is None:
             manifest = self._live_manifest(ref, ns, run_spec.manifest_ref.name)
@@ -857,7 +857,7 @@ class Reconciler(TreeRollback):
                 if err.status == 404:
                     raise CannotCarryOut(c.RUN_NOT_FOUND,
                         f"step {j.step} of Run {ns}/{run_name} was deleted during the "
-                                  "rollback") from err
+                        "rollback") from err
                 raise
             if memory is not None:
                 memory.written[j.step] = value
@@ -903,8 +903,8 @@ class Reconciler(TreeRollback):
         if size > rs.RECORD_LIMIT_BYTES:
             raise CannotCarryOut(c.RUNNERS_TOO_LARGE,
                 f"RollbackRequest {ns}/{name}: the runners it needs take {size} bytes "
-                          f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
-                          "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
+                f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
+                "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
         status["runners"] = entries
         # with the step count pinned in this pass (one write)
         pinned = {"runSteps": status["runSteps"]} if status.get("runSteps") is not None else {}
