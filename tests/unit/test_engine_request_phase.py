@@ -201,3 +201,18 @@ def test_a_status_with_only_steps_under_way_may_wait_at_most_the_defer_window():
     assert not may_defer_write(old, started, 100.0, 100.0 + STATUS_DEFER_SECONDS)
     ended = {"phase": "Running", "steps": [{"step": 0, "stage": "compensated", "attempts": 1}]}
     assert not may_defer_write(old, ended, None, 100.0)
+
+
+def test_a_request_already_waiting_for_the_same_holder_skips_planning_and_any_change_plans_again():
+    """A Waiting request whose stored status names the lock's holder now ends its pass before it
+    plans (rule 6); a new generation of its spec, another holder or another phase plans again."""
+    from reversi.adapters.status import summary_conditions
+    from reversi.engine.request_phase import already_waiting, waiting
+
+    said = waiting("shop", "undo-a", "order-9")
+    status = {"phase": "Waiting", "observedGeneration": 2, "conditions": summary_conditions([], 2, said.updates())}
+    assert already_waiting(status, 2, "shop", "undo-a", "order-9")
+    assert not already_waiting(status, 3, "shop", "undo-a", "order-9")
+    assert not already_waiting(status, 2, "shop", "undo-b", "order-9")
+    assert not already_waiting(status, 2, "shop", "undo-a", "child-1")
+    assert not already_waiting({**status, "phase": "Running"}, 2, "shop", "undo-a", "order-9")

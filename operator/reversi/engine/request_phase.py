@@ -116,6 +116,18 @@ def waiting(namespace: str, holder: str | None, held_run: str | None) -> Phase:
     return Phase("Waiting", ((c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, message),), (c.WAITING_FOR_RUN, message))
 
 
+def already_waiting(status: dict, generation: int, namespace: str, holder: str, run: str) -> bool:
+    """Whether a request's stored ``status`` already says what :func:`waiting` would say now: phase
+    ``Waiting`` for this ``generation`` of its spec, its ``Running`` condition naming ``holder``'s
+    lock on ``run``. Then a pass may end before it plans (rule 6: one request works on a run at a
+    time; the holder's release wakes it)."""
+    if status.get("phase") != "Waiting" or status.get("observedGeneration") != generation:
+        return False
+    said = c.get_condition(status.get("conditions"), c.RUNNING) or {}
+    expected = waiting(namespace, holder, run).readiness[1]
+    return said.get("reason") == c.WAITING_FOR_RUN and said.get("message") == expected
+
+
 def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, started_any: bool,
               progress: str, active: list[int], busy_children: list[tuple[str, str | None]], verdict: str,
               approve_all: bool) -> Phase:

@@ -706,11 +706,8 @@ class Reconciler(TreeRollback):
         holder = (run_obj.get("status") or {}).get("activeRequest")
         if not holder or holder == name or spec.cancel or spec.dry_run:
             return False
-        if status.get("phase") != "Waiting" or status.get("observedGeneration") != meta.get("generation", 1):
-            return False
-        said = c.get_condition(status.get("conditions"), c.RUNNING) or {}
-        if said.get("message") != request_phase.waiting(ns, holder, spec.run_ref.name).readiness[1]:
-            return False  # the status names another holder (or a run below): a full pass says who
+        if not request_phase.already_waiting(status, meta.get("generation", 1), ns, holder, spec.run_ref.name):
+            return False  # not Waiting, edited since, or waiting for another holder (or a run below): a full pass says
         self._wait_for_lock(ns, spec.run_ref.name, name)
         fresh = self.kube.get(RUNS, ns, spec.run_ref.name)
         if fresh is None or (fresh.get("status") or {}).get("activeRequest") != holder:
