@@ -169,25 +169,3 @@ def test_a_schema_change_raises_the_schema_version():
         f"the generated CRD schemas changed (digest {digest}) but SCHEMA_VERSION is still {SCHEMA_VERSION}: "
         "raise SCHEMA_VERSION in operator/reversi/models/common.py, run make crds, and record the digest in "
         "SCHEMA_DIGESTS")
-
-
-def test_run_status_writes_wait_for_a_quiet_run_and_take_the_last_body():
-    """A burst of events on one Run makes one status write, with the newest body."""
-    import threading
-
-    from reversi.handlers.runs import Quiet
-
-    done = threading.Event()
-    calls = []
-
-    def work(key, value):
-        calls.append((key, value))
-        if key == ("shop", "other"):
-            done.set()
-
-    queue = Quiet(work)
-    for generation in range(1, 6):
-        queue.put(("shop", "r"), generation, quiet=0.2)
-    queue.put(("shop", "other"), 1, quiet=0.4)
-    assert done.wait(10)
-    assert calls == [(("shop", "r"), 5), (("shop", "other"), 1)]

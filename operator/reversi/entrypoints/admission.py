@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +31,37 @@ from ..adapters.kube import Kube
 from ..handlers import admission as _admission  # noqa: F401 - registers the webhooks and the manifest index
 from ..handlers import runtime
 from ..metrics import AdmissionMetrics
-from ..settings import OperatorSettings
 from . import common
 
 log = logging.getLogger("reversi.admission")
-_settings: OperatorSettings | None = None
 
 
-class _RefusalsAreNotErrors(logging.Filter):
-    """kopf logs every admission refusal as a failed handler at ERROR; a refusal is the webhook
-    doing its job (the webhook logs it at INFO itself), so those records are dropped."""
+class RefusalsAreNotErrors(logging.Filter):
+    """A filter for kopf's ``kopf.objects`` logger (kopf documents filtering its logs with
+    ``logging.Filter``: docs.kopf.dev, "Configuration", "Log levels & filters") that drops kopf's
+    ERROR record of an admission refusal: a refusal is the webhook doing its job (it logs the
+    refusal at INFO itself, :mod:`reversi.handlers.admission`), not an error.
+
+    kopf offers nothing more direct: a webhook refuses only by raising ``kopf.AdmissionError``, kopf
+    logs every such handler at ERROR as having failed, the record carries no exception, and neither
+    its wording nor its extra fields are an interface of kopf's. kopf writes that record while it
+    handles the refusal, so the filter judges by the exception being handled then (the record's own
+    ``exc_info``, else ``sys.exc_info()``) and by its type alone, ``kopf.AdmissionError`` (public),
+    never by the text. A handler that crashes is still logged at ERROR with its traceback: by kopf
+    (the exception is not an AdmissionError) or, for the webhooks wrapped by
+    :func:`reversi.handlers.admission.untrusted`, by that wrapper before it refuses with 500."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Webhook '") and "failed permanently" in message)
+        if record.levelno < logging.ERROR:
+            return True
+        handled = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        return not isinstance(handled, kopf.AdmissionError)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf settings, the webhook server, and the objects the webhooks read (API client, metrics)."""
-    ours = _settings or OperatorSettings()
+    ours = runtime.settings_of(memo)
     common.configure_kopf(settings, ours)
     settings.execution.max_workers = ours.admission_threads
     settings.peering.standalone = True  # replicas work side by side: admission has nothing to hand over
@@ -69,7 +81,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     metrics = AdmissionMetrics()
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
-    runtime.init_admission(ours, kube, metrics)
+    memo[runtime.MEMO_KEY] = runtime.build_admission(ours, kube, metrics)  # every webhook's memo.parts
 
 
 kopf.on.login()(common.login)
@@ -81,15 +93,14 @@ kopf.on.login()(common.login)
 @click.option("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off).")
 @click.option("--verbose", is_flag=True, help="Debug logging.")
 def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
-    global _settings
-    _settings = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
+    ours = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
     objects = logging.getLogger("kopf.objects")
-    objects.addFilter(_RefusalsAreNotErrors())
+    objects.addFilter(RefusalsAreNotErrors())
     if not verbose:  # kopf says "Webhook ... succeeded" for every review: one line per recorded call
         objects.setLevel(logging.WARNING)
-    kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces, standalone=True,
-             liveness_endpoint=common.liveness_endpoint(_settings),
-             identity=common.identity())
+    kopf.run(clusterwide=not ours.namespaces, namespaces=ours.namespaces, standalone=True,
+             liveness_endpoint=common.liveness_endpoint(ours),
+             identity=common.identity(), memo=kopf.Memo({runtime.SETTINGS_KEY: ours}))
 
 
 if __name__ == "__main__":

@@ -32,21 +32,20 @@ from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import runtime
 from ..handlers.reconciler import Reconciler
+from ..handlers.runs import RunStatusWriter
 from ..handlers.workers import Workers
 from ..handlers import schema as schema_handlers
 from ..metrics import Metrics
-from ..settings import OperatorSettings
 
 log = logging.getLogger("reversi.operator")
-_settings: OperatorSettings | None = None
-_stop = threading.Event()
 PEERING_PRIORITY_BASE = 10**11
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """kopf settings (progress in annotations, never in status) and the shared objects."""
-    ours = _settings or OperatorSettings()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """kopf settings (progress in annotations, never in status) and the operator's parts, put on
+    ``memo`` for every handler (:mod:`reversi.handlers.runtime`)."""
+    ours = runtime.settings_of(memo)
     common.configure_kopf(settings, ours)
     if ours.peering is None:
         settings.peering.standalone = True
@@ -57,9 +56,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = ours.peering
         settings.peering.mandatory = True
         settings.peering.priority = PEERING_PRIORITY_BASE - int(time.time() * 10) % PEERING_PRIORITY_BASE
-    if runtime.initialised():
-        state = runtime.state()  # a retry of this activity: the port and threads are there already
-    else:
+    parts = runtime.built(memo)  # a retry of this activity: the port and threads are there already
+    if parts is None:
         # a connection for each thread that calls the API at once: reconcile workers, kopf's handler
         # threads, an inline journal's move, and the gauges' refresh
         connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1
@@ -68,49 +66,54 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         metrics = Metrics(namespaces=ours.namespaces)
         if ours.metrics_port:
             metrics.serve(ours.metrics_port)
-        threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, _stop), daemon=True,
-                         name="metrics-refresh").start()
-        state = runtime.init(ours, kube, metrics, parts=_parts)
+        parts = runtime.build(ours, kube, metrics, operating=_operating)
+        memo[runtime.MEMO_KEY] = parts
+        threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
+                         daemon=True, name="metrics-refresh").start()
     # before any handler writes: refuse to reconcile against CRDs older than this operator. While
-    # the API server cannot answer, nothing reconciles (state.schema stays unset) and the check is
+    # the API server cannot answer, nothing reconciles (parts.schema stays unset) and the check is
     # made again on the CRDs' watch events, which kopf lists as soon as it reaches the API server
     try:
-        schema_handlers.check_now(state)
+        schema_handlers.check_now(parts)
     except Exception as err:  # noqa: BLE001 - the CRD events check again; never a start that cannot finish
         log.warning("the installed CRDs could not be read yet (%s); the check is made again when kopf lists them",
                     err)
 
 
-def _parts(state: runtime.State) -> tuple[Reconciler, Workers]:
-    """The reconciler (reading kopf's indices and the run informers from ``state``) and the
-    workers, a fixed pool started now: the threads do not grow with the requests."""
-    ours = state.settings
-    reconciler = Reconciler(state.kube, ours, state.metrics, allowed=runtime.reconciling, shared=state)
+def _operating(parts: runtime.Parts) -> runtime.Operating:
+    """The reconciler (reading kopf's indices and the run informers from ``parts``), the workers,
+    a fixed pool started now (the threads do not grow with the requests), and the Run status
+    writer (one thread)."""
+    ours = parts.settings
+    reconciler = Reconciler(parts.kube, ours, parts.metrics, allowed=parts.reconciling, shared=parts)
     workers = Workers(reconciler, ours.tick_seconds, size=ours.workers, paused=_peering.paused)
     workers.start()
-    return reconciler, workers
+    run_status = RunStatusWriter(parts.kube, ours.run_status_quiet_seconds, parts.reconciling)
+    return runtime.Operating(reconciler, workers, run_status)
 
 
 kopf.on.login()(common.login)
 
 
 @kopf.on.probe(id="rollbacks")
-def rollbacks_probe(**_: Any) -> int:
+def rollbacks_probe(memo: kopf.Memo, **_: Any) -> int:
     """Liveness detail: how many RollbackRequests are queued or in a pass (kopf answers /healthz
     only while its watches and handlers run; this adds what the operator is doing)."""
-    return runtime.operating()[1].count() if runtime.initialised() else 0
+    parts = runtime.built(memo)
+    return parts.operating().workers.count() if parts is not None else 0
 
 
 @kopf.on.cleanup()
-def cleanup(**_: Any) -> None:
-    _stop.set()
-    try:
-        state = runtime.state()
-        runtime.operating()[1].stop_all()
-        if state.journals is not None:
-            state.journals.stop_all()
-    except RuntimeError:
-        pass
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    parts = runtime.built(memo)
+    if parts is None:
+        return
+    parts.stopping.set()
+    operating = parts.operating()
+    operating.workers.stop_all()
+    operating.run_status.stop()
+    if parts.journals is not None:
+        parts.journals.stop_all()
 
 
 @click.command(help=__doc__.split("\n\n")[0])
@@ -119,11 +122,10 @@ def cleanup(**_: Any) -> None:
 @click.option("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off).")
 @click.option("--verbose", is_flag=True, help="Debug logging.")
 def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
-    global _settings
-    _settings = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
-    kopf.run(clusterwide=not _settings.namespaces, namespaces=_settings.namespaces,
-             standalone=_settings.peering is None, liveness_endpoint=common.liveness_endpoint(_settings),
-             identity=common.identity())
+    ours = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
+    kopf.run(clusterwide=not ours.namespaces, namespaces=ours.namespaces,
+             standalone=ours.peering is None, liveness_endpoint=common.liveness_endpoint(ours),
+             identity=common.identity(), memo=kopf.Memo({runtime.SETTINGS_KEY: ours}))
 
 if __name__ == "__main__":
     main()

@@ -50,7 +50,7 @@ from pydantic import BaseModel, ValidationError
 from ..adapters import journal as jr
 from ..adapters.jobs import Owner, build_job
 from ..adapters import apicalls as calls
-from ..adapters.kube import api_message
+from ..adapters.kube import Kube, api_message
 from ..adapters import run_tree as tree_io
 from ..engine import acknowledgement
 from ..engine import admission as rules
@@ -137,9 +137,8 @@ def untrusted(fn: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
-def _manifest(namespace: str, name: str | None) -> ToolManifestSpec | None:
-    state = runtime.state()
-    return ix.manifest(state.indices, namespace, name, state.kube)
+def _manifest(parts: runtime.Parts, namespace: str, name: str | None) -> ToolManifestSpec | None:
+    return ix.manifest(parts.indices, namespace, name, parts.kube)
 
 
 def _raw(fn: Callable[[dict], None]) -> Callable[[kopf.RawBody], None]:
@@ -153,7 +152,7 @@ def _raw(fn: Callable[[dict], None]) -> Callable[[kopf.RawBody], None]:
 @kopf.on.mutate(G, V, "runs", id="mutate-run", operations=OPS, persistent=True)
 @untrusted
 def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
-               name: str | None = None, **_: Any) -> None:
+               memo: kopf.Memo, name: str | None = None, **_: Any) -> None:
     """Stamp the principal, new steps' snapshots and times, and new resolutions' actors (of a
     valid spec only: a malformed one is refused here, with the field)."""
     ref = (body.get("spec") or {}).get("parentRef") if isinstance(body.get("spec"), dict) else None
@@ -169,9 +168,10 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         patch.spec["principal"] = user
     elif old_spec.get("principal") and not spec.get("principal"):
         patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
-    family = _family(namespace, spec, old, operation)
+    parts = runtime.parts(memo)
+    family = _family(parts.kube, namespace, spec, old, operation)
     manifest_ref = spec.get("manifestRef")
-    manifest = _manifest(namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
+    manifest = _manifest(parts, namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
     old_steps = {s.get("index"): s for s in old_spec.get("steps") or [] if isinstance(s, dict)}
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
     known_steps = set(old_steps)
@@ -230,7 +230,7 @@ def _stamp_acknowledgement(old: Any, spec: dict, user: str, now: str, last_reque
                 new.pop(f, None)
 
 
-def _check_acknowledgement(old: dict, spec: RunSpec, old_spec: RunSpec, userinfo: dict, namespace: str,
+def _check_acknowledgement(kube: Kube, old: dict, spec: RunSpec, old_spec: RunSpec, userinfo: dict, namespace: str,
                            name: str, what: str) -> None:
     """Setting, changing or withdrawing ``spec.acknowledgement`` needs the RBAC verb
     ``acknowledge`` on runs (a SubjectAccessReview for the caller), and setting one needs an
@@ -239,7 +239,7 @@ def _check_acknowledgement(old: dict, spec: RunSpec, old_spec: RunSpec, userinfo
     new_ack = spec.acknowledgement.model_dump(by_alias=True) if spec.acknowledgement else None
     if not acknowledgement.changed(old_ack, new_ack):
         return
-    if not _allowed(userinfo, namespace, G, "runs", "acknowledge", name):
+    if not _allowed(kube, userinfo, namespace, G, "runs", "acknowledge", name):
         raise kopf.AdmissionError(f"{what}: acknowledging a run's residue needs the RBAC verb acknowledge on runs "
                                   f"(reversi.dev), which {_user(userinfo)} does not have: bind the role "
                                   "reversi-acknowledge (docs/operations.md#rbac)", code=403)
@@ -249,7 +249,7 @@ def _check_acknowledgement(old: dict, spec: RunSpec, old_spec: RunSpec, userinfo
             raise kopf.AdmissionError(f"{what}: {problem}", code=409)
 
 
-def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[dict], None]:
+def _family(kube: Kube, namespace: str, spec: dict, old: Any, operation: str) -> Callable[[dict], None]:
     """What a Run's place in a tree needs from the server (nested runs, rule 17): on create,
     ``spec.parentRef.step`` = the parent's step count now (a client's value is overwritten) and the
     labels ``reversi.dev/parent`` and ``reversi.dev/root`` (a client's are dropped); on update the
@@ -263,7 +263,6 @@ def _family(namespace: str, spec: dict, old: Any, operation: str) -> Callable[[d
     labels: dict[str, str] = {}
     step: int | None = None
     if operation == "CREATE" and parent is not None:
-        kube = runtime.state().kube
         parent_obj = kube.get("runs", namespace, parent)
         if parent_obj is not None:  # else refused by the validating webhook
             step = jr.count_steps(kube.custom, namespace, parent)
@@ -319,11 +318,12 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
 @untrusted
 def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
-                 **kwargs: Any) -> None:
+                 memo: kopf.Memo, **kwargs: Any) -> None:
     """Refuse what rules 7, 9 and 10 forbid, and forward duplicates, in an inline journal given on
     create (an import, moved into RunSteps by the operator); on update the inline journal never
     changes."""
-    ix.capture(kwargs)
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
     what = f"Run {namespace}/{name}"
     if operation == "CREATE" and len(name) > MAX_RUN_NAME:
         raise kopf.AdmissionError(f"{what}: a Run name is at most {MAX_RUN_NAME} characters (it labels the run's "
@@ -335,15 +335,15 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         refusal = rules.check_principal(old_spec, spec, user, what)
         if refusal is None:
             _check_inline_frozen(old_spec, spec, namespace, name, what)
-            _check_acknowledgement(old, spec, old_spec, userinfo, namespace, name, what)
+            _check_acknowledgement(parts.kube, old, spec, old_spec, userinfo, namespace, name, what)
         else:
-            _refuse(refusal, namespace, user, what, dryrun)
+            _refuse(parts, refusal, namespace, user, what, dryrun)
         return
     if spec.acknowledgement is not None:
         raise kopf.AdmissionError(f"{what}: a new run has no rollback to acknowledge: remove spec.acknowledgement",
                                   code=422)
     if spec.parent_ref is not None:
-        _check_parent(namespace, name, spec.parent_ref.name, what)
+        _check_parent(parts.kube, namespace, name, spec.parent_ref.name, what)
     try:
         build_graph(spec)
     except InvalidRun as err:
@@ -354,24 +354,23 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
         for step in added:
             refusal = refusal or rules.check_call_size(step, MAX_CALL_BYTES)
     if refusal is None and added:
-        halts = _halts(namespace)
+        halts = _halts(parts.kube, namespace)
         refusal = rules.check_halts(halts, namespace, spec, added)
         if refusal is None:
-            manifest = _manifest(namespace, spec.manifest_ref.name)
+            manifest = _manifest(parts, namespace, spec.manifest_ref.name)
             refusal = rules.check_tools(spec, added, manifest, f"{namespace}/{spec.manifest_ref.name}")
             refusal = refusal or rules.check_recovery(spec, added, manifest)
             if refusal is None:
                 refusal = rules.check_duplicates(spec, added, set(), manifest)
     if refusal is not None:
-        _refuse(refusal, namespace, user, what, dryrun)
+        _refuse(parts, refusal, namespace, user, what, dryrun)
 
 
-def _check_parent(namespace: str, name: str, parent: str, what: str) -> None:
+def _check_parent(kube: Kube, namespace: str, name: str, parent: str, what: str) -> None:
     """A new child Run (nested runs, rule 17): its parent exists in the same namespace, is
     not the run itself, makes no cycle, nests at most 8 deep, its tree stays within 64 runs below
     the root, and it is open (a parent being rolled back, or rolled back, takes no new child, as it
     takes no new step)."""
-    kube = runtime.state().kube
     chain = tree_io.ancestry(kube, namespace, name, parent) if parent != name else []
     root = tree_rules.root_of(name, chain)
     below = tree_io.count_below(kube, namespace, root) if chain and chain[0] is not None else 0
@@ -397,14 +396,13 @@ def _check_inline_frozen(old: RunSpec, new: RunSpec, namespace: str, name: str, 
             "with its RunStep's spec.resolution (kubectl reversi resolve)", code=422)
 
 
-def _refuse(refusal: rules.Refusal, namespace: str, user: str, what: str, dryrun: bool) -> None:
+def _refuse(parts: runtime.Parts, refusal: rules.Refusal, namespace: str, user: str, what: str, dryrun: bool) -> None:
     """Count and log a refused call, then raise it as the admission answer."""
-    state = runtime.state()
     if not dryrun:
-        if state.metrics:
-            state.metrics.refused_call(namespace, refusal.tool, refusal.reason)
+        if parts.metrics:
+            parts.metrics.refused_call(namespace, refusal.tool, refusal.reason)
         if refusal.halt is not None:
-            _count_refusal(*refusal.halt)
+            _count_refusal(parts.kube, *refusal.halt)
     log.info("%s: refused (%s) for %s: %s", what, refusal.reason, user, refusal.message)
     codes = {rules.HALTED: 403, rules.FOREIGN_PRINCIPAL: 403, rules.RUN_CLOSED: 403}
     raise kopf.AdmissionError(refusal.message, code=codes.get(refusal.reason, 422))
@@ -447,7 +445,7 @@ def _same_call(inline: dict, spec: dict) -> bool:
 @kopf.on.mutate(G, V, "runsteps", id="mutate-runstep", operations=OPS, persistent=True, side_effects=True)
 @untrusted
 def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation: str, namespace: str,
-                    dryrun: bool = False, **kwargs: Any) -> None:
+                    memo: kopf.Memo, dryrun: bool = False, **kwargs: Any) -> None:
     """Record one step: on create, stamp what must come from the server (the Run as owner, the run
     and forward-key labels, the tool's manifest entry as ``snapshot``, ``recordedAt``, the
     ``principal``) and check the journal's rules (:func:`_check_new_step`), so that recording a
@@ -455,7 +453,8 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     step). On update, put back what a client dropped and stamp a new resolution's ``actor`` and
     ``resolvedAt``. Refuses a step past the run's limit (before the schema would, so the message
     says why)."""
-    ix.capture(kwargs)
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
     user = _user(userinfo)
     spec = body.get("spec")
     index = spec.get("index") if isinstance(spec, dict) else None
@@ -473,20 +472,20 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
         patch.fns.append(_raw(_carry_step_stamps((old or {}).get("spec") or {}, (old or {}).get("metadata") or {},
                                                  user, now)))
         return
-    reads = _read_for_new_step(namespace, run, index, body)
+    reads = _read_for_new_step(parts, namespace, run, index, body)
     run_obj = reads.run
     if run_obj is None:
         raise kopf.AdmissionError(f"{what}: Run {namespace}/{run} not found: open the run before recording its steps "
                                   "(Recorder.open creates it)", code=404)
     run_spec = run_obj.get("spec") or {}
     ref = run_spec.get("manifestRef")
-    manifest = _manifest(namespace, ref.get("name") if isinstance(ref, dict) else None)
+    manifest = _manifest(parts, namespace, ref.get("name") if isinstance(ref, dict) else None)
     tool = spec.get("tool")
     entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
     inline = _inline_step(run_obj, index)
     moved = inline is not None and _same_call(inline, spec)
     if not moved:
-        _check_new_step(parsed, name, run_obj, manifest, entry, user, namespace, dryrun, reads)
+        _check_new_step(parts, parsed, name, run_obj, manifest, entry, user, namespace, dryrun, reads)
     label = _forward_key_label_of(spec, _carried_snapshot(spec) if moved else entry)
     owner = jr.owner_reference(run, run_obj["metadata"]["uid"])
     principal = run_spec.get("principal") if moved else user
@@ -570,7 +569,7 @@ class NewStepReads:
     halts: list[rules.HaltView] = field(default_factory=list)
 
 
-def _read_for_new_step(namespace: str, run: str, index: int, body: dict) -> NewStepReads:
+def _read_for_new_step(parts: runtime.Parts, namespace: str, run: str, index: int, body: dict) -> NewStepReads:
     """Everything :func:`_check_new_step` reads, read at once: the Run, the previous step and the
     two kinds of halt do not depend on one another, so a review waits for the slowest of these
     reads, not for their sum (the moved copy of an inline step needs its Run only, and usually
@@ -578,18 +577,17 @@ def _read_for_new_step(namespace: str, run: str, index: int, body: dict) -> NewS
     cached = _moved_run(namespace, run, index, body)
     if cached is not None:
         return NewStepReads(cached)
-    state = runtime.state()
-    kube = state.kube
+    kube = parts.kube
 
     def previous_step() -> dict | None:
         return kube.get("runsteps", namespace, step_name(run, index - 1)) if index > 0 else None
 
-    if state.reads is None:  # a process with no pool of its own for this: one read after the other
-        return NewStepReads(_run_of_step(namespace, run), previous_step(), _halts(namespace))
-    run_f = state.reads.submit(_run_of_step, namespace, run)
-    previous_f = state.reads.submit(previous_step)
-    halts_f = state.reads.submit(_namespace_halts, namespace)
-    cluster_halts_f = state.reads.submit(_cluster_halts)
+    if parts.reads is None:  # a process with no pool of its own for this: one read after the other
+        return NewStepReads(_run_of_step(kube, namespace, run), previous_step(), _halts(kube, namespace))
+    run_f = parts.reads.submit(_run_of_step, kube, namespace, run)
+    previous_f = parts.reads.submit(previous_step)
+    halts_f = parts.reads.submit(_namespace_halts, kube, namespace)
+    cluster_halts_f = parts.reads.submit(_cluster_halts, kube)
     return NewStepReads(run_f.result(), previous_f.result(), [*halts_f.result(), *cluster_halts_f.result()])
 
 
@@ -607,11 +605,11 @@ def _moved_run(namespace: str, run: str, index: int, body: dict) -> dict | None:
     return None
 
 
-def _run_of_step(namespace: str, run: str) -> dict | None:
+def _run_of_step(kube: Kube, namespace: str, run: str) -> dict | None:
     """The Run a new step belongs to as the API server holds it now (a consistent read: the Run's
     lock decides rule 11), or None when it does not exist; a Run with an inline journal is kept
     for the rest of its move (:data:`_INLINE_RUNS`)."""
-    run_obj = runtime.state().kube.get("runs", namespace, run)
+    run_obj = kube.get("runs", namespace, run)
     if run_obj is not None and (run_obj.get("spec") or {}).get("steps"):
         if len(_INLINE_RUNS) >= 8 and (namespace, run) not in _INLINE_RUNS:
             _INLINE_RUNS.pop(next(iter(_INLINE_RUNS)))
@@ -655,8 +653,9 @@ def _carry_step_stamps(old_spec: dict, old_meta: dict, user: str, now: str) -> C
     return carry
 
 
-def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolManifestSpec | None,
-                    entry: ToolSpec | None, user: str, namespace: str, dryrun: bool, reads: NewStepReads) -> None:
+def _check_new_step(parts: runtime.Parts, spec: RunStepSpec, name: str, run_obj: dict,
+                    manifest: ToolManifestSpec | None, entry: ToolSpec | None, user: str, namespace: str, dryrun: bool,
+                    reads: NewStepReads) -> None:
     """The journal's rules for a new step, at a cost that does not depend on the run's length:
     the name ``<run>-<index>``, the Run's principal (rule 10) and lock (rule 11), steps in order
     with no gap, size limits, halts (rule 9), tools with no manifest entry in enforce mode, strict
@@ -664,7 +663,7 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
     resolution. ``reads``: the previous step and the halts (:func:`_read_for_new_step`); only a
     forward key and a child run's ancestors are read here. Raises ``kopf.AdmissionError`` with
     what to fix."""
-    kube = runtime.state().kube
+    kube = parts.kube
     what = f"RunStep {namespace}/{name}"
     run = spec.run_ref.name
     run_ref = f"Run {namespace}/{run}"
@@ -684,7 +683,7 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
     refusal = refusal or rules.check_run_open(run_status.get("activeRequest"), run_status.get("closedBy"), run_ref,
                                               spec.tool)
     if refusal is not None:
-        _refuse(refusal, namespace, user, run_ref, dryrun)
+        _refuse(parts, refusal, namespace, user, run_ref, dryrun)
     previous = reads.previous
     if spec.index > 0 and previous is None and _inline_step(run_obj, spec.index - 1) is None:
         raise kopf.AdmissionError(f"{what}: step {spec.index - 1} of {run_ref} is not recorded: a run's steps are "
@@ -706,22 +705,23 @@ def _check_new_step(spec: RunStepSpec, name: str, run_obj: dict, manifest: ToolM
         refusal = rules.check_tools(run_spec, [step], manifest, f"{namespace}/{run_spec.manifest_ref.name}")
         refusal = refusal or rules.check_recovery(run_spec, [step], manifest)
     if refusal is None and entry is not None and entry.idempotency_key:
-        refusal = _forward_duplicate(namespace, run, step, entry.idempotency_key)
+        refusal = _forward_duplicate(kube, namespace, run, step, entry.idempotency_key)
     if refusal is not None:
-        _refuse(refusal, namespace, user, run_ref, dryrun)
+        _refuse(parts, refusal, namespace, user, run_ref, dryrun)
 
 
 @kopf.on.validate(G, V, "runsteps", id="validate-runstep", operations=["UPDATE", "DELETE"], persistent=True)
 @untrusted
 def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str,
-                      operation: str, **kwargs: Any) -> None:
+                      operation: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """A recorded step's later writes (its create is checked by :func:`mutate_run_step`): only the
     Run's principal changes the call's outcome (rule 10; an outcome write of a step that carries
     its principal is checked by the API server's own policy and never reaches this webhook),
     size limits, a resolution with a note (rule 7). A RunStep is deleted only with its Run."""
-    ix.capture(kwargs)
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
     what = f"RunStep {namespace}/{name}"
-    kube = runtime.state().kube
+    kube = parts.kube
     if operation == "DELETE":
         run = (((old or body).get("spec") or {}).get("runRef") or {}).get("name")
         run_obj = kube.get("runs", namespace, run) if isinstance(run, str) else None
@@ -743,12 +743,12 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
         refusal = rules.check_step_principal(principal, user, run_ref, spec.tool)
     refusal = refusal or rules.check_call_size(spec, MAX_CALL_BYTES)
     if refusal is not None:
-        _refuse(refusal, namespace, user, run_ref, dryrun)
+        _refuse(parts, refusal, namespace, user, run_ref, dryrun)
     if spec.resolution is not None and old_spec.resolution is None and not spec.resolution.note.strip():
         raise kopf.AdmissionError(f"{what}: spec.resolution.note: a note is required (say how you know)", code=422)
 
 
-def _forward_duplicate(namespace: str, run: str, step: Any, template: Any) -> rules.Refusal | None:
+def _forward_duplicate(kube: Kube, namespace: str, run: str, step: Any, template: Any) -> rules.Refusal | None:
     """The earlier calls with the same forward key, found by their label (one LIST of the few
     steps that carry it, never a scan of the run). The LIST is a consistent read (the API server
     serves it from its watch cache once that cache holds etcd's current revision): an earlier
@@ -758,7 +758,7 @@ def _forward_duplicate(namespace: str, run: str, step: Any, template: Any) -> ru
     except MissingValue:
         return None
     label = forward_key_label(step.tool, key)
-    found = calls.list_objects(runtime.state().kube.custom, "runsteps", namespace,
+    found = calls.list_objects(kube.custom, "runsteps", namespace,
                                label_selector=f"{LABEL_RUN}={run},{LABEL_FORWARD_KEY}={label}")
     earlier = []
     for obj in found:
@@ -771,18 +771,18 @@ def _forward_duplicate(namespace: str, run: str, step: Any, template: Any) -> ru
     return rules.check_forward_duplicate(step, key, earlier)
 
 
-def _halts(namespace: str) -> list[rules.HaltView]:
+def _halts(kube: Kube, namespace: str) -> list[rules.HaltView]:
     """The halts in force for ``namespace``: its Halts and every ClusterHalt, read from the API
     server's watch cache (``resourceVersion=0``, no read of etcd): a halt is in force on every
     replica within milliseconds of being stored (a watch of this process's own would add its
     delivery to that, and the kill switch is the one rule that must not wait)."""
-    return [*_namespace_halts(namespace), *_cluster_halts()]
+    return [*_namespace_halts(kube, namespace), *_cluster_halts(kube)]
 
 
-def _namespace_halts(namespace: str) -> list[rules.HaltView]:
+def _namespace_halts(kube: Kube, namespace: str) -> list[rules.HaltView]:
     """The Halts of ``namespace`` (see :func:`_halts`)."""
     views = []
-    for obj in runtime.state().kube.list("halts", namespace, cached=True):
+    for obj in kube.list("halts", namespace, cached=True):
         try:
             spec = HaltSpec.model_validate(obj.get("spec") or {})
         except ValidationError:
@@ -791,10 +791,10 @@ def _namespace_halts(namespace: str) -> list[rules.HaltView]:
     return views
 
 
-def _cluster_halts() -> list[rules.HaltView]:
+def _cluster_halts(kube: Kube) -> list[rules.HaltView]:
     """Every ClusterHalt (see :func:`_halts`)."""
     views = []
-    for obj in runtime.state().kube.list("clusterhalts", cached=True):
+    for obj in kube.list("clusterhalts", cached=True):
         try:
             cspec = ClusterHaltSpec.model_validate(obj.get("spec") or {})
         except ValidationError:
@@ -803,9 +803,8 @@ def _cluster_halts() -> list[rules.HaltView]:
     return views
 
 
-def _count_refusal(kind: str, namespace: str | None, name: str) -> None:
+def _count_refusal(kube: Kube, kind: str, namespace: str | None, name: str) -> None:
     """Add one to the halt's ``status.refusedCalls`` (optimistic concurrency, a few tries)."""
-    kube = runtime.state().kube
     plural = "halts" if kind == "Halt" else "clusterhalts"
     for _ in range(5):
         try:
@@ -869,15 +868,18 @@ def mutate_rollback_request(body: Any, old: Any, patch: kopf.Patch, userinfo: di
 
 @kopf.on.validate(G, V, "rollbackrequests", id="validate-rollbackrequest", operations=OPS, persistent=True)
 @untrusted
-def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, **kwargs: Any) -> None:
+def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: str, name: str, memo: kopf.Memo,
+                              **kwargs: Any) -> None:
     """Approving compensations is a permission of its own: RBAC verb ``approve`` (rule 8); so is
     forcing an undo over a failed precondition: RBAC verb ``force`` (rule 16)."""
     what = f"RollbackRequest {namespace}/{name}"
+    parts = runtime.parts(memo)
+    kube = parts.kube
     spec = _parse(RollbackRequestSpec, body.get("spec"), what)
     steps, all_now = rules.new_approvals((old or {}).get("spec"), body.get("spec") or {})
     denied = rules.new_denials((old or {}).get("spec"), body.get("spec") or {})
     forced = rules.new_forces((old or {}).get("spec"), body.get("spec") or {})
-    if forced and not _allowed(userinfo, namespace, G, "rollbackrequests", "force", name):
+    if forced and not _allowed(kube, userinfo, namespace, G, "rollbackrequests", "force", name):
         raise kopf.AdmissionError(
             f"{_user(userinfo)} may not force step(s) {forced} of {what}: forcing an undo whose precondition does "
             f"not hold needs the RBAC verb \"force\" on rollbackrequests.reversi.dev in namespace {namespace}; "
@@ -885,11 +887,11 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
     named = [*steps, *denied, *forced]
     if named:  # one Run read: approvals and denials must name steps whose compensation asks for
         # approval, forces steps whose compensation has a precondition
-        run = runtime.state().kube.get("runs", namespace, spec.run_ref.name)
+        run = kube.get("runs", namespace, spec.run_ref.name)
         if run is not None:
             run_spec = _parse(RunSpec, run.get("spec"), f"Run {namespace}/{spec.run_ref.name}")
-            ix.capture(kwargs)
-            recorded = _approved_steps(namespace, spec.run_ref.name, run_spec, named)
+            ix.capture(parts, kwargs)
+            recorded = _approved_steps(kube, namespace, spec.run_ref.name, run_spec, named)
             for group, word in ((steps, "approval"), (denied, "denial")):
                 refusal = rules.check_approvals(recorded, group) if group else None
                 if refusal is not None:
@@ -900,38 +902,38 @@ def validate_rollback_request(body: Any, old: Any, userinfo: dict, namespace: st
                 raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
     if not steps and not all_now and not denied:
         return
-    if not _may_approve(userinfo, namespace, name):  # one SubjectAccessReview for both
-        parts = (["all compensations (approveCompensations)"] if all_now else []) + \
-                ([f"step(s) {steps}"] if steps else [])
-        doing = " and ".join(x for x in (f"approve {' and '.join(parts)}" if parts else "",
+    if not _may_approve(kube, userinfo, namespace, name):  # one SubjectAccessReview for both
+        approving = (["all compensations (approveCompensations)"] if all_now else []) + \
+                    ([f"step(s) {steps}"] if steps else [])
+        doing = " and ".join(x for x in (f"approve {' and '.join(approving)}" if approving else "",
                                           f"deny step(s) {denied}" if denied else "") if x)
         needs = {(True, False): "approving needs", (False, True): "denying needs"}.get(
-            (bool(parts), bool(denied)), "approving and denying need")
+            (bool(approving), bool(denied)), "approving and denying need")
         raise kopf.AdmissionError(
             f"{_user(userinfo)} may not {doing} of {what}: {needs} the RBAC verb \"approve\" "
             f"on rollbackrequests.reversi.dev in namespace {namespace}; ask for a Role granting it", code=403)
 
 
-def _approved_steps(namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
+def _approved_steps(kube: Kube, namespace: str, run: str, run_spec: RunSpec, steps: list[int]) -> RunSpec:
     """The run's journal with just the approved ``steps`` (their RunSteps, or inline steps of 0.1)."""
-    entries = [ix.step_entry(runtime.state().kube, namespace, run, i) for i in steps
+    entries = [ix.step_entry(kube, namespace, run, i) for i in steps
                if isinstance(i, int) and 0 <= i < MAX_RUN_STEPS]
     return assemble(run_spec, [e for e in entries if e is not None]).spec
 
 
-def _may_approve(userinfo: dict, namespace: str, name: str) -> bool:
+def _may_approve(kube: Kube, userinfo: dict, namespace: str, name: str) -> bool:
     """A SubjectAccessReview for the caller: verb approve on rollbackrequests."""
-    return _allowed(userinfo, namespace, G, "rollbackrequests", "approve", name)
+    return _allowed(kube, userinfo, namespace, G, "rollbackrequests", "approve", name)
 
 
-def _allowed(userinfo: dict, namespace: str, group: str, resource: str, verb: str, name: str | None) -> bool:
+def _allowed(kube: Kube, userinfo: dict, namespace: str, group: str, resource: str, verb: str,
+             name: str | None) -> bool:
     """Whether the caller may ``verb`` ``resource`` (a SubjectAccessReview with their identity)."""
     info = userinfo or {}
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=info.get("username"), groups=info.get("groups"), uid=info.get("uid"), extra=info.get("extra"),
         resource_attributes=client.V1ResourceAttributes(
             group=group, resource=resource, verb=verb, namespace=namespace, name=name)))
-    kube = runtime.state().kube
     result = calls.call(client.AuthorizationV1Api(kube.api).create_subject_access_review, review,  # changes nothing
                         timeout=kube.timeout)
     return bool(result.status and result.status.allowed)
@@ -962,7 +964,7 @@ def _validation_message(err: ValidationError) -> str:
 @kopf.on.validate(G, V, "toolmanifests", id="validate-toolmanifest", operations=OPS, persistent=True)
 @untrusted
 def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict, warnings: list[str],
-                           **_: Any) -> None:
+                           memo: kopf.Memo, **_: Any) -> None:
     """Shape, templates, runners the API server would accept as Job containers, and permission:
     a runner runs with the namespace's Secrets and service accounts, so its author must be allowed
     to create Jobs there and to read every Secret it names."""
@@ -971,7 +973,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
     refusal = rules.check_templates(spec) or rules.check_guards(spec)
     if refusal is not None:
         raise kopf.AdmissionError(f"{what}: {refusal.message}", code=422)
-    state = runtime.state()
+    kube = runtime.parts(memo).kube
     for runner in spec.runners:
         texts = [runner.image, *runner.command, *runner.args,
                  *[str(e.get("value", "")) for e in runner.env if isinstance(e, dict)]]
@@ -981,7 +983,7 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
         needs: list[tuple[str, str, str, str | None]] = [("batch", "jobs", "create", None)]
         needs += [("", "secrets", "get", secret) for secret in _secrets_named(runner)]
         for group, resource, verb, obj in needs:
-            if not _allowed(userinfo, namespace, group, resource, verb, obj):
+            if not _allowed(kube, userinfo, namespace, group, resource, verb, obj):
                 target = f"secret {obj!r}" if obj else "jobs"
                 raise kopf.AdmissionError(
                     f"{what}: runner {runner.name!r} would run with {target}, but {_user(userinfo)} may not "
@@ -992,8 +994,8 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
                            call={}, idempotency_key="0" * 64)
         job["metadata"]["ownerReferences"] = []
         try:
-            calls.call(client.BatchV1Api(state.kube.api).create_namespaced_job, namespace, job,  # a dry run
-                       dry_run="All", timeout=state.kube.timeout)
+            calls.call(client.BatchV1Api(kube.api).create_namespaced_job, namespace, job,  # a dry run
+                       dry_run="All", timeout=kube.timeout)
         except (ApiException, ValidationError) as err:
             # the API server's validation, or the client's own (it checks shapes before sending)
             message = _validation_message(err) if isinstance(err, ValidationError) else api_message(err)
@@ -1003,21 +1005,21 @@ def validate_tool_manifest(body: Any, namespace: str, name: str, userinfo: dict,
 
 @kopf.on.validate(G, V, "halts", id="validate-halt", operations=OPS, persistent=True)
 @untrusted
-def validate_halt(body: Any, namespace: str, name: str, warnings: list[str], **_: Any) -> None:
+def validate_halt(body: Any, namespace: str, name: str, warnings: list[str], memo: kopf.Memo, **_: Any) -> None:
     what = f"Halt {namespace}/{name}"
     spec = _parse(HaltSpec, body.get("spec"), what)
-    _check_halt(what, spec, namespace, warnings)
+    _check_halt(runtime.parts(memo).kube, what, spec, namespace, warnings)
 
 
 @kopf.on.validate(G, V, "clusterhalts", id="validate-clusterhalt", operations=OPS, persistent=True)
 @untrusted
-def validate_cluster_halt(body: Any, name: str, warnings: list[str], **_: Any) -> None:
+def validate_cluster_halt(body: Any, name: str, warnings: list[str], memo: kopf.Memo, **_: Any) -> None:
     what = f"ClusterHalt {name}"
     spec = _parse(ClusterHaltSpec, body.get("spec"), what)
-    _check_halt(what, spec, None, warnings)
+    _check_halt(runtime.parts(memo).kube, what, spec, None, warnings)
 
 
-def _check_halt(what: str, spec: Any, namespace: str | None, warnings: list[str]) -> None:
+def _check_halt(kube: Kube, what: str, spec: Any, namespace: str | None, warnings: list[str]) -> None:
     """Refuse a pattern that can never match (one rule with the CLI and matching:
     :func:`reversi.models.halt.pattern_problem`); warn when ``scope.tool`` matches no tool of the
     ToolManifests in reach (the halt is admitted: a manifest may come later; its status says
@@ -1030,7 +1032,7 @@ def _check_halt(what: str, spec: Any, namespace: str | None, warnings: list[str]
         return
     scope = spec.scope.model_dump(exclude_none=True)
     try:
-        manifests = runtime.state().kube.list("toolmanifests", namespace, cached=True)
+        manifests = kube.list("toolmanifests", namespace, cached=True)
     except ApiException:
         return  # cannot see the manifests in reach (a ClusterHalt, namespaced operator): no warning
     tools = rules.tools_in_reach(manifests, namespace, scope)

@@ -29,6 +29,7 @@ from ..adapters import apicalls as calls
 from ..adapters import status as st
 from ..engine import admission as rules
 from ..engine.admission import reach_text, tools_in_reach
+from ..adapters.kube import Kube
 from ..models.halt import ClusterHaltScope, HaltScope
 from . import runtime
 
@@ -74,8 +75,7 @@ def halt_conditions(spec: Any, namespace: str | None, tools: list[str] | None, o
     return c.set_condition(conds, cond)
 
 
-def _tools(namespace: str | None, scope: dict | None) -> list[str] | None:
-    kube = runtime.state().kube
+def _tools(kube: Kube, namespace: str | None, scope: dict | None) -> list[str] | None:
     try:
         return tools_in_reach(kube.list("toolmanifests", namespace, cached=True), namespace, scope)
     except ApiException as err:  # e.g. a ClusterHalt while the operator watches some namespaces only
@@ -112,8 +112,9 @@ def halt_status(body: Any, namespace: str | None = None, tools: list[str] | None
             "observedGeneration": gen, "conditions": conds}
 
 
-def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck: bool = False) -> None:
-    if not runtime.reconciling():
+def _report(parts: runtime.Parts, body: Any, plural: str, namespace: str | None, name: str, *,
+            recheck: bool = False) -> None:
+    if not parts.reconciling():
         return
     status = body.get("status") or {}
     meta = body["metadata"]
@@ -124,11 +125,12 @@ def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck
             c.get_condition(conditions, c.READY) and (not has_tool or c.get_condition(conditions, c.MATCHES_NO_TOOL)
                                                       or not c.is_true(conditions, c.ACTIVE)):
         return  # reported for this generation (a halt of an older operator gets its conditions now)
-    update = halt_status(body, namespace, _tools(namespace, spec.get("scope")) if has_tool else [], recheck=recheck)
+    kube = parts.kube
+    update = halt_status(body, namespace, _tools(kube, namespace, spec.get("scope")) if has_tool else [],
+                         recheck=recheck)
     if update is None:
         return
     patch = {"status": update}
-    kube = runtime.state().kube
     try:
         calls.patch(kube.custom, plural, name, patch, namespace or None, status=True, timeout=kube.timeout)
     except ApiException as err:
@@ -136,46 +138,45 @@ def _report(body: Any, plural: str, namespace: str | None, name: str, *, recheck
             raise
 
 
-def recheck_reach(namespace: str) -> None:
+def recheck_reach(parts: runtime.Parts, namespace: str) -> None:
     """A ToolManifest in ``namespace`` changed: re-check ``MatchesNoTool`` of the halts that reach it."""
-    kube = runtime.state().kube
+    kube = parts.kube
     for obj in kube.list("halts", namespace, cached=True):
         if ((obj.get("spec") or {}).get("scope") or {}).get("tool"):
-            _report(obj, "halts", namespace, obj["metadata"]["name"], recheck=True)
+            _report(parts, obj, "halts", namespace, obj["metadata"]["name"], recheck=True)
     try:
         cluster_halts = kube.list("clusterhalts", cached=True)
     except ApiException:
         return
     for obj in cluster_halts:
         if ((obj.get("spec") or {}).get("scope") or {}).get("tool"):
-            _report(obj, "clusterhalts", None, obj["metadata"]["name"], recheck=True)
+            _report(parts, obj, "clusterhalts", None, obj["metadata"]["name"], recheck=True)
 
 
-def halt_changed(type: str, body: Any, namespace: str | None, name: str) -> None:
+def halt_changed(parts: runtime.Parts, type: str, body: Any, namespace: str | None, name: str) -> None:
     """A Halt was added, changed or deleted (``type``: the watch event), or is taken up again."""
     if type != "DELETED":
-        _report(body, "halts", namespace, name)
-    _refresh_gauges()
+        _report(parts, body, "halts", namespace, name)
+    _refresh_gauges(parts)
 
 
-def cluster_halt_changed(type: str, body: Any, name: str) -> None:
+def cluster_halt_changed(parts: runtime.Parts, type: str, body: Any, name: str) -> None:
     """A ClusterHalt was added, changed or deleted, or is taken up again."""
     if type != "DELETED":
-        _report(body, "clusterhalts", None, name)
-    _refresh_gauges()
+        _report(parts, body, "clusterhalts", None, name)
+    _refresh_gauges(parts)
 
 
 @kopf.on.event(G, V, "halts")
-def halt_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
-    halt_changed(type, body, namespace, name)
+def halt_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    halt_changed(runtime.parts(memo), type, body, namespace, name)
 
 
 @kopf.on.event(G, V, "clusterhalts")
-def cluster_halt_event(type: str, body: kopf.Body, name: str, **_: Any) -> None:
-    cluster_halt_changed(type, body, name)
+def cluster_halt_event(type: str, body: kopf.Body, name: str, memo: kopf.Memo, **_: Any) -> None:
+    cluster_halt_changed(runtime.parts(memo), type, body, name)
 
 
-def _refresh_gauges() -> None:
-    state = runtime.state()
-    if state.metrics:
-        state.metrics.refresh_halts(state.kube)
+def _refresh_gauges(parts: runtime.Parts) -> None:
+    if parts.metrics:
+        parts.metrics.refresh_halts(parts.kube)

@@ -76,14 +76,14 @@ class Indices:
     jobs: Mapping[Any, Any] | None = None
 
 
-def capture(kwargs: Mapping[str, Any]) -> Indices | None:
-    """Keep the indices kopf passed to a handler for code that runs outside handlers (workers)."""
+def capture(parts: runtime.Parts, kwargs: Mapping[str, Any]) -> Indices | None:
+    """Keep the indices kopf passed to a handler (its ``kwargs``) on the process's ``parts``, for
+    code that runs outside handlers (workers)."""
     if "manifest_specs" not in kwargs:
         return None
     found = Indices(kwargs["manifest_specs"], kwargs.get("run_jobs"))
-    state = runtime.state()
-    if state.indices is None:
-        state.indices = found
+    if parts.indices is None:
+        parts.indices = found
     return found
 
 

@@ -54,20 +54,21 @@ def manifest_status(body: Any) -> dict | None:
 
 
 @kopf.on.event(G, V, "toolmanifests")
-def tool_manifest_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+def tool_manifest_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo,
+                        **_: Any) -> None:
     assert namespace is not None  # ToolManifests are namespaced
-    tool_manifest_changed(type, body, namespace, name)
+    tool_manifest_changed(runtime.parts(memo), type, body, namespace, name)
 
 
-def tool_manifest_changed(type: str, body: Any, namespace: str, name: str) -> None:
+def tool_manifest_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str) -> None:
     """Report the manifest's acceptance and readiness; its tools changed or went away, so re-check
     the halts that reach it (one that matched no tool may match one now, or the other way)."""
-    if not runtime.reconciling():
+    if not parts.reconciling():
         return
     if type == "DELETED":
-        halts.recheck_reach(namespace)
+        halts.recheck_reach(parts, namespace)
         return
     status = manifest_status(body)
     if status is not None:
-        halts.recheck_reach(namespace)
-        runtime.state().kube.merge_status("toolmanifests", namespace, name, status)
+        halts.recheck_reach(parts, namespace)
+        parts.kube.merge_status("toolmanifests", namespace, name, status)

@@ -21,28 +21,30 @@ log = logging.getLogger("reversi.rollback")
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "rollbackrequests")
-def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo,
+                           **kwargs: Any) -> None:
     """Start a worker for an unfinished request (also on operator start: kopf lists them all)."""
     assert namespace is not None  # RollbackRequests are namespaced
-    ix.capture(kwargs)
-    reconciler, workers = runtime.operating()
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
+    reconciler, workers, _ = parts.operating()
     if type == "DELETED":
         workers.stop(namespace, name)
-        if runtime.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (rule 14)
+        if parts.reconciling():  # deleted mid-way: release the Run, settle what its Jobs did (rule 14)
             run_name = run_ref_name(body)
             try:
                 reconciler.request_deleted(namespace, name, run_name)
             except Exception as err:  # noqa: BLE001 - the next request, or the Job's event, settles it
                 log.warning("RollbackRequest %s/%s deleted: Run %s not settled now: %s", namespace, name, run_name, err)
         return
-    if not runtime.reconciling():
+    if not parts.reconciling():
         return
     status = body.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES:
         # a final request does no more work, but a spec change is still observed (kstatus)
         update = st.observed_update(status, body["metadata"].get("generation"))
         if update is not None:
-            runtime.state().kube.merge_status("rollbackrequests", namespace, name, update)
+            parts.kube.merge_status("rollbackrequests", namespace, name, update)
         return
     workers.ensure(namespace, name)
 
@@ -52,32 +54,34 @@ run_jobs = kopf.index("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: "reversi"})
-def rollback_job_event(body: kopf.Body, namespace: str | None, type: str = "", **kwargs: Any) -> None:
+def rollback_job_event(body: kopf.Body, namespace: str | None, memo: kopf.Memo, type: str = "",
+                       **kwargs: Any) -> None:
     """A compensator or reader Job finished or was deleted: wake its request's worker at once (a
     Job that only started, or whose pod changed, does not: nothing in a pass would change, and
     the pass of a request's Jobs runs one at a time). A compensator that finished after its
     request was deleted is settled here (the Job is the Run's)."""
     assert namespace is not None  # Jobs are namespaced
-    ix.capture(kwargs)
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
     finished = any(cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True"
                    for cond in (body.get("status") or {}).get("conditions") or [])
     request = (body.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_REQUEST)
     if request and (finished or type in (None, "DELETED")):  # None: listed when the watch (re)starts
-        runtime.operating()[1].ensure(namespace, request)
+        parts.operating().workers.ensure(namespace, request)
     labels = body.get("metadata", {}).get("labels") or {}
-    if finished and labels.get(LABEL_ROLE) == "compensator" and type != "DELETED" and runtime.reconciling():
-        runtime.operating()[0].job_finished(namespace, dict(body))
+    if finished and labels.get(LABEL_ROLE) == "compensator" and type != "DELETED" and parts.reconciling():
+        parts.operating().reconciler.job_finished(namespace, dict(body))
 
 
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
-def move_inline_journal(type: str, body: kopf.Body, **kwargs: Any) -> None:
+def move_inline_journal(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A Run was created or changed: wake the requests waiting for it to exist, and those waiting
     for its lock once ``status.activeRequest`` is empty (no polling).
     A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
     every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
-    ix.capture(kwargs)
-    state = runtime.state()
-    reconciler, workers = runtime.operating()
+    parts = runtime.parts(memo)
+    ix.capture(parts, kwargs)
+    reconciler, workers, _ = parts.operating()
     meta = body["metadata"]
     if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
         for request in reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
@@ -87,9 +91,9 @@ def move_inline_journal(type: str, body: kopf.Body, **kwargs: Any) -> None:
             workers.ensure(meta["namespace"], request)
     if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
         return
-    if not runtime.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade
+    if not parts.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade
         return
     try:
-        jr.migrate_inline(state.kube.custom, dict(body))
+        jr.migrate_inline(parts.kube.custom, dict(body))
     except jr.JournalError as err:
         raise kopf.PermanentError(str(err)) from err

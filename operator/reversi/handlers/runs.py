@@ -5,15 +5,15 @@ changes a Run (each step is a RunStep of its own), so this handler has little to
 the status up to date when a Run is created or its spec edited, once the Run has been quiet for
 ``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus.
 
-A de-duplicating delayed queue and one thread, not a thread per Run.
+The :class:`RunStatusWriter` debounces each Run's key on the operator's work queue
+(:mod:`reversi.workqueue`), served by one thread, not a thread per Run.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -21,64 +21,59 @@ import kopf
 from .. import conditions as c
 from ..adapters import status as st
 from ..engine import acknowledgement
-from ..adapters.kube import Conflict
+from ..adapters.kube import Conflict, Kube
 from ..models.rollbackrequest import run_ref_name
+from ..workqueue import WorkQueue
 from . import runtime
 
 log = logging.getLogger("reversi.runs")
 
-
-class Quiet:
-    """Keys become due ``quiet`` seconds after their last :meth:`put`; ``work(key, value)`` runs
-    for each due key, with the last value put, on one daemon thread."""
-
-    def __init__(self, work: Any):
-        self.work = work
-        self._latest: dict[Any, tuple[float, Any]] = {}
-        self._heap: list[tuple[float, Any]] = []
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def put(self, key: Any, value: Any, quiet: float) -> None:
-        due = time.monotonic() + quiet
-        with self._cv:
-            self._latest[key] = (due, value)
-            heapq.heappush(self._heap, (due, key))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True, name="run-status")
-                self._thread.start()
-            self._cv.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._heap:
-                    self._cv.wait()
-                due, key = self._heap[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-                latest = self._latest.get(key)
-                if latest is None or latest[0] != due:
-                    continue  # a later put superseded this one
-                del self._latest[key]
-                value = latest[1]
-            try:
-                self.work(key, value)
-            except Exception as err:  # noqa: BLE001 - a status write is retried by the next event
-                log.warning("Run %s/%s: status not updated: %s", *key, err)
+RunKey = tuple[str, str]  # (namespace, name)
 
 
-def _write(key: tuple[str, str], body: dict) -> None:
-    if not runtime.reconciling():
+class RunStatusWriter:
+    """Writes a Run's status ``quiet_seconds`` after the last :meth:`changed` of it, from the last
+    body given, on one daemon thread; a write that fails is logged and left to the Run's next
+    event. ``reconciling``: whether status may be written now (:meth:`runtime.Parts.reconciling`)."""
+
+    def __init__(self, kube: Kube, quiet_seconds: float, reconciling: Callable[[], bool]):
+        self.kube = kube
+        self.quiet = quiet_seconds
+        self.reconciling = reconciling
+        self.queue: WorkQueue[RunKey] = WorkQueue(self._write_latest, workers=1, name="run-status")
+        self._lock = threading.Lock()
+        self._latest: dict[RunKey, dict] = {}  # the last body given for each queued Run
+
+    def changed(self, namespace: str, name: str, body: dict) -> None:
+        """The Run's status may be behind ``body`` (what the write needs of the Run: metadata's
+        generation, resourceVersion and annotations, spec.acknowledgement, status)."""
+        key = (namespace, name)
+        with self._lock:
+            self._latest[key] = body
+        self.queue.start()
+        self.queue.debounce(key, self.quiet)
+
+    def stop(self) -> None:
+        self.queue.stop()
+
+    def _write_latest(self, key: RunKey) -> None:
+        with self._lock:
+            body = self._latest.pop(key, None)
+        if body is None:
+            return  # written with an earlier pass
+        try:
+            _write(self.kube, self.reconciling, key, body)
+        except Exception as err:  # noqa: BLE001 - a status write is retried by the next event
+            log.warning("Run %s/%s: status not updated: %s", *key, err)
+
+
+def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict) -> None:
+    if not reconciling():
         return
     ack = acknowledgement.acknowledged(body)
     update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1], ack)
     if update is None:
         return
-    kube = runtime.state().kube
     try:
         kube.merge_status("runs", key[0], key[1], update, resource_version=body["metadata"]["resourceVersion"])
     except Conflict:
@@ -111,26 +106,25 @@ def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgemen
         pass  # changed since: the Run's next event brings it here again
 
 
-_queue = Quiet(_write)
-
-
 @kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
-def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     assert namespace is not None  # Runs are namespaced
-    if runtime.initialised() and runtime.state().metrics is not None:  # the incomplete-rollbacks gauge, from events
-        runtime.state().metrics.run_observed(namespace, name, None if type == "DELETED" else dict(body))
-    run_changed(type, body, namespace, name)
+    parts = runtime.parts(memo)
+    if parts.metrics is not None:  # the incomplete-rollbacks gauge, from events
+        parts.metrics.run_observed(namespace, name, None if type == "DELETED" else dict(body))
+    run_changed(parts, type, body, namespace, name)
 
 
-def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
+def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str) -> None:
     """Queue the Run when its status is behind its generation or its conditions."""
-    if type == "DELETED" or not runtime.reconciling():
+    if type == "DELETED" or not parts.reconciling():
         return
+    operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}
     holder = status.get("activeRequest")
     if holder:  # a lock held by a request deleted while the operator was down is released (rule 14)
         try:
-            runtime.operating()[0].lock_orphaned(namespace, name, holder)
+            operating.reconciler.lock_orphaned(namespace, name, holder)
         except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
             log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
     if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None:
@@ -138,11 +132,10 @@ def run_changed(type: str, body: Any, namespace: str, name: str) -> None:
         annotations = meta.get("annotations") or {}
         legacy = annotations.get(acknowledgement.LEGACY_ANNOTATION)
         ack = (body.get("spec") or {}).get("acknowledgement")
-        _queue.put((namespace, name), {
+        operating.run_status.changed(namespace, name, {
             "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion"),
                          "annotations": {} if legacy is None else {acknowledgement.LEGACY_ANNOTATION: legacy}},
             "spec": {"acknowledgement": dict(ack)} if isinstance(ack, dict) else {},
             "status": {"observedGeneration": status.get("observedGeneration"),
                        "lastRequest": status.get("lastRequest"),
-                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}},
-            runtime.state().settings.run_status_quiet_seconds)
+                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}})

@@ -1,34 +1,61 @@
-"""The process's shared objects (API client, reconciler, workers, metrics), made at start-up.
+"""The process's parts (API client, metrics, reconciler, workers, run status writer), shared through
+kopf's ``memo``.
 
-``reversi-operator`` builds them all (:func:`init`); ``reversi-admission`` builds only what its
-webhooks read (:func:`init_admission`: the API client, metrics and kopf's indices): it has no
-reconciler and no workers.
+Each entry point's start-up handler builds them once and puts them on the operator's memo as
+``memo.parts`` (kopf docs, "In-memory containers": the operator's memo is populated in start-up
+handlers, and each resource's memo is a shallow copy of it, so every handler's ``memo.parts`` is
+this one object). Handlers read them with :func:`parts`; code that is not a handler (the worker
+and writer threads, the schema check) is handed them. ``reversi-operator`` builds them all
+(:func:`build`); ``reversi-admission`` builds only what its webhooks read (:func:`build_admission`:
+the API client, metrics and kopf's indices): it has no reconciler and no workers.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..adapters.kube import Kube
 from ..adapters.stepwatch import RunJournals
 from ..settings import OperatorSettings
 
-if TYPE_CHECKING:  # types only: the start-up handler builds them (init's ``parts``)
+if TYPE_CHECKING:  # types only: the start-up handler builds them (build's ``operating``)
     from .reconciler import Reconciler
+    from .runs import RunStatusWriter
     from .workers import Workers
+
+#: the key of the parts on kopf's memo (``memo.parts``)
+MEMO_KEY = "parts"
+#: the key of the process's settings on kopf's memo (``memo.settings``), given to ``kopf.run`` by
+#: the entry point's ``main`` (the start-up handler reads them; without them, the environment's)
+SETTINGS_KEY = "settings"
+
+#: The reads an admission review makes at once at most (a new step: its Run, the previous step,
+#: the namespace's Halts and the ClusterHalts).
+READS_PER_REVIEW = 4
+
+
+class Operating(NamedTuple):
+    """The parts only ``reversi-operator`` has."""
+
+    reconciler: Reconciler
+    workers: Workers
+    run_status: RunStatusWriter
 
 
 @dataclass
-class State:
+class Parts:
+    """What the handlers of one process share (see the module docstring)."""
+
     settings: OperatorSettings
     kube: Kube
-    reconciler: Reconciler | None
-    workers: Workers | None
     metrics: Any = None
-    #: the RunSteps of the runs being worked on, one informer per run (made by :func:`init`)
+    #: the reconciler, the rollback workers and the Run status writer (``reversi-operator`` only)
+    operating_parts: Operating | None = None
+    #: the RunSteps of the runs being worked on, one informer per run (``reversi-operator`` only)
     journals: RunJournals | None = None
     indices: Any = None  # the live kopf indices (reversi.handlers.indices.Indices), once a handler saw them
     #: the last schema check (``reversi.schema.SchemaCheck``); None until the first one
@@ -36,58 +63,59 @@ class State:
     #: the admission server's threads for the reads one review makes at once (never kopf's handler
     #: threads: a review waiting on its reads holds one of those)
     reads: Executor | None = None
+    #: set when the process stops: its own threads (the gauges' refresh) end
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def reconciling(self) -> bool:
+        """Whether the operator may write status: only after a schema check found the installed
+        CRDs current (``reversi.handlers.schema``); older CRDs would prune what it writes."""
+        return self.schema is not None and self.schema.ok
+
+    def operating(self) -> Operating:
+        """The reconciler, the workers and the Run status writer of ``reversi-operator``. Raises
+        ``RuntimeError`` in a process that has none (the admission server)."""
+        if self.operating_parts is None:
+            raise RuntimeError("this process does not reconcile (it is the admission server)")
+        return self.operating_parts
 
 
-_state: State | None = None
-
-#: The reads an admission review makes at once at most (a new step: its Run, the previous step,
-#: the namespace's Halts and the ClusterHalts).
-READS_PER_REVIEW = 4
-
-
-def init(settings: OperatorSettings, kube: Kube, metrics: Any = None,
-         parts: Callable[[State], tuple[Reconciler, Workers]] | None = None) -> State:
-    """Build the shared objects once; handlers reach them through :func:`state`. ``parts``
-    builds the reconciler and the workers from the state (``reversi-operator``'s start-up handler
-    passes it: this module never imports them, so nothing they import reaches back up to them)."""
-    global _state
-    _state = State(settings, kube, None, None, metrics,
-                   journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
-    if parts is not None:
-        _state.reconciler, _state.workers = parts(_state)
-    return _state
+def build(settings: OperatorSettings, kube: Kube, metrics: Any = None,
+          operating: Callable[[Parts], Operating] | None = None) -> Parts:
+    """``reversi-operator``'s parts, with a run informer set for the journals. ``operating``
+    builds the reconciler, the workers and the Run status writer from the parts (the start-up
+    handler passes it: this module never imports them, so nothing they import reaches back up to
+    them)."""
+    built = Parts(settings, kube, metrics,
+                  journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
+    if operating is not None:
+        built.operating_parts = operating(built)
+    return built
 
 
-def init_admission(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> State:
-    """The admission server's shared objects: no reconciler, no workers, no run informers."""
-    global _state
+def build_admission(settings: OperatorSettings, kube: Kube, metrics: Any = None) -> Parts:
+    """The admission server's parts: no reconciler, no workers, no run informers; a pool of
+    ``READS_PER_REVIEW`` threads per handler thread for a review's reads."""
     reads = ThreadPoolExecutor(max_workers=READS_PER_REVIEW * settings.admission_threads,
                                thread_name_prefix="admission-read")
-    _state = State(settings, kube, None, None, metrics, reads=reads)
-    return _state
+    return Parts(settings, kube, metrics, reads=reads)
 
 
-def operating() -> tuple[Reconciler, Workers]:
-    """The reconciler and the workers of ``reversi-operator``. Raises ``RuntimeError`` in a
-    process that has none (the admission server)."""
-    state_ = state()
-    if state_.reconciler is None or state_.workers is None:
-        raise RuntimeError("this process does not reconcile (it is the admission server)")
-    return state_.reconciler, state_.workers
+def parts(memo: Any) -> Parts:
+    """The parts on kopf's ``memo`` (a handler's ``memo`` kwarg, a ``kopf.Memo``). Raises
+    ``RuntimeError`` when the start-up handler has not put them there."""
+    found = built(memo)
+    if found is None:
+        raise RuntimeError("the operator's start-up handler has not built its parts yet")
+    return found
 
 
-def reconciling() -> bool:
-    """Whether the operator may write status: only after a schema check found the installed
-    CRDs current (``reversi.handlers.schema``); older CRDs would prune what it writes."""
-    return _state is not None and _state.schema is not None and _state.schema.ok
+def built(memo: Any) -> Parts | None:
+    """The parts on kopf's ``memo``, or None before the start-up handler built them."""
+    found = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else None
+    return found if isinstance(found, Parts) else None
 
 
-def state() -> State:
-    if _state is None:
-        raise RuntimeError("the operator's start-up handler has not run yet")
-    return _state
-
-
-def initialised() -> bool:
-    """Whether :func:`init` has run (the operator is up; a reconciler used on its own is not)."""
-    return _state is not None
+def settings_of(memo: Any) -> OperatorSettings:
+    """The settings ``main`` gave ``kopf.run`` on the memo, else the environment's (``REVERSI_*``)."""
+    given = memo.get(SETTINGS_KEY) if isinstance(memo, Mapping) else None
+    return given if isinstance(given, OperatorSettings) else OperatorSettings()

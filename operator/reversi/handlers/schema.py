@@ -3,7 +3,7 @@
 While any installed CRD is older than the operator (``reversi.schema``), the operator logs it,
 posts a Warning Event ``SchemaOutdated`` on each such CRD naming the version it needs, sets
 ``reversi_crd_schema_outdated`` to 1 and reconciles nothing: every handler and worker asks
-:func:`reversi.handlers.runtime.reconciling` first. When the CRDs are upgraded, the CRD watch
+:meth:`reversi.handlers.runtime.Parts.reconciling` first. When the CRDs are upgraded, the CRD watch
 sees it, the Event ``SchemaCurrent`` says so, and :func:`resync` takes up every object again
 (kopf does not replay objects it has already seen).
 """
@@ -30,15 +30,15 @@ from . import runtime
 log = logging.getLogger("reversi.schema")
 
 
-def check_now(state: runtime.State) -> schema.SchemaCheck:
-    """Read the CRDs, record the verdict on ``state`` and report a change (log, Events, metric);
+def check_now(parts: runtime.Parts) -> schema.SchemaCheck:
+    """Read the CRDs, record the verdict on ``parts`` and report a change (log, Events, metric);
     when the CRDs just became current, :func:`resync`. Returns the verdict."""
-    crds = read_crds(state.kube.api, schema.CRD_NAMES)
+    crds = read_crds(parts.kube.api, schema.CRD_NAMES)
     result = schema.check(crds)
-    before = state.schema
-    state.schema = result
-    if state.metrics:
-        state.metrics.schema_checked(result)
+    before = parts.schema
+    parts.schema = result
+    if parts.metrics:
+        parts.metrics.schema_checked(result)
     if not result.ok:
         if before is None or before.problems != result.problems:
             log.error("refusing to reconcile: %s", result.summary())
@@ -46,15 +46,15 @@ def check_now(state: runtime.State) -> schema.SchemaCheck:
             for problem in result.problems:
                 name = problem.split(" ", 1)[0]
                 if name in by_name:
-                    _crd_event(state.kube, by_name[name], c.SCHEMA_OUTDATED,
+                    _crd_event(parts.kube, by_name[name], c.SCHEMA_OUTDATED,
                                f"{problem}; the operator reconciles nothing until the CRDs are upgraded", True)
     elif before is None:
         log.info("%s", result.summary())
     elif not before.ok:
         log.info("the CRDs were upgraded: %s; reconciling again", result.summary())
         for crd in crds:
-            _crd_event(state.kube, crd, c.SCHEMA_CURRENT, f"{result.summary()}; the operator reconciles again", False)
-        resync(state)
+            _crd_event(parts.kube, crd, c.SCHEMA_CURRENT, f"{result.summary()}; the operator reconciles again", False)
+        resync(parts)
     return result
 
 
@@ -79,30 +79,31 @@ def _crd_event(kube: Any, crd: dict, reason: str, message: str, warning: bool) -
         log.warning("event %s on CRD %s not posted: %s", reason, meta["name"], err)
 
 
-def resync(state: runtime.State) -> None:
+def resync(parts: runtime.Parts) -> None:
     """Take up every object again after the gate opened: start workers for unfinished
     RollbackRequests and bring the status of the other kinds up to date."""
     from . import halts, manifests, runs  # the handler modules import runtime, not this one
 
-    namespaces: list[str | None] = [*state.settings.namespaces] or [None]
+    kube = parts.kube
+    namespaces: list[str | None] = [*parts.settings.namespaces] or [None]
     for ns in namespaces:
-        for req in state.kube.list("rollbackrequests", ns):
+        for req in kube.list("rollbackrequests", ns):
             meta = req["metadata"]
             if (req.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 update = st.observed_update(req.get("status"), meta.get("generation"))
                 if update is not None:
-                    state.kube.merge_status("rollbackrequests", meta["namespace"], meta["name"], update)
+                    kube.merge_status("rollbackrequests", meta["namespace"], meta["name"], update)
             else:
-                runtime.operating()[1].ensure(meta["namespace"], meta["name"])
-        for halt in state.kube.list("halts", ns):
-            halts.halt_changed("MODIFIED", halt, halt["metadata"]["namespace"], halt["metadata"]["name"])
-        for manifest in state.kube.list("toolmanifests", ns):
-            manifests.tool_manifest_changed("MODIFIED", manifest, manifest["metadata"]["namespace"],
+                parts.operating().workers.ensure(meta["namespace"], meta["name"])
+        for halt in kube.list("halts", ns):
+            halts.halt_changed(parts, "MODIFIED", halt, halt["metadata"]["namespace"], halt["metadata"]["name"])
+        for manifest in kube.list("toolmanifests", ns):
+            manifests.tool_manifest_changed(parts, "MODIFIED", manifest, manifest["metadata"]["namespace"],
                                             manifest["metadata"]["name"])
-        for run in state.kube.list("runs", ns):
-            runs.run_changed("MODIFIED", run, run["metadata"]["namespace"], run["metadata"]["name"])
-    for halt in state.kube.list("clusterhalts"):
-        halts.cluster_halt_changed("MODIFIED", halt, halt["metadata"]["name"])
+        for run in kube.list("runs", ns):
+            runs.run_changed(parts, "MODIFIED", run, run["metadata"]["namespace"], run["metadata"]["name"])
+    for halt in kube.list("clusterhalts"):
+        halts.cluster_halt_changed(parts, "MODIFIED", halt, halt["metadata"]["name"])
 
 
 def _ours(name: str, **_: Any) -> bool:
@@ -110,6 +111,6 @@ def _ours(name: str, **_: Any) -> bool:
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_ours)
-def crd_event(**_: Any) -> None:
+def crd_event(memo: kopf.Memo, **_: Any) -> None:
     """One of Reversi's CRDs was created, changed or deleted: check again."""
-    check_now(runtime.state())
+    check_now(runtime.parts(memo))
