@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-import reversi.handlers.runtime  # noqa: F401 - imports the handlers in the order the operator does
 from reversi.handlers.workers import Workers
 
 
