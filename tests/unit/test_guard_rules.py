@@ -46,7 +46,6 @@ def test_a_force_must_name_a_step_whose_compensation_has_a_precondition():
 
 
 def test_a_run_deleted_or_created_again_after_the_lock_is_gone_for_the_request():
-    import reversi.handlers.runtime  # noqa: F401 - imports the handlers in the order the operator does
     from reversi.handlers.reconciler import run_gone
 
     pinned = {"runSteps": 2, "startTime": "2026-01-01T10:00:05Z"}

@@ -3,7 +3,6 @@ the timing of attempts, and who waits for a Run's lock (no API: these touch none
 
 from __future__ import annotations
 
-import reversi.handlers.runtime  # noqa: F401  (imports the handlers in their order: reconciler <-> indices)
 from reversi.engine import executor as ex
 from reversi.handlers.reconciler import PassMemory, Reconciler, _plan_key, current_readers, run_gone
 from reversi.models.run import StepUndo

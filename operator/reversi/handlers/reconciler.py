@@ -188,7 +188,7 @@ class Reconciler(TreeRollback):
 
     def __init__(self, kube: Kube, settings: OperatorSettings, metrics: Any = None,
                  allowed: Callable[[], bool] = lambda: True, shared: Any = None):
-        """``shared``: the process's shared objects (``reversi.handlers.runtime.State``), read for
+        """``shared``: the process's shared objects (``reversi.handlers.runtime.Parts``), read for
         kopf's indices (ToolManifests, each run's Jobs) and the runs' RunStep informers; None (a
         reconciler on its own, e.g. in a test) reads all of it from the API."""
         self.kube = kube
