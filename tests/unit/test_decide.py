@@ -247,6 +247,56 @@ def test_rule3_a_journal_entry_is_this_requests_and_a_read_back_keeps_the_earlie
     assert (checked.verification, checked.verified_by) == ("verified", "undo") and checked.verified_at is not None
 
 
+def test_a_failed_undo_whose_effect_nobody_knows_is_journaled_so_and_reported_unknown():
+    """A compensator killed mid-call (no answer of its own) fails the step; the pass journals
+    ``effectUnknown`` with it and the report types its residue ``unknown``
+    (docs/concepts.md#the-report), not ``failed``."""
+    killed = ex.JobView("failed", "DeadlineExceeded: ...; exit code 143", lost=True, effect_unknown=True)
+    d = dc.decide(inputs(1, mine={0: undo(0, "compensating")}, entries={0: {"step": 0, "stage": "compensating",
+                                                                            "attempts": 1}},
+                         jobs={("compensator", 0, 1, 0): killed}, retries=1))
+    assert d.runs[0].stage == "failed" and d.runs[0].effect_unknown is True
+    journal = [e for e in d.effects if isinstance(e, ex.Journal)]
+    assert journal[-1].state == "compensationFailed" and journal[-1].effect_unknown is True
+    entry = dc.journal_entry(journal[-1], key=KEY, request="undo", at="2026-01-01T00:00:00Z", error="x")
+    assert entry.effect_unknown is True
+    assert [(r.step, r.type) for r in d.ending.report.residue] == [(0, "unknown")]
+    answered = dc.decide(replace(inputs(1, mine={0: undo(0, "compensating")}, retries=1,
+                                        entries={0: {"step": 0, "stage": "compensating", "attempts": 1}},
+                                        jobs={("compensator", 0, 1, 0): ex.JobView("failed", "refund refused")})))
+    assert [(r.step, r.type) for r in answered.ending.report.residue] == [(0, "failed")]
+    assert dc.journal_entry(ex.Journal(0, "compensationFailed", 1, error="x"), key=KEY, request="undo",
+                            at=None, error="x").effect_unknown is None, "written only when true"
+
+
+def test_rule3_an_unknown_effect_outlives_the_pass_in_the_journal_and_the_status():
+    """Later passes rebuild the fact: from the journal for a step failed for good (also when the
+    status was not written before a crash), from the status entry while it waits to try again."""
+    failed = undo(0, "compensationFailed", attempts=1, last_error="compensation failed after 1 attempt: OOMKilled",
+                  effect_unknown=True)
+    for stage in ("failed", "compensating"):
+        d = dc.decide(inputs(1, mine={0: failed}, entries={0: {"step": 0, "stage": stage, "attempts": 1}}))
+        assert d.runs[0].stage == "failed" and d.runs[0].effect_unknown is True, stage
+        assert [(r.step, r.type) for r in d.ending.report.residue] == [(0, "unknown")], stage
+    waiting = {0: {"step": 0, "stage": "retrying", "attempts": 1, "lastError": "exit code 143", "effectUnknown": True}}
+    d = dc.decide(inputs(1, deadlineSeconds=10, now=NOW + 11, mine={0: undo(0, "compensating")}, entries=waiting))
+    assert d.runs[0].stage == "failed" and d.runs[0].effect_unknown is True
+    assert [(r.step, r.type) for r in d.ending.report.residue] == [(0, "unknown")]
+
+
+def test_an_earlier_requests_failed_read_back_is_reported_unknown_by_its_journal():
+    """A re-verify that failed to read (journaled ``effectUnknown``) stays ``unknown`` in later
+    reports; one that read a mismatch stays ``failed``."""
+    from reversi.engine.report import build_report
+
+    _, _, plan = make_run(1, prior=[undo(0, "compensated", request="older", verification="unverified")])  # at the lock
+    for unknown, kind in ((True, "unknown"), (None, "failed")):
+        prior = [undo(0, "compensationFailed", request="older", verification="verificationFailed",
+                      verified_by="undo", last_error="verification failed: x", effect_unknown=unknown)]
+        report = build_report(plan, dc.outcomes({}, {}, prior, finished=True))
+        assert [(r.step, r.type) for r in report.residue] == [(0, kind)], unknown
+
+
 def test_decide_imports_no_kubernetes():
     code = ("import json, sys; import reversi.engine.decide; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'kopf'))))")

@@ -361,3 +361,112 @@ def test_a_rereading_note_counts_only_the_reads_that_answered():
     new, effects = ex.advance(run, jobs(reader_1_3=wrong), READER, POLICY, now=0)
     assert new.stage == "rereading"
     assert "read-back 1 of 2 (2 lost, not counted)" in effects_of(ex.Note, effects)[0].message
+
+
+# ------------------------------- a failed undo whose effect nobody knows (docs/concepts.md#the-report)
+
+#: a compensator stopped mid-call (the deadline, an eviction, an OOM kill, its node lost): no answer of its own
+KILLED = ex.JobView("failed", "DeadlineExceeded: Job was active longer than specified deadline; exit code 143",
+                    lost=True, effect_unknown=True)
+#: a compensator that answered: it exited non-zero by itself
+ANSWERED = ex.JobView("failed", "refund refused: 409")
+#: a compensator whose program never ran (its image could not be pulled)
+NEVER_RAN = ex.JobView("failed", "DeadlineExceeded: ...; its container never ran: ErrImagePull", lost=True)
+
+
+def _attempts(views, retries, policy=None):
+    """Run one step's compensator attempts, each failing as ``views`` says, until it is final."""
+    policy = policy or ex.Policy(retries, 0, 0)
+    run, effects = ex.start(ex.StepRun(0), None)
+    journal = effects_of(ex.Journal, effects)
+    now = 0.0
+    for view in views:
+        run, effects = ex.advance(run, lambda role, attempt, read, view=view: view, READER, policy, now)
+        journal += effects_of(ex.Journal, effects)
+        if run.stage in ex.FINAL_STAGES:
+            break
+        run, effects = ex.advance(run, jobs(), READER, policy, now)  # retrying -> the next attempt
+        journal += effects_of(ex.Journal, effects)
+        now += 1.0
+    return run, journal
+
+
+def test_a_compensator_killed_mid_call_leaves_the_effect_unknown_and_journals_it():
+    run, journal = _attempts([KILLED], retries=1)
+    assert run.stage == "failed" and run.effect_unknown is True
+    assert journal[-1].state == "compensationFailed" and journal[-1].effect_unknown is True
+
+
+def test_a_compensator_that_answered_or_never_ran_is_a_plain_failure():
+    for view in (ANSWERED, NEVER_RAN):
+        run, journal = _attempts([view], retries=1)
+        assert run.stage == "failed" and run.effect_unknown is False, view
+        assert journal[-1].effect_unknown is False
+
+
+def test_the_last_attempt_that_ran_decides_whether_the_effect_is_unknown():
+    """An answer after a killed attempt says the effect may remain (failed); an attempt that
+    never ran tells nothing new, so a killed attempt before it still leaves the effect unknown."""
+    assert _attempts([KILLED, ANSWERED], retries=2)[0].effect_unknown is False
+    assert _attempts([ANSWERED, KILLED], retries=2)[0].effect_unknown is True
+    assert _attempts([KILLED, NEVER_RAN], retries=2)[0].effect_unknown is True
+
+
+def test_a_step_given_up_while_it_waits_after_a_killed_attempt_is_unknown():
+    """Cancelled (or past its deadline) while it waits to try again: it fails, and its last attempt
+    was killed mid-call, so its effect is unknown."""
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    waiting, _ = ex.advance(run, jobs(compensator_1=KILLED), READER, POLICY, now=0, rng=random.Random(1))
+    assert waiting.stage == "retrying" and waiting.effect_unknown is True
+    final, effects = ex.give_up(waiting, "the request was cancelled by ann")
+    assert final.stage == "failed" and final.effect_unknown is True
+    assert effects_of(ex.Journal, effects)[0].effect_unknown is True
+
+
+def test_a_cancel_that_stops_a_retry_keeps_what_the_killed_attempt_left():
+    run = ex.StepRun(1, stage="compensating", attempts=1)
+    final, _ = ex.advance(run, jobs(compensator_1=KILLED), READER, replace(POLICY, stop="cancelled by ann"), now=0)
+    assert final.stage == "failed" and final.effect_unknown is True
+
+
+def test_a_failed_read_back_leaves_the_effect_unknown_a_mismatch_does_not():
+    run = ex.StepRun(1, stage="verifying", attempts=1, reads=2)
+    failed_read, effects = ex.advance(run, jobs(reader_1_2=ex.JobView("failed", "exit code 1")), READER, POLICY, now=0)
+    assert failed_read.stage == "failed" and failed_read.effect_unknown is True
+    assert effects_of(ex.Journal, effects)[0].effect_unknown is True
+    no_json, _ = ex.advance(run, jobs(reader_1_2=ex.JobView("succeeded", output="oops")), READER, POLICY, now=0)
+    assert no_json.stage == "failed" and no_json.effect_unknown is True
+    wrong = ex.JobView("succeeded", output='{"refunded": false}')
+    mismatch, effects = ex.advance(run, jobs(reader_1_2=wrong), READER, POLICY, now=0)
+    assert mismatch.stage == "failed" and mismatch.effect_unknown is False
+    assert effects_of(ex.Journal, effects)[0].effect_unknown is False
+
+
+def test_a_killed_compensator_followed_by_a_success_is_not_unknown_any_more():
+    """A later attempt that succeeded answered: what a read-back says next decides."""
+    run, _ = ex.advance(ex.StepRun(1, stage="compensating", attempts=1), jobs(compensator_1=KILLED), READER,
+                        POLICY, now=0)
+    run, _ = ex.advance(run, jobs(), READER, POLICY, now=10)
+    assert run.stage == "compensating" and run.attempts == 2 and run.effect_unknown is True
+    run, effects = ex.advance(run, jobs(compensator_2=ex.JobView("succeeded")), READER, POLICY, now=11)
+    assert run.stage == "verifying" and run.effect_unknown is False and effects == [ex.StartJob(1, "reader", 2, 1)]
+
+
+def test_unresolvable_verification_arguments_leave_the_effect_unknown():
+    plan = ex.VerifyPlan("unavailable", tool="r", detail=f"{ex.UNAVAILABLE} (no id)")
+    done, effects = ex.advance(ex.StepRun(1, stage="compensating", attempts=1),
+                               jobs(compensator_1=ex.JobView("succeeded")), plan, POLICY, now=0)
+    assert done.stage == "failed" and done.effect_unknown is True
+    assert effects_of(ex.Journal, effects)[0].effect_unknown is True
+
+
+@given(st.lists(st.sampled_from(["killed", "answered", "never_ran"]), min_size=1, max_size=8))
+def test_property_a_failed_step_is_unknown_exactly_when_its_last_attempt_that_ran_was_killed(kinds):
+    """Whatever its attempts did, a step that fails is ``effect_unknown`` exactly when the last
+    attempt whose program ran gave no answer of its own; what is journaled says the same."""
+    views = {"killed": KILLED, "answered": ANSWERED, "never_ran": NEVER_RAN}
+    run, journal = _attempts([views[k] for k in kinds], retries=len(kinds))
+    ran = [k for k in kinds if k != "never_ran"]
+    assert run.stage == "failed"
+    assert run.effect_unknown is (bool(ran) and ran[-1] == "killed")
+    assert [j.effect_unknown for j in journal if j.state == "compensationFailed"] == [run.effect_unknown]

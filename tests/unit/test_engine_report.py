@@ -64,9 +64,45 @@ def test_rule5_verification_failure_is_a_failed_step():
                           {0: StepOutcome(COMPENSATED, "verificationFailed", error='status is "x", expected "y"')})
     assert [(f.step, f.error) for f in report.failed] == [(0, 'status is "x", expected "y"')]
     assert [(r.step, r.type) for r in report.residue] == [(0, "failed")]  # the effect may remain
-    read = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed",
+    read = build_report(plan, {0: StepOutcome(COMPENSATED, "verificationFailed", effect_unknown=True,
                                               error="verification failed: read failed: exit code 1")})
     assert [(r.step, r.type) for r in read.residue] == [(0, "unknown")]  # nobody knows whether it is gone
+
+
+def test_a_failed_undo_is_residue_unknown_by_the_structured_fact_never_by_its_text():
+    """Typed residue (docs/concepts.md#the-report): a failed step is ``unknown`` exactly when its
+    outcome says nobody knows its effect (``effect_unknown``: its last compensator that ran was
+    killed mid-call, or its read-back failed); the error's words decide nothing."""
+    plan = build_plan(run_spec([step(0, W), step(1, W), step(2, W)]), run_id=RUN_ID)
+    report = build_report(plan, {
+        0: StepOutcome(FAILED, error="compensation failed after 3 attempts: DeadlineExceeded: ...; exit code 143",
+                       effect_unknown=True),
+        1: StepOutcome(FAILED, error="compensation failed after 3 attempts: refund refused: 409"),
+        2: StepOutcome(FAILED, error="compensation failed after 1 attempt: read failed (its own words)"),
+    })
+    assert [(r.step, r.type) for r in report.residue] == [(0, "unknown"), (1, "failed"), (2, "failed")]
+    assert "whether its effect is gone is unknown" in report.residue[0].text
+    assert "its effect may remain" in report.residue[1].text
+    assert report.complete is False and [f.step for f in report.failed] == [0, 1, 2]
+
+
+def test_a_failed_undo_journaled_with_an_unknown_effect_is_reported_unknown():
+    """A failed undo read back from the journal (``status.undo``) keeps its ``effectUnknown``."""
+    undo = [StepUndo(step=0, state="compensationFailed", idempotency_key="a" * 64, attempts=2,
+                     last_error="compensation failed after 2 attempts: OOMKilled: exit code 137", effect_unknown=True),
+            StepUndo(step=1, state="compensationFailed", idempotency_key="b" * 64, attempts=2,
+                     last_error="compensation failed after 2 attempts: refund refused")]
+    out = outcomes_from_undo(undo)
+    assert out[0].effect_unknown is True and out[1].effect_unknown is False
+    plan = build_plan(run_spec([step(0, W), step(1, W)]), run_id=RUN_ID)
+    report = build_report(plan, out)
+    assert [(r.step, r.type) for r in report.residue] == [(0, "unknown"), (1, "failed")]
+
+
+def test_effect_unknown_types_only_a_failed_step():
+    assert residue_type("failed", True) == "unknown" and residue_type("failed") == "failed"
+    assert residue_type("cancelled", True) == "notAttempted"
+    assert residue_type("compensated", True) == "declared"
 
 
 def test_report_failed_awaiting_deferred_and_pending_buckets():
@@ -139,7 +175,8 @@ def plans_and_outcomes(draw):
             if kind == "skip" and state != COMPENSATED:
                 continue
             outcomes[i] = StepOutcome(state, draw(st.sampled_from(CHECKS)),
-                                     error=draw(st.sampled_from([None, "e", "verification failed: read failed: x"])))
+                                     error=draw(st.sampled_from([None, "e", "verification failed: read failed: x"])),
+                                     effect_unknown=draw(st.booleans()))
     return Plan(fully_reversible=False, actions=actions), outcomes
 
 
@@ -213,8 +250,8 @@ def test_property_complete_exactly_when_only_declared_residue(case):
             if name in ("compensated", "skipped"):
                 assert types == []
             else:
-                errors = {f.step: f.error for f in report.failed}
-                assert types == [residue_type(name, errors.get(s))], (name, s)
+                # the structured fact alone types a failed step: its error's words decide nothing
+                assert types == [residue_type(name, outcomes[s].effect_unknown if s in outcomes else False)], (name, s)
     for r in report.residue:
         assert r.type in ("declared", "failed", "notAttempted", "unknown") and r.text
 

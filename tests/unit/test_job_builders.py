@@ -101,6 +101,19 @@ def test_status_steps_are_bounded_and_keep_active_steps_first():
     assert len(failed["lastError"]) == 100
 
 
+def test_status_steps_say_when_the_effect_of_an_undo_is_unknown_and_only_then():
+    """``status.steps[].effectUnknown`` carries the fact across passes (a step waiting to try
+    again after a compensator killed mid-call); the journal carries it for a failed step."""
+    from reversi.models.rollbackrequest import StepStatus
+
+    runs = {0: StepRun(0, stage="retrying", attempts=1, error="exit code 143", effect_unknown=True),
+            1: StepRun(1, stage="failed", attempts=2, error="refund refused")}
+    entries = {e["step"]: e for e in st_mod.step_entries(_plan(2), runs, {}, {}, {}, None, 1, {}, {}, limit=50,
+                                                         message_limit=100)}
+    assert entries[0]["effectUnknown"] is True and "effectUnknown" not in entries[1]
+    assert StepStatus.model_validate(entries[0]).effect_unknown is True  # the CRD schema keeps it
+
+
 def test_status_plan_is_bounded_and_counts_what_it_left_out():
     wire = st_mod.plan_status(_plan(1000), 200)
     assert len(wire["actions"]) == 200 and wire["omitted"] == 800 and wire["fullyReversible"] is True
@@ -156,6 +169,75 @@ def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():
         "an evicted reader's exit answered the SIGTERM, not the question"
     assert no_answer("DeadlineExceeded", [(1, "Error")], deadline_killed=True), \
         "it exited 1 when the deadline stopped it"
+
+
+def test_pod_truth_a_complete_compensator_stopped_mid_call_did_not_answer():
+    """A compensator's exit 0 is its answer only when nothing stopped it: the Job controller
+    sometimes marks Complete a Job whose evicted pod exited 0 on SIGTERM (Kubernetes issue 141483),
+    so a Complete compensator whose pod was disrupted, or killed by its deadline, failed
+    (docs/guarantees.md#c-evicted). A reader's answer is its output: its Job's verdict stands."""
+    from reversi.adapters.kube import pod_verdict
+
+    assert pod_verdict("succeeded", [0], disrupted=True, compensator=True) == "failed"
+    assert pod_verdict("succeeded", [0], deadline_killed=True, compensator=True) == "failed"
+    assert pod_verdict("succeeded", [0], compensator=True) == "succeeded", "nothing stopped it: its exit 0 answers"
+    assert pod_verdict("succeeded", [0], disrupted=True) == "succeeded", "a reader is judged by what it printed"
+    assert pod_verdict("failed", [0], disrupted=True, compensator=True) == "failed"
+    assert pod_verdict("failed", [0], compensator=True) == "succeeded", "pod truth still upgrades a late-marked Job"
+
+
+def test_a_complete_job_was_killed_by_its_deadline_only_when_a_container_ended_at_or_after_it():
+    import datetime as dt
+
+    from reversi.adapters.kube import killed_by_deadline
+
+    deadline = dt.datetime(2026, 12, 1, 10, 0, 0, tzinfo=dt.UTC)
+    before, after = deadline - dt.timedelta(seconds=5), deadline + dt.timedelta(seconds=1)
+    assert killed_by_deadline("", deadline, [after], complete=True)
+    assert killed_by_deadline("", deadline, [deadline], complete=True)
+    assert not killed_by_deadline("", deadline, [before], complete=True)
+    assert not killed_by_deadline("", deadline, [None], complete=True), "no finish time: nothing says it was"
+    assert not killed_by_deadline("", None, [after], complete=True), "no deadline to judge by"
+
+
+def test_a_pods_disruption_is_its_true_disruption_target_condition():
+    from reversi.adapters.kube import disruption_of
+
+    assert disruption_of([("Ready", "False", "PodFailed", None),
+                          ("DisruptionTarget", "True", "EvictionByEvictionAPI", "Eviction API: evicting")]) == \
+        "EvictionByEvictionAPI: Eviction API: evicting"
+    assert disruption_of([("DisruptionTarget", "True", "TerminationByKubelet", None)]) == "TerminationByKubelet"
+    assert disruption_of([("DisruptionTarget", "False", "EvictionByEvictionAPI", "cleared")]) is None
+    assert disruption_of([]) is None
+
+
+def test_a_compensator_that_started_and_gave_no_answer_leaves_its_effect_unknown():
+    """Residue unknown, not failed (docs/concepts.md#the-report): the program started and was
+    stopped mid-call (its deadline, an eviction, an OOM kill, a signal, its node lost, or its pod
+    went with no exit seen). One that exited non-zero by itself answered; one that never ran did
+    nothing."""
+    from reversi.adapters.kube import call_unanswered
+
+    assert call_unanswered([(143, "Error")], ran=True, deadline_killed=True), "killed by its deadline"
+    assert call_unanswered([(0, "Completed")], ran=True, disrupted=True), "evicted: its exit 0 answered SIGTERM"
+    assert call_unanswered([(137, "OOMKilled")], ran=True), "OOM-killed mid-call"
+    assert call_unanswered([(137, "ContainerStatusUnknown")], ran=True), "lost with its node"
+    assert call_unanswered([(143, "Error")], ran=True), "ended by a signal, not by itself"
+    assert call_unanswered([], ran=True), "it ran (or its pod is gone, nothing says it never ran); no exit seen"
+    assert not call_unanswered([(1, "Error")], ran=True), "it answered: it exited 1 by itself"
+    assert not call_unanswered([(128, "StartError")], ran=True), "its program could not start: nothing ran"
+    assert not call_unanswered([], ran=False), "it never ran (its image could not be pulled)"
+    assert not call_unanswered([], ran=False, deadline_killed=True), "the deadline struck a container never run"
+
+
+def test_a_complete_compensator_stopped_mid_call_says_why_and_that_the_call_may_have_happened():
+    from reversi.adapters.kube import unanswered_success
+
+    evicted = unanswered_success("EvictionByEvictionAPI: Eviction API: evicting")
+    assert "disrupted (EvictionByEvictionAPI: Eviction API: evicting)" in evicted
+    assert "may or may not have taken effect" in evicted and evicted.startswith("its Job is Complete")
+    assert "deadline" in unanswered_success(deadline_killed=True)
+    assert "Stopping container compensator" in unanswered_success(killing="pod p: Stopping container compensator")
 
 
 def test_a_reader_log_that_cannot_be_read_on_the_way_is_read_again_for_a_while():

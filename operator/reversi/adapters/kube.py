@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from ..engine.executor import JobView
 from . import apicalls as calls
+from .jobs import LABEL_ROLE
 from .apicalls import FAILED_TEST, Conflict, api_message, failed_test  # noqa: F401 - re-exported: callers import them from here
 
 #: a Job's verdict (:attr:`JobView.state`)
@@ -211,86 +213,137 @@ class Kube:
 
     def job_view(self, job: Any, reader: bool) -> JobView:
         """What a Job did: running, or succeeded/failed with its container's termination message
-        (and, for a reader, its stdout)."""
+        (and, for a reader, its stdout), judged by its last pod (pod truth, :func:`pod_verdict`).
+
+        The pods are read (one LIST) for every finished Job but a Complete ``verifyCommand``
+        check (role label ``check``, whose exit 0 is taken as it is). A compensator's exit 0 is its
+        answer only when nothing stopped it: a Complete compensator whose pod was disrupted
+        (``DisruptionTarget``) or ended at or after the Job's deadline (:func:`killed_by_deadline`)
+        gave no answer of its own (the Job controller sometimes marks Complete a Job whose evicted
+        pod exited 0 on SIGTERM: Kubernetes issue 141483), so it is ``failed``, ``lost`` and
+        ``effect_unknown``. When its pod is gone, the kubelet's ``Killing`` Events of the Job's
+        pods say whether the kubelet stopped its container (:meth:`_stopped_by_kubelet`: two more
+        LISTs, only for a Complete compensator with no pod); with none, the Job is trusted. A
+        failed compensator is ``effect_unknown`` by :func:`call_unanswered`
+        (docs/guarantees.md#c-evicted). The reconciler caches a view that is not running (a
+        finished Job's verdict does not change), so this runs once per Job. Raises ``ApiException``."""
         state, finished_at, job_message, job_reason = _job_conditions(job)
         if state == "running":
             return JobView("running")
-        if state == "succeeded" and not reader:
-            return JobView("succeeded")  # nothing to read from its pod: no output, no error, no truth to correct
+        compensator = not reader and (job.metadata.labels or {}).get(LABEL_ROLE) != "check"
+        if state == "succeeded" and not compensator and not reader:
+            return JobView("succeeded")  # a verifyCommand check: no output, no error, its exit 0 taken as it is
         ns, name = job.metadata.namespace, job.metadata.name
         pods, _ = calls.list_all(self.core.list_namespaced_pod, ns, label_selector=f"job-name={name}",
                                  timeout=self.timeout)
         pods.sort(key=lambda p: p.metadata.creation_timestamp or dt.datetime.min)
-        message, output = "", None
-        disrupted = deadline_killed = False
-        ends: list[tuple[int | None, str | None]] = []
-        waiting: list[tuple[str | None, str | None]] = []
-        if pods:
-            pod = pods[-1]
-            codes: list[int | None] = []  # every container's: one still running proves nothing yet
-            finished: list[Any] = []
-            for cs in (pod.status.container_statuses if pod.status else None) or []:
-                term = cs.state.terminated if cs.state else None
-                codes.append(term.exit_code if term is not None else None)
-                if term is not None:
-                    ends.append((term.exit_code, term.reason))
-                    finished.append(term.finished_at)
-                    message = ended_message(term.exit_code, term.reason, term.message)
-                elif cs.state and cs.state.waiting:
-                    waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
-            disrupted = any(cond.type == "DisruptionTarget" and cond.status == "True"
-                            for cond in (pod.status.conditions if pod.status else None) or [])
-            deadline_killed = killed_by_deadline(job_reason, _deadline(job), finished)
-            truth = pod_verdict(state, codes, disrupted, deadline_killed)
-            if truth != state:
-                log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
-                state, message, job_message = truth, "", ""
-            if reader and state == "succeeded":
-                try:
-                    # the container is named after the Job's role: reader, precheck or precondition
-                    container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else "reader"
-                    resp = calls.call(self.core.read_namespaced_pod_log, pod.metadata.name, ns, container=container,
-                                      _preload_content=False, timeout=self.timeout)
-                    output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
-                except ApiException as err:
-                    if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.UTC)):
-                        log.info("Job %s/%s: its reader's log cannot be read yet (%s %s); looking again later",
-                                 ns, name, err.status, api_message(err))
-                        return JobView("running")
-                    return JobView("failed", message=f"cannot read the reader's output: {api_message(err)}")
-        lost = state == "failed" and no_answer(job_reason, ends, disrupted, deadline_killed)
-        if state == "failed" and not message:
+        seen = read_pod(pods[-1]) if pods else PodRead()
+        message, ran, stopped = seen.message, seen.ran, False
+        disrupted = seen.disruption is not None
+        deadline_killed = bool(pods) and killed_by_deadline(job_reason, _deadline(job), seen.finished,
+                                                            complete=state == "succeeded")
+        truth = pod_verdict(state, seen.codes, disrupted, deadline_killed, compensator=compensator)
+        if truth == "succeeded" and state == "failed":
+            log.info("Job %s/%s is marked %s but its container exited 0: the attempt succeeded", ns, name, state)
+            state, message, job_message = truth, "", ""
+        elif truth != state:  # a Complete compensator stopped mid-call
+            state, message = truth, unanswered_success(seen.disruption, deadline_killed)
+            log.info("Job %s/%s: %s: not counted as done", ns, name, message)
+        elif state == "succeeded" and compensator and not pods:  # its pod is gone: stopped before its exit 0?
+            killing = self._stopped_by_kubelet(ns, name)
+            if killing is not None:
+                state, message, disrupted, ran = "failed", unanswered_success(killing=killing), True, True
+                stopped = True
+                log.info("Job %s/%s: %s: not counted as done", ns, name, message)
+        if state == "succeeded":
+            if reader and pods:
+                return self._reader_view(pods[-1], finished_at, message)
+            return JobView(state, message=message)
+        lost = no_answer(job_reason, seen.ends, disrupted, deadline_killed)
+        if not message:
             message = job_message
-        if state == "failed" and job_message.startswith("DeadlineExceeded"):
+        if job_message.startswith("DeadlineExceeded"):
             message = f"{job_message}; {message}" if message and message not in job_message else job_message
-        if state == "failed" and not ends:  # its program never ran: say what kept it from running
-            trouble = never_ran(waiting) or self._pod_trouble(ns, name)
+        if not seen.ends and not stopped:  # its program did not run to an exit: say what kept it from running
+            trouble, may_have_run = self._why_not_run(job, seen.waiting, gone=not pods)
+            ran = ran or may_have_run
             if trouble:
-                template = job.spec.template if job.spec else None
-                containers = (template.spec.containers or []) if template and template.spec else []
-                image = f" (image {containers[0].image})" if containers else ""
-                message = f"{message}; its container{image} never ran: {trouble}"
-        return JobView(state, message=message, output=output, lost=lost)
+                message = f"{message}; its container{_image_of(job)} never ran: {trouble}"
+        unknown = compensator and call_unanswered(seen.ends, ran, disrupted, deadline_killed)
+        return JobView(state, message=message, lost=lost, effect_unknown=unknown)
 
-    def _pod_trouble(self, namespace: str, job: str) -> str | None:
-        """What kept a Job's pods from running, from their containers' Warning Events (the pods
-        themselves are gone: the Job controller deletes a failed Job's running pods; the pod's own
-        Events, such as a node's missing cluster DNS, say nothing of its container), the newest
-        first; None when there are none. The pods' names come from the Job's own ``SuccessfulCreate`` Events. Two
-        LISTs, only for a failed Job whose program never ran. Raises ``ApiException``."""
+    def _reader_view(self, pod: Any, finished_at: Any, message: str) -> JobView:
+        """A succeeded read's view with its output, the log of its ``pod``; ``running`` while a log
+        that cannot be read on the way may still come (:func:`reader_log_pending`), else a failed
+        read. One GET."""
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        try:
+            # the container is named after the Job's role: reader, precheck or precondition
+            container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else "reader"
+            resp = calls.call(self.core.read_namespaced_pod_log, name, ns, container=container,
+                              _preload_content=False, timeout=self.timeout)
+        except ApiException as err:
+            if reader_log_pending(err.status, finished_at, dt.datetime.now(dt.UTC)):
+                log.info("pod %s/%s: its reader's log cannot be read yet (%s %s); looking again later",
+                         ns, name, err.status, api_message(err))
+                return JobView("running")
+            return JobView("failed", message=f"cannot read the reader's output: {api_message(err)}")
+        output = resp.data.decode("utf-8", errors="replace")  # a reader may print any bytes
+        return JobView("succeeded", message=message, output=output)
+
+    def _why_not_run(self, job: Any, waiting: tuple[tuple[str | None, str | None], ...],
+                     gone: bool) -> tuple[str | None, bool]:
+        """For a failed Job whose program did not run to an exit: what kept its container from
+        running (its ``waiting`` reasons, else its pods' Warning Events: :meth:`_pod_trouble`), or
+        None; and whether it may have run all the same: its pod is ``gone``, it had one (the
+        Job's counts, or a ``SuccessfulCreate`` Event), and nothing says it never ran. Two LISTs
+        unless ``waiting`` says why. Raises ``ApiException``."""
+        trouble = never_ran(waiting)
+        if trouble is not None:
+            return trouble, False
+        ns, name = job.metadata.namespace, job.metadata.name
+        created = self._job_pods(ns, name)
+        trouble = self._pod_trouble(ns, created)
+        counted = job.status is not None and bool(job.status.failed or job.status.succeeded)
+        return trouble, gone and trouble is None and (counted or bool(created))
+
+    def _job_pods(self, namespace: str, job: str) -> builtins.list[str]:
+        """The names of the pods Job ``namespace/job`` created, from its own ``SuccessfulCreate``
+        Events (the pods themselves may be gone); sorted. One LIST. Raises ``ApiException``."""
         created, _ = calls.list_all(self.core.list_namespaced_event, namespace,
                                     field_selector=f"involvedObject.kind=Job,involvedObject.name={job}",
                                     timeout=self.timeout)
-        pods = {e.message.rsplit(" ", 1)[-1] for e in created
-                if e.reason == "SuccessfulCreate" and (e.message or "").startswith("Created pod: ")}
+        return sorted({e.message.rsplit(" ", 1)[-1] for e in created
+                       if e.reason == "SuccessfulCreate" and (e.message or "").startswith("Created pod: ")})
+
+    def _pod_trouble(self, namespace: str, pods: builtins.list[str]) -> str | None:
+        """What kept a Job's ``pods`` (their names: :meth:`_job_pods`) from running, from their
+        containers' Warning Events (the pods themselves are gone: the Job controller deletes a
+        failed Job's running pods; the pod's own Events, such as a node's missing cluster DNS, say
+        nothing of its container), the newest first; None when there are none. One LIST a pod,
+        only for a failed Job whose program never ran to an exit. Raises ``ApiException``."""
         found: list[Any] = []
-        for pod in sorted(pods):
+        for pod in pods:
             events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
                                        field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning",
                                        timeout=self.timeout)
             found += events
         return pod_trouble([(e.reason, e.message, e.last_timestamp or e.event_time) for e in found
                             if e.involved_object and e.involved_object.field_path])
+
+    def _stopped_by_kubelet(self, namespace: str, job: str) -> str | None:
+        """What the kubelet said when it stopped a container of Job ``namespace/job``'s pods (its
+        ``Killing`` Event: ``Stopping container compensator``, sent before the SIGTERM of an
+        eviction, a deletion or a deadline), or None when it stopped none, or its Events are gone
+        (Events live an hour by default). For a Complete compensator whose pod is gone. Two LISTs.
+        Raises ``ApiException``."""
+        for pod in self._job_pods(namespace, job):
+            events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
+                                       field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason=Killing",
+                                       timeout=self.timeout)
+            if events:
+                return f"pod {pod}: {events[-1].message or 'Killing'}"
+        return None
 
     # ----- events -------------------------------------------------------------------------------
 
@@ -317,6 +370,55 @@ class Kube:
             log.warning("event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], err.reason)
 
 
+def _image_of(job: Any) -> str:
+    """`` (image <its first container's image>)`` for a message, or "" when the Job names none."""
+    template = job.spec.template if job.spec else None
+    containers = (template.spec.containers or []) if template and template.spec else []
+    return f" (image {containers[0].image})" if containers else ""
+
+
+@dataclass(frozen=True)
+class PodRead:
+    """What a Job's last pod says (:func:`read_pod`); the default: no pod. ``codes``: every
+    container's exit code (None while it has not terminated: one still running proves nothing
+    yet); ``ends``: ``(exitCode, reason)`` of each terminated container; ``finished``: their
+    ``finishedAt``; ``waiting``: ``(reason, message)`` of each waiting one; ``ran``: a container
+    ran (running or terminated); ``message``: the last terminated container's error
+    (:func:`ended_message`); ``disruption``: its ``DisruptionTarget`` (:func:`disruption_of`)."""
+
+    codes: tuple[int | None, ...] = ()
+    ends: tuple[tuple[int | None, str | None], ...] = ()
+    finished: tuple[dt.datetime | None, ...] = ()
+    waiting: tuple[tuple[str | None, str | None], ...] = ()
+    ran: bool = False
+    message: str = ""
+    disruption: str | None = None
+
+
+def read_pod(pod: Any) -> PodRead:
+    """The :class:`PodRead` of ``pod`` (the client's ``V1Pod``), from its container statuses and
+    conditions. Pure."""
+    status = pod.status
+    codes: list[int | None] = []
+    ends: list[tuple[int | None, str | None]] = []
+    finished: list[dt.datetime | None] = []
+    waiting: list[tuple[str | None, str | None]] = []
+    ran, message = False, ""
+    for cs in (status.container_statuses if status else None) or []:
+        term = cs.state.terminated if cs.state else None
+        codes.append(term.exit_code if term is not None else None)
+        ran = ran or term is not None or bool(cs.state and cs.state.running)
+        if term is not None:
+            ends.append((term.exit_code, term.reason))
+            finished.append(term.finished_at)
+            message = ended_message(term.exit_code, term.reason, term.message)
+        elif cs.state and cs.state.waiting:
+            waiting.append((cs.state.waiting.reason, cs.state.waiting.message))
+    disruption = disruption_of([(c.type, c.status, c.reason, c.message)
+                                for c in (status.conditions if status else None) or []])
+    return PodRead(tuple(codes), tuple(ends), tuple(finished), tuple(waiting), ran, message, disruption)
+
+
 #: a terminated container's reasons that say only that its program ended (the exit code says how)
 PLAIN_ENDS = frozenset({"Error", "Completed"})
 
@@ -335,7 +437,7 @@ def ended_message(exit_code: int | None, reason: str | None, message: str | None
     return text
 
 
-def never_ran(waiting: list[tuple[str | None, str | None]]) -> str | None:
+def never_ran(waiting: Sequence[tuple[str | None, str | None]]) -> str | None:
     """Why a container is still waiting to run, from its ``(reason, message)`` (the kubelet's
     ``ErrImagePull``, ``ImagePullBackOff``, ``CreateContainerConfigError``, ...), or None when
     there is no reason. Pure."""
@@ -362,32 +464,71 @@ def pod_trouble(events: list[tuple[str | None, str | None, Any]], most: int = 2)
     return "; ".join(said) or None
 
 
-def pod_verdict(job_state: JobState, exit_codes: list[int | None], disrupted: bool = False,
-                deadline_killed: bool = False) -> JobState:
+def pod_verdict(job_state: JobState, exit_codes: Sequence[int | None], disrupted: bool = False,
+                deadline_killed: bool = False, *, compensator: bool = False) -> JobState:
     """What an attempt really did, from its pod rather than its Job (pod truth): a Job marked
     ``failed`` — e.g. ``DeadlineExceeded`` after the API server was down while its pod ran —
     whose every container terminated with exit code 0 did its work, so it ``succeeded`` (a reader
-    still checks it); anything else keeps the Job's verdict. An exit 0 that may be a program's
-    answer to the SIGTERM that stopped it mid-call proves nothing, so the Job's verdict stands:
-    a ``disrupted`` pod (its ``DisruptionTarget`` condition: evicted, preempted, its node lost),
-    or one ``deadline_killed`` (:func:`killed_by_deadline`). Pure."""
+    still checks it). An exit 0 that may be a program's answer to the SIGTERM that stopped it
+    mid-call proves nothing: a ``disrupted`` pod (its ``DisruptionTarget`` condition: evicted,
+    preempted, its node lost), or one ``deadline_killed`` (:func:`killed_by_deadline`). So such a
+    failed Job stays ``failed``, and a ``compensator``'s Job marked ``succeeded`` (Complete; its
+    exit 0 is its answer, unlike a reader's, whose answer is its output) is ``failed``: the Job
+    controller sometimes counts an evicted pod's exit 0 a success (Kubernetes issue 141483).
+    Anything else keeps the Job's verdict. Pure."""
     if (job_state == "failed" and not disrupted and not deadline_killed and exit_codes
             and all(code == 0 for code in exit_codes)):
         return "succeeded"
+    if job_state == "succeeded" and compensator and (disrupted or deadline_killed):
+        return "failed"
     return job_state
 
 
-def killed_by_deadline(job_reason: str, deadline: dt.datetime | None, finished: list[dt.datetime | None]) -> bool:
+def killed_by_deadline(job_reason: str, deadline: dt.datetime | None, finished: Sequence[dt.datetime | None],
+                       complete: bool = False) -> bool:
     """Whether the Job's ``activeDeadlineSeconds`` ended its program rather than the program
     itself: the Job failed ``DeadlineExceeded`` and a container finished at or after the deadline
     (``deadline``: the Job's start time plus its deadline; ``finished``: each terminated
     container's ``finishedAt``, None when unknown). A program that finished before the deadline
-    exited by itself (the Job was marked late, e.g. after an outage). Pure."""
+    exited by itself (the Job was marked late, e.g. after an outage). A Job marked Complete
+    (``complete``) was killed by its deadline only when a container is known to have finished
+    at or after it (nothing else says a deadline struck). Pure."""
+    if complete:
+        return deadline is not None and any(at is not None and at >= deadline for at in finished)
     if job_reason != "DeadlineExceeded":
         return False
     if deadline is None:
         return True  # no start time to judge by: the deadline is the Job's own reason
     return any(at is None or at >= deadline for at in finished)
+
+
+def disruption_of(conditions: list[tuple[str | None, str | None, str | None, str | None]]) -> str | None:
+    """A pod's ``DisruptionTarget`` condition that is True, from its conditions' ``(type,
+    status, reason, message)``, as ``reason: message`` (e.g. ``EvictionByEvictionAPI: Eviction
+    API: evicting``; the reason alone when there is no message), or None when the pod was not
+    disrupted. Pure."""
+    for ctype, status, reason, message in conditions:
+        if ctype == "DisruptionTarget" and status == "True":
+            what = reason or "DisruptionTarget"
+            return f"{what}: {message}" if message else what
+    return None
+
+
+def unanswered_success(disruption: str | None = None, deadline_killed: bool = False,
+                       killing: str | None = None) -> str:
+    """The error of a Complete compensator whose exit 0 gave no answer of its own (a
+    :func:`pod_verdict` turned ``failed``): why — its pod's ``disruption`` (:func:`disruption_of`),
+    the Job's deadline (``deadline_killed``), or the kubelet's ``killing`` Event of a pod that is
+    gone (``Kube._stopped_by_kubelet``) — and that the call may or may not have taken effect.
+    Pure."""
+    if disruption:
+        why = f"its pod was disrupted ({disruption})"
+    elif deadline_killed:
+        why = "its program ended at or after the Job's deadline"
+    else:
+        why = f"the kubelet stopped its container ({killing or 'Killing'})"
+    return (f"its Job is Complete, but {why}: its exit 0 may answer the SIGTERM that stopped it, "
+            "so the call may or may not have taken effect")
 
 
 #: a container's termination reason that says the node lost it, not that its program ended
@@ -397,7 +538,7 @@ LOST_CONTAINER = "ContainerStatusUnknown"
 SIGNALLED_EXITS = frozenset({137, 143})
 
 
-def no_answer(job_reason: str, ends: list[tuple[int | None, str | None]], disrupted: bool = False,
+def no_answer(job_reason: str, ends: Sequence[tuple[int | None, str | None]], disrupted: bool = False,
               deadline_killed: bool = False) -> bool:
     """Whether a failed Job's program gave no answer of its own. ``job_reason`` is the reason of
     the Job's ``Failed`` condition (e.g. ``DeadlineExceeded``, ``BackoffLimitExceeded``); ``ends``
@@ -415,6 +556,28 @@ def no_answer(job_reason: str, ends: list[tuple[int | None, str | None]], disrup
         if job_reason == "DeadlineExceeded" and code in SIGNALLED_EXITS:
             return True
     return False
+
+
+#: a terminated container's reason that says the kernel killed it at its memory limit
+OOM_KILLED = "OOMKilled"
+
+
+def call_unanswered(ends: Sequence[tuple[int | None, str | None]], ran: bool, disrupted: bool = False,
+                    deadline_killed: bool = False) -> bool:
+    """Whether a failed compensator's program started and ended without an answer of its own, so
+    that whether its call took effect is unknown (:attr:`JobView.effect_unknown`: residue
+    ``unknown``, docs/concepts.md#the-report). ``ends``: the ``(exitCode, reason)`` of each
+    terminated container of its last pod; ``ran``: a container of it ran (running or terminated),
+    or its pod is gone and nothing says it never ran. Unanswered: its pod was ``disrupted`` or
+    ``deadline_killed``, a container the node lost (:data:`LOST_CONTAINER`), one the kernel
+    OOM-killed, one a signal ended (:data:`SIGNALLED_EXITS`), or no container ran to an exit. A
+    program that never ran did nothing (``failed``); one that exited non-zero by itself answered
+    (``failed``). Pure."""
+    if not ran:
+        return False
+    if disrupted or deadline_killed or not ends:
+        return True
+    return any(reason in (LOST_CONTAINER, OOM_KILLED) or code in SIGNALLED_EXITS for code, reason in ends)
 
 
 #: seconds after a reader Job finished during which a log read that fails on the way (the API

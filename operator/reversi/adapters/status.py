@@ -175,6 +175,7 @@ def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[
             "firstAttempt": run.first_attempt,
             "reads": run.reads,
             "lostReads": run.lost_reads or None,
+            "effectUnknown": run.effect_unknown or None,
             "idempotencyKey": keys.get(action.step) or action.idempotency_key,
             "blockedBy": blocked,
             "lastError": cut(run.error, message_limit),
@@ -210,7 +211,8 @@ def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[in
         conds = c.set_condition((old_entries.get(s) or {}).get("conditions") or [],
                                 c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
         entry = {"step": s, "tool": action.tool, "stage": run.stage, "attempts": run.attempts, "reads": run.reads,
-                 "lostReads": run.lost_reads or None, "lastError": error, "nextAttemptAt": iso(run.next_at),
+                 "lostReads": run.lost_reads or None, "effectUnknown": run.effect_unknown or None,
+                 "lastError": error, "nextAttemptAt": iso(run.next_at),
                  "conditions": conds}
         out.append({k: v for k, v in entry.items() if v is not None})
     return out

@@ -190,7 +190,8 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
         run = ex.StepRun(s, stage=entry["stage"], attempts=entry.get("attempts", 0), reads=entry.get("reads", 0),
                          lost_reads=entry.get("lostReads", 0),
                          next_at=epoch(entry.get("nextAttemptAt")), error=entry.get("lastError"),
-                         first_attempt=entry.get("firstAttempt"), forced_by=entry.get("forcedBy"))
+                         first_attempt=entry.get("firstAttempt"), forced_by=entry.get("forcedBy"),
+                         effect_unknown=bool(entry.get("effectUnknown")))
     else:
         run = ex.StepRun(s)
     if run.stage in ex.NOT_UNDONE_STAGES:  # final in this request (a refused Job's journal says compensationFailed)
@@ -203,7 +204,7 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
             if journaled.verification == "unverified" and said in (READ_BACK_REQUIRED, CANCELLED, DEADLINE_EXCEEDED):
                 reason = said  # why it is unchecked, as the pass that undid it said (not in the journal)
             return replace(run, stage="compensated", attempts=journaled.attempts,
-                           verification=journaled.verification, error=None, reason=reason)
+                           verification=journaled.verification, error=None, reason=reason, effect_unknown=False)
         # failed for good at this attempt: the status (still showing its Jobs under way) was not
         # written before a crash, and those Jobs may be gone (ttlSecondsAfterFinished): never again.
         # A guard read (precheck, precondition) comes before the next attempt: it goes on.
@@ -213,7 +214,7 @@ def rebuild(action: PlanAction, entry: Mapping[str, Any] | None, journaled: Step
             why = VERIFICATION_ARGUMENTS_UNAVAILABLE if _said(entry) == VERIFICATION_ARGUMENTS_UNAVAILABLE \
                 else run.reason
             return replace(run, stage="failed", attempts=journaled.attempts, verification=journaled.verification,
-                           error=journaled.last_error, reason=why)
+                           error=journaled.last_error, reason=why, effect_unknown=bool(journaled.effect_unknown))
         if journaled.state == "compensating" and run.stage in ("pending", "awaitingApproval", "failed"):
             return replace(run, stage="compensating", attempts=journaled.attempts)
         if journaled.state == "compensating" and run.stage == "retrying" and journaled.attempts > run.attempts:
@@ -239,17 +240,19 @@ def outcomes(runs: Mapping[int, ex.StepRun], deferred: Mapping[int, list[int]], 
         if u.state == "compensated":
             out[u.step] = StepOutcome("compensated", verification=u.verification)
         elif u.state == "compensationFailed" and u.verification == "verificationFailed" and u.verified_by:
-            out[u.step] = StepOutcome("compensated", verification=u.verification, error=u.last_error)
+            out[u.step] = StepOutcome("compensated", verification=u.verification, error=u.last_error,
+                                      effect_unknown=bool(u.effect_unknown))
     for s, r in (reverify or {}).items():  # read back in this pass (the journal just written)
         if r.stage in ("compensated", "failed"):
-            out[s] = StepOutcome("compensated", verification=r.verification, error=r.error)
+            out[s] = StepOutcome("compensated", verification=r.verification, error=r.error,
+                                 effect_unknown=r.effect_unknown)
     for s, r in runs.items():
         if r.stage == "compensated":
             out[s] = StepOutcome("compensated", verification=r.verification, forced_by=r.forced_by)
         elif r.stage in ex.NOT_UNDONE_STAGES:
             out[s] = StepOutcome(r.stage, error=r.error)
         elif r.stage == "failed":
-            out[s] = StepOutcome("failed", verification=r.verification, error=r.error)
+            out[s] = StepOutcome("failed", verification=r.verification, error=r.error, effect_unknown=r.effect_unknown)
         elif r.stage == "awaitingApproval":
             out[s] = StepOutcome("awaitingApproval", error=r.error if r.reason == DENIED else None)
         elif r.stage == "cancelled":
@@ -269,13 +272,16 @@ def journal_entry(j: ex.Journal, *, key: str, request: str, at: str | None, erro
     RunStep (rule 3): ``key`` the step's idempotency key, ``request`` this request's name, ``at``
     the time (RFC 3339), ``error`` the effect's error as it is kept (shortened). A read-back of an
     earlier request's undo (``earlier``, rule 5) keeps the undo that request's (its attempts, key
-    and request) and records this one as the checker (``verifiedBy``, ``verifiedAt``)."""
+    and request) and records this one as the checker (``verifiedBy``, ``verifiedAt``).
+    ``effectUnknown`` is written only for a failed undo whose effect nobody knows
+    (:attr:`~reversi.engine.executor.Journal.effect_unknown`)."""
+    unknown = True if j.effect_unknown else None  # written only when true
     if earlier is not None:
         return StepUndo(step=j.step, state=j.state, attempts=earlier.attempts, idempotency_key=earlier.idempotency_key,
                         verification=j.verification, last_error=error, request=earlier.request,
-                        updated_at=at, verified_by=request, verified_at=at)
+                        updated_at=at, verified_by=request, verified_at=at, effect_unknown=unknown)
     return StepUndo(step=j.step, state=j.state, attempts=j.attempts, idempotency_key=key, last_error=error,
-                    verification=j.verification, request=request, updated_at=at)
+                    verification=j.verification, request=request, updated_at=at, effect_unknown=unknown)
 
 
 def _reverify(inputs: PassInputs, verify_plans: dict[int, ex.VerifyPlan]) -> dict[int, ex.StepRun]:
@@ -293,7 +299,8 @@ def _reverify(inputs: PassInputs, verify_plans: dict[int, ex.VerifyPlan]) -> dic
                                                  if done_snap is not None and done_snap.verification else None)
             reverify[u.step] = ex.StepRun(u.step, stage="compensated" if u.state == "compensated" else "failed",
                                           attempts=u.attempts, reads=(inputs.entries.get(u.step) or {}).get("reads", 1),
-                                          verification=u.verification, error=u.last_error)
+                                          verification=u.verification, error=u.last_error,
+                                          effect_unknown=bool(u.effect_unknown))
             continue
         if u.state != "compensated" or u.verification != "unverified" or u.verified_by is not None:
             continue
@@ -312,7 +319,7 @@ def _reverify(inputs: PassInputs, verify_plans: dict[int, ex.VerifyPlan]) -> dic
             reverify[u.step] = ex.StepRun(u.step, stage=entry["stage"], attempts=u.attempts,
                                           reads=entry.get("reads", 1), lost_reads=entry.get("lostReads", 0),
                                           next_at=epoch(entry.get("nextAttemptAt")),
-                                          error=entry.get("lastError"))
+                                          error=entry.get("lastError"), effect_unknown=bool(entry.get("effectUnknown")))
         else:
             reverify[u.step] = ex.StepRun(u.step, stage="verifying", attempts=u.attempts, reads=1)
     return reverify

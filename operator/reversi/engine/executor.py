@@ -26,6 +26,13 @@ Stages of a step (``StepRun.stage``)::
     a read-back declared but no reader runner: compensated (unverified)
     verification arguments missing: failed ("cannot verify: arguments unavailable")
 
+A failed step says whether its effect is unknown (``StepRun.effect_unknown``, journaled with it;
+residue ``unknown`` rather than ``failed``, docs/concepts.md#the-report): its last compensator that
+ran gave no answer of its own (:attr:`JobView.effect_unknown`: killed by its deadline, evicted,
+OOM-killed, lost with its node), or its undo ran and the last read-back that answered failed, or
+none can be made. A compensator that answered (exited non-zero by itself) or never ran leaves it
+``failed``; so does a read-back that answered with a mismatch.
+
 Cancel (rule 13, ``Policy.stop``): no new Job starts. A running Job finishes and its true
 outcome is recorded: a failed attempt is not retried (failed); a successful undo whose check or
 read-back has not started is compensated but ``unverified`` (reason ``Cancelled``; a later request
@@ -83,12 +90,21 @@ class JobView:
     container's termination message or the Job's failure reason); ``output`` a reader's stdout;
     ``lost`` for a failed Job whose program gave no answer of its own: no pod ran it to an exit
     (the node lost it, or the Job's deadline ended it first). A failed read is an answer (the
-    reader exited non-zero, rule 5); a lost one is not."""
+    reader exited non-zero, rule 5); a lost one is not.
+
+    ``effect_unknown``, for a failed compensator: its program started and ended without an
+    answer of its own (the Job's deadline or an eviction stopped it, the kernel OOM-killed it, a
+    signal ended it, the node lost it, or its pod is gone and nothing says it never ran), so
+    whether its call took effect is unknown (residue ``unknown``,
+    docs/concepts.md#the-report). A failed compensator that is ``lost`` but not
+    ``effect_unknown`` never ran its program; one that is neither answered (it exited non-zero by
+    itself, or its Job could not be made)."""
 
     state: Literal["running", "succeeded", "failed"]
     message: str = ""
     output: str | None = None
     lost: bool = False
+    effect_unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,7 +193,12 @@ class StepRun:
     there), ``reads`` read-backs of the current attempt, ``lost_reads`` those of them that gave no
     answer and do not count against ``verification.retries``, ``next_at`` (epoch seconds) when a
     waiting stage moves on; ``verification`` verified, none, unverified or verificationFailed;
-    ``forced_by`` who forced the undo although its precondition did not hold (``spec.force``)."""
+    ``forced_by`` who forced the undo although its precondition did not hold (``spec.force``);
+    ``effect_unknown`` whether the last answer about the undo leaves its effect unknown: the last
+    compensator that ran gave no answer of its own (:attr:`JobView.effect_unknown`), or the last
+    read-back that answered failed (not a mismatch), or none can be made (``cannot verify``). A
+    step that ends failed with it is residue ``unknown``, without it ``failed``
+    (docs/concepts.md#the-report)."""
 
     step: int
     stage: Stage = "pending"
@@ -190,6 +211,7 @@ class StepRun:
     first_attempt: int | None = None
     forced_by: str | None = None
     lost_reads: int = 0
+    effect_unknown: bool = False
 
     def answered_reads(self) -> int:
         """Read-backs of the current attempt that answered (``reads`` less the lost ones): what
@@ -214,13 +236,15 @@ class StartJob:
 
 @dataclass(frozen=True)
 class Journal:
-    """Write the step's undo state on the Run (``status.undo``) — before any Job (rule 3)."""
+    """Write the step's undo state on the Run (``status.undo``) — before any Job (rule 3);
+    ``effect_unknown``: a failed undo whose effect nobody knows (:attr:`StepRun.effect_unknown`)."""
 
     step: int
     state: Literal["compensating", "compensated", "compensationFailed"]
     attempts: int
     verification: str | None = None
     error: str | None = None
+    effect_unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -345,7 +369,7 @@ def unavailable(run: StepRun, why: str) -> tuple[StepRun, list[Effect]]:
     s = run.step
     error = f"handler unavailable: {why}"
     new = replace(run, stage="handlerUnavailable", error=error, next_at=None, reason="HandlerUnavailable")
-    return new, [Journal(s, "compensationFailed", run.attempts, None, error),
+    return new, [Journal(s, "compensationFailed", run.attempts, None, error, run.effect_unknown),
                  Note(s, "HandlerUnavailable", f"step {s}: {error}; not attempted", warning=True)]
 
 
@@ -397,6 +421,9 @@ def _compensating(run: StepRun, observe: Callable[[Role, int, int], JobView | No
         return run, []
     if job.state == "failed":
         error = job.message or "the compensator exited non-zero"
+        # the last answer decides the residue: a program that started and gave no answer of its own
+        # leaves the effect unknown; one that never ran tells nothing new (an earlier attempt's stands)
+        run = replace(run, effect_unknown=job.effect_unknown or (job.lost and run.effect_unknown))
         here = run.attempts_here()
         if here < policy.retries and not policy.stop:
             wait = delay_seconds(here, policy.base_ms, policy.max_ms, rng)
@@ -407,6 +434,7 @@ def _compensating(run: StepRun, observe: Callable[[Role, int, int], JobView | No
         not_retried = f"; not retried: {policy.stop}" if policy.stop and here < policy.retries else ""
         return _fail(run, f"compensation failed after {_attempts_text(run)}: {error}{not_retried}", None,
                      "CompensationFailed")
+    run = replace(run, effect_unknown=False)  # its program answered: the undo ran
     if policy.stop and (policy.check or verify.mode == "reader"):
         return _unchecked(run, policy.stop)
     if policy.check:
@@ -470,16 +498,19 @@ def _verifying(run: StepRun, observe: Callable[[Role, int, int], JobView | None]
         return replace(run, stage="rereading", next_at=now + wait, error=lost, lost_reads=run.lost_reads + 1), [
             Note(s, "ReadBackLost", f"step {s}: {lost}; reading again in {wait:.1f}s (not counted against "
                  f"verification.retries, {run.lost_reads + 1} of {LOST_READS_MAX} lost reads)", warning=True)]
+    # a failed read leaves the undo's effect unknown; a mismatch says it may remain (residue failed)
+    unknown = True
     if job.state == "failed":
         problem: str | None = f"read failed: {job.message or 'the reader exited non-zero'}"
     else:
         try:
-            problem = first_mismatch(parse_answer(job.output or ""), verify.expect)
+            problem, unknown = first_mismatch(parse_answer(job.output or ""), verify.expect), False
         except ValueError as err:
             problem = f"read failed: {err}"
     if problem is None:
         done = replace(run, stage="compensated", verification="verified", error=None, reason="Verified")
         return done, [Journal(s, "compensated", run.attempts, "verified")]
+    run = replace(run, effect_unknown=unknown)
     if run.answered_reads() < verify.retries and not policy.stop:
         counted = run.answered_reads()
         wait = ceiling_ms(counted, verify.backoff_ms, 2**31) / 1000.0
@@ -556,9 +587,9 @@ def _handed_over(run: StepRun, observe: Callable[[Role, int, int], JobView | Non
     (``ttlSecondsAfterFinished``) is not run again.
     """
     if run.stage == "compensating" and policy.check and observe("check", run.attempts, 0) is not None:
-        return replace(run, stage="checking", reads=0, error=None)
+        return replace(run, stage="checking", reads=0, error=None, effect_unknown=False)
     if verify.mode == "reader" and observe("reader", run.attempts, 1) is not None:
-        return replace(run, stage="verifying", reads=1, next_at=None, error=None)
+        return replace(run, stage="verifying", reads=1, next_at=None, error=None, effect_unknown=False)
     return None
 
 
@@ -566,8 +597,9 @@ def _begin_verification(run: StepRun, verify: VerifyPlan, policy: Policy) -> tup
     s = run.step
     if verify.mode == "reader":
         return replace(run, stage="verifying", reads=1, next_at=None), [StartJob(s, "reader", run.attempts, 1)]
-    if verify.mode == "unavailable":
-        return _fail(run, verify.detail or UNAVAILABLE, "verificationFailed", "VerificationArgumentsUnavailable")
+    if verify.mode == "unavailable":  # the undo ran; no read can tell whether it took: unknown
+        return _fail(replace(run, effect_unknown=True), verify.detail or UNAVAILABLE, "verificationFailed",
+                     "VerificationArgumentsUnavailable")
     if verify.mode == "none" and not policy.require_verification:
         done = replace(run, stage="compensated", verification="none", reason="NoReadBackDeclared", error=None)
         return done, [Journal(s, "compensated", run.attempts, "none")]
@@ -579,8 +611,9 @@ def _begin_verification(run: StepRun, verify: VerifyPlan, policy: Policy) -> tup
 
 
 def _fail(run: StepRun, error: str, verification: str | None, reason: str) -> tuple[StepRun, list[Effect]]:
+    """The step fails for good in this request; its journal entry keeps ``run.effect_unknown``."""
     failed = replace(run, stage="failed", error=error, verification=verification, next_at=None, reason=reason)
-    return failed, [Journal(run.step, "compensationFailed", run.attempts, verification, error),
+    return failed, [Journal(run.step, "compensationFailed", run.attempts, verification, error, run.effect_unknown),
                     Note(run.step, reason, f"step {run.step}: {error}", warning=True)]
 
 

@@ -38,7 +38,8 @@ that a report made before the end never claims more than happened; ``cancelled``
 request, or found already undone), ``failed`` (the undo failed: the effect may remain),
 ``notAttempted`` (not undone: irreversible, unmanifested, deferred, not approved or denied,
 deadline, cancelled, expired, handler unavailable, conflict) or ``unknown`` (uncertain outcome, an
-undo not checked, a failed read-back). Every step of a bucket other than compensated, skipped and
+undo not checked, a failed undo whose effect nobody knows: ``StepOutcome.effect_unknown``, its last
+compensator killed mid-call or its read-back failed). Every step of a bucket other than compensated, skipped and
 alreadyRecovered has exactly one entry that is not ``declared``; the one mapping from a step
 status to its type is :func:`residue_type`. ``complete`` is true exactly when every residue entry
 is ``declared`` -- the same as: failed, unrecoverable, unresolved, unmanifested, deferred,
@@ -50,7 +51,7 @@ or ``NotPossible`` (nothing could be).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..models.rollbackrequest import Plan, PlanAction, Report, StepBlocked, StepError, StepReason, StepResidue
@@ -107,7 +108,9 @@ class StepOutcome:
     ``schedule``); ``verification``: verified, none (no read-back declared), unverified,
     verificationFailed or ``None`` (= not checked); ``error``: why it failed (or why it was not
     undone: conflict, handlerUnavailable); ``blocked_by``: for deferred steps; ``forced_by``: who
-    forced the undo over a failed precondition (``spec.force``).
+    forced the undo over a failed precondition (``spec.force``); ``effect_unknown``: for a failed
+    undo, nobody knows whether its effect remains (its last compensator that ran gave no answer of
+    its own, or its read-back failed or could not be made: residue ``unknown``, else ``failed``).
     """
 
     state: str
@@ -115,6 +118,7 @@ class StepOutcome:
     error: str | None = None
     blocked_by: tuple[int, ...] = ()
     forced_by: str | None = None
+    effect_unknown: bool = False
 
 
 def outcomes_from_undo(undo_state: UndoStateInput) -> dict[int, StepOutcome]:
@@ -131,7 +135,8 @@ def _from_undo(entry: StepUndo) -> StepOutcome:
     if entry.state == "compensated":
         return StepOutcome(COMPENSATED, verification=entry.verification)
     if entry.state == "compensationFailed":
-        return StepOutcome(FAILED, verification=entry.verification, error=entry.last_error)
+        return StepOutcome(FAILED, verification=entry.verification, error=entry.last_error,
+                           effect_unknown=bool(entry.effect_unknown))
     return StepOutcome(RUNNING)
 
 
@@ -154,7 +159,7 @@ def build_report(plan: Plan, outcomes: Mapping[int, StepOutcome | str] | None = 
         raw = outcomes.get(action.step)
         buckets.place(action, StepOutcome(raw) if isinstance(raw, str) else raw)
     report = buckets.report()
-    report.residue = typed_residue(plan, report)
+    report.residue = typed_residue(plan, report, buckets.unknown)
     report.complete = all(entry.type == DECLARED for entry in report.residue)
     return report
 
@@ -178,6 +183,7 @@ class _Buckets:
         self.pending: list[int] = []
         self.cancelled: list[int] = []
         self.forced: list[StepReason] = []
+        self.unknown: set[int] = set()  # failed steps whose effect nobody knows (StepOutcome.effect_unknown)
         self.statuses: dict[str, list] = {field: [] for field, _ in STATUS_BUCKETS.values()}
 
     def place(self, action: PlanAction, outcome: StepOutcome | None) -> None:
@@ -213,6 +219,8 @@ class _Buckets:
         elif state == FAILED:
             error = (outcome.error if outcome else None) or "compensation failed"
             self.failed.append(StepError(step=step, error=error))
+            if outcome is not None and outcome.effect_unknown:
+                self.unknown.add(step)
         elif state == AWAITING_APPROVAL:
             self.awaiting.append(step)
             if outcome is not None and outcome.error:  # denied: still not undone, and why
@@ -237,6 +245,8 @@ class _Buckets:
             self.no_read_back.append(step)
         elif outcome.verification == VERIFICATION_FAILED:
             self.failed.append(StepError(step=step, error=outcome.error or "verification failed"))
+            if outcome.effect_unknown:
+                self.unknown.add(step)
             return
         else:
             self.unverified.append(step)
@@ -304,23 +314,25 @@ _NOT_ATTEMPTED_WHY = {
 }
 
 
-def residue_type(status: str, error: str | None = None) -> str:
+def residue_type(status: str, effect_unknown: bool = False) -> str:
     """The residue type of a step reported with ``status`` (a report bucket, camelCase or
-    snake_case): see :data:`RESIDUE_TYPES`. A ``failed`` step whose undo ran but whose read-back
-    failed, or could not be made (``error`` says ``read failed`` / ``cannot verify``), is
-    ``unknown``: nobody knows whether the effect is gone. Raises ``KeyError`` for a status with no
-    residue (``skipped``) or an unknown one."""
+    snake_case): see :data:`RESIDUE_TYPES`. A ``failed`` step whose effect nobody knows
+    (``effect_unknown``, :attr:`StepOutcome.effect_unknown`: its last compensator that ran was
+    killed mid-call, or its undo ran and its read-back failed or could not be made) is
+    ``unknown``; ``effect_unknown`` says nothing for any other status. Raises ``KeyError`` for a
+    status with no residue (``skipped``) or an unknown one."""
     status = _camel(status)
-    if status == "failed" and error and ("read failed" in error or "cannot verify" in error):
+    if status == "failed" and effect_unknown:
         return UNKNOWN
     return RESIDUE_TYPES[status]
 
 
-def typed_residue(plan: Plan, report: Report) -> list[StepResidue]:
+def typed_residue(plan: Plan, report: Report, unknown: Collection[int] = ()) -> list[StepResidue]:
     """The typed residue of ``report`` (``{step, type, text}``), in step order: each residue line
     of an undone step (``declared``) and one entry for every step of any other bucket but
-    ``skipped``, typed by :func:`residue_type`, its text saying what stays and why. Every bucket of
-    :data:`RESIDUE_TYPES` present on the report is read, by name. O(n + residue lines)."""
+    ``skipped``, typed by :func:`residue_type`, its text saying what stays and why. ``unknown``:
+    the failed steps whose effect nobody knows (:attr:`StepOutcome.effect_unknown`). Every bucket
+    of :data:`RESIDUE_TYPES` present on the report is read, by name. O(n + residue lines)."""
     out: list[StepResidue] = []
     denied = {d.step: d.reason for d in report.denied}
     for field_name in type(report).model_fields:
@@ -330,7 +342,7 @@ def typed_residue(plan: Plan, report: Report) -> list[StepResidue]:
         for item in getattr(report, field_name) or []:
             step = item if isinstance(item, int) else item.step
             action = plan.action(step)
-            kind = residue_type(status, getattr(item, "error", None))
+            kind = residue_type(status, step in unknown)
             if kind == DECLARED:
                 out += [StepResidue(step=step, type=DECLARED, text=line) for line in action.residue]
                 continue
@@ -350,7 +362,8 @@ def _residue_text(status: str, kind: str, action, item, denied: dict[int, str]) 
                     "(settle it with a resolution)")
         if status == "unverified":
             return f"{tool} was undone but the undo was not checked: whether its effect is gone is unknown"
-        return f"the undo of {tool} ran but could not be checked, so whether its effect is gone is unknown: {detail}"
+        # a failed undo whose effect nobody knows: stopped mid-call, or run and not checked (the detail says which)
+        return f"the undo of {tool} ran but gave no verdict, so whether its effect is gone is unknown: {detail}"
     if status == "unrecoverable":
         return f"{tool} was not undone: {detail or 'it cannot be undone'}"
     if status == "deferred":

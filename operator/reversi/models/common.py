@@ -66,7 +66,10 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    requireVerification, per-request attempts and re-verify fields.
 #: 4: RollbackRequest.status.steps[].lostReads (read-backs that gave no answer); Run's Closed-By column.
 #: 5: RunStep.spec.principal (who recorded the step; the outcome write is checked in the API server).
-SCHEMA_VERSION = 6
+#: 6: Run.spec.acknowledgement and Run.status.lastRequest (acknowledging residue); the Run's Acknowledged-By column.
+#: 7: effectUnknown on RunStep.status.undo, Run.status.undo[] and RollbackRequest.status.steps[] (a failed undo
+#:    whose effect nobody knows: residue unknown, not failed).
+SCHEMA_VERSION = 7
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 

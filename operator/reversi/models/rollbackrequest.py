@@ -336,6 +336,12 @@ class StepStatus(StatusModel):
         default=None, description="Who forced the undo although its compensation's precondition did not hold "
         "(spec.force)."
     )
+    effect_unknown: bool | None = Field(
+        default=None,
+        description="The last answer about the undo leaves its effect unknown: the last compensator that ran gave no "
+        "answer of its own (killed by its deadline, evicted, OOM-killed, lost with its node), or the last read-back "
+        "failed or could not be made. A step that ends failed with it is residue unknown, without it failed.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,

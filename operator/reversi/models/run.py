@@ -388,6 +388,12 @@ class StepUndo(StatusModel):
         "(re-verify: no compensator ran again); the result is in verification.",
     )
     verified_at: datetime | None = Field(default=None, description="When that read-back gave its result.")
+    effect_unknown: bool | None = Field(
+        default=None,
+        description="Set on a failed undo whose effect nobody knows: its last compensator that ran gave no answer of "
+        "its own (killed by its deadline, evicted, OOM-killed, lost with its node), or its last read-back failed or "
+        "could not be made. A report lists such a step as residue unknown rather than failed.",
+    )
 
 
 class RunStatus(StatusModel):
