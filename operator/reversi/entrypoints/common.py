@@ -12,16 +12,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import aiohttp.web
 import kopf
 from kubernetes import client, config
 
 from .. import certs
 from ..settings import OperatorSettings
+from .webhookserver import WEBHOOK_MAX_BODY, WebhookServer
 
 log = logging.getLogger("reversi.process")
 M_ARENA_MAX = -8  # glibc's malloc.h
-WEBHOOK_MAX_BODY = 32 * 1024 * 1024  # bytes; the API server itself refuses requests over 3 MiB
 
 
 def limit_malloc_arenas(arenas: int) -> bool:
@@ -69,14 +68,16 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
 
 
 def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) -> tuple[bool, str | None]:
-    """Serve the admission webhooks over TLS with a certificate made by ``cryptography``.
+    """Serve the admission webhooks over TLS (:class:`reversi.entrypoints.webhookserver.WebhookServer`,
+    review bodies up to :data:`WEBHOOK_MAX_BODY` bytes) with the given certificate or one made by
+    ``cryptography``.
 
     With ``webhook_cert``/``webhook_key`` (the chart mounts them), the server uses those files
     and the chart owns the webhook configurations. With ``webhook_configure`` (local control
     plane), the process makes a CA and serving certificate itself; the caller registers the
     configurations (:func:`reversi.adapters.webhooks.register`), pointing at
     ``https://<webhook_url_host>:<webhook_port>``. Returns (served, the CA file of a certificate
-    made here); neither setting: ``(False, None)``, nothing is served.
+    made here); neither setting (or a certificate without its key): ``(False, None)``, nothing is served.
     """
     certfile, keyfile, cafile = ours.webhook_cert, ours.webhook_key, None
     if not certfile and ours.webhook_configure:
@@ -87,16 +88,12 @@ def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) 
         pair = certs.issue(ca, folder, "webhook", "reversi-webhook", dns_names=("localhost", *([] if ip else [host])),
                            ip_addresses=tuple(ip or ["127.0.0.1"]), server=True)
         certfile, keyfile, cafile = str(pair.cert), str(pair.key), str(ca.cert)
-    if not certfile:
+    if not certfile or not keyfile:
         return False, None
-    # The API server sends a whole object (twice, on update) in each review: a Run of thousands of
-    # steps is megabytes. aiohttp's default body limit (1 MiB) would refuse it with 413, and kopf
-    # builds its aiohttp application itself, so the process raises the default for itself.
-    defaults = aiohttp.web.Application.__init__.__kwdefaults__
-    assert defaults is not None, "aiohttp.web.Application takes client_max_size as a keyword argument"
-    defaults["client_max_size"] = WEBHOOK_MAX_BODY
-    settings.admission.server = kopf.WebhookServer(addr=ours.webhook_host, port=ours.webhook_port, certfile=certfile,
-                                                   pkeyfile=keyfile, cafile=cafile)
+    # a review carries a whole object (twice, on update): megabytes for a Run of thousands of steps,
+    # past the 1 MiB that kopf's own server takes (see reversi.entrypoints.webhookserver)
+    settings.admission.server = WebhookServer(addr=ours.webhook_host, port=ours.webhook_port, certfile=certfile,
+                                              keyfile=keyfile, cafile=cafile, max_body=WEBHOOK_MAX_BODY)
     return True, cafile
 
 
