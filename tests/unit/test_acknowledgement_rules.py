@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reversi import conditions as c
+from reversi import conditions as cond
 from reversi.adapters import status as status_io
 from reversi.engine.acknowledgement import LEGACY_ANNOTATION, Acknowledged, acknowledged, changed, problem
 
@@ -57,21 +57,22 @@ def _readiness(tuples) -> dict[str, tuple[str, str]]:
 
 def test_a_run_whose_residue_is_acknowledged_is_ready_not_stalled():
     conds = _run()["status"]["conditions"]
-    assert _readiness(status_io.run_readiness(conds, "r"))[c.STALLED] == (c.TRUE, c.INCOMPLETE)
+    assert _readiness(status_io.run_readiness(conds, "r"))[cond.STALLED] == (cond.TRUE, cond.INCOMPLETE)
     ready = _readiness(status_io.run_readiness(conds, "r", acknowledged(_run(ack=ACK))))
-    assert ready[c.READY] == (c.TRUE, c.RESIDUE_ACKNOWLEDGED) and ready[c.STALLED][0] == c.FALSE
+    assert ready[cond.READY] == (cond.TRUE, cond.RESIDUE_ACKNOWLEDGED) and ready[cond.STALLED][0] == cond.FALSE
     locked = _readiness(status_io.run_readiness(_run(locked="True")["status"]["conditions"], "r",
                                                 acknowledged(_run(ack=ACK))))
-    assert locked[c.RECONCILING][0] == c.TRUE, "a rollback at work wins"
+    assert locked[cond.RECONCILING][0] == cond.TRUE, "a rollback at work wins"
 
 
 def _finished(reason: str) -> dict:
-    conds = status_io.summary_conditions([], 2, [(c.COMPLETE, c.FALSE, reason, "2 of 3 undone"),
+    conds = status_io.summary_conditions([], 2, [(cond.COMPLETE, cond.FALSE, reason, "2 of 3 undone"),
                                                  *status_io.request_readiness("Incomplete", reason, "2 of 3 undone")])
     return {"phase": "Incomplete", "observedGeneration": 2, "conditions": conds}
 
 
-@given(st.lists(st.booleans(), min_size=1, max_size=6), st.sampled_from([c.PARTIAL, c.NOT_POSSIBLE, c.CANCELLED]))
+@given(st.lists(st.booleans(), min_size=1, max_size=6),
+       st.sampled_from([cond.PARTIAL, cond.NOT_POSSIBLE, cond.CANCELLED]))
 def test_a_finished_requests_readiness_follows_acknowledgement_back_and_forth(flips, reason):
     """Acknowledged or withdrawn in any order, the request is Ready exactly while acknowledged,
     Stalled otherwise, never both; an update is made only when something changes."""
@@ -81,13 +82,13 @@ def test_a_finished_requests_readiness_follows_acknowledgement_back_and_forth(fl
         if update is not None:
             status = {**status, **update}
         after = {x["type"]: x for x in status["conditions"]}
-        assert (after[c.READY]["status"] == c.TRUE) == ack
-        assert (after[c.STALLED]["status"] == c.TRUE) == (not ack)
-        assert after[c.COMPLETE]["status"] == c.FALSE, "the verdict never changes"
+        assert (after[cond.READY]["status"] == cond.TRUE) == ack
+        assert (after[cond.STALLED]["status"] == cond.TRUE) == (not ack)
+        assert after[cond.COMPLETE]["status"] == cond.FALSE, "the verdict never changes"
         assert status_io.request_acknowledged_update(status, acknowledged(_run(ack=ACK)) if ack else None) is None
     if not flips[-1]:
-        stalled = {x["type"]: x for x in status["conditions"]}[c.STALLED]
-        assert stalled["reason"] == (c.CANCELLED if reason == c.CANCELLED else c.INCOMPLETE)
+        stalled = {x["type"]: x for x in status["conditions"]}[cond.STALLED]
+        assert stalled["reason"] == (cond.CANCELLED if reason == cond.CANCELLED else cond.INCOMPLETE)
 
 
 def test_only_an_incomplete_request_follows_acknowledgement():

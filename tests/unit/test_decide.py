@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reversi import conditions as c
+from reversi import conditions as cond
 from reversi.engine import decide as dc
 from reversi.engine import executor as ex
 from reversi.engine.graph import build_graph
@@ -102,7 +102,7 @@ def test_rule5_a_matching_read_back_journals_verified():
 def test_rule3_the_journal_outranks_the_status():
     d = dc.decide(inputs(2, mine={1: undo(1, "compensated", verification="verified")},
                          entries={1: {"step": 1, "stage": "pending"}}))
-    assert d.runs[1].stage == "compensated" and d.runs[1].reason == c.VERIFIED
+    assert d.runs[1].stage == "compensated" and d.runs[1].reason == cond.VERIFIED
     assert [e.step for e in starts(d)] == [0]  # step 1 is never started again
 
 
@@ -151,7 +151,7 @@ def test_rule8_a_step_that_needs_approval_waits_until_approved():
 
 def test_rule8_a_denied_step_is_not_undone_and_the_request_finishes():
     d = dc.decide(inputs(1, approval=frozenset({0}), denials=[{"step": 0, "note": "no", "actor": "cy"}]))
-    assert d.runs[0].stage == "awaitingApproval" and d.runs[0].reason == c.DENIED
+    assert d.runs[0].stage == "awaitingApproval" and d.runs[0].reason == cond.DENIED
     assert d.runs[0].error == "denied by cy: no" and d.awaiting == [] and not d.effects
     assert d.settled and d.ending.report.awaiting_approval == [0]
     assert [x.reason for x in d.ending.report.denied] == ["denied by cy: no"]
@@ -226,8 +226,8 @@ def test_the_reasons_are_the_conditions_module_s():
     for name in ("VERIFIED", "NO_READ_BACK_DECLARED", "NO_READER", "READ_BACK_REQUIRED", "CANCELLED", "DENIED",
                  "DEADLINE_EXCEEDED",
                  "VERIFICATION_ARGUMENTS_UNAVAILABLE", "COMPENSATION_DEADLINE_PASSED"):
-        assert getattr(dc, name) == getattr(c, name), name
-    assert ex.CANCELLED_REASON == c.CANCELLED
+        assert getattr(dc, name) == getattr(cond, name), name
+    assert ex.CANCELLED_REASON == cond.CANCELLED
 
 
 def test_epoch_reads_rfc3339():
@@ -398,7 +398,7 @@ def test_rule13_a_cancelled_request_begins_nothing(loaded):
     for e in d.effects:
         if isinstance(e, ex.StartJob):  # only the Job of an attempt or read already begun (adopted after a crash)
             assert e.step in before and before[e.step].stage in ex.ACTIVE_STAGES
-    assert all(r.stage not in ("pending", "awaitingApproval") or r.reason == c.DENIED for r in d.runs.values())
+    assert all(r.stage not in ("pending", "awaitingApproval") or r.reason == cond.DENIED for r in d.runs.values())
 
 
 @PROPS
@@ -438,7 +438,7 @@ def test_rule8_a_step_without_approval_is_never_started(loaded):
         if not action.needs_approval or s in loaded.mine:
             continue
         if s in denied:
-            assert d.runs[s].stage == "awaitingApproval" and d.runs[s].reason == c.DENIED
+            assert d.runs[s].stage == "awaitingApproval" and d.runs[s].reason == cond.DENIED
             assert s in d.ending.report.awaiting_approval and s not in d.awaiting
         elif s not in approved and not loaded.spec.approve_compensations and not loaded.spec.cancel:
             assert d.runs[s].stage == "awaitingApproval" and s in d.awaiting

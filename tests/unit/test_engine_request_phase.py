@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reversi import conditions as c
+from reversi import conditions as cond
 from reversi.engine.request_phase import ending, under_way
 
 
@@ -23,36 +23,37 @@ def _reasons(e) -> dict[str, tuple[str, str]]:
 def test_a_complete_rollback_succeeds_and_says_whether_there_was_anything_to_undo():
     done = _end(complete=True, verdict="complete: 2 compensated (0, 1)")
     assert (done.phase, done.event, done.outcome, done.warning) == ("Succeeded", "RollbackComplete", "complete", False)
-    assert _reasons(done)[c.COMPLETE] == (c.TRUE, c.ALL_COMPENSATED) and done.readiness[0] == c.ALL_COMPENSATED
+    assert _reasons(done)[cond.COMPLETE] == (cond.TRUE, cond.ALL_COMPENSATED)
+    assert done.readiness[0] == cond.ALL_COMPENSATED
     nothing = _end(complete=True, compensates_nothing=True)
-    assert _reasons(nothing)[c.COMPLETE][1] == c.NOTHING_TO_UNDO and nothing.readiness[0] == c.NOTHING_TO_UNDO
+    assert _reasons(nothing)[cond.COMPLETE][1] == cond.NOTHING_TO_UNDO and nothing.readiness[0] == cond.NOTHING_TO_UNDO
 
 
 def test_an_incomplete_rollback_says_partial_or_not_possible_and_stalls_on_incomplete_or_the_deadline():
     partial = _end(undone_some=True)
     assert (partial.phase, partial.event, partial.outcome) == ("Incomplete", "RollbackIncomplete", "incomplete")
-    assert _reasons(partial)[c.COMPLETE] == (c.FALSE, c.PARTIAL) and partial.readiness[0] == c.INCOMPLETE
-    assert _reasons(_end())[c.COMPLETE][1] == c.NOT_POSSIBLE
-    assert _end(deadline_passed=True).readiness[0] == c.DEADLINE_EXCEEDED
+    assert _reasons(partial)[cond.COMPLETE] == (cond.FALSE, cond.PARTIAL) and partial.readiness[0] == cond.INCOMPLETE
+    assert _reasons(_end())[cond.COMPLETE][1] == cond.NOT_POSSIBLE
+    assert _end(deadline_passed=True).readiness[0] == cond.DEADLINE_EXCEEDED
 
 
 def test_cancelled_wins_and_the_verdict_names_who_cancelled():
     cancelled = _end(cancelling=True, cancelled_by="oncall", undone_some=True, deadline_passed=True)
-    assert _reasons(cancelled)[c.COMPLETE][1] == c.CANCELLED and cancelled.readiness[0] == c.CANCELLED
+    assert _reasons(cancelled)[cond.COMPLETE][1] == cond.CANCELLED and cancelled.readiness[0] == cond.CANCELLED
     assert cancelled.verdict == "cancelled by oncall: 1 failed (0)"
     assert (cancelled.event, cancelled.outcome) == ("RollbackCancelled", "cancelled")
     late = _end(cancelling=True, complete=True, verdict="complete")
     assert late.verdict == "cancelled by an unknown user; nothing was left to stop: complete"
-    assert late.outcome == "complete" and _reasons(late)[c.COMPLETE][1] == c.ALL_COMPENSATED
+    assert late.outcome == "complete" and _reasons(late)[cond.COMPLETE][1] == cond.ALL_COMPENSATED
 
 
 def test_steps_still_awaiting_approval_are_named_before_the_verdict():
     late = _end(awaiting=[2, 3], deadline_passed=True)
-    assert late.readiness == (c.AWAITING_APPROVAL,
+    assert late.readiness == (cond.AWAITING_APPROVAL,
                               "steps [2, 3] were not approved before the deadline; 1 failed (0)")
-    assert _reasons(late)[c.AWAITING_APPROVAL] == (c.FALSE, c.AWAITING_APPROVAL)
-    assert _reasons(_end(approve_all=True))[c.AWAITING_APPROVAL] == (c.FALSE, c.APPROVED_FOR_ALL)
-    assert _reasons(_end())[c.AWAITING_APPROVAL] == (c.FALSE, c.NONE_AWAITING)
+    assert _reasons(late)[cond.AWAITING_APPROVAL] == (cond.FALSE, cond.AWAITING_APPROVAL)
+    assert _reasons(_end(approve_all=True))[cond.AWAITING_APPROVAL] == (cond.FALSE, cond.APPROVED_FOR_ALL)
+    assert _reasons(_end())[cond.AWAITING_APPROVAL] == (cond.FALSE, cond.NONE_AWAITING)
 
 
 @given(complete=st.booleans(), undone_some=st.booleans(), compensates_nothing=st.booleans(),
@@ -68,15 +69,15 @@ def test_every_ending_is_consistent(complete, undone_some, compensates_nothing, 
              deadline_passed=deadline_passed, cancelling=cancelling, cancelled_by="x", awaiting=awaiting,
              approve_all=approve_all)
     assert e.phase == ("Succeeded" if complete else "Incomplete")
-    assert _reasons(e)[c.COMPLETE][0] == (c.TRUE if complete else c.FALSE)
-    assert all(r in c.REASONS for _, _, r, _ in e.conditions) and e.readiness[0] in c.REASONS
+    assert _reasons(e)[cond.COMPLETE][0] == (cond.TRUE if complete else cond.FALSE)
+    assert all(r in cond.REASONS for _, _, r, _ in e.conditions) and e.readiness[0] in cond.REASONS
     if complete:
-        assert _reasons(e)[c.COMPLETE][1] in (c.ALL_COMPENSATED, c.NOTHING_TO_UNDO)
+        assert _reasons(e)[cond.COMPLETE][1] in (cond.ALL_COMPENSATED, cond.NOTHING_TO_UNDO)
     elif cancelling:
-        assert _reasons(e)[c.COMPLETE][1] == c.CANCELLED
+        assert _reasons(e)[cond.COMPLETE][1] == cond.CANCELLED
     assert e.warning == (not complete)
     assert (e.outcome == "cancelled") == (cancelling and not complete)
-    assert e.readiness[0] == c.AWAITING_APPROVAL if awaiting else e.readiness[0] != c.AWAITING_APPROVAL
+    assert e.readiness[0] == cond.AWAITING_APPROVAL if awaiting else e.readiness[0] != cond.AWAITING_APPROVAL
     assert e.verdict.endswith("1 failed (0)")
 
 
@@ -89,22 +90,22 @@ def _way(**kw):
 def test_a_request_awaits_approval_only_when_nothing_else_can_start():
     waiting = _way(awaiting=[1], only_approvals_left=True)
     assert waiting.phase == "AwaitingApproval"
-    assert waiting.readiness == (c.AWAITING_APPROVAL, "steps [1] wait for approval (kubectl reversi approve, "
+    assert waiting.readiness == (cond.AWAITING_APPROVAL, "steps [1] wait for approval (kubectl reversi approve, "
                                                       "or spec.approveCompensations)")
-    assert _reasons(waiting)[c.RUNNING] == (c.FALSE, c.AWAITING_APPROVAL)
+    assert _reasons(waiting)[cond.RUNNING] == (cond.FALSE, cond.AWAITING_APPROVAL)
     busy = _way(awaiting=[1], running=True, active=[0])
-    assert busy.phase == "Running" and _reasons(busy)[c.RUNNING] == (c.TRUE, c.IN_PROGRESS)
-    assert busy.readiness == (c.IN_PROGRESS, "1/3 compensated; active steps: [0]")
+    assert busy.phase == "Running" and _reasons(busy)[cond.RUNNING] == (cond.TRUE, cond.IN_PROGRESS)
+    assert busy.readiness == (cond.IN_PROGRESS, "1/3 compensated; active steps: [0]")
 
 
 def test_running_false_says_why_nothing_runs_and_child_runs_are_named():
-    assert _reasons(_way(started_any=False))[c.RUNNING] == (c.FALSE, c.NOT_STARTED)
-    assert _reasons(_way())[c.RUNNING] == (c.FALSE, c.IDLE)
+    assert _reasons(_way(started_any=False))[cond.RUNNING] == (cond.FALSE, cond.NOT_STARTED)
+    assert _reasons(_way())[cond.RUNNING] == (cond.FALSE, cond.IDLE)
     child = _way(busy_children=[("child-a", "undo-child-a")])
     assert child.readiness[1] == ("1/3 compensated; active steps: none; child Run child-a is being rolled back by "
                                   "RollbackRequest undo-child-a")
-    assert _reasons(_way(approve_all=True))[c.AWAITING_APPROVAL] == (c.FALSE, c.APPROVED_FOR_ALL)
-    assert _reasons(_way())[c.COMPLETE] == (c.FALSE, c.IN_PROGRESS)
+    assert _reasons(_way(approve_all=True))[cond.AWAITING_APPROVAL] == (cond.FALSE, cond.APPROVED_FOR_ALL)
+    assert _reasons(_way())[cond.COMPLETE] == (cond.FALSE, cond.IN_PROGRESS)
 
 
 @given(running=st.booleans(), awaiting=st.lists(st.integers(0, 9), max_size=3), only=st.booleans(),
@@ -114,18 +115,20 @@ def test_every_request_under_way_is_consistent(running, awaiting, only, started)
     Running=True exactly when a Job runs; the reasons are in the closed set."""
     way = _way(running=running, awaiting=awaiting, only_approvals_left=only and not running, started_any=started)
     assert (way.phase == "AwaitingApproval") == bool(awaiting and only and not running)
-    assert (_reasons(way)[c.RUNNING][0] == c.TRUE) == running
-    assert all(r in c.REASONS for _, _, r, _ in way.conditions) and way.readiness[0] in c.REASONS
+    assert (_reasons(way)[cond.RUNNING][0] == cond.TRUE) == running
+    assert all(r in cond.REASONS for _, _, r, _ in way.conditions) and way.readiness[0] in cond.REASONS
 
 
 def test_a_dry_run_and_a_waiting_request_say_what_they_are():
     from reversi.engine.request_phase import dry_run, planned, waiting
 
-    assert dry_run().phase == "Planned" and dry_run().readiness[0] == c.PLAN_READY
+    assert dry_run().phase == "Planned" and dry_run().readiness[0] == cond.PLAN_READY
     said = waiting("shop", "undo-a", "order-9")
     assert said.phase == "Waiting" and said.readiness == (
-        c.WAITING_FOR_RUN, "RollbackRequest shop/undo-a is working on Run shop/order-9; this one starts when it ends")
-    assert planned(2, False)[1] == (c.PLANNED, c.TRUE, c.PLAN_READY, "2 compensations planned; fullyReversible=false")
+        cond.WAITING_FOR_RUN,
+        "RollbackRequest shop/undo-a is working on Run shop/order-9; this one starts when it ends")
+    assert planned(2, False)[1] == (cond.PLANNED, cond.TRUE, cond.PLAN_READY,
+                                    "2 compensations planned; fullyReversible=false")
 
 
 # ---------------------------------------------------------------- every phase, its readiness, the pass's end
@@ -134,7 +137,7 @@ def _all_phases():
     from reversi.engine.request_phase import (cancelled_before_planning, dry_run, failed, run_missing,
                                               waiting)
 
-    return [dry_run(), run_missing("Run shop/r not found"), failed(c.RUN_NOT_FOUND, "fix spec.runRef.name"),
+    return [dry_run(), run_missing("Run shop/r not found"), failed(cond.RUN_NOT_FOUND, "fix spec.runRef.name"),
             cancelled_before_planning("oncall", "its Run shop/r does not exist"), waiting("shop", "a", "r"),
             _way(), _way(awaiting=[1], only_approvals_left=True), _end(complete=True), _end()]
 
@@ -143,24 +146,24 @@ def test_every_phase_sets_its_readiness_from_the_phase_alone():
     """Ready when Planned or Succeeded, Stalled when Incomplete or Failed, Reconciling otherwise
     (kstatus; docs/concepts.md#the-rollbackrequests-status): one rule for every phase a request
     can say, including those of a request that never planned."""
-    kstatus = {"Planned": c.READY, "Succeeded": c.READY, "Incomplete": c.STALLED, "Failed": c.STALLED,
-               "Pending": c.RECONCILING, "Waiting": c.RECONCILING, "Running": c.RECONCILING,
-               "AwaitingApproval": c.RECONCILING}
+    kstatus = {"Planned": cond.READY, "Succeeded": cond.READY, "Incomplete": cond.STALLED, "Failed": cond.STALLED,
+               "Pending": cond.RECONCILING, "Waiting": cond.RECONCILING, "Running": cond.RECONCILING,
+               "AwaitingApproval": cond.RECONCILING}
     for said in _all_phases():
         updates = {t: (s, r, m) for t, s, r, m in said.updates()}
-        true = [t for t in (c.READY, c.RECONCILING, c.STALLED) if updates[t][0] == c.TRUE]
+        true = [t for t in (cond.READY, cond.RECONCILING, cond.STALLED) if updates[t][0] == cond.TRUE]
         assert true == [kstatus[said.phase]], said
         assert updates[kstatus[said.phase]][1:] == said.readiness
-        assert all(r in c.REASONS for _, _, r, _ in said.updates()), said
+        assert all(r in cond.REASONS for _, _, r, _ in said.updates()), said
 
 
 def test_a_request_that_cannot_be_carried_out_fails_with_invalid_and_a_warning():
     from reversi.engine.request_phase import failed
 
-    said = failed(c.MANIFEST_NOT_FOUND, "ToolManifest shop/tools not found; create it again")
-    assert (said.phase, said.event, said.warning, said.outcome) == ("Failed", c.MANIFEST_NOT_FOUND, True, "invalid")
-    assert _reasons(said)[c.INVALID] == (c.TRUE, c.MANIFEST_NOT_FOUND)
-    assert _reasons(said)[c.COMPLETE] == (c.FALSE, c.MANIFEST_NOT_FOUND)
+    said = failed(cond.MANIFEST_NOT_FOUND, "ToolManifest shop/tools not found; create it again")
+    assert (said.phase, said.event, said.warning, said.outcome) == ("Failed", cond.MANIFEST_NOT_FOUND, True, "invalid")
+    assert _reasons(said)[cond.INVALID] == (cond.TRUE, cond.MANIFEST_NOT_FOUND)
+    assert _reasons(said)[cond.COMPLETE] == (cond.FALSE, cond.MANIFEST_NOT_FOUND)
     assert said.verdict == "ToolManifest shop/tools not found; create it again"
 
 
@@ -172,7 +175,7 @@ def test_a_request_cancelled_before_it_planned_names_who_and_why_and_undid_nothi
                                                                     True)
     assert said.verdict == ("cancelled by an unknown user before anything was planned (its Run shop/r does not "
                             "exist): nothing was undone")
-    assert _reasons(said)[c.COMPLETE] == (c.FALSE, c.CANCELLED) and said.readiness[0] == c.CANCELLED
+    assert _reasons(said)[cond.COMPLETE] == (cond.FALSE, cond.CANCELLED) and said.readiness[0] == cond.CANCELLED
 
 
 @given(finished=st.booleans(), awaiting=st.lists(st.integers(0, 9), max_size=3), deadline_passed=st.booleans())

@@ -7,7 +7,7 @@ from datetime import datetime, UTC
 import pytest
 from pydantic import ValidationError
 
-from reversi import conditions as c
+from reversi import conditions as cond
 from reversi.models import (
     ClusterHalt,
     Halt,
@@ -156,8 +156,9 @@ T1 = datetime(2025, 1, 2, tzinfo=UTC)
 
 
 def test_condition_builds_the_wire_shape():
-    cond = c.condition(c.COMPLETE, False, c.INCOMPLETE, "step 3 could not be undone", observed_generation=2, now=T0)
-    assert cond == {
+    made = cond.condition(cond.COMPLETE, False, cond.INCOMPLETE, "step 3 could not be undone", observed_generation=2,
+                          now=T0)
+    assert made == {
         "type": "Complete",
         "status": "False",
         "reason": "Incomplete",
@@ -169,26 +170,26 @@ def test_condition_builds_the_wire_shape():
 
 def test_condition_refuses_unknown_types_reasons_and_statuses():
     with pytest.raises(ValueError, match="unknown condition reason"):
-        c.condition(c.COMPLETE, c.TRUE, "AllGood")
+        cond.condition(cond.COMPLETE, cond.TRUE, "AllGood")
     with pytest.raises(ValueError, match="unknown condition type"):
-        c.condition("Done", c.TRUE, c.ALL_COMPENSATED)
+        cond.condition("Done", cond.TRUE, cond.ALL_COMPENSATED)
     with pytest.raises(ValueError, match="True, False or Unknown"):
-        c.condition(c.COMPLETE, "yes", c.ALL_COMPENSATED)
+        cond.condition(cond.COMPLETE, "yes", cond.ALL_COMPENSATED)
 
 
 def test_reasons_are_camel_case():
-    for reason in c.REASONS | c.TYPES:
+    for reason in cond.REASONS | cond.TYPES:
         assert reason[0].isupper() and reason.isalnum(), reason
 
 
 def test_set_condition_keeps_transition_time_while_status_holds():
-    first = c.set_condition([], c.condition(c.RUNNING, c.TRUE, c.IN_PROGRESS, "1/3", now=T0))
-    second = c.set_condition(first, c.condition(c.RUNNING, c.TRUE, c.IN_PROGRESS, "2/3", now=T1))
+    first = cond.set_condition([], cond.condition(cond.RUNNING, cond.TRUE, cond.IN_PROGRESS, "1/3", now=T0))
+    second = cond.set_condition(first, cond.condition(cond.RUNNING, cond.TRUE, cond.IN_PROGRESS, "2/3", now=T1))
     assert second[0]["lastTransitionTime"] == "2025-01-01T00:00:00Z"
     assert second[0]["message"] == "2/3"
-    third = c.set_condition(second, c.condition(c.RUNNING, c.FALSE, c.FINISHED, "3/3", now=T1))
+    third = cond.set_condition(second, cond.condition(cond.RUNNING, cond.FALSE, cond.FINISHED, "3/3", now=T1))
     assert third[0]["lastTransitionTime"] == "2025-01-02T00:00:00Z"
-    both = c.set_condition(third, c.condition(c.COMPLETE, c.TRUE, c.ALL_COMPENSATED, now=T1))
+    both = cond.set_condition(third, cond.condition(cond.COMPLETE, cond.TRUE, cond.ALL_COMPENSATED, now=T1))
     assert [x["type"] for x in both] == ["Running", "Complete"]
-    assert c.is_true(both, c.COMPLETE) and not c.is_true(both, c.RUNNING)
+    assert cond.is_true(both, cond.COMPLETE) and not cond.is_true(both, cond.RUNNING)
     assert first[0]["message"] == "1/3"  # inputs are not modified

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reversi import conditions as c
+from reversi import conditions as cond
 from reversi import crdgen, schema
 from reversi.adapters import status as st
 from reversi.handlers.halts import halt_status
@@ -28,45 +28,46 @@ def _conds(updates, gen=3):
     ("Failed", "False", "False", "True"),
 ])
 def test_request_readiness_per_phase(phase, ready, reconciling, stalled):
-    got = _conds(st.request_readiness(phase, c.IN_PROGRESS, "m"))
-    assert (got[c.READY][0], got[c.RECONCILING][0], got[c.STALLED][0]) == (ready, reconciling, stalled)
+    got = _conds(st.request_readiness(phase, cond.IN_PROGRESS, "m"))
+    assert (got[cond.READY][0], got[cond.RECONCILING][0], got[cond.STALLED][0]) == (ready, reconciling, stalled)
     # the condition that is True carries the reason; the others say Idle or the same reason
-    assert all(reason in c.REASONS for _, reason in got.values())
+    assert all(reason in cond.REASONS for _, reason in got.values())
 
 
 def test_readiness_refuses_an_unknown_state():
     with pytest.raises(ValueError, match="ready, progressing or stalled"):
-        st.readiness("done", c.IDLE, "")
+        st.readiness("done", cond.IDLE, "")
 
 
 def _cond(ctype, status, reason, gen=1):
-    return c.condition(ctype, status, reason, "m", gen)
+    return cond.condition(ctype, status, reason, "m", gen)
 
 
 def test_run_readiness_follows_lock_and_last_rollback():
-    assert _conds(st.run_readiness([]))[c.READY] == ("True", c.NO_ROLLBACK)
-    locked = [_cond(c.LOCKED, c.TRUE, c.HELD_BY_REQUEST)]
-    assert _conds(st.run_readiness(locked))[c.RECONCILING] == ("True", c.HELD_BY_REQUEST)
-    done = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.TRUE, c.ALL_COMPENSATED)]
-    assert _conds(st.run_readiness(done))[c.READY] == ("True", c.ALL_COMPENSATED)
-    bad = [_cond(c.LOCKED, c.FALSE, c.RELEASED), _cond(c.ROLLED_BACK, c.FALSE, c.INCOMPLETE)]
-    assert _conds(st.run_readiness(bad))[c.STALLED] == ("True", c.INCOMPLETE)
+    assert _conds(st.run_readiness([]))[cond.READY] == ("True", cond.NO_ROLLBACK)
+    locked = [_cond(cond.LOCKED, cond.TRUE, cond.HELD_BY_REQUEST)]
+    assert _conds(st.run_readiness(locked))[cond.RECONCILING] == ("True", cond.HELD_BY_REQUEST)
+    done = [_cond(cond.LOCKED, cond.FALSE, cond.RELEASED), _cond(cond.ROLLED_BACK, cond.TRUE, cond.ALL_COMPENSATED)]
+    assert _conds(st.run_readiness(done))[cond.READY] == ("True", cond.ALL_COMPENSATED)
+    bad = [_cond(cond.LOCKED, cond.FALSE, cond.RELEASED), _cond(cond.ROLLED_BACK, cond.FALSE, cond.INCOMPLETE)]
+    assert _conds(st.run_readiness(bad))[cond.STALLED] == ("True", cond.INCOMPLETE)
 
 
 def test_run_status_update_writes_only_when_behind():
     update = st.run_status_update({"observedGeneration": 0}, 4)
     assert update["observedGeneration"] == 4
     assert {x["type"]: x["observedGeneration"] for x in update["conditions"]} == {
-        c.READY: 4, c.RECONCILING: 4, c.STALLED: 4}
+        cond.READY: 4, cond.RECONCILING: 4, cond.STALLED: 4}
     assert st.run_status_update(update, 4) is None
     assert st.run_status_update(update, 5)["observedGeneration"] == 5
 
 
 def test_observed_update_of_a_final_request():
-    status = {"observedGeneration": 1, "phase": "Planned", "conditions": [_cond(c.READY, c.TRUE, c.PLAN_READY)]}
+    status = {"observedGeneration": 1, "phase": "Planned",
+              "conditions": [_cond(cond.READY, cond.TRUE, cond.PLAN_READY)]}
     update = st.observed_update(status, 2)
     assert update["observedGeneration"] == 2 and update["conditions"][0]["observedGeneration"] == 2
-    assert update["conditions"][0]["status"] == c.TRUE
+    assert update["conditions"][0]["status"] == cond.TRUE
     assert st.observed_update({**status, "observedGeneration": 2}, 2) is None
 
 
@@ -74,17 +75,17 @@ def test_halt_is_ready_while_in_force():
     body = {"metadata": {"generation": 2, "creationTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"reason": "r"}}
     status = halt_status(body)
     assert status["observedGeneration"] == 2 and status["active"] is True
-    assert c.is_true(status["conditions"], c.READY) and c.is_true(status["conditions"], c.ACTIVE)
+    assert cond.is_true(status["conditions"], cond.READY) and cond.is_true(status["conditions"], cond.ACTIVE)
     assert halt_status({**body, "status": status}) is None
 
 
 def test_manifest_ready_when_accepted_stalled_when_not():
     good = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.read", "effect": "read"}]}}
-    assert c.is_true(manifest_status(good)["conditions"], c.READY)
+    assert cond.is_true(manifest_status(good)["conditions"], cond.READY)
     bad = {"metadata": {"generation": 1}, "spec": {"tools": [{"name": "a.write", "effect": "write"}]}}
     conds = manifest_status(bad)["conditions"]
-    assert c.is_true(conds, c.STALLED) and not c.is_true(conds, c.READY)
-    assert c.get_condition(conds, c.STALLED)["reason"] == c.MANIFEST_INVALID
+    assert cond.is_true(conds, cond.STALLED) and not cond.is_true(conds, cond.READY)
+    assert cond.get_condition(conds, cond.STALLED)["reason"] == cond.MANIFEST_INVALID
 
 
 # ----------------------------------------------------------------------------- schema version

@@ -12,7 +12,7 @@ import datetime as dt
 from typing import Any, cast
 from collections.abc import Iterable
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..engine.acknowledgement import Acknowledged
 from ..engine.executor import ACTIVE_STAGES, Stage, StepRun
 from ..engine.plan import compact_plan
@@ -26,12 +26,13 @@ _PRIORITY = {"compensating": 0, "checking": 0, "verifying": 0, "retrying": 0, "r
 ENTRY_KINDS = ("compensate", "defer", "expired", "handlerUnavailable")
 #: the Compensated condition of the statuses of rules 15 and 16: (status, reason, message prefix)
 _NOT_UNDONE = {
-    "alreadyRecovered": (c.TRUE, c.ALREADY_RECOVERED, "already undone when the rollback looked (the precheck read "
+    "alreadyRecovered": (cond.TRUE, cond.ALREADY_RECOVERED,
+                         "already undone when the rollback looked (the precheck read "
                          "matched): no compensator ran"),
-    "expired": (c.FALSE, c.EXPIRED, "not attempted"),
-    "handlerUnavailable": (c.FALSE, c.HANDLER_UNAVAILABLE, "not attempted"),
-    "conflict": (c.FALSE, c.CONFLICT, "not undone"),
-    "compensationDeadlinePassed": (c.FALSE, c.COMPENSATION_DEADLINE_PASSED, "not attempted"),
+    "expired": (cond.FALSE, cond.EXPIRED, "not attempted"),
+    "handlerUnavailable": (cond.FALSE, cond.HANDLER_UNAVAILABLE, "not attempted"),
+    "conflict": (cond.FALSE, cond.CONFLICT, "not undone"),
+    "compensationDeadlinePassed": (cond.FALSE, cond.COMPENSATION_DEADLINE_PASSED, "not attempted"),
 }
 
 
@@ -53,18 +54,19 @@ def approval_condition(action: PlanAction, approved: dict[int, str], approved_al
                        generation: int, old: list[dict]) -> list[dict]:
     """The step's ``Approved`` condition (rule 8), naming the approver."""
     if not action.needs_approval:
-        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVAL_NOT_REQUIRED,
+        approval = cond.condition(cond.APPROVED, cond.TRUE, cond.APPROVAL_NOT_REQUIRED,
                            "the compensation does not require approval", generation)
     elif action.step in approved:
-        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVED_BY_USER, f"approved by {approved[action.step]}", generation)
+        approval = cond.condition(cond.APPROVED, cond.TRUE, cond.APPROVED_BY_USER,
+                                  f"approved by {approved[action.step]}", generation)
     elif approved_all_by is not None:
-        cond = c.condition(c.APPROVED, c.TRUE, c.APPROVED_FOR_ALL,
+        approval = cond.condition(cond.APPROVED, cond.TRUE, cond.APPROVED_FOR_ALL,
                            f"approved by {approved_all_by} (approveCompensations)", generation)
     else:
-        cond = c.condition(c.APPROVED, c.FALSE, c.AWAITING_APPROVAL,
+        approval = cond.condition(cond.APPROVED, cond.FALSE, cond.AWAITING_APPROVAL,
                            f"{action.compensation_tool} requires approval: approve step {action.step} "
                            f"(kubectl reversi approve) or set spec.approveCompensations", generation)
-    return c.set_condition(old, cond)
+    return cond.set_condition(old, approval)
 
 
 def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, approved: dict[int, str],
@@ -72,82 +74,83 @@ def step_conditions(action: PlanAction, run: StepRun, verify_tool: str | None, a
                     blocked_by: list[int], limit: int) -> list[dict]:
     """``Approved``, ``Compensated`` and ``Verified`` of one step (docs/concepts.md#the-rollbackrequests-status)."""
     conds = approval_condition(action, approved, approved_all_by, generation, old)
-    if run.reason == c.DENIED and run.stage == "awaitingApproval":
-        conds = c.set_condition(conds, c.condition(c.APPROVED, c.FALSE, c.DENIED, cut(run.error, limit) or "denied",
-                                                   generation))
+    if run.reason == cond.DENIED and run.stage == "awaitingApproval":
+        denied = cond.condition(cond.APPROVED, cond.FALSE, cond.DENIED, cut(run.error, limit) or "denied", generation)
+        conds = cond.set_condition(conds, denied)
     stage = run.stage
     error = cut(run.error, limit) or ""
     comp = _compensated(action, run, error, blocked_by)
-    conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
+    conds = cond.set_condition(conds, cond.condition(cond.COMPENSATED, comp[0], comp[1], comp[2], generation))
     if stage == "compensated" and run.forced_by:
-        comp = (c.TRUE, c.FORCED, f"{action.compensation_tool} succeeded (attempt {run.attempts}) although its "
+        comp = (cond.TRUE, cond.FORCED, f"{action.compensation_tool} succeeded (attempt {run.attempts}) although its "
                 f"precondition did not hold: forced by {run.forced_by}")
-        conds = c.set_condition(conds, c.condition(c.COMPENSATED, comp[0], comp[1], comp[2], generation))
+        conds = cond.set_condition(conds, cond.condition(cond.COMPENSATED, comp[0], comp[1], comp[2], generation))
     ver = _verified(run, verify_tool, error)
-    return c.set_condition(conds, c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+    return cond.set_condition(conds, cond.condition(cond.VERIFIED, ver[0], ver[1], ver[2], generation))
 
 
 def _compensated(action: PlanAction, run: StepRun, error: str, blocked_by: list[int]) -> tuple[str, str, str]:
     """``(status, reason, message)`` of a step's ``Compensated`` condition, from its stage."""
     stage = run.stage
     if stage == "compensated":
-        return (c.TRUE, c.COMPENSATION_SUCCEEDED, f"{action.compensation_tool} succeeded (attempt {run.attempts})")
+        return (cond.TRUE, cond.COMPENSATION_SUCCEEDED,
+                f"{action.compensation_tool} succeeded (attempt {run.attempts})")
     elif stage == "failed" and run.verification is None:
-        return (c.FALSE, c.COMPENSATION_FAILED, error)
+        return (cond.FALSE, cond.COMPENSATION_FAILED, error)
     elif stage == "failed":
-        return (c.FALSE, c.COMPENSATION_FAILED, f"the undo ran but was not confirmed: {error}")
+        return (cond.FALSE, cond.COMPENSATION_FAILED, f"the undo ran but was not confirmed: {error}")
     elif stage == "compensating":
-        return (c.UNKNOWN, c.COMPENSATING, f"attempt {run.attempts}: {action.compensation_tool} is running")
+        return (cond.UNKNOWN, cond.COMPENSATING, f"attempt {run.attempts}: {action.compensation_tool} is running")
     elif stage == "retrying":
-        return (c.UNKNOWN, c.COMPENSATION_RETRYING,
+        return (cond.UNKNOWN, cond.COMPENSATION_RETRYING,
                 f"attempt {run.attempts} failed: {error}; next attempt at {iso(run.next_at)}")
     elif stage in ("checking", "verifying", "rereading"):
-        return (c.UNKNOWN, c.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
+        return (cond.UNKNOWN, cond.COMPENSATING, f"{action.compensation_tool} succeeded; checking the undo")
     elif stage == "cancelled":
-        return (c.FALSE, c.CANCELLED,
+        return (cond.FALSE, cond.CANCELLED,
                 f"not undone: not started before the request was cancelled ({error or 'spec.cancel'})")
     elif stage in ("prechecking", "preconditioning"):
         what = "whether it is already undone" if stage == "prechecking" else "the precondition"
-        return (c.UNKNOWN, c.PENDING, f"reading {what} before {action.compensation_tool} runs")
+        return (cond.UNKNOWN, cond.PENDING, f"reading {what} before {action.compensation_tool} runs")
     elif stage in _NOT_UNDONE:
         status, reason, text = _NOT_UNDONE[stage]
         detail = error or (action.reason if action.kind != "compensate" else "")
         return (status, reason, f"{text}: {detail}" if detail and stage != "alreadyRecovered" else text)
     elif stage == "deferred" or blocked_by:
-        return (c.FALSE, c.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
-    elif stage == "awaitingApproval" and run.reason == c.DENIED:
-        return (c.FALSE, c.DENIED, f"not undone: {error}")
+        return (cond.FALSE, cond.BLOCKED, f"blocked by standing dependents {blocked_by}: they must be undone first")
+    elif stage == "awaitingApproval" and run.reason == cond.DENIED:
+        return (cond.FALSE, cond.DENIED, f"not undone: {error}")
     elif stage == "awaitingApproval":
-        return (c.FALSE, c.AWAITING_APPROVAL, "waiting for approval")
+        return (cond.FALSE, cond.AWAITING_APPROVAL, "waiting for approval")
     else:
-        return (c.FALSE, c.PENDING, "not started yet (newest first, within parallelism)")
+        return (cond.FALSE, cond.PENDING, "not started yet (newest first, within parallelism)")
 
 
 def _verified(run: StepRun, verify_tool: str | None, error: str) -> tuple[str, str, str]:
     """``(status, reason, message)`` of a step's ``Verified`` condition, from its verification."""
     stage = run.stage
     if run.verification == "verified":
-        return (c.TRUE, c.VERIFIED, f"{verify_tool} answered as expected")
+        return (cond.TRUE, cond.VERIFIED, f"{verify_tool} answered as expected")
     elif run.verification == "none":
-        return (c.FALSE, c.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no "
+        return (cond.FALSE, cond.NO_READ_BACK_DECLARED, "undone, no read-back declared: the manifest declares no "
                 "verification for this tool, so the undo counts as complete without a check")
-    elif run.verification == "unverified" and run.reason == c.READ_BACK_REQUIRED:
-        return (c.FALSE, c.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
+    elif run.verification == "unverified" and run.reason == cond.READ_BACK_REQUIRED:
+        return (cond.FALSE, cond.READ_BACK_REQUIRED, "undone but not checked: no read-back is declared and the request "
                 "sets requireVerification, so this undo is unverified")
-    elif run.verification == "unverified" and run.reason in (c.CANCELLED, c.DEADLINE_EXCEEDED):
-        why = "was cancelled" if run.reason == c.CANCELLED else "reached its deadline"
-        return (c.FALSE, run.reason, f"undone but not checked: the request {why} before a read-back answered; "
+    elif run.verification == "unverified" and run.reason in (cond.CANCELLED, cond.DEADLINE_EXCEEDED):
+        why = "was cancelled" if run.reason == cond.CANCELLED else "reached its deadline"
+        return (cond.FALSE, run.reason, f"undone but not checked: the request {why} before a read-back answered; "
                 "a later request on the run runs it (never the compensator again)")
     elif run.verification == "unverified":
-        return (c.FALSE, c.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
+        return (cond.FALSE, cond.NO_READER, "undone but not checked: no reader ran, so this undo is unverified")
     elif run.verification == "verificationFailed":
-        reason = c.VERIFICATION_ARGUMENTS_UNAVAILABLE if run.reason == "VerificationArgumentsUnavailable" else (
-            c.READ_FAILED if error.startswith("verification failed: read failed") else c.VERIFICATION_FAILED)
-        return (c.FALSE, reason, error)
+        reason = cond.VERIFICATION_ARGUMENTS_UNAVAILABLE if run.reason == "VerificationArgumentsUnavailable" else (
+            cond.READ_FAILED if error.startswith("verification failed: read failed") else cond.VERIFICATION_FAILED)
+        return (cond.FALSE, reason, error)
     elif stage in ("verifying", "rereading"):
-        return (c.UNKNOWN, c.VERIFYING, f"read-back {run.reads}" + (f": {error}" if error else ""))
+        return (cond.UNKNOWN, cond.VERIFYING, f"read-back {run.reads}" + (f": {error}" if error else ""))
     else:
-        return (c.UNKNOWN, c.PENDING, "not checked yet")
+        return (cond.UNKNOWN, cond.PENDING, "not checked yet")
 
 
 def step_entries(plan: Plan, runs: dict[int, StepRun], deferred: dict[int, list[int]], keys: dict[int, str],
@@ -200,16 +203,16 @@ def reverify_entries(plan: Plan, runs: dict[int, StepRun], verify_tools: dict[in
         action = plan.actions[s]
         error = cut(run.error, message_limit)
         if run.verification == "verified":
-            ver = (c.TRUE, c.VERIFIED,
+            ver = (cond.TRUE, cond.VERIFIED,
                    f"{verify_tools.get(s)} answered as expected (re-verified: no compensator ran again)")
         elif run.verification == "verificationFailed":
-            ver = (c.FALSE, c.READ_FAILED if (error or "").startswith("verification failed: read failed")
-                   else c.VERIFICATION_FAILED, error or "verification failed")
+            ver = (cond.FALSE, cond.READ_FAILED if (error or "").startswith("verification failed: read failed")
+                   else cond.VERIFICATION_FAILED, error or "verification failed")
         else:
-            ver = (c.UNKNOWN, c.VERIFYING, f"re-verifying an earlier undo: read-back {run.reads}"
+            ver = (cond.UNKNOWN, cond.VERIFYING, f"re-verifying an earlier undo: read-back {run.reads}"
                    + (f": {error}" if error else ""))
-        conds = c.set_condition((old_entries.get(s) or {}).get("conditions") or [],
-                                c.condition(c.VERIFIED, ver[0], ver[1], ver[2], generation))
+        conds = cond.set_condition((old_entries.get(s) or {}).get("conditions") or [],
+                                cond.condition(cond.VERIFIED, ver[0], ver[1], ver[2], generation))
         entry = {"step": s, "tool": action.tool, "stage": run.stage, "attempts": run.attempts, "reads": run.reads,
                  "lostReads": run.lost_reads or None, "effectUnknown": run.effect_unknown or None,
                  "lastError": error, "nextAttemptAt": iso(run.next_at),
@@ -237,7 +240,7 @@ def summary_conditions(old: list[dict], generation: int, updates: Iterable[tuple
     """Set the summary conditions ``(type, status, reason, message)`` on ``old``."""
     out = list(old)
     for ctype, status, reason, message in updates:
-        out = c.set_condition(out, c.condition(ctype, status, reason, message, generation))
+        out = cond.set_condition(out, cond.condition(ctype, status, reason, message, generation))
     return out
 
 
@@ -249,29 +252,29 @@ def active(runs: dict[int, StepRun]) -> list[int]:
 # ----------------------------------------------------------------- kstatus: Ready / Reconciling / Stalled
 
 # readiness and request_readiness are pure rules of the conditions (reversi.conditions), used here
-READY_STATE, PROGRESSING, STALLED_STATE = c.READY_STATE, c.PROGRESSING, c.STALLED_STATE
-readiness, request_readiness = c.readiness, c.request_readiness
+READY_STATE, PROGRESSING, STALLED_STATE = cond.READY_STATE, cond.PROGRESSING, cond.STALLED_STATE
+readiness, request_readiness = cond.readiness, cond.request_readiness
 
 
-def run_readiness(conditions: list[dict] | None, name: str = "NAME",
+def run_readiness(conds: list[dict] | None, name: str = "NAME",
                   acknowledged: Acknowledged | None = None) -> list[tuple[str, str, str, str]]:
     """Ready/Reconciling/Stalled of a Run from its ``Locked`` and ``RolledBack`` conditions:
     progressing while a rollback holds it, stalled when its last rollback is incomplete and no
     acknowledgement of it counts (``acknowledged``: :func:`reversi.engine.acknowledgement.acknowledged`),
     ready otherwise (rolled back completely, never rolled back, or its residue acknowledged:
     reason ``ResidueAcknowledged``). ``name``: the Run's, for the command the Stalled message gives."""
-    locked = c.get_condition(conditions, c.LOCKED)
-    if locked and locked.get("status") == c.TRUE:
-        return readiness(PROGRESSING, c.HELD_BY_REQUEST, locked.get("message", ""))
-    rolled = c.get_condition(conditions, c.ROLLED_BACK)
+    locked = cond.get_condition(conds, cond.LOCKED)
+    if locked and locked.get("status") == cond.TRUE:
+        return readiness(PROGRESSING, cond.HELD_BY_REQUEST, locked.get("message", ""))
+    rolled = cond.get_condition(conds, cond.ROLLED_BACK)
     if rolled is None:
-        return readiness(READY_STATE, c.NO_ROLLBACK, "no rollback has worked on this run")
-    if rolled.get("status") == c.TRUE:
-        return readiness(READY_STATE, c.ALL_COMPENSATED, rolled.get("message", ""))
+        return readiness(READY_STATE, cond.NO_ROLLBACK, "no rollback has worked on this run")
+    if rolled.get("status") == cond.TRUE:
+        return readiness(READY_STATE, cond.ALL_COMPENSATED, rolled.get("message", ""))
     if acknowledged is not None:
-        return readiness(READY_STATE, c.RESIDUE_ACKNOWLEDGED,
+        return readiness(READY_STATE, cond.RESIDUE_ACKNOWLEDGED,
                          f"{rolled.get('message', '')}; its residue is {acknowledged.text()}")
-    return readiness(STALLED_STATE, c.INCOMPLETE, f"{rolled.get('message', '')}: read its report "
+    return readiness(STALLED_STATE, cond.INCOMPLETE, f"{rolled.get('message', '')}: read its report "
                      f"(kubectl reversi describe run/{name}), settle what is left, or accept what cannot be undone "
                      f"(kubectl reversi acknowledge {name} --note ...)")
 
@@ -288,11 +291,11 @@ def request_acknowledged_update(status: dict | None, acknowledged: Acknowledged 
     old = status.get("conditions") or []
     gen = status.get("observedGeneration") or 0
     if acknowledged is not None:
-        wanted = readiness(READY_STATE, c.RESIDUE_ACKNOWLEDGED,
+        wanted = readiness(READY_STATE, cond.RESIDUE_ACKNOWLEDGED,
                            f"incomplete; its residue is {acknowledged.text()}")
     else:
-        complete = c.get_condition(old, c.COMPLETE) or {}
-        reason = c.CANCELLED if complete.get("reason") == c.CANCELLED else c.INCOMPLETE
+        complete = cond.get_condition(old, cond.COMPLETE) or {}
+        reason = cond.CANCELLED if complete.get("reason") == cond.CANCELLED else cond.INCOMPLETE
         wanted = readiness(STALLED_STATE, reason, complete.get("message") or "")
     conds = summary_conditions(old, gen, wanted)
     if same_conditions(conds, old):
@@ -328,5 +331,5 @@ def observed_update(status: dict | None, generation: int | None) -> dict | None:
     status = status or {}
     if status.get("observedGeneration") == generation:
         return None
-    conds = [{**cond, "observedGeneration": generation} for cond in status.get("conditions") or []]
+    conds = [{**item, "observedGeneration": generation} for item in status.get("conditions") or []]
     return {"observedGeneration": generation, "conditions": conds}

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import conditions as c
+from .. import conditions as cond
 from . import executor as ex
 
 Condition = tuple[str, str, str, str]  # (type, status, reason, message)
@@ -47,7 +47,7 @@ class Phase:
     def updates(self) -> list[Condition]:
         """Every condition this phase sets, its Ready/Reconciling/Stalled included: the one way a
         request's phase becomes conditions (for ``reversi.adapters.status.summary_conditions``)."""
-        return [*self.conditions, *c.request_readiness(self.phase, *self.readiness)]
+        return [*self.conditions, *cond.request_readiness(self.phase, *self.readiness)]
 
 
 Verdict = Literal["complete", "cancelled", "incomplete", "invalid", "dryRun"]
@@ -69,31 +69,31 @@ class Ending(Phase):
 def planned(compensations: int, fully_reversible: bool) -> tuple[Condition, ...]:
     """Invalid=False and Planned=True of a request whose plan is made (``compensations``: how many
     steps it compensates)."""
-    return ((c.INVALID, c.FALSE, c.VALID, "the request and its Run are valid"),
-            (c.PLANNED, c.TRUE, c.PLAN_READY,
+    return ((cond.INVALID, cond.FALSE, cond.VALID, "the request and its Run are valid"),
+            (cond.PLANNED, cond.TRUE, cond.PLAN_READY,
              f"{compensations} compensations planned; fullyReversible={str(fully_reversible).lower()}"))
 
 
 def dry_run() -> Ending:
     """A dry run ends once planned: nothing is undone, the plan is its answer (no Event)."""
-    return Ending("Planned", ((c.RUNNING, c.FALSE, c.DRY_RUN, "dry run: nothing is undone"),
-                              (c.COMPLETE, c.FALSE, c.DRY_RUN, "dry run: see status.plan")),
-                  (c.PLAN_READY, "dry run: the plan is in status.plan"), verdict="dry run", outcome="dryRun")
+    return Ending("Planned", ((cond.RUNNING, cond.FALSE, cond.DRY_RUN, "dry run: nothing is undone"),
+                              (cond.COMPLETE, cond.FALSE, cond.DRY_RUN, "dry run: see status.plan")),
+                  (cond.PLAN_READY, "dry run: the plan is in status.plan"), verdict="dry run", outcome="dryRun")
 
 
 def run_missing(message: str) -> Phase:
     """A request whose Run does not exist yet, waiting for it to be created (``Pending``,
     ``Planned=False`` reason ``RunNotFound``; Reconciling=True, so a GitOps tool waits)."""
-    return Phase("Pending", ((c.PLANNED, c.FALSE, c.RUN_NOT_FOUND, message),), (c.RUN_NOT_FOUND, message))
+    return Phase("Pending", ((cond.PLANNED, cond.FALSE, cond.RUN_NOT_FOUND, message),), (cond.RUN_NOT_FOUND, message))
 
 
 def failed(reason: str, message: str) -> Ending:
     """A request that cannot be carried out (docs/concepts.md#the-rollbackrequests-status):
     ``Failed`` with ``Invalid=True`` (``reason``: what is wrong; ``message``: what to fix), a
     Warning Event of that reason, verdict label ``invalid``."""
-    return Ending("Failed", ((c.INVALID, c.TRUE, reason, message),
-                             (c.RUNNING, c.FALSE, c.FINISHED, "the request cannot be carried out"),
-                             (c.COMPLETE, c.FALSE, reason, message)),
+    return Ending("Failed", ((cond.INVALID, cond.TRUE, reason, message),
+                             (cond.RUNNING, cond.FALSE, cond.FINISHED, "the request cannot be carried out"),
+                             (cond.COMPLETE, cond.FALSE, reason, message)),
                   (reason, message), verdict=message, event=reason, outcome="invalid", warning=True)
 
 
@@ -102,9 +102,9 @@ def cancelled_before_planning(cancelled_by: str | None, why: str) -> Ending:
     ``Incomplete`` with ``Complete=False`` reason ``Cancelled``; nothing ran, no lock was taken."""
     message = (f"cancelled by {cancelled_by or 'an unknown user'} before anything was planned ({why}): "
                "nothing was undone")
-    return Ending("Incomplete", ((c.RUNNING, c.FALSE, c.FINISHED, "no compensation ran"),
-                                 (c.COMPLETE, c.FALSE, c.CANCELLED, message)),
-                  (c.CANCELLED, message), verdict=message, event="RollbackCancelled", outcome="cancelled",
+    return Ending("Incomplete", ((cond.RUNNING, cond.FALSE, cond.FINISHED, "no compensation ran"),
+                                 (cond.COMPLETE, cond.FALSE, cond.CANCELLED, message)),
+                  (cond.CANCELLED, message), verdict=message, event="RollbackCancelled", outcome="cancelled",
                   warning=True)
 
 
@@ -113,7 +113,8 @@ def waiting(namespace: str, holder: str | None, held_run: str | None) -> Phase:
     RollbackRequest ``holder`` holds (rule 6: one request works on a run at a time)."""
     message = (f"RollbackRequest {namespace}/{holder} is working on Run {namespace}/{held_run}; "
                "this one starts when it ends")
-    return Phase("Waiting", ((c.RUNNING, c.FALSE, c.WAITING_FOR_RUN, message),), (c.WAITING_FOR_RUN, message))
+    return Phase("Waiting", ((cond.RUNNING, cond.FALSE, cond.WAITING_FOR_RUN, message),),
+                 (cond.WAITING_FOR_RUN, message))
 
 
 def already_waiting(status: dict, generation: int, namespace: str, holder: str, run: str) -> bool:
@@ -123,9 +124,9 @@ def already_waiting(status: dict, generation: int, namespace: str, holder: str, 
     time; the holder's release wakes it)."""
     if status.get("phase") != "Waiting" or status.get("observedGeneration") != generation:
         return False
-    said = c.get_condition(status.get("conditions"), c.RUNNING) or {}
+    said = cond.get_condition(status.get("conditions"), cond.RUNNING) or {}
     expected = waiting(namespace, holder, run).readiness[1]
-    return said.get("reason") == c.WAITING_FOR_RUN and said.get("message") == expected
+    return said.get("reason") == cond.WAITING_FOR_RUN and said.get("message") == expected
 
 
 def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, started_any: bool,
@@ -144,21 +145,22 @@ def under_way(*, running: bool, awaiting: list[int], only_approvals_left: bool, 
                                for run, request in busy_children)
     awaiting_message = (f"steps {awaiting} wait for approval (kubectl reversi approve, "
                         "or spec.approveCompensations)" if awaiting else "no step waits for approval")
-    not_running = c.AWAITING_APPROVAL if awaiting else c.IDLE if started_any else c.NOT_STARTED
-    conditions: tuple[Condition, ...] = (
-        (c.RUNNING, c.TRUE if running else c.FALSE, c.IN_PROGRESS if running else not_running, running_message),
-        (c.AWAITING_APPROVAL, c.TRUE if awaiting else c.FALSE,
-         c.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all), awaiting_message),
-        (c.COMPLETE, c.FALSE, c.IN_PROGRESS, verdict),
+    not_running = cond.AWAITING_APPROVAL if awaiting else cond.IDLE if started_any else cond.NOT_STARTED
+    updates: tuple[Condition, ...] = (
+        (cond.RUNNING, cond.TRUE if running else cond.FALSE, cond.IN_PROGRESS if running else not_running,
+         running_message),
+        (cond.AWAITING_APPROVAL, cond.TRUE if awaiting else cond.FALSE,
+         cond.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all), awaiting_message),
+        (cond.COMPLETE, cond.FALSE, cond.IN_PROGRESS, verdict),
     )
-    readiness = ((c.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
-                 else (c.IN_PROGRESS, running_message))
-    return Phase(phase, conditions, readiness)
+    readiness = ((cond.AWAITING_APPROVAL, awaiting_message) if phase == "AwaitingApproval"
+                 else (cond.IN_PROGRESS, running_message))
+    return Phase(phase, updates, readiness)
 
 
 def _none_awaiting(approve_all: bool) -> str:
     """AwaitingApproval=False says why no step waits: all approved at once, or each one settled."""
-    return c.APPROVED_FOR_ALL if approve_all else c.NONE_AWAITING
+    return cond.APPROVED_FOR_ALL if approve_all else cond.NONE_AWAITING
 
 
 def ending(*, complete: bool, verdict: str, undone_some: bool, compensates_nothing: bool,
@@ -171,29 +173,30 @@ def ending(*, complete: bool, verdict: str, undone_some: bool, compensates_nothi
     awaiting approval; ``approve_all``: ``spec.approveCompensations`` (the reason
     AwaitingApproval=False gives when none waits)."""
     phase: Literal["Succeeded", "Incomplete"] = "Succeeded" if complete else "Incomplete"
-    stalled_reason = c.ALL_COMPENSATED if complete else c.DEADLINE_EXCEEDED if deadline_passed else c.INCOMPLETE
-    complete_reason = c.ALL_COMPENSATED if complete else c.PARTIAL if undone_some else c.NOT_POSSIBLE
+    stalled_reason = (cond.ALL_COMPENSATED if complete else cond.DEADLINE_EXCEEDED if deadline_passed
+                      else cond.INCOMPLETE)
+    complete_reason = cond.ALL_COMPENSATED if complete else cond.PARTIAL if undone_some else cond.NOT_POSSIBLE
     if complete and compensates_nothing:
-        complete_reason = stalled_reason = c.NOTHING_TO_UNDO
+        complete_reason = stalled_reason = cond.NOTHING_TO_UNDO
     if cancelling:  # Cancelled wins over Partial/NotPossible: a person stopped it
         verdict = (f"cancelled by {cancelled_by or 'an unknown user'}"
                    + ("; nothing was left to stop: " if complete else ": ") + verdict)
         if not complete:
-            complete_reason = stalled_reason = c.CANCELLED
+            complete_reason = stalled_reason = cond.CANCELLED
     unapproved = f"steps {awaiting} were not approved before the deadline"
     # stalled on approvals that came too late: say so, the rest of the verdict follows
-    readiness = (c.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting else (stalled_reason, verdict)
-    conditions: tuple[Condition, ...] = (
-        (c.RUNNING, c.FALSE, c.FINISHED, "no compensation is running or can start"),
-        (c.AWAITING_APPROVAL, c.FALSE, c.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all),
+    readiness = (cond.AWAITING_APPROVAL, f"{unapproved}; {verdict}") if awaiting else (stalled_reason, verdict)
+    updates: tuple[Condition, ...] = (
+        (cond.RUNNING, cond.FALSE, cond.FINISHED, "no compensation is running or can start"),
+        (cond.AWAITING_APPROVAL, cond.FALSE, cond.AWAITING_APPROVAL if awaiting else _none_awaiting(approve_all),
          unapproved if awaiting else "no step waits for approval"),
-        (c.COMPLETE, c.TRUE if complete else c.FALSE, complete_reason, verdict),
+        (cond.COMPLETE, cond.TRUE if complete else cond.FALSE, complete_reason, verdict),
     )
     outcome: Verdict = (
         "complete" if complete else "cancelled" if cancelling else "incomplete")
     event = {"complete": "RollbackComplete", "cancelled": "RollbackCancelled",
              "incomplete": "RollbackIncomplete"}[outcome]
-    return Ending(phase, conditions, readiness, verdict=verdict, event=event, outcome=outcome, warning=not complete)
+    return Ending(phase, updates, readiness, verdict=verdict, event=event, outcome=outcome, warning=not complete)
 
 
 # ------------------------------------------------------------------------------ the pass's end
@@ -263,6 +266,6 @@ def _started(was: dict, entry: dict) -> bool:
 def _summary(status: dict) -> dict:
     """A status without its steps, its report and its conditions' messages."""
     rest = {k: v for k, v in status.items() if k not in ("steps", "conditions", "report")}
-    rest["conditions"] = sorted(tuple(sorted((k, str(v)) for k, v in cond.items() if k != "message"))
-                                for cond in status.get("conditions") or [])
+    rest["conditions"] = sorted(tuple(sorted((k, str(v)) for k, v in item.items() if k != "message"))
+                                for item in status.get("conditions") or [])
     return rest

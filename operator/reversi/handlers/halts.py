@@ -24,7 +24,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..adapters import apicalls as calls
 from ..adapters import status as st
 from ..engine import admission as rules
@@ -52,27 +52,28 @@ def halt_conditions(spec: Any, namespace: str | None, tools: list[str] | None, o
     problems = parsed.problems() if parsed is not None else []
     if problems:
         field, bad, why = problems[0]
-        active = c.condition(c.ACTIVE, c.FALSE, c.INVALID_PATTERN,
+        active = cond.condition(cond.ACTIVE, cond.FALSE, cond.INVALID_PATTERN,
                              f"scope.{field} {bad!r} can never match, so this halt refuses nothing: {why}",
                              generation)
     else:
-        active = c.condition(c.ACTIVE, c.TRUE, c.HALT_IN_EFFECT,
+        active = cond.condition(cond.ACTIVE, cond.TRUE, cond.HALT_IN_EFFECT,
                              f"refusing matching calls: kill switch: {spec.get('reason', '')}", generation)
-    conds = c.set_condition(old, active)
+    conds = cond.set_condition(old, active)
     pattern = (scope or {}).get("tool")
     if not isinstance(pattern, str) or problems:
-        return [x for x in conds if x.get("type") != c.MATCHES_NO_TOOL]
+        return [x for x in conds if x.get("type") != cond.MATCHES_NO_TOOL]
     if tools is None:
         return conds
     matched = rules.tools_matched(pattern, tools)
     if matched:
         shown = ", ".join(matched[:5]) + (f" and {len(matched) - 5} more" if len(matched) > 5 else "")
-        cond = c.condition(c.MATCHES_NO_TOOL, c.FALSE, c.TOOLS_IN_REACH, f"scope.tool {pattern!r} matches {shown}",
+        reach = cond.condition(cond.MATCHES_NO_TOOL, cond.FALSE, cond.TOOLS_IN_REACH,
+                               f"scope.tool {pattern!r} matches {shown}",
                            generation)
     else:
-        cond = c.condition(c.MATCHES_NO_TOOL, c.TRUE, c.NO_TOOL_IN_REACH,
+        reach = cond.condition(cond.MATCHES_NO_TOOL, cond.TRUE, cond.NO_TOOL_IN_REACH,
                            rules.no_tool_message(pattern, reach_text(namespace, scope), len(tools)), generation)
-    return c.set_condition(conds, cond)
+    return cond.set_condition(conds, reach)
 
 
 def _tools(kube: Kube, namespace: str | None, scope: dict | None) -> list[str] | None:
@@ -95,15 +96,15 @@ def halt_status(body: Any, namespace: str | None = None, tools: list[str] | None
     spec = body.get("spec") or {}
     old = status.get("conditions") or []
     conds = halt_conditions(spec, namespace, tools, old, gen)
-    active_cond = c.get_condition(conds, c.ACTIVE) or {}
-    active = c.is_true(conds, c.ACTIVE)
+    active_cond = cond.get_condition(conds, cond.ACTIVE) or {}
+    active = cond.is_true(conds, cond.ACTIVE)
     state = st.READY_STATE if active else st.STALLED_STATE
-    reason, message = active_cond.get("reason", c.HALT_IN_EFFECT), active_cond.get("message", "")
-    if active and c.is_true(conds, c.MATCHES_NO_TOOL):
+    reason, message = active_cond.get("reason", cond.HALT_IN_EFFECT), active_cond.get("message", "")
+    if active and cond.is_true(conds, cond.MATCHES_NO_TOOL):
         # in force, yet it refuses no call a manifest names: a person meant something else (GitOps
         # tools show kstatus and health, never the warning given when it was applied)
-        no_tool = c.get_condition(conds, c.MATCHES_NO_TOOL) or {}
-        state, reason = st.STALLED_STATE, c.NO_TOOL_IN_REACH
+        no_tool = cond.get_condition(conds, cond.MATCHES_NO_TOOL) or {}
+        state, reason = st.STALLED_STATE, cond.NO_TOOL_IN_REACH
         message = f"in force, but {no_tool.get('message', 'scope.tool matches no tool')}"
     conds = st.summary_conditions(conds, gen, st.readiness(state, reason, message))
     if status.get("observedGeneration") == gen and status.get("active") is active and st.same_conditions(conds, old):
@@ -120,10 +121,10 @@ def _report(parts: runtime.Parts, body: Any, plural: str, namespace: str | None,
     meta = body["metadata"]
     spec = body.get("spec") or {}
     has_tool = isinstance((spec.get("scope") or {}).get("tool"), str)
-    conditions = status.get("conditions")
+    conds = status.get("conditions")
     if not recheck and status.get("observedGeneration") == meta.get("generation") and \
-            c.get_condition(conditions, c.READY) and (not has_tool or c.get_condition(conditions, c.MATCHES_NO_TOOL)
-                                                      or not c.is_true(conditions, c.ACTIVE)):
+            cond.get_condition(conds, cond.READY) and (not has_tool or cond.get_condition(conds, cond.MATCHES_NO_TOOL)
+                                                      or not cond.is_true(conds, cond.ACTIVE)):
         return  # reported for this generation (a halt of an older operator gets its conditions now)
     kube = parts.kube
     update = halt_status(body, namespace, _tools(kube, namespace, spec.get("scope")) if has_tool else [],

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..adapters import status as st
 from ..engine import admission as rules
 from ..models.toolmanifest import ToolManifestSpec
@@ -42,12 +42,12 @@ def manifest_status(body: Any) -> dict | None:
     gen = body["metadata"].get("generation")
     status = body.get("status") or {}
     old = status.get("conditions") or []
-    if status.get("observedGeneration") == gen and c.get_condition(old, c.READY) is not None:
+    if status.get("observedGeneration") == gen and cond.get_condition(old, cond.READY) is not None:
         return None
     ok, message = acceptance(body.get("spec"))
-    reason = c.MANIFEST_VALID if ok else c.MANIFEST_INVALID
+    reason = cond.MANIFEST_VALID if ok else cond.MANIFEST_INVALID
     conds = st.summary_conditions(old, gen, [
-        (c.ACCEPTED, c.TRUE if ok else c.FALSE, reason, message),
+        (cond.ACCEPTED, cond.TRUE if ok else cond.FALSE, reason, message),
         *st.readiness(st.READY_STATE if ok else st.STALLED_STATE, reason,
                       message if ok else f"{message}; fix the manifest")])
     return {"observedGeneration": gen, "conditions": conds}

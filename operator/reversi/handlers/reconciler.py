@@ -39,7 +39,7 @@ from collections.abc import Callable
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..adapters import jobs as jobs_mod
 from ..adapters import journal as jr
 from ..adapters import status as st
@@ -257,14 +257,14 @@ class Reconciler(TreeRollback):
         gen = req["metadata"].get("generation", 1)
         message = ("the operator keeps failing on this request and retries: "
                    f"{st.cut(error, self.settings.message_limit)}")
-        current = c.get_condition(status.get("conditions"), c.RUNNING) or {}
-        if current.get("reason") == c.RECONCILE_ERROR and current.get("message") == message:
+        current = cond.get_condition(status.get("conditions"), cond.RUNNING) or {}
+        if current.get("reason") == cond.RECONCILE_ERROR and current.get("message") == message:
             return
         conds = st.summary_conditions(status.get("conditions") or [], gen,
-                                      [(c.RUNNING, c.UNKNOWN, c.RECONCILE_ERROR, message),
-                                       *st.readiness(st.PROGRESSING, c.RECONCILE_ERROR, message)])
+                                      [(cond.RUNNING, cond.UNKNOWN, cond.RECONCILE_ERROR, message),
+                                       *st.readiness(st.PROGRESSING, cond.RECONCILE_ERROR, message)])
         self.kube.merge_status(REQUESTS, namespace, name, {"conditions": conds})
-        self.kube.event(req, c.RECONCILE_ERROR, message, warning=True)
+        self.kube.event(req, cond.RECONCILE_ERROR, message, warning=True)
 
     # --------------------------------------------------------------------------- the pass
 
@@ -300,7 +300,8 @@ class Reconciler(TreeRollback):
         try:
             spec = RollbackRequestSpec.model_validate(req.get("spec") or {})
         except ValidationError as err:
-            raise CannotCarryOut(c.INVALID_SPEC, f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
+            raise CannotCarryOut(cond.INVALID_SPEC,
+                                 f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self._run_of(req, spec)
         if run_obj is None:
             return Next(self._no_run(req, spec))
@@ -333,7 +334,7 @@ class Reconciler(TreeRollback):
         run_obj = self.kube.get(RUNS, ns, run)
         gone = run_gone(req.get("status") or {}, run_obj)
         if gone:
-            raise CannotCarryOut(c.RUN_NOT_FOUND,
+            raise CannotCarryOut(cond.RUN_NOT_FOUND,
                 f"RollbackRequest {ns}/{meta['name']}: Run {ns}/{run} {gone} after this "
                 "request took its lock; its compensator Jobs went with it, and nothing this request did "
                 "applies to another Run: look at what the old Run's calls left, and create a new request "
@@ -373,7 +374,7 @@ class Reconciler(TreeRollback):
                               readers=loaded.readers, handlers=names if handlers_known else None,
                               now=loaded.started)  # undo windows are judged when the request started
         except InvalidRun as err:
-            raise CannotCarryOut(c.INVALID_DEPENDENCIES,
+            raise CannotCarryOut(cond.INVALID_DEPENDENCIES,
                           f"{loaded.ref}: Run {loaded.ns}/{loaded.run_name} cannot be planned: {err}") from err
         memory.plan_key, memory.plan = key, (graph, plan)
         return graph, plan
@@ -387,7 +388,7 @@ class Reconciler(TreeRollback):
         spec, run_spec, status = loaded.spec, loaded.journal.spec, loaded.status
         needed = {a.runner for a in loaded.plan.of_kind(COMPENSATE) if a.runner}
         if needed and loaded.manifest is None and loaded.recorded is None:
-            raise CannotCarryOut(c.MANIFEST_NOT_FOUND,
+            raise CannotCarryOut(cond.MANIFEST_NOT_FOUND,
                 f"{loaded.ref}: ToolManifest {loaded.ns}/{run_spec.manifest_ref.name} "
                 "not found; its runners are needed to run compensators: create it again (a Run's manifestRef "
                 "cannot change), then create a new RollbackRequest")
@@ -615,7 +616,7 @@ class Reconciler(TreeRollback):
                 run_obj = self.kube.get(RUNS, ns, spec.run_ref.name) or run_obj
             journal = self._load_journal(run_obj, memory)
         except jr.JournalError as err:
-            raise CannotCarryOut(c.INVALID_SPEC, f"{ref}: {err}") from err
+            raise CannotCarryOut(cond.INVALID_SPEC, f"{ref}: {err}") from err
         if journal is None:
             log.info("%s: the RunSteps of Run %s/%s are still being listed", ref, ns, spec.run_ref.name)
             return run_obj, None
@@ -625,7 +626,8 @@ class Reconciler(TreeRollback):
             memory.gap_passes += 1
             if memory.gap_passes <= GAP_PASSES:
                 return run_obj, None  # the watch of RunSteps has not caught up yet
-            raise CannotCarryOut(c.INVALID_DEPENDENCIES, f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
+            raise CannotCarryOut(cond.INVALID_DEPENDENCIES,
+                                 f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
         memory.gap_passes = 0
         return run_obj, journal
 
@@ -637,7 +639,7 @@ class Reconciler(TreeRollback):
         try:
             recorded = rs.from_record((req.get("status") or {}).get("runners"))
         except ValidationError as err:
-            raise CannotCarryOut(c.INVALID_SPEC,
+            raise CannotCarryOut(cond.INVALID_SPEC,
                 f"{ref}: status.runners is not a list of runners: {_first_error(err)}; "
                 "create a new RollbackRequest") from err
         manifest = None
@@ -729,8 +731,8 @@ class Reconciler(TreeRollback):
                     and not other["metadata"].get("deletionTimestamp"):
                 return False
         run_gen = run_obj["metadata"].get("generation")
-        conds = c.set_condition(run_status.get("conditions") or [], c.condition(
-            c.LOCKED, c.TRUE, c.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
+        conds = cond.set_condition(run_status.get("conditions") or [], cond.condition(
+            cond.LOCKED, cond.TRUE, cond.HELD_BY_REQUEST, f"RollbackRequest {name} is undoing this run", run_gen))
         conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_obj["metadata"]["name"]))
         # taking the lock closes the run to new steps for good (rule 11): closedBy is never cleared
         closed = {"closedBy": run_status.get("closedBy") or name}
@@ -749,15 +751,17 @@ class Reconciler(TreeRollback):
             return
         run_gen = run_obj["metadata"].get("generation")
         if deleted:
-            locked = (c.REQUEST_DELETED, f"RollbackRequest {name} was deleted before it finished; the lock is released")
+            locked = (cond.REQUEST_DELETED,
+                      f"RollbackRequest {name} was deleted before it finished; the lock is released")
             rolled = f"last rollback: RollbackRequest {name} was deleted mid-way (incomplete): create a new request"
         else:
-            locked = (c.RELEASED, f"RollbackRequest {name} finished")
+            locked = (cond.RELEASED, f"RollbackRequest {name} finished")
             rolled = f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})"
-        conds = c.set_condition((run_obj.get("status") or {}).get("conditions") or [], c.condition(
-            c.LOCKED, c.FALSE, locked[0], locked[1], run_gen))
-        conds = c.set_condition(conds, c.condition(
-            c.ROLLED_BACK, c.TRUE if complete else c.FALSE, c.ALL_COMPENSATED if complete else c.INCOMPLETE,
+        conds = cond.set_condition((run_obj.get("status") or {}).get("conditions") or [], cond.condition(
+            cond.LOCKED, cond.FALSE, locked[0], locked[1], run_gen))
+        conds = cond.set_condition(conds, cond.condition(
+            cond.ROLLED_BACK, cond.TRUE if complete else cond.FALSE,
+            cond.ALL_COMPENSATED if complete else cond.INCOMPLETE,
             rolled, run_gen))
         conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_name))
         try:
@@ -852,7 +856,7 @@ class Reconciler(TreeRollback):
                 jr.write_undo(self.kube.custom, ns, run_name, value)
             except ApiException as err:
                 if err.status == 404:
-                    raise CannotCarryOut(c.RUN_NOT_FOUND,
+                    raise CannotCarryOut(cond.RUN_NOT_FOUND,
                         f"step {j.step} of Run {ns}/{run_name} was deleted during the "
                         "rollback") from err
                 raise
@@ -882,7 +886,7 @@ class Reconciler(TreeRollback):
         if indices is not None and (ns, name) in indices.manifests:
             manifest = ix.manifest(indices, ns, name, self.kube)
             if manifest is None:
-                raise CannotCarryOut(c.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
+                raise CannotCarryOut(cond.MANIFEST_INVALID, f"{ref}: ToolManifest {ns}/{name} is invalid; "
                               "fix it (kubectl apply shows what is wrong)")
             return manifest
         return self._manifest(ref, ns, name)
@@ -898,7 +902,7 @@ class Reconciler(TreeRollback):
         entries = rs.record(runners, rs.runners_needed(plan, run_spec, prior, runners, readers))
         size = rs.record_size(entries)
         if size > rs.RECORD_LIMIT_BYTES:
-            raise CannotCarryOut(c.RUNNERS_TOO_LARGE,
+            raise CannotCarryOut(cond.RUNNERS_TOO_LARGE,
                 f"RollbackRequest {ns}/{name}: the runners it needs take {size} bytes "
                 f"of JSON, more than the limit of {rs.RECORD_LIMIT_BYTES}; keep runners small (long "
                 "configuration belongs in a ConfigMap named by envFrom), then create a new RollbackRequest")
@@ -922,7 +926,7 @@ class Reconciler(TreeRollback):
         try:
             return ToolManifestSpec.model_validate(manifest_obj.get("spec") or {})
         except ValidationError as err:
-            raise CannotCarryOut(c.MANIFEST_INVALID,
+            raise CannotCarryOut(cond.MANIFEST_INVALID,
                           f"{ref}: ToolManifest {ns}/{name} is invalid: {_first_error(err)}") from err
 
     def _start_job(self, req: dict, run_obj: dict, plan, steps_by_index, verify_plans, runners: dict[str, Runner],
@@ -998,7 +1002,7 @@ class Reconciler(TreeRollback):
         where = f"RollbackRequest {ns}/{name}: Run {ns}/{run}"
         if left <= 0:
             self._wait_for_run(ns, run, name, False)
-            raise CannotCarryOut(c.RUN_NOT_FOUND, f"{where} not found (waited {limit:g}s for it to be created); "
+            raise CannotCarryOut(cond.RUN_NOT_FOUND, f"{where} not found (waited {limit:g}s for it to be created); "
                           "create the Run and a new request, or fix spec.runRef.name")
         status = dict(req.get("status") or {})
         message = (f"{where} not found; waiting for it to be created (up to {limit:g}s after the request, until "
@@ -1009,15 +1013,15 @@ class Reconciler(TreeRollback):
             status.update(phase=said.phase, conditions=conds, observedGeneration=gen)
             self._write(req, status)
             if (req.get("status") or {}).get("phase") != said.phase:
-                self.kube.event(req, c.RUN_NOT_FOUND, message)
+                self.kube.event(req, cond.RUN_NOT_FOUND, message)
         return max(min(left, WAIT_SECONDS * 12), 0.1)
 
     def _run_settling(self, req: dict, run_obj: dict) -> float | None:
         """A request that waited for its Run (``RunNotFound``) gives the steps applied with the Run
         (the same GitOps commit, a script creating both) ``run_settle_seconds`` after the Run's
         creation to arrive before it plans; the seconds left, or None."""
-        cond = c.get_condition((req.get("status") or {}).get("conditions"), c.PLANNED) or {}
-        if cond.get("reason") != c.RUN_NOT_FOUND:
+        planned = cond.get_condition((req.get("status") or {}).get("conditions"), cond.PLANNED) or {}
+        if planned.get("reason") != cond.RUN_NOT_FOUND:
             return None
         created = _epoch(run_obj["metadata"].get("creationTimestamp")) or 0
         left = created + self.settings.run_settle_seconds - time.time()

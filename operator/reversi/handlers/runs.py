@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..adapters import status as st
 from ..engine import acknowledgement
 from ..adapters.kube import Conflict, Kube
@@ -84,8 +84,8 @@ def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict)
 
 
 def _was_acknowledged(body: dict) -> bool:
-    ready = c.get_condition((body.get("status") or {}).get("conditions"), c.READY) or {}
-    return ready.get("reason") == c.RESIDUE_ACKNOWLEDGED
+    ready = cond.get_condition((body.get("status") or {}).get("conditions"), cond.READY) or {}
+    return ready.get("reason") == cond.RESIDUE_ACKNOWLEDGED
 
 
 def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None,
@@ -138,4 +138,4 @@ def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name
             "spec": {"acknowledgement": dict(ack)} if isinstance(ack, dict) else {},
             "status": {"observedGeneration": status.get("observedGeneration"),
                        "lastRequest": status.get("lastRequest"),
-                       "conditions": [dict(cond) for cond in status.get("conditions") or []]}})
+                       "conditions": [dict(item) for item in status.get("conditions") or []]}})

@@ -19,7 +19,7 @@ import kopf
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from .. import conditions as c
+from .. import conditions as cond
 from .. import schema
 from ..adapters import apicalls as calls
 from ..adapters import status as st
@@ -46,14 +46,15 @@ def check_now(parts: runtime.Parts) -> schema.SchemaCheck:
             for problem in result.problems:
                 name = problem.split(" ", 1)[0]
                 if name in by_name:
-                    _crd_event(parts.kube, by_name[name], c.SCHEMA_OUTDATED,
+                    _crd_event(parts.kube, by_name[name], cond.SCHEMA_OUTDATED,
                                f"{problem}; the operator reconciles nothing until the CRDs are upgraded", True)
     elif before is None:
         log.info("%s", result.summary())
     elif not before.ok:
         log.info("the CRDs were upgraded: %s; reconciling again", result.summary())
         for crd in crds:
-            _crd_event(parts.kube, crd, c.SCHEMA_CURRENT, f"{result.summary()}; the operator reconciles again", False)
+            _crd_event(parts.kube, crd, cond.SCHEMA_CURRENT, f"{result.summary()}; the operator reconciles again",
+                       False)
         resync(parts)
     return result
 

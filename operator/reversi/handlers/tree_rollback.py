@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import conditions as c
+from .. import conditions as cond
 from ..adapters.kube import Kube
 from ..adapters import run_tree as tree_io
 from ..engine import nested_runs as rules
@@ -205,8 +205,9 @@ class TreeRollback:
         if obj is None or (obj.get("status") or {}).get("activeRequest") != name:
             return
         gen = obj["metadata"].get("generation")
-        conds = c.set_condition((obj.get("status") or {}).get("conditions") or [], c.condition(
-            c.LOCKED, c.FALSE, c.RELEASED, f"RollbackRequest {name} could not lock the whole tree; it waits", gen))
+        conds = cond.set_condition((obj.get("status") or {}).get("conditions") or [], cond.condition(
+            cond.LOCKED, cond.FALSE, cond.RELEASED, f"RollbackRequest {name} could not lock the whole tree; it waits",
+            gen))
         self.kube.merge_status(RUNS, ns, run, {"activeRequest": None, "conditions": conds})
 
     # ------------------------------------------------------------------------------ the pass
@@ -283,8 +284,8 @@ class TreeRollback:
             return
         report = sub_status.get("report") or {}
         complete = bool(report.get("complete")) and sub_status.get("phase") == "Succeeded"
-        done = c.get_condition(sub_status.get("conditions"), c.COMPLETE) or {}
-        cancelled = done.get("reason") == c.CANCELLED and not report.get("compensated")
+        done = cond.get_condition(sub_status.get("conditions"), cond.COMPLETE) or {}
+        cancelled = done.get("reason") == cond.CANCELLED and not report.get("compensated")
         tp.sections[child.name] = section(child, request=sec["request"], complete=complete,
                                           outcome=rules.section_outcome(sub_status.get("phase"), complete, cancelled),
                                           message=done.get("message"), **counts(report))
@@ -294,8 +295,8 @@ class TreeRollback:
 
     def _rolled_back(self, ns: str, run: str) -> bool:
         obj = self.kube.get(RUNS, ns, run) or {}
-        cond = c.get_condition((obj.get("status") or {}).get("conditions"), c.ROLLED_BACK) or {}
-        return cond.get("status") == c.TRUE
+        rolled = cond.get_condition((obj.get("status") or {}).get("conditions"), cond.ROLLED_BACK) or {}
+        return rolled.get("status") == cond.TRUE
 
     def _sections_so_far(self, req: dict, tp: TreePass) -> list[dict[str, Any]]:
         own = ((((req.get("status") or {}).get("report") or {}).get("runs")) or [None])[0]
