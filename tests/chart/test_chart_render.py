@@ -198,7 +198,9 @@ def test_rbac_has_no_wildcards(render, values):
     for rule in _rules(render(values)):
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(key, []), f"wildcard in {rule}"
-        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        assert "nonResourceURLs" not in rule
+        if "resourceNames" in rule:  # narrows a rule to named objects: only for verbs that name one object
+            assert "*" not in rule["resourceNames"] and set(rule["verbs"]) <= {"get", "patch", "update"}, rule
 
 
 def _grants(objs: list[dict]) -> set[tuple[str, str, str]]:
@@ -260,10 +262,21 @@ def test_watch_namespaces_binds_write_access_per_namespace(render):
         assert env["REVERSI_NAMESPACES"] == "shop,billing"
 
 
+def _crd_patches(objs: list[dict]) -> list[list[str]]:
+    """The CRDs the operator may patch, one list per rule (none may patch every CRD)."""
+    return [rule.get("resourceNames", ["*"]) for rule in _operator_rules(objs)
+            if "customresourcedefinitions" in rule["resources"] and "patch" in rule["verbs"]]
+
+
 def test_peering_adds_its_object_rbac_and_env(render):
+    """With peering the operator announces itself in the peering object and may patch the CRD of
+    the peering kind, by name only: its workers follow kopf's pause through a kopf daemon there,
+    which holds kopf's finalizer (docs/operations.md#standby-replicas-peering)."""
+    assert _crd_patches(render()) == []
     objs = render({"peering": {"enabled": True}, "replicaCount": 2})
     assert find(objs, "ClusterKopfPeering", "reversi")
     assert ("kopf.dev", "clusterkopfpeerings", "patch") in _grants(objs)
+    assert _crd_patches(objs) == [["clusterkopfpeerings.kopf.dev"]]
     dep = find(objs, "Deployment", "rv-reversi")
     assert dep["spec"]["replicas"] == 2
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -271,6 +284,7 @@ def test_peering_adds_its_object_rbac_and_env(render):
     namespaced = render({"peering": {"enabled": True}, "watchNamespaces": ["shop"]})
     assert find(namespaced, "KopfPeering", "reversi")["metadata"]["namespace"] == "shop"
     assert ("kopf.dev", "kopfpeerings", "patch") in _grants(namespaced)
+    assert _crd_patches(namespaced) == [["kopfpeerings.kopf.dev"]]
 
 
 def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):

@@ -1,50 +1,88 @@
-"""The rollback workers follow kopf's peering pause: the toggle set kopf hands its root tasks is
-found among the running tasks, and its state is what :func:`reversi.handlers.peering.paused` says."""
+"""The rollback workers follow kopf's peering pause through a kopf daemon
+(reversi.handlers.peering; docs/operations.md#standby-replicas-peering): without peering a replica
+is never paused; with peering it is paused until kopf runs the daemon, and again once kopf stops it.
+tests/integration/test_standby_pause.py shows the same with kopf pausing and resuming real replicas."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kopf._cogs.aiokits import aiotoggles  # the class kopf uses for operator_paused
+import pytest
 
 from reversi.handlers import peering
 
 
-async def _kopf_like_root_task(*, operator_paused: aiotoggles.ToggleSet) -> None:
-    await operator_paused.wait_for(True)  # as kopf's daemon killer does
+class _Stopped:
+    """A stand-in for kopf's ``stopped`` flag of an async daemon (false until set; awaitable wait)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float | None = None) -> _Stopped:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self
 
 
-async def _guard(coro) -> None:  # kopf wraps its root tasks in a guard coroutine
-    await coro
+@pytest.fixture(autouse=True)
+def standalone_afterwards():
+    yield
+    peering.follow(peering=False)
 
 
-def test_finds_kopfs_pause_toggles_and_reads_them():
+def test_without_peering_a_replica_is_never_paused():
+    assert peering.follow(peering=False) is None
+    assert peering.paused() is False
+    assert not peering._is_followed(name=peering.CLUSTER_PEERING_CRD)  # the daemon runs on no CRD
+
+
+@pytest.mark.parametrize(("clusterwide", "crd"), [(True, "clusterkopfpeerings.kopf.dev"),
+                                                 (False, "kopfpeerings.kopf.dev")])
+def test_the_daemon_runs_on_the_crd_of_the_peering_kind_kopf_uses(clusterwide, crd):
+    assert peering.follow(peering=True, clusterwide=clusterwide) == crd
+    assert peering._is_followed(name=crd)
+    assert not peering._is_followed(name="runs.reversi.dev")
+    assert not peering._is_followed(name=({peering.CLUSTER_PEERING_CRD, peering.NAMESPACED_PEERING_CRD} - {crd}).pop())
+
+
+def test_with_peering_a_replica_works_only_while_kopf_runs_the_daemon():
+    """Paused until kopf starts the daemon (kopf resumed the replica), active while it runs,
+    paused again as soon as kopf stops it (kopf paused the replica, or it exits)."""
+
     async def scenario() -> list[bool]:
-        toggles = aiotoggles.ToggleSet(any)
-        conflict = await toggles.make_toggle(False, name="reversi@None")
-        task = asyncio.create_task(_guard(_kopf_like_root_task(operator_paused=toggles)))
-        await asyncio.sleep(0)  # the guard now awaits the root task's coroutine
-        found = peering.find(asyncio.all_tasks())
-        assert found is toggles
-        peering.set_toggles(found)
+        peering.follow(peering=True, clusterwide=True)
         states = [peering.paused()]
-        await conflict.turn_to(True)  # a peer of higher priority appeared
+        stopped = _Stopped()
+        daemon = asyncio.create_task(peering.active(stopped=stopped, name=peering.CLUSTER_PEERING_CRD))
+        await asyncio.sleep(0)  # the daemon runs up to its wait
         states.append(peering.paused())
-        await asyncio.wait_for(task, 1)
-        await conflict.turn_to(False)
+        stopped.set()
+        await asyncio.wait_for(daemon, 5)
         states.append(peering.paused())
         return states
 
-    try:
-        assert asyncio.run(scenario()) == [False, True, False]
-    finally:
-        peering.set_toggles(None)
+    assert asyncio.run(scenario()) == [True, False, True]
 
 
-def test_not_paused_when_nothing_is_found():
-    async def scenario() -> object:
-        return peering.find(asyncio.all_tasks())
+def test_a_daemon_that_fails_leaves_the_replica_paused():
+    """However the daemon ends (here: cancelled by kopf at exit), the replica counts as paused."""
 
-    assert asyncio.run(scenario()) is None
-    peering.set_toggles(None)
-    assert peering.paused() is False
+    async def scenario() -> bool:
+        peering.follow(peering=True, clusterwide=False)
+        daemon = asyncio.create_task(peering.active(stopped=_Stopped(), name=peering.NAMESPACED_PEERING_CRD))
+        await asyncio.sleep(0)
+        assert peering.paused() is False
+        daemon.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await daemon
+        return peering.paused()
+
+    assert asyncio.run(scenario()) is True

@@ -27,7 +27,7 @@ from . import common
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
-from ..handlers import peering as _peering  # workers follow kopf's peering pause (its handlers register)
+from ..handlers import peering as _peering  # workers follow kopf's peering pause (its daemon registers)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import runtime
@@ -47,6 +47,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     ``memo`` for every handler (:mod:`reversi.handlers.runtime`)."""
     ours = runtime.settings_of(memo)
     common.configure_kopf(settings, ours)
+    # before the workers start: with peering they stay paused until kopf runs this replica
+    _peering.follow(peering=ours.peering is not None, clusterwide=not ours.namespaces)
     if ours.peering is None:
         settings.peering.standalone = True
     else:

@@ -1,90 +1,90 @@
-"""kopf's peering pause, seen by the rollback workers.
+"""kopf's peering pause, seen by the rollback workers (docs/operations.md#standby-replicas-peering).
 
 With peering (``REVERSI_PEERING``; standby replicas), kopf pauses an operator while a peer of
-higher priority is alive (and every operator while peers of the same priority are): it closes its
-watch streams and stops its daemons, and turns its pause toggles on until the peer is gone.
-The rollback workers are threads of their own (:mod:`reversi.handlers.workers`), so they must ask:
-a paused replica must not start reconcile passes next to the active one.
+higher priority is alive (and every operator while peers of the same priority are), and while its
+peering object or CRD is missing: it closes its watch streams and stops its daemons until it
+resumes. The rollback workers are threads of their own (:mod:`reversi.handlers.workers`), so they
+ask :func:`paused` before each pass: a paused replica must not start passes next to the active one.
 
-kopf (1.37 to 1.45 at least) has no public accessor for that state. It keeps it in one
-``ToggleSet`` (``any`` of its toggles: one per peering object, plus "peering CRD is missing")
-that it hands, as the keyword argument ``operator_paused``, to its own root tasks (the daemon
-killer, every resource watcher). :func:`capture` finds that object among the running asyncio
-tasks once, at start-up, and :func:`paused` reads it. When it is not found (a kopf that renamed
-it), the operator logs a warning at start-up and, with peering on, treats itself as not paused:
-the Run's lock (``status.activeRequest``, optimistic concurrency) still keeps two replicas from
-undoing one run twice.
+The answer comes from what kopf documents (docs.kopf.dev: "Daemons", termination "when ... the
+operator itself is exiting or pausing", and "Peering"): kopf stops every daemon while peering
+pauses the operator, and starts them again from the watch events that follow its resumption.
+:func:`active` is such a daemon; the replica is active exactly while it runs. Without peering
+(:func:`follow` with ``peering=False``) the replica is never paused.
+
+Every kopf daemon holds kopf's finalizer on its object while it runs (kopf's docs, "Deletion
+prevention"). The object :func:`active` runs on is therefore the CustomResourceDefinition of the
+peering kind kopf uses (``clusterkopfpeerings.kopf.dev`` cluster-wide, ``kopfpeerings.kopf.dev``
+for watched namespaces), not the peering object itself: ``helm uninstall`` deletes the release's
+RBAC before the peering object (helm deletes kinds it does not know last), so no replica could
+lift a finalizer from it and it would stay Terminating; the CRD lives in the chart's ``crds/``
+folder, which helm never deletes, and in no user's namespace. The operator needs ``patch`` on that
+one CRD (the chart grants it by name with ``peering.enabled``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Iterable
+import threading
 from typing import Any
 
 import kopf
 
 log = logging.getLogger("reversi.peering")
 
-#: the keyword kopf passes its pause toggle set under
-KWARG = "operator_paused"
-_toggles: Any = None
+#: the CRD of kopf's peering kind for an operator that watches the whole cluster
+CLUSTER_PEERING_CRD = "clusterkopfpeerings.kopf.dev"
+#: the CRD of kopf's peering kind for an operator that watches some namespaces
+NAMESPACED_PEERING_CRD = "kopfpeerings.kopf.dev"
+
+_lock = threading.Lock()
+_followed: str | None = None  # the CRD :func:`active` runs on; None: peering is off
+_running = 0  # how many :func:`active` daemons run now (one per process; a count stays right if kopf overlaps two)
 
 
-def _looks_like_toggles(value: Any) -> bool:
-    return callable(getattr(value, "is_on", None)) and callable(getattr(value, "wait_for", None)) \
-        and isinstance(value, Iterable)
+def follow(*, peering: bool, clusterwide: bool = True) -> str | None:
+    """Make :func:`paused` follow kopf's peering pause (``peering``), or never pause (without).
 
-
-def find(tasks: Iterable[asyncio.Task[Any]], depth: int = 6) -> Any:
-    """The object passed as ``operator_paused`` to a coroutine of ``tasks`` (looked up through
-    the coroutines they await or hold, ``depth`` levels deep), or None."""
-    seen: set[int] = set()
-    todo = [(task.get_coro(), 0) for task in tasks]
-    while todo:
-        coro, level = todo.pop()
-        if coro is None or id(coro) in seen or level > depth:
-            continue
-        seen.add(id(coro))
-        frame = getattr(coro, "cr_frame", None)
-        if frame is not None:
-            found = frame.f_locals.get(KWARG)
-            if found is not None and _looks_like_toggles(found):
-                return found
-            todo += [(v, level + 1) for v in frame.f_locals.values() if asyncio.iscoroutine(v)]
-        awaited = getattr(coro, "cr_await", None)
-        if asyncio.iscoroutine(awaited):
-            todo.append((awaited, level + 1))
-    return None
+    ``clusterwide``: whether the operator watches the whole cluster (kopf then peers through
+    ClusterKopfPeerings) or some namespaces (KopfPeerings). From this call until kopf runs
+    :func:`active`, the replica is paused: with peering on, it is not active until kopf says so.
+    Returns the name of the CRD :func:`active` runs on, or None without peering. Raises nothing."""
+    global _followed
+    with _lock:
+        _followed = (CLUSTER_PEERING_CRD if clusterwide else NAMESPACED_PEERING_CRD) if peering else None
+        return _followed
 
 
 def paused() -> bool:
-    """Whether kopf's peering pauses the operator now (False when unknown or without peering)."""
-    toggles = _toggles
-    if toggles is None:
-        return False
-    for _ in range(3):
-        try:
-            return bool(toggles.is_on())
-        except RuntimeError:  # the set changed size while read (kopf added a toggle): read again
-            continue
-    return True
+    """Whether the rollback workers must start no pass now: peering is on and kopf runs no
+    :func:`active` daemon (before kopf first resumes the replica, while it is paused, and while it
+    exits). Always False without peering. Safe from any thread."""
+    with _lock:
+        return _followed is not None and _running == 0
 
 
-def set_toggles(toggles: Any) -> None:
-    """Use ``toggles`` (an object with ``is_on()``) as the pause state; None forgets it."""
-    global _toggles
-    _toggles = toggles
+def _is_followed(name: str, **_: Any) -> bool:
+    """kopf's filter for :func:`active`: only the followed peering CRD (no CRD without peering)."""
+    with _lock:
+        return name == _followed
 
 
-@kopf.on.startup(id="peering-pause")
-async def capture(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Find kopf's pause toggles among its running tasks (see the module docstring)."""
-    found = find(asyncio.all_tasks())
-    set_toggles(found)
-    if found is None and not settings.peering.standalone:
-        log.warning("kopf's peering pause state was not found: rollback workers do not stop while a standby "
-                    "replica is paused (the Run's lock still keeps two replicas from undoing one run)")
-    elif found is not None:
-        log.info("rollback workers follow kopf's peering pause (%d toggles now)", len(found))
+def _mark(delta: int) -> None:
+    global _running
+    with _lock:
+        _running += delta
+
+
+@kopf.daemon("apiextensions.k8s.io", "v1", "customresourcedefinitions", id="peering-active", when=_is_followed)
+async def active(stopped: kopf.DaemonStopped, name: str, **_: Any) -> None:
+    """The replica is active while this daemon runs (see the module docstring): kopf starts it
+    once it resumes the replica and stops it when it pauses (or exits, or the CRD ``name`` is
+    deleted). It only waits for that stop, so it ends at once."""
+    _mark(+1)
+    log.info("kopf runs this replica (peering through %s): rollback workers start passes", name)
+    try:
+        while not stopped:
+            await stopped.wait(60)
+    finally:
+        _mark(-1)
+        log.info("kopf paused or is stopping this replica: rollback workers start no pass")
