@@ -74,6 +74,11 @@ def test_orphan_settled_from_its_job():
     none = settle(LEFT, request="gone", attempt=2, job=ex.JobView("succeeded"), readback_declared=False, now=now)
     assert none.verification == "none"
     failed = settle(LEFT, request="gone", attempt=2, job=ex.JobView("failed", "boom"), readback_declared=True, now=now)
+    assert not failed.effect_unknown  # its program answered: the effect may remain (residue failed)
+    evicted = ex.JobView("failed", "evicted", lost=True, effect_unknown=True)
+    stopped = settle(LEFT, request="gone", attempt=2, job=evicted, readback_declared=True, now=now)
+    # stopped mid-call with no answer of its own: nobody knows (residue unknown, docs/concepts.md#the-report)
+    assert stopped.state == "compensationFailed" and stopped.effect_unknown
     assert failed.state == "compensationFailed" and failed.last_error.startswith("boom")
 
 

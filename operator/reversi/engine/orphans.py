@@ -20,8 +20,10 @@ running              unchanged (``compensating``: the Job will settle it)
 succeeded            ``compensated``, verification ``unverified`` when the step's snapshot
                      declares a read-back (a later request runs it, never the compensator
                      again), else ``none``
-failed               ``compensationFailed`` with the Job's error; the next request retries
-                     it with the same idempotency key and its own retries budget (rule 6)
+failed               ``compensationFailed`` with the Job's error, and ``effectUnknown`` when the
+                     compensator was stopped mid-call with no answer of its own (residue
+                     ``unknown``); the next request retries it with the same idempotency key
+                     and its own retries budget (rule 6)
 ==================== ====================================================================
 
 An entry that is not ``compensating``, or that names another attempt or another request than
@@ -49,6 +51,7 @@ def settle(entry: StepUndo | None, *, request: str, attempt: int, job: JobView, 
                      last_error=None, updated_at=now)
     error = job.message or "the compensator exited non-zero"
     return _with(entry, state="compensationFailed", verification=None, updated_at=now,
+                 effect_unknown=job.effect_unknown or None,
                  last_error=f"{error} (attempt {attempt}; its RollbackRequest {request} was deleted mid-way; the next "
                             "request retries it with the same idempotency key)")
 
