@@ -47,8 +47,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     ``memo`` for every handler (:mod:`reversi.handlers.runtime`)."""
     ours = runtime.settings_of(memo)
     common.configure_kopf(settings, ours)
-    # before the workers start: with peering they stay paused until kopf runs this replica
-    _peering.follow(peering=ours.peering is not None, clusterwide=not ours.namespaces)
     if ours.peering is None:
         settings.peering.standalone = True
     else:
@@ -68,7 +66,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         metrics = Metrics(namespaces=ours.namespaces)
         if ours.metrics_port:
             metrics.serve(ours.metrics_port)
-        parts = runtime.build(ours, kube, metrics, operating=_operating)
+        # on the parts before the workers start: with peering they stay paused until kopf runs this replica
+        peering = _peering.Peering(peering=ours.peering is not None, clusterwide=not ours.namespaces)
+        parts = runtime.build(ours, kube, metrics, operating=_operating, peering=peering)
         memo[runtime.MEMO_KEY] = parts
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
                          daemon=True, name="metrics-refresh").start()
@@ -84,11 +84,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 def _operating(parts: runtime.Parts) -> runtime.Operating:
     """The reconciler (reading kopf's indices and the run informers from ``parts``), the workers,
-    a fixed pool started now (the threads do not grow with the requests), and the Run status
-    writer (one thread)."""
+    a fixed pool started now (the threads do not grow with the requests) that follows the parts'
+    peering pause (never paused without one), and the Run status writer (one thread)."""
     ours = parts.settings
     reconciler = Reconciler(parts.kube, ours, parts.metrics, allowed=parts.reconciling, shared=parts)
-    workers = Workers(reconciler, ours.tick_seconds, size=ours.workers, paused=_peering.paused)
+    peering = parts.peering
+    workers = Workers(reconciler, ours.tick_seconds, size=ours.workers,
+                      paused=peering.paused if peering is not None else lambda: False)
     workers.start()
     run_status = RunStatusWriter(parts.kube, ours.run_status_quiet_seconds, parts.reconciling)
     return runtime.Operating(reconciler, workers, run_status)

@@ -410,28 +410,27 @@ def _refuse(parts: runtime.Parts, refusal: rules.Refusal, namespace: str, user: 
 
 # --------------------------------------------------------------------------------- runsteps
 
-_INLINE_CACHE: dict[tuple[str, str, str], tuple[RunSpec, dict[int, Any]]] = {}
-
-
-def _inline_step(run_obj: dict, index: int) -> dict | None:
+def _inline_step(moves: runtime.InlineMoves, run_obj: dict, index: int) -> dict | None:
     """The Run's inline step ``index`` (Reversi 0.1), as the RunStep spec it moves to, or None.
-    The parsed inline journal is kept per Run version while it is being moved (each moved step
-    is one review: parsing the whole run each time would make the move quadratic)."""
+    The parsed inline journal is kept per Run version in ``moves`` (the process's
+    ``parts.inline``) while it is being moved (each moved step is one review: parsing the whole
+    run each time would make the move quadratic)."""
     inline = (run_obj.get("spec") or {}).get("steps") or []
     if not inline:
         return None
     meta = run_obj["metadata"]
     key = (meta["namespace"], meta["name"], meta["resourceVersion"])
-    cached = _INLINE_CACHE.get(key)
+    parsed = moves.parsed
+    cached = parsed.get(key)
     if cached is None:
         try:
             run_spec = RunSpec.model_validate(run_obj.get("spec") or {})
         except ValidationError:
             return None
         cached = (run_spec, {s.index: s for s in run_spec.steps})
-        if len(_INLINE_CACHE) >= 8:
-            _INLINE_CACHE.pop(next(iter(_INLINE_CACHE)))
-        _INLINE_CACHE[key] = cached
+        if len(parsed) >= runtime.INLINE_KEPT:
+            parsed.pop(next(iter(parsed)))
+        parsed[key] = cached
     run_spec, by_index = cached
     step = by_index.get(index)
     return jr.inline_step_spec(run_spec, step) if step is not None else None
@@ -482,7 +481,7 @@ def mutate_run_step(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, oper
     manifest = _manifest(parts, namespace, ref.get("name") if isinstance(ref, dict) else None)
     tool = spec.get("tool")
     entry = manifest.tool(tool) if manifest and isinstance(tool, str) else None
-    inline = _inline_step(run_obj, index)
+    inline = _inline_step(parts.inline, run_obj, index)
     moved = inline is not None and _same_call(inline, spec)
     if not moved:
         _check_new_step(parts, parsed, name, run_obj, manifest, entry, user, namespace, dryrun, reads)
@@ -551,14 +550,6 @@ def _stamp_new_step(run: str, owner: dict, label: str | None, principal: str | N
     return stamp
 
 
-#: Runs of Reversi 0.1 whose inline journal is being moved, by (namespace, name): the whole Run as
-#: last read. Each moved step is one review, and such a Run is megabytes: reading it for each one
-#: made the move quadratic (a 3,000-step Run moved at a few steps per second). The inline journal
-#: never changes, so a step that is its moved copy, owned by the same Run (uid), is recognised from
-#: this copy with no read at all.
-_INLINE_RUNS: dict[tuple[str, str], dict] = {}
-
-
 @dataclass(frozen=True)
 class NewStepReads:
     """What checking a new step reads: its Run (None: there is none), the previous step (None:
@@ -573,8 +564,8 @@ def _read_for_new_step(parts: runtime.Parts, namespace: str, run: str, index: in
     """Everything :func:`_check_new_step` reads, read at once: the Run, the previous step and the
     two kinds of halt do not depend on one another, so a review waits for the slowest of these
     reads, not for their sum (the moved copy of an inline step needs its Run only, and usually
-    no read at all: see :data:`_INLINE_RUNS`). Raises ``ApiException`` when a read fails."""
-    cached = _moved_run(namespace, run, index, body)
+    no read at all: see :func:`_moved_run`). Raises ``ApiException`` when a read fails."""
+    cached = _moved_run(parts.inline, namespace, run, index, body)
     if cached is not None:
         return NewStepReads(cached)
     kube = parts.kube
@@ -583,21 +574,26 @@ def _read_for_new_step(parts: runtime.Parts, namespace: str, run: str, index: in
         return kube.get("runsteps", namespace, step_name(run, index - 1)) if index > 0 else None
 
     if parts.reads is None:  # a process with no pool of its own for this: one read after the other
-        return NewStepReads(_run_of_step(kube, namespace, run), previous_step(), _halts(kube, namespace))
-    run_f = parts.reads.submit(_run_of_step, kube, namespace, run)
+        return NewStepReads(_run_of_step(parts.inline, kube, namespace, run), previous_step(),
+                            _halts(kube, namespace))
+    run_f = parts.reads.submit(_run_of_step, parts.inline, kube, namespace, run)
     previous_f = parts.reads.submit(previous_step)
     halts_f = parts.reads.submit(_namespace_halts, kube, namespace)
     cluster_halts_f = parts.reads.submit(_cluster_halts, kube)
     return NewStepReads(run_f.result(), previous_f.result(), [*halts_f.result(), *cluster_halts_f.result()])
 
 
-def _moved_run(namespace: str, run: str, index: int, body: dict) -> dict | None:
-    """The Run as read for an earlier step of its move when this step is the moved copy of its
-    inline step ``index`` (:data:`_INLINE_RUNS`), else None."""
-    cached = _INLINE_RUNS.get((namespace, run))
+def _moved_run(moves: runtime.InlineMoves, namespace: str, run: str, index: int, body: dict) -> dict | None:
+    """The Run as read for an earlier step of its move (kept in ``moves.runs``, the process's
+    ``parts.inline``) when this step is the moved copy of its inline step ``index``, else None.
+    Each moved step is one review, and such a Run is megabytes: reading it for each one made the
+    move quadratic (a 3,000-step Run moved at a few steps per second). The inline journal never
+    changes, so a step that is its moved copy, owned by the same Run (uid), is recognised from
+    this copy with no read at all."""
+    cached = moves.runs.get((namespace, run))
     if cached is None:
         return None
-    inline = _inline_step(cached, index)
+    inline = _inline_step(moves, cached, index)
     owners = {r.get("uid") for r in (body.get("metadata") or {}).get("ownerReferences") or []
               if isinstance(r, dict) and r.get("kind") == "Run"}
     if inline is not None and _same_call(inline, body.get("spec") or {}) and cached["metadata"]["uid"] in owners:
@@ -605,17 +601,18 @@ def _moved_run(namespace: str, run: str, index: int, body: dict) -> dict | None:
     return None
 
 
-def _run_of_step(kube: Kube, namespace: str, run: str) -> dict | None:
+def _run_of_step(moves: runtime.InlineMoves, kube: Kube, namespace: str, run: str) -> dict | None:
     """The Run a new step belongs to as the API server holds it now (a consistent read: the Run's
     lock decides rule 11), or None when it does not exist; a Run with an inline journal is kept
-    for the rest of its move (:data:`_INLINE_RUNS`)."""
+    in ``moves.runs`` (the process's ``parts.inline``) for the rest of its move (:func:`_moved_run`)."""
     run_obj = kube.get("runs", namespace, run)
+    runs = moves.runs
     if run_obj is not None and (run_obj.get("spec") or {}).get("steps"):
-        if len(_INLINE_RUNS) >= 8 and (namespace, run) not in _INLINE_RUNS:
-            _INLINE_RUNS.pop(next(iter(_INLINE_RUNS)))
-        _INLINE_RUNS[(namespace, run)] = run_obj
+        if len(runs) >= runtime.INLINE_KEPT and (namespace, run) not in runs:
+            runs.pop(next(iter(runs)))
+        runs[(namespace, run)] = run_obj
     else:
-        _INLINE_RUNS.pop((namespace, run), None)
+        runs.pop((namespace, run), None)
     return run_obj
 
 
@@ -685,7 +682,7 @@ def _check_new_step(parts: runtime.Parts, spec: RunStepSpec, name: str, run_obj:
     if refusal is not None:
         _refuse(parts, refusal, namespace, user, run_ref, dryrun)
     previous = reads.previous
-    if spec.index > 0 and previous is None and _inline_step(run_obj, spec.index - 1) is None:
+    if spec.index > 0 and previous is None and _inline_step(parts.inline, run_obj, spec.index - 1) is None:
         raise kopf.AdmissionError(f"{what}: step {spec.index - 1} of {run_ref} is not recorded: a run's steps are "
                                   "recorded in order 0, 1, 2, ... (record the previous step first)", code=422)
     step = spec.model_copy(update={"snapshot": entry}).as_step()  # checked as stamped: the server's manifest decides

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -68,17 +68,49 @@ def run_jobs(namespace: str | None, name: str, body: kopf.Body, labels: kopf.Lab
                                                          "spec": {"template": {"spec": {"containers": containers}}}}}
 
 
+#: seconds after which a run's Jobs are LISTed once instead of read from the index: kopf does not
+#: drop from its index a Job deleted while its watch was down long enough to be listed again
+RESYNC_SECONDS = 60.0
+
+
+class Listings:
+    """When each run's Jobs were last LISTed (:func:`jobs_of_run`), by ``(namespace, run uid)``:
+    one per process, with its live indices (:class:`Indices`). Safe from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: ``time.monotonic()`` of each run's last LIST
+        self.last: dict[tuple[str, str], float] = {}
+
+    def due(self, namespace: str, run_uid: str) -> bool:
+        """Whether the run's Jobs are to be LISTed now (never yet, or ``RESYNC_SECONDS`` ago at
+        least); if so, counts them as LISTed now."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self.last) > 10_000:  # forget runs not read for a while
+                for key in [k for k, at in self.last.items() if now - at > RESYNC_SECONDS]:
+                    del self.last[key]
+            last = self.last.get((namespace, run_uid))
+            if last is not None and now - last < RESYNC_SECONDS:
+                return False
+            self.last[(namespace, run_uid)] = now
+            return True
+
+
 @dataclass
 class Indices:
-    """The live kopf indices (see the module docstring), captured from a handler's kwargs."""
+    """The live kopf indices (see the module docstring), captured from a handler's kwargs, and
+    when each run's Jobs were last LISTed instead of read from them (``listings``)."""
 
     manifests: Mapping[Any, Any]
     jobs: Mapping[Any, Any] | None = None
+    listings: Listings = field(default_factory=Listings)
 
 
 def capture(parts: runtime.Parts, kwargs: Mapping[str, Any]) -> Indices | None:
     """Keep the indices kopf passed to a handler (its ``kwargs``) on the process's ``parts``, for
-    code that runs outside handlers (workers)."""
+    code that runs outside handlers (workers). The first one kept stays for the process's life
+    (``parts.indices``: kopf's indices are live mappings), and with it its ``listings``."""
     if "manifest_specs" not in kwargs:
         return None
     found = Indices(kwargs["manifest_specs"], kwargs.get("run_jobs"))
@@ -144,32 +176,13 @@ class RunJobs:
         return None
 
 
-#: seconds after which a run's Jobs are LISTed once instead of read from the index: kopf does not
-#: drop from its index a Job deleted while its watch was down long enough to be listed again
-RESYNC_SECONDS = 60.0
-_listed: dict[tuple[str, str], float] = {}
-_listed_lock = threading.Lock()
-
-
-def _resync_due(namespace: str, run_uid: str) -> bool:
-    now = time.monotonic()
-    with _listed_lock:
-        if len(_listed) > 10_000:  # forget runs not read for a while
-            for key in [k for k, at in _listed.items() if now - at > RESYNC_SECONDS]:
-                del _listed[key]
-        last = _listed.get((namespace, run_uid))
-        if last is not None and now - last < RESYNC_SECONDS:
-            return False
-        _listed[(namespace, run_uid)] = now
-        return True
-
-
 def jobs_of_run(indices: Indices | None, kube: Any, namespace: str, run_uid: str) -> Mapping[str, Any] | RunJobs:
     """The Jobs of the run with uid ``run_uid``, by name: from kopf's index once a handler has
     seen it (kopf fills indices before any handler runs), else one LIST (right after start-up).
     A run's Jobs are also LISTed once every ``RESYNC_SECONDS`` (the first read of a run
-    included), so a Job deleted while kopf's watch was away is not taken as alive for long."""
-    if indices is None or indices.jobs is None or _resync_due(namespace, run_uid):
+    included; ``indices.listings`` keeps when), so a Job deleted while kopf's watch was away is
+    not taken as alive for long."""
+    if indices is None or indices.jobs is None or indices.listings.due(namespace, run_uid):
         return kube.list_jobs(namespace, f"{LABEL_RUN_UID}={run_uid}")
     for _ in range(5):
         try:  # kopf updates the index from its event loop while this thread reads it

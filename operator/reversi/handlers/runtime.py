@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..adapters.kube import Kube
 from ..adapters.stepwatch import RunJournals
+from ..models.run import RunSpec
 from ..settings import OperatorSettings
 
-if TYPE_CHECKING:  # types only: the start-up handler builds them (build's ``operating``)
+if TYPE_CHECKING:  # types only: the start-up handler builds them (build's ``operating`` and ``peering``)
+    from .peering import Peering
     from .reconciler import Reconciler
     from .runs import RunStatusWriter
     from .workers import Workers
@@ -36,6 +38,8 @@ SETTINGS_KEY = "settings"
 #: The reads an admission review makes at once at most (a new step: its Run, the previous step,
 #: the namespace's Halts and the ClusterHalts).
 READS_PER_REVIEW = 4
+#: How many Runs :class:`InlineMoves` keeps in each of its maps.
+INLINE_KEPT = 8
 
 
 class Operating(NamedTuple):
@@ -44,6 +48,19 @@ class Operating(NamedTuple):
     reconciler: Reconciler
     workers: Workers
     run_status: RunStatusWriter
+
+
+@dataclass
+class InlineMoves:
+    """What the admission server keeps between the reviews that move a Reversi 0.1 Run's inline
+    journal to RunSteps (``reversi.handlers.admission``): each moved step is one review, and such
+    a Run is megabytes, so reading and parsing it for each one would make the move quadratic. Each
+    map holds at most ``INLINE_KEPT`` Runs; the one kept longest is dropped first."""
+
+    #: the Run as last read, whole, by ``(namespace, name)``
+    runs: dict[tuple[str, str], dict] = field(default_factory=dict)
+    #: the Run's parsed spec and its inline steps by index, by ``(namespace, name, resourceVersion)``
+    parsed: dict[tuple[str, str, str], tuple[RunSpec, dict[int, Any]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,6 +82,11 @@ class Parts:
     reads: Executor | None = None
     #: set when the process stops: its own threads (the gauges' refresh) end
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: the Runs whose inline journal the admission server is moving (its webhooks only)
+    inline: InlineMoves = field(default_factory=InlineMoves)
+    #: whether kopf's peering lets this replica work (``reversi.handlers.peering.Peering``;
+    #: ``reversi-operator`` only: its start-up handler builds it with the parts, before the workers)
+    peering: Peering | None = None
 
     def reconciling(self) -> bool:
         """Whether the operator may write status: only after a schema check found the installed
@@ -80,13 +102,14 @@ class Parts:
 
 
 def build(settings: OperatorSettings, kube: Kube, metrics: Any = None,
-          operating: Callable[[Parts], Operating] | None = None) -> Parts:
+          operating: Callable[[Parts], Operating] | None = None, peering: Peering | None = None) -> Parts:
     """``reversi-operator``'s parts, with a run informer set for the journals. ``operating``
     builds the reconciler, the workers and the Run status writer from the parts (the start-up
     handler passes it: this module never imports them, so nothing they import reaches back up to
-    them)."""
+    them); ``peering`` (the start-up handler's) is on the parts before ``operating`` runs, so the
+    workers it starts follow it."""
     built = Parts(settings, kube, metrics,
-                  journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds))
+                  journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds), peering=peering)
     if operating is not None:
         built.operating_parts = operating(built)
     return built
