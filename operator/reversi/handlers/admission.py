@@ -428,9 +428,10 @@ def _inline_step(moves: runtime.InlineMoves, run_obj: dict, index: int) -> dict 
         except ValidationError:
             return None
         cached = (run_spec, {s.index: s for s in run_spec.steps})
-        if len(parsed) >= runtime.INLINE_KEPT:
-            parsed.pop(next(iter(parsed)))
-        parsed[key] = cached
+        with moves.lock:
+            if len(parsed) >= runtime.INLINE_KEPT and key not in parsed:
+                parsed.pop(next(iter(parsed)))
+            parsed[key] = cached
     run_spec, by_index = cached
     step = by_index.get(index)
     return jr.inline_step_spec(run_spec, step) if step is not None else None
@@ -607,12 +608,13 @@ def _run_of_step(moves: runtime.InlineMoves, kube: Kube, namespace: str, run: st
     in ``moves.runs`` (the process's ``parts.inline``) for the rest of its move (:func:`_moved_run`)."""
     run_obj = kube.get("runs", namespace, run)
     runs = moves.runs
-    if run_obj is not None and (run_obj.get("spec") or {}).get("steps"):
-        if len(runs) >= runtime.INLINE_KEPT and (namespace, run) not in runs:
-            runs.pop(next(iter(runs)))
-        runs[(namespace, run)] = run_obj
-    else:
-        runs.pop((namespace, run), None)
+    with moves.lock:
+        if run_obj is not None and (run_obj.get("spec") or {}).get("steps"):
+            if len(runs) >= runtime.INLINE_KEPT and (namespace, run) not in runs:
+                runs.pop(next(iter(runs)))
+            runs[(namespace, run)] = run_obj
+        else:
+            runs.pop((namespace, run), None)
     return run_obj
 
 

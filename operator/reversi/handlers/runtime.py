@@ -55,12 +55,14 @@ class InlineMoves:
     """What the admission server keeps between the reviews that move a Reversi 0.1 Run's inline
     journal to RunSteps (``reversi.handlers.admission``): each moved step is one review, and such
     a Run is megabytes, so reading and parsing it for each one would make the move quadratic. Each
-    map holds at most ``INLINE_KEPT`` Runs; the one kept longest is dropped first."""
+    map holds at most ``INLINE_KEPT`` Runs; the one kept longest is dropped first. Reviews run on
+    several threads at once: a change to either map holds ``lock``."""
 
     #: the Run as last read, whole, by ``(namespace, name)``
     runs: dict[tuple[str, str], dict] = field(default_factory=dict)
     #: the Run's parsed spec and its inline steps by index, by ``(namespace, name, resourceVersion)``
     parsed: dict[tuple[str, str, str], tuple[RunSpec, dict[int, Any]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
