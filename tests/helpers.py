@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, TypeVar
 from collections.abc import Callable
 
 T = TypeVar("T")
+
+
+class KeptRecords(logging.Handler):
+    """A logging handler that keeps every record it gets (``records``), at every level."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def wait_for(check: Callable[[], T], timeout: float = 60.0, interval: float = 0.25,

@@ -26,6 +26,7 @@ from reversi import certs
 from reversi.entrypoints import common
 from reversi.entrypoints.admission import RefusalsAreNotErrors
 from reversi.entrypoints.webhookserver import WebhookServer
+from tests.helpers import KeptRecords
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -43,15 +44,6 @@ class _Seen(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         self.records.append(record)
         return True
-
-
-class _Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 def _free_port() -> int:
@@ -110,7 +102,7 @@ def test_kopf_serves_large_reviews_and_refusals_are_not_logged_as_errors(cluster
                                               keyfile=str(pair.key), cafile=str(ca.cert))
 
     objects = logging.getLogger("kopf.objects")
-    seen, ours, kept = _Seen(), RefusalsAreNotErrors(), _Kept()
+    seen, ours, kept = _Seen(), RefusalsAreNotErrors(), KeptRecords()
     objects.addFilter(seen)
     objects.addFilter(ours)  # as reversi-admission's main() does
     objects.addHandler(kept)

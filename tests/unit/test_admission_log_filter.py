@@ -11,15 +11,7 @@ import kopf
 import pytest
 
 from reversi.entrypoints.admission import RefusalsAreNotErrors
-
-
-class _Kept(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+from tests.helpers import KeptRecords
 
 
 @pytest.fixture
@@ -28,7 +20,7 @@ def objects():
     logger = logging.getLogger("test.kopf.objects")
     logger.propagate = False
     logger.setLevel(logging.DEBUG)
-    kept = _Kept()
+    kept = KeptRecords()
     logger.addHandler(kept)
     logger.addFilter(RefusalsAreNotErrors())
     yield logger, kept.records

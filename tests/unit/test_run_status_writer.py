@@ -17,6 +17,7 @@ from reversi import schema
 from reversi.handlers import runs, runtime
 from reversi.handlers.runs import RunStatusWriter
 from reversi.settings import OperatorSettings
+from tests.helpers import wait_for
 
 
 class FakeKube:
@@ -42,11 +43,7 @@ def body(generation: int) -> dict:
 
 
 def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
+    wait_for(predicate, timeout=timeout, interval=0.005)
 
 
 @pytest.fixture

@@ -14,14 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reversi.workqueue import Backoff, Schedule, WorkQueue
+from tests.helpers import wait_for
 
 
 def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
+    wait_for(predicate, timeout=timeout, interval=0.005)
 
 
 class Recorder:
