@@ -142,8 +142,13 @@ def run_spec_of(run_obj: dict[str, Any]) -> RunSpec:
 
 
 def undo_patch(undo: StepUndo) -> dict[str, Any]:
-    """The merge patch of a RunStep's status that records ``undo`` (rule 3: journal first)."""
-    return {"status": {"undo": undo.to_wire()}}
+    """The merge patch of a RunStep's status that records ``undo`` (rule 3: journal first). Each
+    entry is whole (a write replaces the one before): a field ``undo`` leaves out is sent as
+    ``null``, which a merge patch removes, so nothing of an earlier entry (an ``effectUnknown``, a
+    ``lastError``, a ``verifiedBy``) outlives the write that settled it otherwise."""
+    wire = undo.to_wire()
+    cleared: dict[str, Any] = {f.alias or name: None for name, f in StepUndo.model_fields.items()}
+    return {"status": {"undo": {**cleared, **wire}}}
 
 
 def write_undo(custom: client.CustomObjectsApi, namespace: str, run: str, undo: StepUndo) -> dict[str, Any]:
