@@ -79,6 +79,11 @@ def test_orphan_settled_from_its_job():
     stopped = settle(LEFT, request="gone", attempt=2, job=evicted, readback_declared=True, now=now)
     # stopped mid-call with no answer of its own: nobody knows (residue unknown, docs/concepts.md#the-report)
     assert stopped.state == "compensationFailed" and stopped.effect_unknown
+    # a compensator that never ran tells nothing new: an earlier attempt's unknown stands
+    earlier = LEFT.model_copy(update={"effect_unknown": True})
+    never_ran = settle(earlier, request="gone", attempt=2, job=ex.JobView("failed", "image pull", lost=True),
+                       readback_declared=True, now=now)
+    assert never_ran.effect_unknown
     assert failed.state == "compensationFailed" and failed.last_error.startswith("boom")
 
 

@@ -51,7 +51,7 @@ def settle(entry: StepUndo | None, *, request: str, attempt: int, job: JobView, 
                      last_error=None, updated_at=now)
     error = job.message or "the compensator exited non-zero"
     return _with(entry, state="compensationFailed", verification=None, updated_at=now,
-                 effect_unknown=job.effect_unknown or None,
+                 effect_unknown=job.effect_unknown or (job.lost and entry.effect_unknown) or None,
                  last_error=f"{error} (attempt {attempt}; its RollbackRequest {request} was deleted mid-way; the next "
                             "request retries it with the same idempotency key)")
 
