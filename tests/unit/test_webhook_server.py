@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -20,6 +21,7 @@ import pytest
 
 from reversi import certs
 from reversi.entrypoints.webhookserver import WEBHOOK_MAX_BODY, WebhookServer
+from tests.helpers import KeptRecords
 
 MIB = 1024 * 1024
 
@@ -106,7 +108,9 @@ def test_serves_a_review_of_megabytes_over_tls_to_kopfs_function(tmp_path):
     assert call["webhook"] == "validate-run"
     assert call["request"] == review
     assert call["headers"]["Content-Type"] == "application/json"
-    assert WEBHOOK_MAX_BODY >= 16 * MIB  # the API server refuses requests over 3 MiB; the old and new object fit
+    # the API server refuses requests over 3 MiB and stores objects of at most 1.5 MiB: a review of
+    # the new object and the old one fits
+    assert WEBHOOK_MAX_BODY > 3 * MIB + 3 * MIB // 2
 
 
 def test_a_body_over_the_limit_is_refused_with_413(tmp_path):
@@ -130,6 +134,7 @@ def test_a_body_over_the_limit_is_refused_with_413(tmp_path):
 
 @pytest.mark.parametrize(("data", "fail", "reason"), [
     (b"{not json", None, "the review is not JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, None, "the review is not JSON"),  # nested deeper than the parser goes
     (json.dumps(_review("u-1")).encode(), LookupError("The specified resource has no handlers: x"),
      "The specified resource has no handlers"),
 ])
@@ -179,3 +184,76 @@ def test_serves_again_with_renewed_certificate_files(tmp_path):
     assert before == first.cert.read_bytes()
     assert after == second.cert.read_bytes()
     assert status == 200  # the client trusts only the second CA: the new certificate is served
+
+
+def test_a_body_of_nothing_but_objects_is_refused_before_it_is_parsed(tmp_path):
+    """Parsing a body of a million empty objects takes far more memory than the admission pod has:
+    it is refused (413) by counting, and kopf's function never sees it."""
+    ca, pair = _pair(tmp_path)
+    port = free_port()
+    server = WebhookServer(addr="127.0.0.1", port=port, certfile=str(pair.cert), keyfile=str(pair.key))
+    fn = _Recorder()
+    data = b'{"request":{"uid":"1","x":[' + b",".join([b"{}"] * 1_000_000) + b"]}}"
+
+    async def body(config: dict, context: ssl.SSLContext) -> tuple[int, str]:
+        return await _post(f"https://127.0.0.1:{port}/validate-run", context, data)
+
+    status, _ = _serve(server, fn, body, ca.cert)
+    assert status == 413 and fn.calls == []
+
+
+def test_a_renewal_keeps_the_port_open_waits_for_nobody_and_skips_files_it_cannot_use(tmp_path):
+    """A client stalled mid-body while the certificate is renewed does not delay the renewal, and
+    the port never closes (the new certificate is loaded in place); a new certificate whose key has
+    not arrived yet is not used: the old pair serves until both match."""
+    ca1, first = _pair(tmp_path / "one")
+    _, second = _pair(tmp_path / "two")
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(first.cert, live / "tls.crt")
+    shutil.copy(first.key, live / "tls.key")
+    port = free_port()
+    server = WebhookServer(addr="127.0.0.1", port=port, certfile=str(live / "tls.crt"),
+                           keyfile=str(live / "tls.key"), file_check_interval=0.05)
+    review = json.dumps(_review("u")).encode()
+    kept = KeptRecords()
+    logging.getLogger("reversi.webhookserver").addHandler(kept)
+
+    async def scenario() -> tuple[int, int, bytes]:
+        configs: list[Any] = []
+
+        async def consume() -> None:  # as kopf does: it takes each client config as it comes
+            async for config in server(_Recorder()):
+                configs.append(config)
+
+        async def until(predicate: Callable[[], bool]) -> None:
+            while not predicate():
+                await asyncio.sleep(0.01)
+
+        old = ssl.create_default_context(cafile=str(ca1.cert))
+        new = ssl.create_default_context(cafile=str(tmp_path / "two" / "ca.crt"))
+        serving = asyncio.create_task(consume())
+        try:
+            await until(lambda: len(configs) == 1)
+            _, stalled = await asyncio.open_connection("127.0.0.1", port, ssl=old)
+            stalled.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{")
+            await stalled.drain()
+            shutil.copy(second.cert, live / "tls.crt")  # its key comes later: not usable yet
+            await until(lambda: any("cannot be used" in r.getMessage() for r in kept.records))
+            while_half_written, _ = await _post(f"https://127.0.0.1:{port}/x", old, review)
+            shutil.copy(second.key, live / "tls.key")
+            await until(lambda: len(configs) == 2)
+            renewed, _ = await _post(f"https://127.0.0.1:{port}/x", new, review)
+            stalled.close()
+            return while_half_written, renewed, base64.b64decode(configs[1]["caBundle"])
+        finally:
+            serving.cancel()
+
+    try:
+        while_half_written, renewed, after = asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        logging.getLogger("reversi.webhookserver").removeHandler(kept)
+    assert while_half_written == 200  # the old pair still served: the new certificate had no key yet
+    assert after == second.cert.read_bytes()
+    assert renewed == 200  # served with the new certificate at once, the stalled client still open
