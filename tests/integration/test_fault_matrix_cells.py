@@ -62,6 +62,7 @@ def gates(rv, cluster):
     """The test ToolManifest with every Job behind :data:`GATE` (the gate folder is the cluster's,
     not /tmp: a Job's /tmp is a volume of its own)."""
     g = Gates(Path(cluster.paths.root) / "fault-matrix-gates" / rv.ns)
+    assert not g.root.resolve().is_relative_to("/tmp"), f"{g.root}: a Job's /tmp hides it; move the cluster folder"
     body = manifest_body(rv.downstream.url)
     runner = body["spec"]["runners"][0]
     runner["command"] = [sys.executable, "-c", GATE]
