@@ -284,3 +284,20 @@ def test_the_summary_names_a_denied_step_denied_not_awaiting():
         denied=[StepReason.model_construct(step=3, reason="denied by oncall: keep it")], residue=[], complete=False)
     text = report_message(report)
     assert "1 awaiting approval (4)" in text and "1 denied (3)" in text
+
+
+def test_a_run_deleted_mid_way_leaves_the_steps_under_way_unknown_and_the_rest_as_reported():
+    """docs/guarantees.md#delete-run: a pending step whose compensator had started may have taken
+    effect and its journal is gone: residue unknown; a step never started stays notAttempted, an
+    undone one stays compensated."""
+    from reversi.engine.report import when_run_gone
+    from reversi.models.rollbackrequest import Report, StepResidue
+
+    report = Report(compensated=[3], pending=[0, 1, 2], residue=[
+        StepResidue(step=0, type="notAttempted", text="its undo had not started"),
+        StepResidue(step=1, type="notAttempted", text="its undo had not started or settled"),
+        StepResidue(step=2, type="notAttempted", text="its undo had not started or settled")])
+    gone = when_run_gone(report, started={1, 2, 3})
+    assert {r.step: r.type for r in gone.residue} == {0: "notAttempted", 1: "unknown", 2: "unknown"}
+    assert gone.compensated == [3] and gone.pending == [0, 1, 2] and not gone.complete
+    assert "Run was deleted" in gone.residue[1].text

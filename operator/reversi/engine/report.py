@@ -442,3 +442,15 @@ def report_message(report: Report) -> str:
     verdict = "complete" if report.complete else "incomplete"
     return f"{verdict}: " + (", ".join(parts) if parts else "nothing to undo")
 
+
+
+def when_run_gone(report: Report, started: Collection[int]) -> Report:
+    """The last report of a request whose Run was deleted mid-way (docs/guarantees.md#delete-run).
+    A step still ``pending`` whose compensator had started (``started``: steps with an attempt)
+    may or may not have taken effect, and its journal went with the Run: its residue is
+    ``unknown``, never ``notAttempted``. The rest of the report stands; it is not complete."""
+    why = ("its undo was under way when the Run was deleted: whether it took effect is unknown (its journal "
+           "went with the Run); look at the downstream")
+    residue = [r.model_copy(update={"type": UNKNOWN, "text": why}) if r.step in started and r.step in report.pending
+               else r for r in report.residue]
+    return report.model_copy(update={"residue": residue, "complete": False})

@@ -53,7 +53,7 @@ from ..engine.journal import Journal
 from ..engine import runners as rs
 from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
-from ..engine.report import outcome_reason, report_message
+from ..engine.report import outcome_reason, report_message, when_run_gone
 from ..engine.schedule import progress_text, ready_steps
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, Report, RollbackRequestSpec, run_ref_name
 from ..models.run import RunSpec, StepUndo
@@ -1040,6 +1040,10 @@ class Reconciler(TreeRollback):
         meta = req["metadata"]
         status = dict(req.get("status") or {})
         status["observedGeneration"] = meta.get("generation", 1)
+        if reason == cond.RUN_NOT_FOUND and status.get("report"):  # the Run went mid-way: what ran is unknown
+            started = {e["step"] for e in status.get("steps") or [] if (e.get("attempts") or 0) > 0}
+            report = when_run_gone(Report.model_validate(status["report"]), started)
+            status["report"] = st.report_status(report, self.settings.message_limit)
         run_name = run_ref_name(req)
         if run_name:
             self._release(meta["namespace"], run_name, meta["name"], complete=False)
