@@ -308,10 +308,6 @@ def _webhook_refusals(rv) -> float:
                and 'operation="CREATE"' in line and "calling_webhook_error" in line)
 
 
-@pytest.mark.xfail(strict=True, raises=ReportUntrue, reason=(
-    "the child run's RollbackRequest is created through the webhooks; the refused create is not tried again: the "
-    "next pass finds no such request and ends the child's section 'incomplete: RollbackRequest ... was deleted "
-    "before it ended' (it never existed), docs/guarantees.md#webhook"))
 def test_a_child_runs_rollback_waits_for_the_webhook_instead_of_ending_incomplete(rv, gates, operator):
     """docs/guarantees.md#webhook, a run with child runs: the parent p (steps 0 and 1, its child c
     opened between them) is rolled back; every admission replica is killed while p's step 1 is

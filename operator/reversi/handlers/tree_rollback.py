@@ -31,8 +31,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from .. import conditions as cond
-from ..adapters.kube import Kube
+from ..adapters.kube import Kube, api_message
 from ..adapters import run_tree as tree_io
 from ..engine import nested_runs as rules
 from ..engine.report import report_message
@@ -260,9 +262,30 @@ class TreeRollback:
         tp.sections[child.name] = section(child, outcome="running", request=sub)
         # the report names the child's request before it exists: that is what lets it work under this lock
         self.kube.merge_status(REQUESTS, ns, name, {"report": {"runs": self._sections_so_far(req, tp)}})
-        if self.kube.create(REQUESTS, ns, body):
+        try:
+            created = self.kube.create(REQUESTS, ns, body)
+        except ApiException as err:
+            self._child_refused(req, tp, child, sub, err)
+            return
+        if created:
             self.kube.event(req, "ChildRollbackStarted", f"rolling back child Run {ns}/{child.name} (opened at step "
                             f"{child.opened}) as one unit: RollbackRequest {ns}/{sub}")
+
+    def _child_refused(self, req: dict, tp: TreePass, child: rules.Node, sub: str, err: ApiException) -> None:
+        """The API server refused to create the child's RollbackRequest ``sub``. When it could not
+        answer (5xx, such as an admission webhook no replica answers, or 429), the child has not
+        started: its section goes back to not started, and ``err`` is raised again, so the pass is
+        tried again (with backoff, saying so on the request after three failures) and starts the
+        child once the API server takes the request (docs/guarantees.md#webhook). A refusal for good
+        (4xx) ends the child's section ``incomplete`` with the API server's message. Raises ``err``."""
+        ns, name = req["metadata"]["namespace"], req["metadata"]["name"]
+        if err.status >= 500 or err.status == 429:
+            tp.sections[child.name] = section(child)
+            self.kube.merge_status(REQUESTS, ns, name, {"report": {"runs": self._sections_so_far(req, tp)}})
+            raise err
+        tp.sections[child.name] = section(child, outcome="incomplete", message=(
+            f"the API server refused RollbackRequest {sub}: {api_message(err)}; the child run was not rolled back"))
+        self.kube.event(req, "ChildRollbackRefused", tp.sections[child.name]["message"], warning=True)
 
     def _follow_child(self, req: dict, tp: TreePass, child: rules.Node, sec: dict, stopping: str | None) -> None:
         ns = req["metadata"]["namespace"]
