@@ -348,6 +348,17 @@ class Cluster:
         self.start_stopped(order, log=log)
         return time.monotonic() - started
 
+    def stop(self, components, *, kill: bool = True, log=print) -> None:
+        """Stop the named components (as :meth:`restart` does, without starting them again): a
+        test keeps them down while it waits for a condition, then calls :meth:`start_stopped`.
+        Raises :class:`ClusterError` for an unknown name, before anything is stopped."""
+        unknown = sorted(set(components) - set(self.components))
+        if unknown:
+            raise ClusterError(f"no component {', '.join(unknown)}; the components are {', '.join(self.components)}")
+        for comp in reversed([comp for comp in self.components if comp in set(components)]):
+            self._stop(comp, kill=kill)
+            log(f"{'killed' if kill else 'stopped'} {comp}")
+
     def start_stopped(self, components=ALL_COMPONENTS, *, log=print) -> list[str]:
         """Start those of ``components`` that are not running (same command, state and ports as
         ``up``; etcd's data kept) in start order, each waited for as in :meth:`restart`; return

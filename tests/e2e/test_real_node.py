@@ -180,6 +180,64 @@ def test_a_kubelet_restarted_under_a_running_compensator_loses_nothing(shop, rea
     assert shop.downstream.get_charge(charge["id"])["refunded"] is True
 
 
+def _container_running(shop, role: str, timeout: float = 60) -> str:
+    """The name of a pod of step 0 whose ``role`` container (compensator, reader) runs."""
+
+    def running():
+        for pod in shop.pods(**{"reversi.dev/step": "0"}):
+            statuses = pod.status.container_statuses or []
+            if pod.spec.containers[0].name == role and statuses and statuses[0].state.running:
+                return pod.metadata.name
+        return None
+    return wait_for(running, timeout=timeout, what=f"the {role}'s container to run")
+
+
+def _compensator_job_complete(shop) -> bool:
+    jobs = client.BatchV1Api(shop.api).list_namespaced_job(
+        shop.namespace, label_selector="reversi.dev/step=0,reversi.dev/role=compensator").items
+    return any(job.status.succeeded for job in jobs)
+
+
+@pytest.mark.parametrize("component", ["kubelet", "containerd"])
+def test_the_node_down_before_a_compensator_starts_and_before_its_read_back_loses_nothing(shop, real_cluster,
+                                                                                         component):
+    """docs/guarantees.md#c-kubelet and #containerd, moments 1, 3 and 4: ``component`` is down when
+    the compensator's pod is made (moment 1), down again the moment its Job is Complete, before its
+    read-back runs (moment 3), and restarted while the reader waits for its answer (moment 4).
+    Each pod waits and runs once the node is whole, a running container lives on: the undo read
+    back, one refund downstream."""
+    shop.manifest([shop.runner(env=[{"name": "DOWNSTREAM_URL", "value": shop.url},
+                                    {"name": "DOWNSTREAM_TIMEOUT", "value": "120"}])])
+    charge = shop.charge_in_a_run("order-7", "o-7")
+    real_cluster.stop([component])
+    try:
+        name = shop.roll_back("order-7")
+        wait_for(lambda: shop.pods(**{"reversi.dev/step": "0"}), timeout=60, what="the compensator's pod")
+    finally:
+        real_cluster.start_stopped([component])
+    wait_for(lambda: _compensator_job_complete(shop), timeout=120, what="the compensator's Job to complete")
+    real_cluster.stop([component])
+    try:
+        wait_for(lambda: shop.step_status(name, 0)["stage"] == "verifying", timeout=60, what="the read-back due")
+        shop.downstream.inject_fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=8)
+    finally:
+        real_cluster.start_stopped([component])
+    _container_running(shop, "reader")
+    real_cluster.restart([component], kill=True, down_seconds=1)
+    done = shop.wait_final(name)
+    assert done["status"]["phase"] == "Succeeded", describe(shop, name)
+    # the downstream runs on this node too: right after a kubelet restart its readiness probe may
+    # fail, so an attempt can find its Service without endpoints; that attempt answers failed on its
+    # own (nothing happened) and the retry sends the same key
+    retried = [e.message for e in client.CoreV1Api(shop.api).list_namespaced_event(shop.namespace).items
+               if e.reason == "CompensationRetrying"]
+    assert shop.step_status(name, 0)["attempts"] == 1 + len(retried), describe(shop, name)
+    assert all("cannot reach" in m for m in retried), retried
+    assert done["status"]["report"]["compensated"] == [0], describe(shop, name)
+    assert len(shop.refunds(charge["id"])) == 1
+    assert shop.downstream.get_charge(charge["id"])["refunded"] is True
+
+
 def test_reversi_mcp_runner_jobs_undo_an_mcp_servers_call_from_the_operator_image(shop, real_api):
     """The gateway's runner in a container: the compensator and reader Jobs run
     ``reversi-mcp-runner`` from the operator image against an MCP server (the MCP shop, a

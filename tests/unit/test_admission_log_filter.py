@@ -1,7 +1,7 @@
 """reversi-admission drops kopf's ERROR record of an admission refusal (a refusal is the webhook
 doing its job) and keeps a handler's crash, judging by the exception kopf is handling when it
 logs, never by kopf's wording (reversi.entrypoints.admission.RefusalsAreNotErrors). These records
-are written the way kopf writes them; tests/integration/test_webhook_server.py runs kopf itself."""
+are written the way kopf writes them; tests/integration/test_kopf_behind_the_webhook_server.py runs kopf itself."""
 
 from __future__ import annotations
 
