@@ -154,10 +154,10 @@ def test_what_kopf_cannot_serve_is_answered_400(tmp_path, data, fail, reason):
     assert reason in got
 
 
-def test_serves_again_with_renewed_certificate_files(tmp_path):
-    """A renewed Secret changes the mounted files without an event: the server reads them again
-    and serves with the new certificate (the client config says so too)."""
-    _, first = _pair(tmp_path / "one")
+def _renewable(tmp_path: Path) -> tuple[certs.KeyPair, certs.KeyPair, certs.KeyPair, Path, int, WebhookServer]:
+    """A server on the files in ``<tmp>/live`` (the first pair's, signed by the first CA), checked
+    every 50 ms, and a second pair to renew them with: ``(first CA, first, second, live, port, server)``."""
+    ca1, first = _pair(tmp_path / "one")
     _, second = _pair(tmp_path / "two")
     live = tmp_path / "live"
     live.mkdir()
@@ -166,6 +166,13 @@ def test_serves_again_with_renewed_certificate_files(tmp_path):
     port = free_port()
     server = WebhookServer(addr="127.0.0.1", port=port, certfile=str(live / "tls.crt"),
                            keyfile=str(live / "tls.key"), file_check_interval=0.05)
+    return ca1, first, second, live, port, server
+
+
+def test_serves_again_with_renewed_certificate_files(tmp_path):
+    """A renewed Secret changes the mounted files without an event: the server reads them again
+    and serves with the new certificate (the client config says so too)."""
+    _, first, second, live, port, server = _renewable(tmp_path)
 
     async def scenario() -> tuple[bytes, bytes, int]:
         configs = server(_Recorder())
@@ -206,15 +213,7 @@ def test_a_renewal_keeps_the_port_open_waits_for_nobody_and_skips_files_it_canno
     """A client stalled mid-body while the certificate is renewed does not delay the renewal, and
     the port never closes (the new certificate is loaded in place); a new certificate whose key has
     not arrived yet is not used: the old pair serves until both match."""
-    ca1, first = _pair(tmp_path / "one")
-    _, second = _pair(tmp_path / "two")
-    live = tmp_path / "live"
-    live.mkdir()
-    shutil.copy(first.cert, live / "tls.crt")
-    shutil.copy(first.key, live / "tls.key")
-    port = free_port()
-    server = WebhookServer(addr="127.0.0.1", port=port, certfile=str(live / "tls.crt"),
-                           keyfile=str(live / "tls.key"), file_check_interval=0.05)
+    ca1, _, second, live, port, server = _renewable(tmp_path)
     review = json.dumps(_review("u")).encode()
     kept = KeptRecords()
     logging.getLogger("reversi.webhookserver").addHandler(kept)
