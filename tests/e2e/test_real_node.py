@@ -143,7 +143,7 @@ def test_an_evicted_compensator_that_exits_0_is_not_taken_for_a_done_undo(shop, 
     catch a wrong verdict. It is evicted while its refund waits for an answer (the refund
     happened). On this Kubernetes (v1.36.3) the Job controller mostly counts the evicted pod failed
     (``BackoffLimitExceeded``) although its container exited 0; sometimes it marks the Job Complete
-    (Kubernetes issue 141483). Either way the attempt is not counted done: pod truth sees the pod's
+    (docs/guarantees.md#c-evicted). Either way the attempt is not counted done: pod truth sees the pod's
     ``DisruptionTarget`` (or, once the pod is gone, the kubelet's ``Killing`` Event) and takes the
     exit 0 for no answer (docs/guarantees.md#c-evicted). The attempt is tried again with the same
     idempotency key, which the downstream replays: compensated after 2 attempts, one real refund."""

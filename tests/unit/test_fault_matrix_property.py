@@ -29,7 +29,7 @@ The guarantee (docs/guarantees.md#the-guarantee), checked on the final report:
 Where a Job breaks the Job contract (docs/concepts.md#the-job-contract) the matrix says the report
 can be wrong (**WRONG** cells): a compensator that exits 0 and did nothing, with no honest read-back
 after it; a reader that says "undone" when the effect stands. (An evicted compensator that exits 0
-and whose Job is marked Complete, Kubernetes issue 141483, is not excused: pod truth reads its pod.)
+and whose Job is marked Complete (docs/guarantees.md#c-evicted) is not excused: pod truth reads its pod.)
 A failed step is typed ``unknown`` exactly when the last compensator of it whose program ran was
 stopped mid-call with no answer of its own (docs/concepts.md#the-report). The property does not hold such a step to
 the truth, only to what the matrix says of it.
@@ -125,7 +125,7 @@ COMPENSATOR_FAULTS: list[Fault] = [
           **BACKOFF),
     *_both("evicted mid-call, exits 143", exit_code=143, disrupted=True, **BACKOFF),
     *_both("evicted mid-call, exits 0, its Job Failed", exit_code=0, disrupted=True, **BACKOFF),
-    # Kubernetes issue 141483: the Job controller marks the evicted pod's Job Complete; pod truth reads its pod
+    # docs/guarantees.md#c-evicted: the Job controller may mark the evicted pod's Job Complete; pod truth reads its pod
     *_both("evicted mid-call, exits 0, its Job Complete", exit_code=0, disrupted=True),
     *_both("OOM-killed", exit_code=137, term_reason="OOMKilled", **BACKOFF),
     Fault("image never pulled", exit_code=None, job="Failed", reason="DeadlineExceeded",
@@ -569,7 +569,7 @@ def test_with_jobs_that_keep_the_contract_nothing_is_excused_and_an_undo_that_we
                                                                            "evicted before", "image", "its pod lost"))],
     # an exit 0 that may answer the SIGTERM of an eviction is no success (pod truth, disrupted)
     *[(f, "failed", True) for f in COMPENSATOR_FAULTS if f.name.startswith("evicted mid-call, exits 0, its Job F")],
-    # also when the Job controller marked its Job Complete (Kubernetes issue 141483): pod truth reads the pod
+    # also when the Job controller marked its Job Complete (docs/guarantees.md#c-evicted): pod truth reads the pod
     *[(f, "failed", True) for f in COMPENSATOR_FAULTS if f.name.startswith("evicted mid-call, exits 0, its Job C")],
 ], ids=lambda v: v.name if isinstance(v, Fault) else str(v))
 def test_a_killed_compensators_job_reads_as_the_matrix_says(fault, state, lost):

@@ -173,7 +173,7 @@ def test_a_failed_job_with_no_exit_of_its_own_gave_no_answer():
 
 def test_pod_truth_a_complete_compensator_stopped_mid_call_did_not_answer():
     """A compensator's exit 0 is its answer only when nothing stopped it: the Job controller
-    sometimes marks Complete a Job whose evicted pod exited 0 on SIGTERM (Kubernetes issue 141483),
+    sometimes marks Complete a Job whose evicted pod exited 0 on SIGTERM (docs/guarantees.md#c-evicted),
     so a Complete compensator whose pod was disrupted, or killed by its deadline, failed
     (docs/guarantees.md#c-evicted). A reader's answer is its output: its Job's verdict stands."""
     from reversi.adapters.kube import pod_verdict

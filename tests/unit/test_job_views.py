@@ -145,7 +145,7 @@ CREATED = _event("Job", JOB, "SuccessfulCreate", f"Created pod: {POD}")
 
 
 def test_an_evicted_compensator_whose_job_is_complete_did_not_answer():
-    """Kubernetes issue 141483: the Job is Complete, its evicted pod exited 0 on SIGTERM. Pod truth
+    """docs/guarantees.md#c-evicted: the Job is Complete, its evicted pod exited 0 on SIGTERM. Pod truth
     reads the pod (one LIST) and does not count it done: a failed attempt with no answer, whose
     call may or may not have taken effect (docs/guarantees.md#c-evicted)."""
     core = FakeCore(pods=[_pod(_ended(0, "Completed"), disrupted=True)])

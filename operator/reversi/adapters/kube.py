@@ -220,7 +220,7 @@ class Kube:
         answer only when nothing stopped it: a Complete compensator whose pod was disrupted
         (``DisruptionTarget``) or ended at or after the Job's deadline (:func:`killed_by_deadline`)
         gave no answer of its own (the Job controller sometimes marks Complete a Job whose evicted
-        pod exited 0 on SIGTERM: Kubernetes issue 141483), so it is ``failed``, ``lost`` and
+        pod exited 0 on SIGTERM: docs/guarantees.md#c-evicted), so it is ``failed``, ``lost`` and
         ``effect_unknown``. When its pod is gone, the kubelet's ``Killing`` Events of the Job's
         pods say whether the kubelet stopped its container (:meth:`_stopped_by_kubelet`: two more
         LISTs, only for a Complete compensator with no pod); with none, the Job is trusted. A
@@ -324,10 +324,7 @@ class Kube:
         only for a failed Job whose program never ran to an exit. Raises ``ApiException``."""
         found: list[Any] = []
         for pod in pods:
-            events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
-                                       field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning",
-                                       timeout=self.timeout)
-            found += events
+            found += self._pod_events(namespace, pod, "type=Warning")
         return pod_trouble([(e.reason, e.message, e.last_timestamp or e.event_time) for e in found
                             if e.involved_object and e.involved_object.field_path])
 
@@ -338,12 +335,18 @@ class Kube:
         (Events live an hour by default). For a Complete compensator whose pod is gone. Two LISTs.
         Raises ``ApiException``."""
         for pod in self._job_pods(namespace, job):
-            events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
-                                       field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason=Killing",
-                                       timeout=self.timeout)
+            events = self._pod_events(namespace, pod, "reason=Killing")
             if events:
                 return f"pod {pod}: {events[-1].message or 'Killing'}"
         return None
+
+    def _pod_events(self, namespace: str, pod: str, selector: str) -> builtins.list[Any]:
+        """The Events of pod ``namespace/pod`` that match the field ``selector`` too (e.g.
+        ``type=Warning``). One LIST. Raises ``ApiException``."""
+        events, _ = calls.list_all(self.core.list_namespaced_event, namespace,
+                                   field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},{selector}",
+                                   timeout=self.timeout)
+        return events
 
     # ----- events -------------------------------------------------------------------------------
 
@@ -474,7 +477,7 @@ def pod_verdict(job_state: JobState, exit_codes: Sequence[int | None], disrupted
     preempted, its node lost), or one ``deadline_killed`` (:func:`killed_by_deadline`). So such a
     failed Job stays ``failed``, and a ``compensator``'s Job marked ``succeeded`` (Complete; its
     exit 0 is its answer, unlike a reader's, whose answer is its output) is ``failed``: the Job
-    controller sometimes counts an evicted pod's exit 0 a success (Kubernetes issue 141483).
+    controller sometimes counts an evicted pod's exit 0 a success (docs/guarantees.md#c-evicted).
     Anything else keeps the Job's verdict. Pure."""
     if (job_state == "failed" and not disrupted and not deadline_killed and exit_codes
             and all(code == 0 for code in exit_codes)):
