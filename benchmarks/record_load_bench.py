@@ -17,6 +17,12 @@ plane, so the ratio, not the absolute rate, is the claim:
 - **interference**: a 10-step rollback at parallelism 1 (compensators that exit 0 at once) on an
   idle operator, then while 16 agents record as fast as they can. Printed: both durations (first
   pass to the final phase) and their ratio.
+- **floor** (first, before the admission server starts; the operator runs): what each layer of a recorded call
+  costs, for the first and the last ``--agents`` count, each next to the plain writes of the same
+  run: RunSteps written bare (no admission, no SDK, no ``snapshot``), RunSteps with the
+  ``snapshot`` the server stamps, the SDK with no admission at all, and the SDK behind a webhook
+  that admits every review at once without reading anything (a few lines of aiohttp: the least
+  any webhook on the create can cost). Reversi's own admission is the **load** row.
 - **move**: a Run of Reversi 0.1 with 3,000 inline steps is created; printed: the seconds until
   the operator moved them into RunSteps, and until a dry-run RollbackRequest of it is Planned.
 - **rolling** (only when asked, ``--only rolling``; a machine that runs the real node): the chart
@@ -54,7 +60,8 @@ sys.path.insert(0, str(ROOT / "operator"))
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
-from reversi.adapters.journal import list_objects  # noqa: E402
+from reversi.adapters.journal import list_objects, step_body  # noqa: E402
+from reversi.models import ToolManifestSpec  # noqa: E402
 from reversi_devcluster.cluster import Cluster  # noqa: E402
 from reversi_devcluster.localop import AdmissionPool, OperatorProcess, apply_crds, free_port  # noqa: E402
 from reversi_devcluster.localop import remove_webhook_configurations  # noqa: E402
@@ -110,9 +117,41 @@ def _plain_agent(kubeconfig: str, namespace: str, run: str, until: float, out: l
         i += 1
 
 
+def _bare_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list, snapshot: bool = False) -> None:
+    """The two writes of a recorded call made on RunSteps by hand, with no SDK: the ``intended``
+    create (with the tool's manifest entry as ``snapshot`` when ``snapshot``, as the server stamps
+    it), then the outcome's JSON patch."""
+    api = config.new_client_from_config(config_file=kubeconfig)
+    custom = client.CustomObjectsApi(api)
+    Recorder.open(namespace, run, manifest="bench", api=api, scope={"actor": "bench-agent"})
+    entry = ToolManifestSpec.model_validate(MANIFEST["spec"]).tool(TOOL)
+    extra = {"snapshot": entry.to_wire()} if snapshot and entry is not None else {}
+    i = 0
+    while time.time() < until:
+        t0 = time.perf_counter()
+        body = step_body(namespace, run, {"index": i, "tool": TOOL, "outcome": "intended",
+                                          "args": {"order_id": f"{run}-{i}", "amount": i}, **extra})
+        custom.create_namespaced_custom_object(G, V, namespace, "runsteps", body)
+        custom.patch_namespaced_custom_object(G, V, namespace, "runsteps", body["metadata"]["name"], [
+            {"op": "test", "path": "/spec/outcome", "value": "intended"},
+            {"op": "replace", "path": "/spec/outcome", "value": "succeeded"},
+            {"op": "add", "path": "/spec/result", "value": {"id": f"ord-{run}-{i}"}}],
+            _content_type="application/json-patch+json")
+        out.append((time.time(), time.perf_counter() - t0, False))
+        i += 1
+
+
+def _bare_snapshot_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list) -> None:
+    _bare_agent(kubeconfig, namespace, run, until, out, snapshot=True)
+
+
+AGENTS = {"recorded": _recording_agent, "plain": _plain_agent, "bare": _bare_agent,
+          "snapshot": _bare_snapshot_agent}
+
+
 def _process(kind: str, kubeconfig: str, namespace: str, runs: list[str], until: float, queue: Any) -> None:
     """One worker process: one thread per agent; puts every agent's records on ``queue``."""
-    target = _recording_agent if kind == "recorded" else _plain_agent
+    target = AGENTS[kind]
     results: dict[str, list] = {run: [] for run in runs}
     threads = [threading.Thread(target=target, args=(kubeconfig, namespace, run, until, results[run]), daemon=True)
                for run in runs]
@@ -234,6 +273,78 @@ def load(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: l
               f"p50 {row['p50_recorded_ms']:.1f} ms vs {row['p50_plain_ms']:.1f} ms "
               f"({row['p50_recorded_ms'] / row['p50_plain_ms']:.2f}x)", flush=True)
     return rows, problems
+
+
+def _admit_all(port: int, cert: str, key: str) -> None:
+    """Serve, on 127.0.0.1:``port`` over TLS, a webhook that admits every review at once."""
+    import ssl
+
+    from aiohttp import web
+
+    async def review(request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "response": {"uid": body["request"]["uid"], "allowed": True}})
+
+    app = web.Application(client_max_size=8 << 20)
+    app.router.add_post("/{path:.*}", review)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None, print=None)
+
+
+def _serve_admit_all(api: client.ApiClient, folder: Path) -> Any:
+    """Start :func:`_admit_all` in a process of its own and register it in place of Reversi's
+    webhooks (same configurations, paths and match conditions); returns the process."""
+    from reversi import certs
+    from reversi.adapters import webhooks
+
+    ca = certs.make_ca(folder)
+    pair = certs.issue(ca, folder, "admit-all", "127.0.0.1", ip_addresses=("127.0.0.1",), server=True)
+    port = free_port()
+    proc = mp.get_context("spawn").Process(target=_admit_all, args=(port, str(pair.cert), str(pair.key)), daemon=True)
+    proc.start()
+    _wait(lambda: _answers(port), 30, "the admit-all webhook")
+    webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{port}", ca.cert.read_bytes()))
+    return proc
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+FLOOR_ROWS = (("bare", "RunSteps, no admission, no SDK"),
+              ("snapshot", "the same with the stamped snapshot"),
+              ("recorded", "the SDK, no admission at all"),
+              ("admit-all", "the SDK, a webhook that admits at once"))
+
+
+def floor(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
+          processes: int, folder: Path) -> None:
+    """Print, for each count of ``agent_counts``, the rows of :data:`FLOOR_ROWS` next to the plain
+    writes measured right before them (no Reversi webhook is registered while this runs)."""
+    remove_webhook_configurations(api)
+    for agents in agent_counts:
+        plain_rate, plain_p50 = rate(drive("plain", kubeconfig, namespace, agents, seconds, processes), seconds)
+        print(f"  {agents:>3} agents, plain writes: {plain_rate:7.1f} calls/s, p50 {plain_p50 * 1000:.1f} ms",
+              flush=True)
+        for kind, what in FLOOR_ROWS:
+            server = _serve_admit_all(api, folder) if kind == "admit-all" else None
+            try:
+                r_rate, r_p50 = rate(drive("recorded" if server else kind, kubeconfig, namespace, agents, seconds,
+                                           processes), seconds)
+            finally:
+                if server is not None:
+                    remove_webhook_configurations(api)
+                    server.kill()
+            print(f"      {what:<40} {r_rate:7.1f} calls/s  ratio {r_rate / plain_rate:.2f}   p50 "
+                  f"{r_p50 * 1000:.1f} ms ({r_p50 / plain_p50:.2f}x)", flush=True)
 
 
 def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any,
@@ -378,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", default="1,4,16,32", help="agent counts of the load scenario")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
     parser.add_argument("--processes", type=int, default=4, help="worker processes the agents are spread over")
-    parser.add_argument("--only", default="load,gap,interference,move",
-                        help="scenarios to run: load, gap, interference, move; rolling (a real node) when named")
+    parser.add_argument("--only", default="floor,load,gap,interference,move",
+                        help="scenarios to run: floor, load, gap, interference, move; rolling (a real node) when named")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
     parser.add_argument("--breakdown", action="store_true",
                         help="load: also print the API requests and webhook time of each recorded call")
@@ -405,11 +516,16 @@ def main(argv: list[str] | None = None) -> int:
     core = client.CoreV1Api(api)
     problems: list[str] = []
     try:
-        admission.start()
-        op.start()
         core.create_namespace({"metadata": {"name": namespace}})
         for manifest in (MANIFEST, UNDO_MANIFEST):
             client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", manifest)
+        op.start()  # first: each row runs next to the operator, which writes each new Run's status once
+        if "floor" in only:
+            counts = [int(a) for a in args.agents.split(",")]
+            print("floor: what each layer of a recorded call costs, next to the plain writes", flush=True)
+            floor(kubeconfig, api, namespace, sorted({counts[0], counts[-1]}), args.seconds, args.processes,
+                  logs / "bench-admit-all")
+        admission.start()
         time.sleep(1.0)  # the admission server's manifest index sees the new manifest
         if "load" in only:
             print(f"load: each agent records as fast as it can for {args.seconds:.0f} s, then makes the same two "
