@@ -17,7 +17,8 @@ plane, so the ratio, not the absolute rate, is the claim:
 - **interference**: a 10-step rollback at parallelism 1 (compensators that exit 0 at once) on an
   idle operator, then while 16 agents record as fast as they can. Printed: both durations (first
   pass to the final phase) and their ratio.
-- **floor** (first, before the admission server starts; the operator runs): what each layer of a recorded call
+- **floor** (first, before the admission server starts, in a namespace of its own deleted
+  before the other scenarios; the operator runs): what each layer of a recorded call
   costs, for the first and the last ``--agents`` count, each next to the plain writes of the same
   run: RunSteps written bare (no admission, no SDK, no ``snapshot``), RunSteps with the
   ``snapshot`` the server stamps, the SDK with no admission at all, and the SDK behind a webhook
@@ -328,23 +329,43 @@ FLOOR_ROWS = (("bare", "RunSteps, no admission, no SDK"),
 def floor(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
           processes: int, folder: Path) -> None:
     """Print, for each count of ``agent_counts``, the rows of :data:`FLOOR_ROWS` next to the plain
-    writes measured right before them (no Reversi webhook is registered while this runs)."""
+    writes measured right before them (no Reversi webhook is registered while this runs). They
+    run in a namespace of their own (``<namespace>-floor``), deleted before this returns: the
+    admission webhook's forward-key LIST is filtered by the API server over every RunStep of the
+    namespace, so the thousands of steps written here would slow the rows measured after them."""
     remove_webhook_configurations(api)
-    for agents in agent_counts:
-        plain_rate, plain_p50 = rate(drive("plain", kubeconfig, namespace, agents, seconds, processes), seconds)
-        print(f"  {agents:>3} agents, plain writes: {plain_rate:7.1f} calls/s, p50 {plain_p50 * 1000:.1f} ms",
-              flush=True)
-        for kind, what in FLOOR_ROWS:
-            server = _serve_admit_all(api, folder) if kind == "admit-all" else None
-            try:
-                r_rate, r_p50 = rate(drive("recorded" if server else kind, kubeconfig, namespace, agents, seconds,
-                                           processes), seconds)
-            finally:
-                if server is not None:
-                    remove_webhook_configurations(api)
-                    server.kill()
-            print(f"      {what:<40} {r_rate:7.1f} calls/s  ratio {r_rate / plain_rate:.2f}   p50 "
-                  f"{r_p50 * 1000:.1f} ms ({r_p50 / plain_p50:.2f}x)", flush=True)
+    core, own = client.CoreV1Api(api), f"{namespace}-floor"
+    core.create_namespace({"metadata": {"name": own}})
+    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, own, "toolmanifests", MANIFEST)
+    try:
+        for agents in agent_counts:
+            plain_rate, plain_p50 = rate(drive("plain", kubeconfig, own, agents, seconds, processes), seconds)
+            print(f"  {agents:>3} agents, plain writes: {plain_rate:7.1f} calls/s, p50 {plain_p50 * 1000:.1f} ms",
+                  flush=True)
+            for kind, what in FLOOR_ROWS:
+                server = _serve_admit_all(api, folder) if kind == "admit-all" else None
+                try:
+                    r_rate, r_p50 = rate(drive("recorded" if server else kind, kubeconfig, own, agents, seconds,
+                                               processes), seconds)
+                finally:
+                    if server is not None:
+                        remove_webhook_configurations(api)
+                        server.kill()
+                print(f"      {what:<40} {r_rate:7.1f} calls/s  ratio {r_rate / plain_rate:.2f}   p50 "
+                      f"{r_p50 * 1000:.1f} ms ({r_p50 / plain_p50:.2f}x)", flush=True)
+    finally:
+        core.delete_namespace(own)
+        _wait(lambda: not _exists(core, own), 300, f"namespace {own} deleted")
+
+
+def _exists(core: client.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
 
 
 def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any,

@@ -748,10 +748,12 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
 
 
 def _forward_duplicate(kube: Kube, namespace: str, run: str, step: Any, template: Any) -> rules.Refusal | None:
-    """The earlier calls with the same forward key, found by their label (one LIST of the few
-    steps that carry it, never a scan of the run). The LIST is a consistent read (the API server
-    serves it from its watch cache once that cache holds etcd's current revision): an earlier
-    step settled ``failed`` a moment ago no longer stands, and its repeat is admitted."""
+    """The earlier calls with the same forward key, found by their label (one LIST answering the
+    few steps that carry it; the API server's watch cache indexes no label, so it filters every
+    RunStep of the namespace to find them: the cost grows with the namespace, see
+    docs/operations.md#admission-where-each-rule-is-enforced). The LIST is a consistent read (the
+    API server serves it from its watch cache once that cache holds etcd's current revision): an
+    earlier step settled ``failed`` a moment ago no longer stands, and its repeat is admitted."""
     try:
         key = forward_key(template, step.args, None)
     except MissingValue:
