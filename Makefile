@@ -66,7 +66,7 @@ bench-record: build
 
 # recording under load: what each layer of a recorded call costs (floor), 1, 4, 16 and 32 agents next to the same
 # API server's plain writes, and an agent's calls while the operator or one admission replica is SIGKILLed
-# (docs/operations.md#admission-where-each-rule-is-enforced)
+# (docs/operations.md#admission-where-each-rule-is-enforced); --only crowd and --only rolling when named
 bench-record-load: build
 	$(PYTHON) benchmarks/record_load_bench.py
 

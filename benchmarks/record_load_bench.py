@@ -26,6 +26,11 @@ plane, so the ratio, not the absolute rate, is the claim:
   any webhook on the create can cost). Reversi's own admission is the **load** row.
 - **move**: a Run of Reversi 0.1 with 3,000 inline steps is created; printed: the seconds until
   the operator moved them into RunSteps, and until a dry-run RollbackRequest of it is Planned.
+- **crowd** (only when asked, ``--only crowd``; the other scenarios may run with it): one agent
+  records in a namespace of its own, then the same after 20,000 RunSteps of other runs were
+  written into that namespace (with the webhooks off, so that filling it takes seconds). Printed:
+  both medians per call and their ratio. The admission webhook's forward-key LIST is filtered
+  over every RunStep of the namespace, so a keyed tool's call slows as the namespace fills.
 - **rolling** (only when asked, ``--only rolling``; a machine that runs the real node): the chart
   is installed with its image on a control plane with a real node (its own folder and ports), and
   4 agents record while ``helm upgrade`` rolls the operator and every admission replica (a new
@@ -368,6 +373,41 @@ def _exists(core: client.CoreV1Api, namespace: str) -> bool:
     return True
 
 
+def crowd(kubeconfig: str, api: client.ApiClient, namespace: str, admission: Any, seconds: float,
+          filler: int = 20_000) -> dict[str, float]:
+    """One agent's median per call (s) in an empty namespace and after ``filler`` RunSteps of other
+    runs were written into it (by hand, with the webhooks off: they are registered again for the
+    measure, as ``admission``'s replicas register them); the namespace is deleted at the end."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reversi.adapters import webhooks
+
+    core, custom, own = client.CoreV1Api(api), client.CustomObjectsApi(api), f"{namespace}-crowd"
+    core.create_namespace({"metadata": {"name": own}})
+    custom.create_namespaced_custom_object(G, V, own, "toolmanifests", MANIFEST)
+    replica = admission.replicas[0]
+    ca = (replica.cert_dir / "ca.crt").read_bytes()
+    try:
+        time.sleep(1.0)  # the admission server's manifest index sees the new manifest
+        empty = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
+        remove_webhook_configurations(api)
+
+        def fill(i: int) -> None:
+            custom.create_namespaced_custom_object(G, V, own, "runsteps", step_body(own, f"filler-{i // 1000}", {
+                "index": i % 1000, "tool": TOOL, "args": {"order_id": f"f-{i}"}, "outcome": "succeeded"}))
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(fill, range(filler)))
+        webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}", ca))
+        crowded = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
+    finally:
+        remove_webhook_configurations(api)  # the filler's deletes need no review
+        core.delete_namespace(own)
+        _wait(lambda: not _exists(core, own), 300, f"namespace {own} deleted")
+        webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}", ca))
+    return {"empty_s": empty, "crowded_s": crowded, "filler": filler}
+
+
 def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any,
         victim: str) -> dict[str, float]:
     """4 agents record; ``victim`` (operator or admission) is SIGKILLed at a third of the time
@@ -511,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
     parser.add_argument("--processes", type=int, default=4, help="worker processes the agents are spread over")
     parser.add_argument("--only", default="floor,load,gap,interference,move",
-                        help="scenarios to run: floor, load, gap, interference, move; rolling (a real node) when named")
+                        help="scenarios to run: floor, load, gap, interference, move; crowd and rolling (a real "
+                             "node) when named")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
     parser.add_argument("--breakdown", action="store_true",
                         help="load: also print the API requests and webhook time of each recorded call")
@@ -570,6 +611,11 @@ def main(argv: list[str] | None = None) -> int:
             i = interference(kubeconfig, api, namespace, args.processes)
             print(f"  idle {i['idle_s']:.1f} s, under load {i['busy_s']:.1f} s: ratio {i['ratio']:.2f} "
                   "(target <= 1.2)", flush=True)
+        if "crowd" in only:
+            print("crowd: one agent in an empty namespace, then among 20,000 RunSteps of other runs", flush=True)
+            cr = crowd(kubeconfig, api, namespace, admission, args.seconds)
+            print(f"  median per call {cr['empty_s'] * 1000:.1f} ms empty, {cr['crowded_s'] * 1000:.1f} ms among "
+                  f"{cr['filler']:,} other steps: {cr['crowded_s'] / cr['empty_s']:.2f}x", flush=True)
         if "move" in only:
             print("move: a Run of Reversi 0.1 with 3,000 inline steps", flush=True)
             m = move(api, namespace)
