@@ -163,3 +163,40 @@ def test_a_steps_owner_is_put_back_when_another_user_changes_it(rv, users, names
         G, V, namespace, "runsteps", step_name("r", step.index), patch, _content_type="application/json-patch+json")
     after = rv.steps("r")[0]["metadata"]["ownerReferences"]
     assert after == before and after[0]["uid"] == rv.get("runs", "r")["metadata"]["uid"]
+
+
+def test_a_run_and_a_namespace_are_deleted_with_their_steps_while_no_admission_replica_answers(
+        rv, users, admin_api, namespace, operator):  # noqa: F811
+    """A RunStep is deleted only with its Run: the garbage collector (the Run is gone) and the
+    namespace controller (the namespace goes) delete steps without a review
+    (``webhooks.CLEANUP_MATCH``), so deleting a Run or a namespace does not wait for an admission
+    replica. Anyone else's delete of a step still needs one: with none answering it is refused."""
+    from tests.helpers import wait_for
+    from tests.integration.conftest import manifest_body
+
+    rv.apply_manifest()
+    rec = _recorder(users["agent-a"], namespace, "gone")
+    assert _call(rec) and _call(rec)
+    core, custom = client.CoreV1Api(admin_api), client.CustomObjectsApi(admin_api)
+    other = f"{namespace}-doomed"
+    core.create_namespace({"metadata": {"name": other}})
+    custom.create_namespaced_custom_object(G, V, other, "toolmanifests", manifest_body(rv.downstream.url))
+    assert _call(Recorder.open(other, "doomed", manifest="payments", api=admin_api, scope={"actor": "a"}))
+    assert custom.list_namespaced_custom_object(G, V, other, "runsteps")["items"]
+    with admission_down(operator):
+        with pytest.raises(ApiException) as err:  # a user's delete of a step is still reviewed
+            custom.delete_namespaced_custom_object(G, V, namespace, "runsteps", step_name("gone", 0))
+        assert apicalls.admission_unreachable(err.value), err.value.body
+        custom.delete_namespaced_custom_object(G, V, namespace, "runs", "gone")
+        core.delete_namespace(other)
+        wait_for(lambda: not rv.steps("gone"), timeout=60,
+                 what="the deleted Run's steps deleted by the garbage collector")
+
+        def namespace_gone() -> bool:
+            try:
+                core.read_namespace(other)
+            except ApiException as gone:
+                return gone.status == 404
+            return False
+
+        wait_for(namespace_gone, timeout=90, what=f"namespace {other} deleted with its Run and steps")

@@ -127,6 +127,7 @@ validating:
     resources: [runsteps]
     operations: [UPDATE, DELETE]
     matchOutcome: true
+    matchCleanup: true
   - name: rollbackrequest
     path: /validate-rollbackrequest
     resources: [rollbackrequests]
@@ -149,6 +150,12 @@ validating:
 The RunStep webhooks are called unless the update is only an outcome write of a step that carries
 its principal (operator/reversi/adapters/webhooks.py, OUTCOME_MATCH; a chart test holds them equal).
 */}}
+{{- /* a RunStep deleted by the garbage collector or the namespace controller (with its Run or its
+namespace) crosses no webhook (operator/reversi/adapters/webhooks.py, CLEANUP_MATCH) */ -}}
+{{- define "reversi.cleanupMatch" -}}
+request.operation != 'DELETE' || !(request.userInfo.username in ['system:serviceaccount:kube-system:generic-garbage-collector', 'system:serviceaccount:kube-system:namespace-controller', 'system:kube-controller-manager'])
+{{- end }}
+
 {{- define "reversi.outcomeMatch" -}}
 request.operation != 'UPDATE' || !has(oldObject.spec.principal) || has(object.spec.resolution) != has(oldObject.spec.resolution) || !has(object.spec.principal) || has(object.spec.snapshot) != has(oldObject.spec.snapshot) || has(object.spec.recordedAt) != has(oldObject.spec.recordedAt) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) != (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])
 {{- end }}

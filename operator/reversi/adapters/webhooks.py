@@ -82,6 +82,20 @@ class Hook:
         return f"{self.name}.{'mutate' if self.kind == 'mutating' else 'validate'}.reversi.dev"
 
 
+#: The controllers that delete RunSteps with their Run or their namespace: the garbage collector
+#: (a step's owner, its Run, is gone) and the namespace controller (the namespace goes, its Runs
+#: with it), under their own ServiceAccounts or, without ``--use-service-account-credentials``,
+#: as kube-controller-manager. A RunStep is deleted only with its Run, and these deletes are
+#: that: ``validate-runstep`` is not called for them, so deleting a Run or a namespace neither
+#: costs a review per step nor waits for an admission replica (``failurePolicy: Fail``).
+CLEANUP_USERS = (
+    "system:serviceaccount:kube-system:generic-garbage-collector",
+    "system:serviceaccount:kube-system:namespace-controller",
+    "system:kube-controller-manager",
+)
+CLEANUP_MATCH = ("request.operation != 'DELETE' || !(request.userInfo.username in ["
+                 + ", ".join(f"'{user}'" for user in CLEANUP_USERS) + "])")
+
 _OUTCOME_SKIP = (("not-an-outcome-write", OUTCOME_MATCH),)
 HOOKS: tuple[Hook, ...] = (
     Hook("mutating", "run", ("runs",), ("CREATE", "UPDATE")),
@@ -90,7 +104,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("mutating", "runstep", ("runsteps",), ("CREATE", "UPDATE"), "NoneOnDryRun", _OUTCOME_SKIP),
     Hook("mutating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
     Hook("validating", "run", ("runs",), ("CREATE", "UPDATE"), "NoneOnDryRun"),
-    Hook("validating", "runstep", ("runsteps",), ("UPDATE", "DELETE"), "None", _OUTCOME_SKIP),
+    Hook("validating", "runstep", ("runsteps",), ("UPDATE", "DELETE"), "None",
+         (*_OUTCOME_SKIP, ("not-a-controller-cleanup", CLEANUP_MATCH))),
     Hook("validating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
     Hook("validating", "toolmanifest", ("toolmanifests",), ("CREATE", "UPDATE")),
     Hook("validating", "halt", ("halts",), ("CREATE", "UPDATE")),

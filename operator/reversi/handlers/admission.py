@@ -716,7 +716,9 @@ def validate_run_step(body: Any, old: Any, userinfo: dict, dryrun: bool, namespa
     """A recorded step's later writes (its create is checked by :func:`mutate_run_step`): only the
     Run's principal changes the call's outcome (rule 10; an outcome write of a step that carries
     its principal is checked by the API server's own policy and never reaches this webhook),
-    size limits, a resolution with a note (rule 7). A RunStep is deleted only with its Run."""
+    size limits, a resolution with a note (rule 7). A RunStep is deleted only with its Run (the
+    garbage collector's and the namespace controller's deletes never reach this webhook:
+    :data:`reversi.adapters.webhooks.CLEANUP_MATCH`)."""
     parts = runtime.parts(memo)
     ix.capture(parts, kwargs)
     what = f"RunStep {namespace}/{name}"
