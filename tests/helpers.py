@@ -61,4 +61,20 @@ def users_with_roles(cluster: Any, admin_api: Any, namespace: str, roles: dict[s
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
         out[user] = config.new_client_from_config(config_file=str(cluster.kubeconfig_for(user)))
+        if rules:
+            wait_for_role(admin_api, user, namespace, rules[0])
     return out
+
+
+def wait_for_role(admin_api: Any, user: str, namespace: str, rule: dict) -> None:
+    """Wait until the API server's authorizer grants ``user`` the first verb of ``rule`` (a Role
+    rule) in ``namespace``: a new RoleBinding reaches the authorizer's cache a moment after it is
+    stored, and a request sent in that moment is refused. Asks with SubjectAccessReviews."""
+    from kubernetes import client
+
+    authz = client.AuthorizationV1Api(admin_api)
+    review = {"spec": {"user": user, "resourceAttributes": {
+        "namespace": namespace, "group": (rule.get("apiGroups") or [""])[0],
+        "resource": (rule.get("resources") or [""])[0], "verb": (rule.get("verbs") or [""])[0]}}}
+    wait_for(lambda: authz.create_subject_access_review(review).status.allowed, timeout=30,
+             what=f"{user}'s role in force in {namespace}")

@@ -17,7 +17,7 @@ from reversi.adapters.journal import step_body
 from reversi_devcluster import build
 from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, step_name
 from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
-from tests.helpers import users_with_roles, wait_for
+from tests.helpers import users_with_roles, wait_for, wait_for_role
 
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
@@ -584,6 +584,7 @@ def test_a_runner_cannot_use_a_secret_its_author_may_not_read(rv, users, admin_a
         "metadata": {"name": "author"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "author"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "agent-a"}]})
+    wait_for_role(admin_api, "agent-a", namespace, rules[0])  # else the create may meet RBAC's cache first
     body = manifest_with(rv,
                          env=[{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}])
     with pytest.raises(ApiException) as err:
