@@ -50,6 +50,7 @@ one and stops it at the end. Exit 1 when a recorded run is wrong (a step missing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import multiprocessing as mp
 import statistics
@@ -58,6 +59,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,6 +333,20 @@ FLOOR_ROWS = (("bare", "RunSteps, no admission, no SDK"),
               ("admit-all", "the SDK, a webhook that admits at once"))
 
 
+@contextlib.contextmanager
+def _own_namespace(api: client.ApiClient, name: str) -> Iterator[str]:
+    """The namespace ``name`` with the benchmark's ToolManifest for the body; deleted after it, and
+    waited for until it is gone (its RunSteps would slow the scenarios measured after it)."""
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, name, "toolmanifests", MANIFEST)
+        yield name
+    finally:
+        core.delete_namespace(name)
+        _wait(lambda: not _exists(core, name), 300, f"namespace {name} deleted")
+
+
 def floor(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
           processes: int, folder: Path) -> None:
     """Print, for each count of ``agent_counts``, the rows of :data:`FLOOR_ROWS` next to the plain
@@ -339,10 +355,7 @@ def floor(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: 
     admission webhook's forward-key LIST is filtered by the API server over every RunStep of the
     namespace, so the thousands of steps written here would slow the rows measured after them."""
     remove_webhook_configurations(api)
-    core, own = client.CoreV1Api(api), f"{namespace}-floor"
-    core.create_namespace({"metadata": {"name": own}})
-    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, own, "toolmanifests", MANIFEST)
-    try:
+    with _own_namespace(api, f"{namespace}-floor") as own:
         for agents in agent_counts:
             plain_rate, plain_p50 = rate(drive("plain", kubeconfig, own, agents, seconds, processes), seconds)
             print(f"  {agents:>3} agents, plain writes: {plain_rate:7.1f} calls/s, p50 {plain_p50 * 1000:.1f} ms",
@@ -358,9 +371,6 @@ def floor(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: 
                         server.kill()
                 print(f"      {what:<40} {r_rate:7.1f} calls/s  ratio {r_rate / plain_rate:.2f}   p50 "
                       f"{r_p50 * 1000:.1f} ms ({r_p50 / plain_p50:.2f}x)", flush=True)
-    finally:
-        core.delete_namespace(own)
-        _wait(lambda: not _exists(core, own), 300, f"namespace {own} deleted")
 
 
 def _exists(core: client.CoreV1Api, namespace: str) -> bool:
@@ -377,34 +387,31 @@ def crowd(kubeconfig: str, api: client.ApiClient, namespace: str, admission: Any
           filler: int = 20_000) -> dict[str, float]:
     """One agent's median per call (s) in an empty namespace and after ``filler`` RunSteps of other
     runs were written into it (by hand, with the webhooks off: they are registered again for the
-    measure, as ``admission``'s replicas register them); the namespace is deleted at the end."""
+    measure, as ``admission``'s replicas register them); the namespace is deleted at the end
+    (:func:`_own_namespace`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from reversi.adapters import webhooks
 
-    core, custom, own = client.CoreV1Api(api), client.CustomObjectsApi(api), f"{namespace}-crowd"
-    core.create_namespace({"metadata": {"name": own}})
-    custom.create_namespaced_custom_object(G, V, own, "toolmanifests", MANIFEST)
+    custom = client.CustomObjectsApi(api)
     replica = admission.replicas[0]
-    ca = (replica.cert_dir / "ca.crt").read_bytes()
-    try:
+    ours = webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}",
+                                      (replica.cert_dir / "ca.crt").read_bytes())
+    with _own_namespace(api, f"{namespace}-crowd") as own:  # its deletion needs no review (CLEANUP_MATCH)
         time.sleep(1.0)  # the admission server's manifest index sees the new manifest
         empty = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
-        remove_webhook_configurations(api)
 
         def fill(i: int) -> None:
             custom.create_namespaced_custom_object(G, V, own, "runsteps", step_body(own, f"filler-{i // 1000}", {
                 "index": i % 1000, "tool": TOOL, "args": {"order_id": f"f-{i}"}, "outcome": "succeeded"}))
 
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(fill, range(filler)))
-        webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}", ca))
+        remove_webhook_configurations(api)
+        try:
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(fill, range(filler)))
+        finally:
+            webhooks.register(api, ours)
         crowded = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
-    finally:
-        remove_webhook_configurations(api)  # the filler's deletes need no review
-        core.delete_namespace(own)
-        _wait(lambda: not _exists(core, own), 300, f"namespace {own} deleted")
-        webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}", ca))
     return {"empty_s": empty, "crowded_s": crowded, "filler": filler}
 
 
