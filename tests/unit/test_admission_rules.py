@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import string
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -185,3 +186,12 @@ def test_glob_with_many_stars_against_a_long_value_is_answered():
     # a regular expression would backtrack exponentially here; the matcher is quadratic at worst
     assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 253) is False
     assert glob_match("*a*a*a*a*a*a*a*a*b", "a" * 252 + "b") is True
+
+
+@pytest.mark.parametrize("text", ["$args.", "$result.", "$args.a..b", "$result.id."])
+def test_a_reference_with_an_empty_path_segment_says_how_to_write_it(text):
+    """Every refusal of a bad reference says what to write instead (the fuzzer's rule: a refusal
+    names what to fix), here a field after each dot, or the root alone for the whole value."""
+    root = text[1:].split(".")[0]
+    assert rules.template_problem(text) == (f"{text!r} has an empty path segment: name a field after each dot, "
+                                            f"as in ${root}.id (or write ${root} for the whole value)")

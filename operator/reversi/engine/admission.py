@@ -304,7 +304,8 @@ def template_problem(text: str) -> str | None:
     if root not in ("args", "result"):
         return f"{text!r} looks like a reference but names no root: use $args.<path> or $result.<path>"
     if dot and (not rest or "" in rest.split(".")):
-        return f"{text!r} has an empty path segment"
+        return (f"{text!r} has an empty path segment: name a field after each dot, as in ${root}.id "
+                f"(or write ${root} for the whole value)")
     return None
 
 
