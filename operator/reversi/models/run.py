@@ -34,6 +34,7 @@ from .common import (
     MAX_SNAPSHOTS,
     MAX_RUN_STEPS,
     MAX_STEPS,
+    MAX_TOOLS,
     Condition,
     CrdInfo,
     JSONObject,
@@ -250,6 +251,20 @@ class ParentRef(ReversiModel):
     )
 
 
+class PinnedManifest(ReversiModel):
+    """The run's ToolManifest as it stood when the run was opened (stamped at admission): the
+    entries that the run's steps are undone by when they carry no snapshot of their own
+    (docs/concepts.md#the-journal). A manifest edit applies to runs opened after it."""
+
+    revision: int = Field(ge=0, description="The ToolManifest's metadata.generation at open.")
+    tools: list[ToolSpec] = Field(default_factory=list, max_length=MAX_TOOLS,
+                                  description="Its tool entries at that revision.")
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The entry for ``name``, or None when the pinned manifest has none."""
+        return next((t for t in self.tools if t.name == name), None)
+
+
 class RunSpec(ReversiModel):
     """The journal: who runs, in what mode and scope, against which manifest, and its steps."""
 
@@ -317,6 +332,11 @@ class RunSpec(ReversiModel):
     manifest_ref: ObjectRef = Field(
         description="The ToolManifest (same namespace) the steps' snapshots come from. Immutable.",
         json_schema_extra={"x-kubernetes-validations": [immutable("spec.manifestRef")]},
+    )
+    pinned_manifest: PinnedManifest | None = Field(
+        default=None,
+        description="The ToolManifest as it was when the run was opened (stamped at admission; a client's value is "
+                    "replaced, and it never changes): a step with no snapshot of its own is undone by its entry here.",
     )
     steps: list[Step] = Field(
         default_factory=list,

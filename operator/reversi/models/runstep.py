@@ -39,6 +39,7 @@ from .common import (
     MAX_NAME,
     MAX_RUN_STEPS,
     CrdInfo,
+    Name,
     JSONObject,
     ObjectRef,
     ReversiModel,
@@ -47,7 +48,7 @@ from .common import (
     immutable,
     rule,
 )
-from .run import MAX_NOTE, Resolution, Step, StepBase, StepUndo
+from .run import MAX_NOTE, MAX_RUN_DEPTH, Mode, Recovery, Resolution, RunScope, Step, StepBase, StepUndo
 
 #: Digits of the zero-padded index in a RunStep's name (enough for MAX_RUN_STEPS - 1).
 INDEX_DIGITS = 5
@@ -96,6 +97,30 @@ class StepResolution(ReversiModel):
                                           actor=self.actor, resolved_at=self.resolved_at)
 
 
+class AncestorAtOpen(ReversiModel):
+    """An ancestor of a child run, as its recorder read it at open (nested runs): its halts' scope."""
+
+    name: Name = Field(description="The ancestor Run's name (same namespace).")
+    scope: RunScope = Field(default_factory=RunScope, description="Its spec.scope.")
+
+
+class RunAtOpen(ReversiModel):
+    """What the recorder read of the step's Run when it opened it, copied into every step so the
+    API server's policies can check the step without reading the Run (halt scopes, the lock), and
+    the operator checks the copy against the Run before it acts on the step
+    (docs/concepts.md#admission). Immutable."""
+
+    uid: str = Field(min_length=1, max_length=64, description="The Run's metadata.uid (the step's owner).")
+    mode: Mode = Field(default="enforce", description="The Run's spec.mode.")
+    recovery: Recovery = Field(default="bestEffort", description="The Run's spec.recovery.")
+    manifest_revision: int | None = Field(
+        default=None, ge=0, description="The revision of the Run's pinned manifest (spec.pinnedManifest.revision).")
+    scope: RunScope = Field(default_factory=RunScope, description="The Run's spec.scope.")
+    ancestors: list[AncestorAtOpen] = Field(
+        default_factory=list, max_length=MAX_RUN_DEPTH,
+        description="For a child run: its ancestors from the parent up, with their scopes.")
+
+
 class RunStepSpec(StepBase):
     """One recorded call: the step (append-only) and, once, its resolution."""
 
@@ -114,6 +139,11 @@ class RunStepSpec(StepBase):
                     fieldPath=".principal",
                 ),
                 rule(
+                    "has(self.runAtOpen) == has(oldSelf.runAtOpen)",
+                    "spec.runAtOpen is written when the step is recorded and never added or removed",
+                    fieldPath=".runAtOpen",
+                ),
+                rule(
                     "!has(self.resolution) || has(oldSelf.resolution) || oldSelf.outcome in ['intended', 'uncertain']",
                     "only a step whose outcome is intended or uncertain can be resolved",
                     fieldPath=".resolution",
@@ -128,6 +158,13 @@ class RunStepSpec(StepBase):
     )
     resolution: StepResolution | None = Field(
         default=None, description="Settlement of an intended or uncertain step; set once, never changed."
+    )
+    run_at_open: RunAtOpen | None = Field(
+        default=None,
+        description="What the recorder read of the Run at open (uid, mode, recovery, manifest revision, scope, "
+                    "ancestors): the API server's policies check the step against it and the operator checks it "
+                    "against the Run. Steps recorded without it cross the admission webhook. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [immutable("spec.runAtOpen")]},
     )
     principal: str | None = Field(
         default=None, max_length=MAX_NAME * 2,
