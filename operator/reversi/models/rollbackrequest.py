@@ -505,6 +505,16 @@ class Report(StatusModel):
         description="Steps undone although their precondition did not hold: forced by <actor>. Not a bucket of its "
         "own.",
     )
+    foreign: list[StepReason] = Field(
+        default_factory=list,
+        description="RunSteps named after this run that are not part of its record (another principal, another Run of "
+        "the same name, or a copy of the Run that disagrees with it), with the rule each broke: never undone. Not a "
+        "bucket of the run's steps.",
+    )
+    missing: list[int] = Field(
+        default_factory=list,
+        description="Indices below the run's last step that no step has: no call was recorded there. Not a bucket.",
+    )
     residue: list[StepResidue] = Field(
         default_factory=list,
         description="Typed residue {step, type, text}: declared lines of undone steps, and one entry per step not "
