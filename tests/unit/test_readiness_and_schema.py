@@ -149,7 +149,8 @@ SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063
                   6: "45a7598f93e411cdbd73a7cb81368667980aa671b81f704728f2e6c37d6d1f04",
                   7: "4d5e2ed3ee772d1f8b0b717fd7e7d44d5d6b75415733d11f556559ad417e59e8",
                   8: "a6bab437eb58298f5d7546cd3c3ab13a0dc98615593bf0ca9adf7c17c6b39254",
-                  9: "bae9ba8a77308b5c2635931442d21fc9ab92dafffb31fcd15d4faaeed875412a"}
+                  9: "bae9ba8a77308b5c2635931442d21fc9ab92dafffb31fcd15d4faaeed875412a",
+                  10: "5145f108fb5db49bc58129b27674435258cf9e2fa0b9d46a559521fe87343649"}
 
 
 def _schema_digest() -> str:

@@ -111,6 +111,9 @@ class RunAtOpen(ReversiModel):
     (docs/concepts.md#admission). Immutable."""
 
     uid: str = Field(min_length=1, max_length=64, description="The Run's metadata.uid (the step's owner).")
+    principal: str | None = Field(
+        default=None, max_length=MAX_NAME * 2,
+        description="The Run's spec.principal: the API server refuses the step from anyone else (rule 10).")
     mode: Mode = Field(default="enforce", description="The Run's spec.mode.")
     recovery: Recovery = Field(default="bestEffort", description="The Run's spec.recovery.")
     manifest_revision: int | None = Field(
