@@ -79,6 +79,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from record_bench import MANIFEST, TOOL  # noqa: E402 - the same tool as the one-agent benchmark
 
 G, V = "reversi.dev", "v1alpha1"
+#: the tool of the load rows: a write with a compensation and no idempotency key (the keyed one,
+#: TOOL, is measured on its own: a keyed call also claims its key)
+PLAIN_TOOL = "orders.note"
+#: the tool a Halt refuses in the gap scenario (no agent calls it)
+HALTED_TOOL = "orders.halted"
+LOAD_MANIFEST = {**MANIFEST, "spec": {**MANIFEST["spec"], "tools": [
+    *MANIFEST["spec"]["tools"],
+    *({k: v for k, v in MANIFEST["spec"]["tools"][0].items() if k != "idempotencyKey"} | {"name": name}
+      for name in (PLAIN_TOOL, HALTED_TOOL))]}}
 UNDO_MANIFEST = {
     "apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "undo"},
     "spec": {
@@ -91,15 +100,17 @@ UNDO_MANIFEST = {
 
 # ----------------------------------------------------------------------------- one agent
 
-def _recording_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list) -> None:
-    """Record calls in Run ``run`` until ``until`` (time.time()); append (end time, seconds, refused)."""
+def _recording_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list,
+                     tool: str = PLAIN_TOOL) -> None:
+    """Record calls of ``tool`` in Run ``run`` until ``until`` (time.time()); append (end time,
+    seconds, refused)."""
     api = config.new_client_from_config(config_file=kubeconfig)
     rec = Recorder.open(namespace, run, manifest="bench", api=api, scope={"actor": "bench-agent"})
     i = 0
     while time.time() < until:
         t0 = time.perf_counter()
         try:
-            with rec.step(TOOL, {"order_id": f"{run}-{i}", "amount": i}) as step:
+            with rec.step(tool, {"order_id": f"{run}-{i}", "amount": i}) as step:
                 step.result = {"id": f"ord-{run}-{i}"}
             out.append((time.time(), time.perf_counter() - t0, False))
         except (RecordingRefused, OutcomeNotRecorded):  # the call refused, or its outcome not recorded
@@ -153,8 +164,12 @@ def _bare_snapshot_agent(kubeconfig: str, namespace: str, run: str, until: float
     _bare_agent(kubeconfig, namespace, run, until, out, snapshot=True)
 
 
+def _keyed_agent(kubeconfig: str, namespace: str, run: str, until: float, out: list) -> None:
+    _recording_agent(kubeconfig, namespace, run, until, out, tool=TOOL)
+
+
 AGENTS = {"recorded": _recording_agent, "plain": _plain_agent, "bare": _bare_agent,
-          "snapshot": _bare_snapshot_agent}
+          "snapshot": _bare_snapshot_agent, "keyed": _keyed_agent}
 
 
 def _process(kind: str, kubeconfig: str, namespace: str, runs: list[str], until: float, queue: Any) -> None:
@@ -263,23 +278,51 @@ def print_breakdown(before: dict[str, float], after: dict[str, float]) -> None:
                   flush=True)
 
 
+def _registered(api: client.ApiClient, admission: Any) -> Any:
+    """The webhooks and policies of ``admission``'s first replica registered again (after a row
+    measured with none)."""
+    from reversi.adapters import webhooks
+
+    replica = admission.replicas[0]
+    webhooks.register(api, webhooks.url_client_config(f"https://127.0.0.1:{replica.webhook_port}",
+                                                      (replica.cert_dir / "ca.crt").read_bytes()))
+
+
 def load(kubeconfig: str, api: client.ApiClient, namespace: str, agent_counts: list[int], seconds: float,
-         processes: int, breakdown: bool = False) -> tuple[list[dict], list[str]]:
+         processes: int, admission: Any, breakdown: bool = False) -> tuple[list[dict], list[str]]:
+    """For each agent count: the SDK's recorded calls (and, for one agent, calls of a tool with an
+    idempotency key) with Reversi's admission, then with no webhook and no policy registered the
+    plain ConfigMap writes and the bare RunSteps (the floor), each printed next to the floor."""
     rows, problems = [], []
     for agents in agent_counts:
         before = apiserver_counters(api) if breakdown else {}
         rec = drive("recorded", kubeconfig, namespace, agents, seconds, processes)
         if breakdown:
             print_breakdown(before, apiserver_counters(api))
-        plain = drive("plain", kubeconfig, namespace, agents, seconds, processes)
+        keyed = drive("keyed", kubeconfig, namespace, 1, seconds, 1) if agents == 1 else None
+        remove_webhook_configurations(api)
+        try:
+            plain = drive("plain", kubeconfig, namespace, agents, seconds, processes)
+            bare = drive("bare", kubeconfig, namespace, agents, seconds, processes)
+        finally:
+            _registered(api, admission)
         problems += check_runs(api, namespace, list(rec))
         (r_rate, r_p50), (p_rate, p_p50) = rate(rec, seconds), rate(plain, seconds)
-        row = {"agents": agents, "recorded": r_rate, "plain": p_rate, "ratio": r_rate / p_rate,
-               "p50_recorded_ms": r_p50 * 1000, "p50_plain_ms": p_p50 * 1000}
+        b_rate, b_p50 = rate(bare, seconds)
+        row = {"agents": agents, "recorded": r_rate, "plain": p_rate, "floor": b_rate, "ratio": r_rate / b_rate,
+               "floor_ratio": b_rate / p_rate, "p50_recorded_ms": r_p50 * 1000, "p50_plain_ms": p_p50 * 1000,
+               "p50_floor_ms": b_p50 * 1000, "p50_factor": r_p50 / b_p50}
+        print(f"  {agents:>3} agents: floor (bare RunSteps) {b_rate:7.1f} calls/s, p50 {b_p50 * 1000:.1f} ms; its "
+              f"ratio to plain ConfigMaps {row['floor_ratio']:.2f} ({p_rate:.1f} calls/s, p50 {p_p50 * 1000:.1f} ms)",
+              flush=True)
+        print(f"       recorded by the SDK: {r_rate:7.1f} calls/s = {row['ratio']:.2f}x the floor, p50 "
+              f"{r_p50 * 1000:.1f} ms = {row['p50_factor']:.2f}x the floor's", flush=True)
+        if keyed is not None:
+            k_p50 = rate(keyed, seconds)[1]
+            row["p50_keyed_factor"] = k_p50 / b_p50
+            print(f"       a call with an idempotency key (claims it): p50 {k_p50 * 1000:.1f} ms = "
+                  f"{row['p50_keyed_factor']:.2f}x the floor's", flush=True)
         rows.append(row)
-        print(f"  {agents:>3} agents: {r_rate:7.1f} recorded calls/s, {p_rate:7.1f} plain  ratio {row['ratio']:.2f}   "
-              f"p50 {row['p50_recorded_ms']:.1f} ms vs {row['p50_plain_ms']:.1f} ms "
-              f"({row['p50_recorded_ms'] / row['p50_plain_ms']:.2f}x)", flush=True)
     return rows, problems
 
 
@@ -340,7 +383,7 @@ def _own_namespace(api: client.ApiClient, name: str) -> Iterator[str]:
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": name}})
     try:
-        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, name, "toolmanifests", MANIFEST)
+        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, name, "toolmanifests", LOAD_MANIFEST)
         yield name
     finally:
         core.delete_namespace(name)
@@ -399,7 +442,7 @@ def crowd(kubeconfig: str, api: client.ApiClient, namespace: str, admission: Any
                                       (replica.cert_dir / "ca.crt").read_bytes())
     with _own_namespace(api, f"{namespace}-crowd") as own:  # its deletion needs no review (CLEANUP_MATCH)
         time.sleep(1.0)  # the admission server's manifest index sees the new manifest
-        empty = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
+        empty = rate(drive("keyed", kubeconfig, own, 1, seconds, 1), seconds)[1]
 
         def fill(i: int) -> None:
             custom.create_namespaced_custom_object(G, V, own, "runsteps", step_body(own, f"filler-{i // 1000}", {
@@ -411,23 +454,52 @@ def crowd(kubeconfig: str, api: client.ApiClient, namespace: str, admission: Any
                 list(pool.map(fill, range(filler)))
         finally:
             webhooks.register(api, ours)
-        crowded = rate(drive("recorded", kubeconfig, own, 1, seconds, 1), seconds)[1]
+        crowded = rate(drive("keyed", kubeconfig, own, 1, seconds, 1), seconds)[1]
     return {"empty_s": empty, "crowded_s": crowded, "filler": filler}
 
 
 def gap(kubeconfig: str, namespace: str, seconds: float, processes: int, op: Any,
-        victim: str) -> dict[str, float]:
-    """4 agents record; ``victim`` (operator or admission) is SIGKILLed at a third of the time
-    and started again 5 s later."""
+        victim: str, down: float = 5.0, halt: bool = False) -> dict[str, float]:
+    """4 agents record; ``victim`` (the operator, one or every admission replica) is SIGKILLed at
+    a third of the time and started again ``down`` seconds later. With ``halt``, a Halt of a
+    tool no agent calls is applied halfway through the outage, and a fifth agent calls that tool
+    until it is refused: ``halt_s`` is the time from the Halt's create to that refusal."""
+    halted: dict[str, float] = {}
+
     def fault(start: float) -> None:
         time.sleep(max(0.0, start + seconds / 3 - time.time()))
         op.kill()
-        time.sleep(5.0)
+        killed = time.monotonic()
+        if halt:
+            time.sleep(down / 2)
+            halted["halt_s"] = _halt_in_force_seconds(kubeconfig, namespace)
+        time.sleep(max(0.0, killed + down - time.monotonic()))
         op.start()
 
     bounds: list[float] = []
     records = drive("recorded", kubeconfig, namespace, 4, seconds, processes, during=fault, window=bounds)
-    return gaps(records, bounds)
+    return {**gaps(records, bounds), **halted}
+
+
+def _halt_in_force_seconds(kubeconfig: str, namespace: str) -> float:
+    """Seconds from a Halt's create (of :data:`HALTED_TOOL`) to the first call of it refused."""
+    from reversi.sdk import Halted
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    rec = Recorder.open(namespace, f"halt-{uuid.uuid4().hex[:5]}", manifest="bench", api=api)
+    client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "halts", {
+        "apiVersion": f"{G}/{V}", "kind": "Halt", "metadata": {"name": "bench-halt"},
+        "spec": {"reason": "bench", "scope": {"tool": HALTED_TOOL}}})
+    applied = time.monotonic()
+    try:
+        while time.monotonic() - applied < 30:
+            try:
+                rec.begin(HALTED_TOOL, {"order_id": "h"})
+            except Halted:
+                return time.monotonic() - applied
+        return float("inf")
+    finally:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(G, V, namespace, "halts", "bench-halt")
 
 
 def gaps(records: dict[str, list], bounds: list[float]) -> dict[str, float]:
@@ -530,7 +602,7 @@ def rolling(seconds: float, processes: int) -> int:
         on_real_node.install_chart(api, cluster.paths.admin_kubeconfig)
         namespace = f"record-rolling-{uuid.uuid4().hex[:6]}"
         client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", MANIFEST)
+        client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", LOAD_MANIFEST)
         time.sleep(1.0)  # the admission replicas' manifest index sees the new manifest
         took: list[float] = []
 
@@ -561,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="scenarios to run: floor, load, gap, interference, move; crowd and rolling (a real "
                              "node) when named")
     parser.add_argument("--replicas", type=int, default=2, help="admission server replicas (the chart's default: 2)")
+    parser.add_argument("--admission-down", type=float, default=60.0,
+                        help="gap: seconds every admission replica stays SIGKILLed")
     parser.add_argument("--breakdown", action="store_true",
                         help="load: also print the API requests and webhook time of each recorded call")
     args = parser.parse_args(argv)
@@ -586,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     try:
         core.create_namespace({"metadata": {"name": namespace}})
-        for manifest in (MANIFEST, UNDO_MANIFEST):
+        for manifest in (LOAD_MANIFEST, UNDO_MANIFEST):
             client.CustomObjectsApi(api).create_namespaced_custom_object(G, V, namespace, "toolmanifests", manifest)
         op.start()  # first: each row runs next to the operator, which writes each new Run's status once
         if "floor" in only:
@@ -600,19 +674,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"load: each agent records as fast as it can for {args.seconds:.0f} s, then makes the same two "
                   "writes on plain ConfigMaps", flush=True)
             rows, problems = load(kubeconfig, api, namespace, [int(a) for a in args.agents.split(",")],
-                                  args.seconds, args.processes, args.breakdown)
+                                  args.seconds, args.processes, admission, args.breakdown)
             first, last = rows[0], rows[-1]
-            print(f"  {last['agents']} agents: ratio {last['ratio']:.2f} (target >= 0.5); 1 agent: median "
-                  f"{first['p50_recorded_ms'] / first['p50_plain_ms']:.2f}x the plain two writes (target <= 2)")
+            keyed = f", keyed {first['p50_keyed_factor']:.2f}x (target <= 1.7)" if "p50_keyed_factor" in first else ""
+            print(f"  {last['agents']} agents: {last['ratio']:.2f}x the floor's rate (target >= 0.85); "
+                  f"{first['agents']} agent: median {first['p50_factor']:.2f}x the floor's (target <= 1.25){keyed}")
         if "gap" in only:
-            victims: list[tuple[str, Any]] = [("operator", op), ("one admission replica", admission.replicas[0])]
-            for victim, proc in victims:
-                window = max(args.seconds, 15.0)
-                print(f"gap: 4 agents record for {window:.0f} s; the {victim} process is SIGKILLed and started "
-                      "again 5 s later", flush=True)
-                g = gap(kubeconfig, namespace, max(args.seconds, 15.0), args.processes, proc, victim)
+            victims: list[tuple[str, Any, float]] = [
+                ("operator", op, 5.0), ("one admission replica", admission.replicas[0], 5.0),
+                ("every admission replica", admission, args.admission_down)]
+            for victim, proc, down in victims:
+                window = max(args.seconds, 15.0, down * 1.5)
+                every = victim.startswith("every")
+                print(f"gap: 4 agents record for {window:.0f} s; {victim} is SIGKILLed and started again {down:.0f} s "
+                      "later" + (" (a Halt is applied halfway through)" if every else ""), flush=True)
+                g = gap(kubeconfig, namespace, window, args.processes, proc, victim, down, halt=every)
                 print(f"  refused calls {g['refused']}, recorded {g['recorded']}, longest window without a recorded "
-                      f"call {g['longest_gap_s']:.2f} s (target: 0 refused, <= 1 s)", flush=True)
+                      f"call {g['longest_gap_s']:.2f} s (target: 0 refused, <= 1 s)"
+                      + (f"; the Halt refused its first call {g['halt_s']:.2f} s after its create (target <= 1 s)"
+                         if "halt_s" in g else ""), flush=True)
         if "interference" in only:
             print("interference: a 10-step rollback at parallelism 1, idle, then while 16 agents record", flush=True)
             i = interference(kubeconfig, api, namespace, args.processes)

@@ -60,6 +60,7 @@ READY = "Ready"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
 MATCHES_NO_TOOL = "MatchesNoTool"  # True: scope.tool matches no tool of any ToolManifest in reach
+IN_FORCE = "InForce"  # Halt/ClusterHalt, True: the API server refused a dry run of a call it matches
 
 TYPES = frozenset(
     {
@@ -79,6 +80,7 @@ TYPES = frozenset(
         RECONCILING,
         STALLED,
         MATCHES_NO_TOOL,
+        IN_FORCE,
     }
 )
 
@@ -152,6 +154,9 @@ SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current
 INVALID_PATTERN = "InvalidPattern"  # Active=False: a scope pattern can never match (stored before the rule)
 NO_TOOL_IN_REACH = "NoToolInReach"  # MatchesNoTool=True: no manifested tool in reach matches scope.tool
 TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the tools it matches
+REFUSED_BY_API_SERVER = "RefusedByAPIServer"  # InForce=True: a dry run of a matching call was refused
+NOT_YET_REFUSED = "NotYetRefused"  # InForce=False: the API server still admitted the dry run when last probed
+NOT_PROBED = "NotProbed"  # InForce=Unknown: no namespace to probe in (a ClusterHalt's namespace glob)
 
 REASONS = frozenset(
     {
@@ -214,6 +219,9 @@ REASONS = frozenset(
         INVALID_PATTERN,
         NO_TOOL_IN_REACH,
         TOOLS_IN_REACH,
+        REFUSED_BY_API_SERVER,
+        NOT_YET_REFUSED,
+        NOT_PROBED,
     }
 )
 

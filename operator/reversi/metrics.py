@@ -140,6 +140,9 @@ class Metrics:
                                  ["namespace", "verdict"], registry=r)
         self.steps = Counter("reversi_rollback_steps", "Steps of finished rollbacks by report bucket.",
                              ["namespace", "tool", "bucket"], registry=r)
+        self.foreign = Counter("reversi_foreign_steps", "RunSteps found by a finished rollback that are not part of "
+                               "their run's record (never undone; the report's foreign list says why).",
+                               ["namespace"], registry=r)
         self.incomplete = Gauge("reversi_incomplete_rollbacks",
                                 "Runs whose last rollback is incomplete (RolledBack=False).", ["namespace"], registry=r)
         self.compensation_seconds = Histogram("reversi_compensation_duration_seconds",
@@ -198,6 +201,10 @@ class Metrics:
                 else:
                     self._standing_by_run.pop((namespace, run), None)
                 self._export_standing()
+
+    def foreign_steps(self, namespace: str, count: int) -> None:
+        """Count ``count`` foreign RunSteps a rollback in ``namespace`` found."""
+        self.foreign.labels(namespace).inc(count)
 
     def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
         self.compensation_seconds.labels(namespace, tool).observe(seconds)

@@ -51,6 +51,7 @@ import datetime as dt
 import inspect
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from collections.abc import Callable, Iterator, Mapping
@@ -59,8 +60,11 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .adapters import apicalls as calls
+from .adapters import claims
 from .adapters.journal import list_objects, step_body
-from .engine.keys import canonical_json
+from .engine.keys import canonical_json, forward_key
+from .engine.templates import MissingValue
+from .models.run import PinnedManifest
 from .models.runstep import MAX_CALL_BYTES, MAX_RUN_STEPS, step_name
 from .models.toolmanifest import ToolManifestSpec, ToolSpec
 
@@ -212,6 +216,14 @@ class Recorder:
         self._mode = "enforce"
         self._manifest_name = ""
         self._next: int | None = None  # the next free step index, once known
+        #: what this recorder read of its Run at open, copied into every step (``spec.runAtOpen``),
+        #: and the Run's pinned manifest: None for a Run opened without one (its manifest did not
+        #: exist then, or an older admission server opened it), whose steps cross the webhook
+        self._at_open: dict[str, Any] | None = None
+        self._pinned: PinnedManifest | None = None
+        self._uid = ""
+        #: this recorder's id in the claims it holds (two recorders never mistake each other's)
+        self._id = uuid.uuid4().hex[:12]
         #: how often another writer took the index this recorder was about to use (it then took
         #: the next free one): two writers never share an index
         self.index_conflicts = 0
@@ -246,7 +258,8 @@ class Recorder:
         except ApiException as err:
             raise _refusal(err, f"Run {namespace}/{run}") from err
         if created is not None:
-            rec._mode, rec._manifest_name, rec._next = mode, manifest, 0  # a new run: step 0 is next
+            rec._next = 0  # a new run: step 0 is next
+            rec._opened(created)
         else:
             rec._load()
         return rec
@@ -264,14 +277,55 @@ class Recorder:
             obj = calls.read(self.custom, "runs", self.run, self.namespace)
         except ApiException as err:
             raise _refusal(err, f"Run {self.namespace}/{self.run}") from err
-        self._mode = obj["spec"].get("mode", "enforce")
-        if obj["spec"].get("recovery") == "required":
-            self.recovery = "required"  # the run's promise holds for every recorder of it
-        self._manifest_name = obj["spec"]["manifestRef"]["name"]
+        self._opened(obj)
         return obj
 
+    def _opened(self, obj: dict) -> None:
+        """Keep what the recorder needs of its Run ``obj`` (as created or read at open): mode,
+        recovery, manifest, its pinned manifest, and the copy every step carries
+        (``spec.runAtOpen``: uid, mode, recovery, manifest revision, scope and, for a child run,
+        its ancestors' scopes, read here once). Raises :class:`RecordingRefused` when an ancestor
+        cannot be read."""
+        spec = obj.get("spec") or {}
+        self._mode = spec.get("mode", "enforce")
+        if spec.get("recovery") == "required":
+            self.recovery = "required"  # the run's promise holds for every recorder of it
+        self._manifest_name = spec["manifestRef"]["name"]
+        self._uid = obj["metadata"]["uid"]
+        pin = spec.get("pinnedManifest")
+        self._pinned = PinnedManifest.model_validate(pin) if isinstance(pin, dict) else None
+        if self._pinned is None:
+            self._at_open = None
+            return
+        at_open: dict[str, Any] = {"uid": self._uid, "mode": self._mode, "recovery": spec.get("recovery", "bestEffort"),
+                                   "manifestRevision": self._pinned.revision}
+        if spec.get("principal"):
+            at_open["principal"] = spec["principal"]
+        if spec.get("scope"):
+            at_open["scope"] = dict(spec["scope"])
+        ancestors = self._ancestors((spec.get("parentRef") or {}).get("name"))
+        if ancestors:
+            at_open["ancestors"] = ancestors
+        self._at_open = at_open
+
+    def _ancestors(self, parent: str | None) -> list[dict[str, Any]]:
+        """The run's ancestors from its parent up (nested runs: at most 8), each ``{name,
+        scope}`` as the API server holds it now: a halt on an ancestor's scope stops this run's
+        calls too. Raises :class:`RecordingRefused` when one cannot be read."""
+        out: list[dict[str, Any]] = []
+        while parent and len(out) < 8:
+            try:
+                obj = calls.read(self.custom, "runs", parent, self.namespace)
+            except ApiException as err:
+                raise _refusal(err, f"reading ancestor Run {self.namespace}/{parent}") from err
+            spec = obj.get("spec") or {}
+            out.append({"name": parent, **({"scope": dict(spec["scope"])} if spec.get("scope") else {})})
+            parent = (spec.get("parentRef") or {}).get("name")
+        return out
+
     def manifest(self, refresh: bool = False) -> ToolManifestSpec | None:
-        """The run's ToolManifest spec (cached), or None when it does not exist."""
+        """The run's ToolManifest spec as it is now (cached), or None when it does not exist. A
+        call is checked against the entries pinned when the run was opened (:meth:`begin`)."""
         if self._manifest is None or refresh:
             obj = calls.get(self.custom, "toolmanifests", self._manifest_name, self.namespace)
             if obj is None:
@@ -328,33 +382,92 @@ class Recorder:
             raise RunClosed(f"recording {tool} in Run {self.namespace}/{self.run} refused: run was rolled back by "
                             f"RollbackRequest {self.closed_by}; record further calls in a new Run",
                             reason="Forbidden", request=self.closed_by)
-        manifest = self.manifest()
-        spec = manifest.tool(tool) if manifest else None
-        if spec is None:  # maybe added since it was read: look once more before refusing
-            manifest = self.manifest(refresh=True)
+        if self._pinned is not None:  # the manifest as it was when the run was opened
+            spec = self._pinned.tool(tool)
+        else:
+            manifest = self.manifest()
             spec = manifest.tool(tool) if manifest else None
+            if spec is None:  # maybe added since it was read: look once more before refusing
+                manifest = self.manifest(refresh=True)
+                spec = manifest.tool(tool) if manifest else None
         if spec is None and self._mode == "enforce":
+            pinned = f" as pinned when the run was opened (revision {self._pinned.revision})" if self._pinned else ""
             raise UnknownTool(
-                f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}; "
-                "add it to the manifest or open the run in observe mode", reason="UnknownTool")
+                f"tool {tool!r} has no entry in ToolManifest {self.namespace}/{self._manifest_name}{pinned}; "
+                "add it to the manifest (a new run pins it) or open the run in observe mode", reason="UnknownTool")
         if self.recovery == "required" and not _undoable(spec):
             raise RecoveryRequired(f"recording {tool} in Run {self.namespace}/{self.run} refused: recovery required: "
                                    f"{tool} cannot be undone (its manifest entry is "
                                    f"{'missing' if spec is None else spec.effect + ' with no compensation'}); "
                                    "call it outside this run, or open the run with recovery='bestEffort'",
                                    reason="RecoveryRequired")
-        value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended", "recordedAt": _now()}
+        try:
+            size = len(canonical_json(dict(args)).encode("utf-8"))
+        except (TypeError, ValueError):
+            size = 0  # not plain JSON (the client serializes it): the API server measures it
+        if size > MAX_CALL_BYTES:  # the documented limit, checked here: the API server's ceiling is looser
+            raise RecordingRefused(f"recording {tool} in Run {self.namespace}/{self.run} refused: {tool}: args is "
+                                   f"{size} bytes of JSON, more than the limit of {MAX_CALL_BYTES} bytes per step; "
+                                   "record a reference (an id, a URL) instead of the whole payload", reason="Invalid",
+                                   status=422)
+        if self._at_open is not None:  # the recorded call: the API server's policies stamp and check it
+            value: dict[str, Any] = {"tool": tool, "args": dict(args), "outcome": "intended",
+                                     "runAtOpen": self._at_open}
+        else:  # a Run opened without a pinned manifest: the step crosses the admission webhook
+            value = {"tool": tool, "args": dict(args), "outcome": "intended", "recordedAt": _now()}
+            if spec is not None:
+                value["snapshot"] = spec.to_wire()
         if depends_on:
             value["dependsOn"] = list(depends_on)
-        if spec is not None:
-            value["snapshot"] = spec.to_wire()
         if self._next is None:
             self._next = self._first_free()
+        claim = self._claim(tool, args, spec)
+        try:
+            return self._create_step(tool, args, value, claim)
+        except BaseException:
+            if claim is not None:
+                claims.release(self.api, self.namespace, claim)  # the call is not made: it claims nothing
+            raise
+
+    def _claim(self, tool: str, args: Mapping[str, Any], spec: ToolSpec | None) -> str | None:
+        """Claim the call's forward idempotency key before its step is recorded
+        (:mod:`reversi.adapters.claims`): the claim's name, or None when the tool has no key (or
+        the run crosses the webhook, which checks the key itself). Raises :class:`DuplicateCall`
+        when an earlier call with the same key still stands."""
+        if self._at_open is None or spec is None or not spec.idempotency_key:
+            return None
+        try:
+            key = forward_key(spec.idempotency_key, dict(args), None)
+        except (MissingValue, TypeError, ValueError):
+            return None
+        name = claims.claim_name(self.run, tool, key)
+        index = self._next or 0
+        try:
+            held = claims.claim(self.api, self.namespace, self.run, self._uid, name,
+                                f"{step_name(self.run, index)} {self._id}")
+        except ApiException as err:
+            raise _refusal(err, f"claiming the idempotency key of {tool} in Run {self.namespace}/{self.run}") from err
+        if held is not None:
+            earlier = held.rsplit("-", 1)[-1].lstrip("0") or "0"
+            raise DuplicateCall(f"recording {tool} in Run {self.namespace}/{self.run} refused: duplicate call: step "
+                                f"{index} ({tool}) has idempotency key {key!r}, like step {earlier}, which still "
+                                "stands; the first call must be undone (or fail) before it is repeated",
+                                reason="Conflict", status=409)
+        return name
+
+    def _create_step(self, tool: str, args: Mapping[str, Any], value: dict[str, Any], claim: str | None) -> Step:
+        """Create the step's RunStep at the next free index (another writer took it: the next
+        one, and the claim follows). Raises :class:`RecordingRefused` and its kinds."""
+        assert self._next is not None
+        claimed_for = self._next
         for _ in range(50):
             index = self._next
             if index >= MAX_RUN_STEPS:
                 raise RecordingRefused(f"recording {tool}: Run {self.namespace}/{self.run} has reached the limit of "
                                        f"{MAX_RUN_STEPS:,} steps; open a new Run for further calls", reason="Invalid")
+            if claim is not None and index != claimed_for:
+                claims.hand_over(self.api, self.namespace, claim, f"{step_name(self.run, index)} {self._id}")
+                claimed_for = index
             body = step_body(self.namespace, self.run, {**value, "index": index})
             try:  # a 409 means "index taken": repeated only when it surely did not land (never twice)
                 calls.create(self.custom, "runsteps", body, self.namespace, policy=calls.RECORDING)
@@ -368,7 +481,10 @@ class Recorder:
                     self.closed_by = refused.request or self.closed_by
                 raise refused from err
             self._next = index + 1
-            return Step(index, tool, dict(args))
+            step = Step(index, tool, dict(args))
+            if claim is not None:
+                step.extra["claim"] = claim
+            return step
         raise RecordingRefused(f"recording {tool}: the run kept changing; try again", reason="Conflict")
 
     def finish(self, step: Step, outcome: str, result: Any = None, error: str | None = None) -> None:
@@ -409,6 +525,12 @@ class Recorder:
         try:  # guarded by its test: a repetition of a write that landed fails the test, then is read back
             calls.call(write, policy=calls.RECORDING)
         except ApiException as err:
+            if err.status == 404:
+                raise OutcomeNotRecorded(
+                    f"recording the outcome of step {step.index} of Run {self.namespace}/{self.run} refused: the step "
+                    "is gone: its Run was deleted (and maybe created again under the same name) after this recorder "
+                    "opened it, and its steps were deleted with it; the call was made and is in no journal now",
+                    reason="NotFound", status=404) from err
             if not (tries > 1 and calls.failed_test(err) and self._outcome(step.index) == outcome):
                 refused = _refusal(err, f"recording the outcome of step {step.index} of Run "
                                         f"{self.namespace}/{self.run}")
@@ -417,6 +539,12 @@ class Recorder:
                                          status=err.status) from err
             # else: an earlier attempt failed on the way but had landed (read back): recorded
         step.outcome, step.result, step.error = outcome, result, error
+        claim = step.extra.get("claim")
+        if outcome == "failed" and claim:  # a failed call no longer stands: its key is free again
+            try:
+                claims.release(self.api, self.namespace, claim)
+            except ApiException:
+                pass  # the next claimant releases it (its call no longer stands)
 
     def _outcome(self, index: int) -> str | None:
         """Step ``index``'s recorded outcome, read back (None when it cannot be read)."""
@@ -502,13 +630,18 @@ class Recorder:
     def unresolved(self) -> list[Step]:
         """The run's steps whose outcome is unknown (intended or uncertain) and that no resolution
         settles yet, oldest first (one paged LIST of the run's RunSteps). Each :class:`Step` has
-        the tool's manifest snapshot in ``extra["snapshot"]`` (None when unmanifested)."""
+        the tool's manifest entry in ``extra["snapshot"]``: its own snapshot, else the Run's pinned
+        entry (None when unmanifested)."""
         out = []
         for obj in list_objects(self.custom, self.namespace, self.run):
             spec = obj.get("spec") or {}
             if spec.get("outcome") in ("intended", "uncertain") and not spec.get("resolution"):
+                snapshot = spec.get("snapshot")
+                if snapshot is None and spec.get("runAtOpen") and self._pinned is not None:
+                    entry = self._pinned.tool(spec["tool"])
+                    snapshot = entry.to_wire() if entry is not None else None
                 out.append(Step(spec["index"], spec["tool"], dict(spec.get("args") or {}), spec.get("result"),
-                                spec["outcome"], spec.get("error"), {"snapshot": spec.get("snapshot")}))
+                                spec["outcome"], spec.get("error"), {"snapshot": snapshot}))
         return out
 
     def reconcile(self, probe: Callable[[Step], Settlement | None], *, name: str = "") -> Reconciled:

@@ -85,6 +85,11 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRoleBinding", "rv-reversi-admission"), ("ClusterRoleBinding", "rv-reversi-admission-cluster"),
         ("ValidatingAdmissionPolicy", "rv-reversi-runstep-outcome"),
         ("ValidatingAdmissionPolicyBinding", "rv-reversi-runstep-outcome"),
+        # the recorded call's policies (recording-policies.yaml)
+        ("MutatingAdmissionPolicy", "rv-reversi-runstep-stamp"),
+        ("MutatingAdmissionPolicyBinding", "rv-reversi-runstep-stamp"),
+        *[(kind, f"rv-reversi-runstep-{what}") for what in ("record", "halts", "clusterhalts", "lock")
+          for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")],
         *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
             "runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
     ])
@@ -325,7 +330,8 @@ def test_webhooks_follow_the_contract(render):
             assert rule["resources"] == resources and rule["operations"] == operations
             assert hook["admissionReviewVersions"] == ["v1"]
             assert hook["sideEffects"] in ("None", "NoneOnDryRun")
-            assert hook["timeoutSeconds"] == 10 and hook["failurePolicy"] == "Fail"
+            assert hook["timeoutSeconds"] == 10
+            assert hook["failurePolicy"] == ("Ignore" if path.endswith("halt") else "Fail"), path
             assert hook["clientConfig"]["service"] == {"name": "rv-reversi", "namespace": "reversi-system",
                                                        "path": path, "port": 443}
 
@@ -347,10 +353,16 @@ def test_webhooks_and_the_outcome_policy_are_the_local_control_planes(render):
                 assert got[key] == want[key], (want["name"], key)
             assert got.get("matchConditions") == want.get("matchConditions"), want["name"]
             assert got.get("reinvocationPolicy") == want.get("reinvocationPolicy"), want["name"]
-    policy = find(objs, "ValidatingAdmissionPolicy")
-    assert policy["spec"] == webhooks.outcome_policy()["spec"]
-    binding = find(objs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    from reversi.adapters import policies
+
+    rendered = {(o["kind"], o["metadata"]["name"]): o for o in objs
+                if o["kind"].endswith(("AdmissionPolicy", "AdmissionPolicyBinding"))}
+    outcome = "rv-reversi-runstep-outcome"
+    ours = [webhooks.outcome_policy(outcome), webhooks.outcome_binding(outcome),
+            *policies.recording_policies("rv-reversi")]
+    assert set(rendered) == {(o["kind"], o["metadata"]["name"]) for o in ours}
+    for want in ours:
+        assert rendered[(want["kind"], want["metadata"]["name"])]["spec"] == want["spec"], want["metadata"]["name"]
 
 
 def test_webhooks_match_the_operators_admission_handlers(render):
@@ -407,7 +419,7 @@ def test_webhook_failure_policy_and_selectors_are_configurable(render):
                                "namespaceSelector": {"matchLabels": {"reversi": "on"}}}})
     for hooks in _hooks(objs).values():
         for hook in hooks.values():
-            assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+            assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5  # halts: Ignore anyway
             assert hook["namespaceSelector"] == {"matchLabels": {"reversi": "on"}}
 
 

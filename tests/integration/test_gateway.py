@@ -132,6 +132,8 @@ AGENT_RULES = [
     {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
     {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
+    # a keyed call claims its idempotency key (a Lease), as the chart's edit role allows
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "patch", "delete"]},
 ]
 
 ONCALL_RULES = [

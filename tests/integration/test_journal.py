@@ -137,21 +137,21 @@ def test_args_or_result_over_the_size_limit_are_refused_by_name(rv, admin_api):
 
 
 def test_a_forward_duplicate_is_found_in_a_long_run(rv, admin_api):
-    """The earlier standing call with the same forward key is found by its label, not by
-    reading the run: step 17 of a long run (5,000 steps in make test-long) still blocks a repeat
-    at its end; a call settled failed does not."""
+    """The earlier standing call with the same forward key is found by its claim (one create whose
+    name is taken), not by reading the run: step 17 of a long run (5,000 steps in make test-long)
+    still blocks a repeat at its end; a call settled failed does not."""
     rv.apply_manifest()
-    _open_run(rv, "long")
+    Recorder.open(rv.ns, "long", manifest="payments", api=admin_api)
     late = LONG_RUN - 100
-    steps = []
     for i in range(LONG_RUN):
-        if i in (17, late):
-            steps.append(rv.step(i, "payments.create_charge", {"order_id": f"o-dup-{i}", "amount": 1,
-                                                                  "customer": "cus_9"},
-                                 {"id": f"ch_{i}"}, outcome="succeeded" if i == 17 else "uncertain"))
+        if i in (17, late):  # the keyed calls, recorded by the SDK: each claims its key
+            rec = Recorder.attach(rv.ns, "long", api=admin_api)
+            step = rec.begin("payments.create_charge", {"order_id": f"o-dup-{i}", "amount": 1, "customer": "cus_9"})
+            assert step.index == i
+            rec.finish(step, "succeeded" if i == 17 else "uncertain", {"id": f"ch_{i}"})
         else:
-            steps.append(rv.step(i, "payments.get_customer", {"id": "cus_9", "page": i}, {"id": "cus_9"}))
-    _record_many(rv, "long", steps)
+            _record_many(rv, "long", [rv.step(i, "payments.get_customer", {"id": "cus_9", "page": i},
+                                              {"id": "cus_9"})])
     rec = Recorder.attach(rv.ns, "long", api=admin_api)
     called = []
     with pytest.raises(DuplicateCall, match="like step 17, which still stands"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import wait_for
@@ -100,8 +101,11 @@ def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):
     wait_for(lambda: value(scrape(operator.metrics_port), "reversi_active_halts", namespace=ns) == 1,
              what="the active halt counted")
     rec = Recorder.open(ns, "r", manifest="payments", api=admin_api)
-    with pytest.raises(Halted):
+    with pytest.raises(Halted):  # refused by the API server's halts policy (its own metrics count it)
         rec.call("payments.get_customer", {"id": "cus_9"}, lambda a: a)
+    from reversi.adapters.journal import step_body
+    with pytest.raises(ApiException):  # a step written without the SDK's copy of its Run crosses the webhook
+        rv.create("runsteps", step_body(ns, "r", rv.step(0, "payments.get_customer", {"id": "cus_9"})))
     # the admission replicas count what they refuse: the one that answered has it, the sum is 1
     refused = [value(scrape(replica.metrics_port), "reversi_refused_calls_total", namespace=ns,
                      tool="payments.get_customer", reason="halted") for replica in operator.admission.replicas]

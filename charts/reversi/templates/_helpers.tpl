@@ -112,6 +112,7 @@ mutating:
     operations: [CREATE, UPDATE]
     sideEffects: NoneOnDryRun
     matchOutcome: true
+    matchRecordedCall: true
   - name: rollbackrequest
     path: /mutate-rollbackrequest
     resources: [rollbackrequests]
@@ -140,10 +141,16 @@ validating:
     path: /validate-halt
     resources: [halts]
     operations: [CREATE, UPDATE]
+    # a halt is stored while no admission replica answers: it is in force through the API server's
+    # halts policy (recording-policies.yaml); its pattern is checked when a replica answers
+    failOpen: true
   - name: clusterhalt
     path: /validate-clusterhalt
     resources: [clusterhalts]
     operations: [CREATE, UPDATE]
+    # a halt is stored while no admission replica answers: it is in force through the API server's
+    # halts policy (recording-policies.yaml); its pattern is checked when a replica answers
+    failOpen: true
 {{- end }}
 
 {{/*
@@ -154,6 +161,13 @@ its principal (operator/reversi/adapters/webhooks.py, OUTCOME_MATCH; a chart tes
 namespace) crosses no webhook (operator/reversi/adapters/webhooks.py, CLEANUP_MATCH) */ -}}
 {{- define "reversi.cleanupMatch" -}}
 request.operation != 'DELETE' || !(request.userInfo.username in ['system:serviceaccount:kube-system:generic-garbage-collector', 'system:serviceaccount:kube-system:namespace-controller', 'system:kube-controller-manager'])
+{{- end }}
+
+{{- /* a recorded call (a RunStep create that carries spec.runAtOpen) is stamped and checked by the
+API server's policies (recording-policies.yaml), not by mutate-runstep
+(operator/reversi/adapters/webhooks.py, RECORDED_CALL_SKIP) */ -}}
+{{- define "reversi.recordedCallSkip" -}}
+!(request.operation == 'CREATE' && has(object.spec.runAtOpen) && !has(object.spec.snapshot) && !has(object.spec.recordedAt))
 {{- end }}
 
 {{- define "reversi.outcomeMatch" -}}

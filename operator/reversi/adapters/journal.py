@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+import datetime as dt
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -69,6 +70,10 @@ def entry_of(obj: dict[str, Any]) -> Entry:
     """
     try:
         spec = RunStepSpec.model_validate(obj.get("spec") or {})
+        created = (obj.get("metadata") or {}).get("creationTimestamp")
+        if spec.recorded_at is None and spec.run_at_open is not None and isinstance(created, str):
+            # a recorded call's time is its creation time (the API server's clock)
+            spec = spec.model_copy(update={"recorded_at": dt.datetime.fromisoformat(created.replace("Z", "+00:00"))})
         raw = (obj.get("status") or {}).get("undo")
         undo = StepUndo.model_validate(raw) if raw else None
     except ValidationError as err:
@@ -111,7 +116,7 @@ def load(custom: client.CustomObjectsApi, run_obj: dict[str, Any]) -> Journal:
     any inline journal. Raises :class:`JournalError` when the Run or a step is invalid."""
     meta = run_obj["metadata"]
     spec, legacy = inline_journal(run_obj)
-    return assemble(spec, list_entries(custom, meta["namespace"], meta["name"]), legacy)
+    return assemble(spec, list_entries(custom, meta["namespace"], meta["name"]), legacy, meta.get("uid"))
 
 
 def inline_journal(run_obj: dict[str, Any]) -> tuple[RunSpec, list[StepUndo]]:

@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from ..models.runstep import MAX_CALL_BYTES
 from . import apicalls as calls
+from . import policies
 
 GROUP, VERSION = "reversi.dev", "v1alpha1"
 #: name of the local webhook configurations (both kinds) and prefix of the policies' names
@@ -72,6 +73,9 @@ class Hook:
     side_effects: str = "None"
     #: (name, CEL expression): the API server calls the webhook only when every one is true
     match_conditions: tuple[tuple[str, str], ...] = field(default=())
+    #: ``Ignore`` whatever the configuration's failure policy: a Halt must be storable while no
+    #: admission replica answers (it is in force through the API server's halts policy)
+    fail_open: bool = False
 
     @property
     def path(self) -> str:
@@ -96,20 +100,25 @@ CLEANUP_USERS = (
 CLEANUP_MATCH = ("request.operation != 'DELETE' || !(request.userInfo.username in ["
                  + ", ".join(f"'{user}'" for user in CLEANUP_USERS) + "])")
 
+#: A RunStep create that is a recorded call (it carries ``spec.runAtOpen``) is stamped and checked
+#: by the API server's own policies (:mod:`reversi.adapters.policies`), not by ``mutate-runstep``.
+RECORDED_CALL_SKIP = f"!({policies.RECORDED_CALL})"
+
 _OUTCOME_SKIP = (("not-an-outcome-write", OUTCOME_MATCH),)
 HOOKS: tuple[Hook, ...] = (
     Hook("mutating", "run", ("runs",), ("CREATE", "UPDATE")),
     # the create of a step is checked here, once (stamped, then checked; re-invoked if a later
     # mutation changes it), so recording a call crosses one webhook
-    Hook("mutating", "runstep", ("runsteps",), ("CREATE", "UPDATE"), "NoneOnDryRun", _OUTCOME_SKIP),
+    Hook("mutating", "runstep", ("runsteps",), ("CREATE", "UPDATE"), "NoneOnDryRun",
+         (*_OUTCOME_SKIP, ("not-a-recorded-call", RECORDED_CALL_SKIP))),
     Hook("mutating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
     Hook("validating", "run", ("runs",), ("CREATE", "UPDATE"), "NoneOnDryRun"),
     Hook("validating", "runstep", ("runsteps",), ("UPDATE", "DELETE"), "None",
          (*_OUTCOME_SKIP, ("not-a-controller-cleanup", CLEANUP_MATCH))),
     Hook("validating", "rollbackrequest", ("rollbackrequests",), ("CREATE", "UPDATE")),
     Hook("validating", "toolmanifest", ("toolmanifests",), ("CREATE", "UPDATE")),
-    Hook("validating", "halt", ("halts",), ("CREATE", "UPDATE")),
-    Hook("validating", "clusterhalt", ("clusterhalts",), ("CREATE", "UPDATE")),
+    Hook("validating", "halt", ("halts",), ("CREATE", "UPDATE"), fail_open=True),
+    Hook("validating", "clusterhalt", ("clusterhalts",), ("CREATE", "UPDATE"), fail_open=True),
 )
 
 
@@ -124,7 +133,8 @@ def configuration(kind: str, client_config: Any, *, failure_policy: str = "Fail"
             continue
         webhook: dict[str, Any] = {
             "name": hook.webhook_name, "admissionReviewVersions": ["v1"], "sideEffects": hook.side_effects,
-            "failurePolicy": failure_policy, "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
+            "failurePolicy": "Ignore" if hook.fail_open else failure_policy, "timeoutSeconds": timeout_seconds,
+            "matchPolicy": "Equivalent",
             "clientConfig": client_config(hook),
             "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": list(hook.operations),
                        "resources": list(hook.resources), "scope": "*"}],
@@ -221,22 +231,38 @@ def register(api: client.ApiClient, client_config: Any, *, failure_policy: str =
     register_policies(api)
 
 
+def _verbs(adm: client.AdmissionregistrationV1Api, kind: str) -> tuple[Any, Any, Any]:
+    """(create, replace, read) of the admissionregistration kind ``kind`` (e.g.
+    ``MutatingAdmissionPolicyBinding``)."""
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in kind).lstrip("_")
+    return (getattr(adm, f"create_{snake}"), getattr(adm, f"replace_{snake}"), getattr(adm, f"read_{snake}"))
+
+
 def register_policies(api: client.ApiClient) -> None:
-    """Create or replace the outcome policy and its binding. Raises ``ApiException``."""
+    """Create or replace the outcome policy, the recorded call's policies
+    (:func:`reversi.adapters.policies.recording_policies`) and their bindings. Raises
+    ``ApiException``."""
     adm = client.AdmissionregistrationV1Api(api)
-    _apply(adm.create_validating_admission_policy, adm.replace_validating_admission_policy,
-           adm.read_validating_admission_policy, outcome_policy())
-    _apply(adm.create_validating_admission_policy_binding, adm.replace_validating_admission_policy_binding,
-           adm.read_validating_admission_policy_binding, outcome_binding())
+    for body in (outcome_policy(), outcome_binding(), *policies.recording_policies(NAME)):
+        _apply(*_verbs(adm, body["kind"]), body)
 
 
 def unregister(api: client.ApiClient, name: str = NAME) -> None:
-    """Delete the local webhook configurations, the policy and its binding (404s are fine)."""
+    """Delete the local webhook configurations and the policies with their bindings, except the
+    lock's (:func:`reversi.adapters.policies.lock_policy`: see the comment below; without the
+    operator it refuses only steps of runs a rollback closed) (404s are fine)."""
     adm = client.AdmissionregistrationV1Api(api)
-    for delete, obj in ((adm.delete_validating_webhook_configuration, name),
-                        (adm.delete_mutating_webhook_configuration, name),
-                        (adm.delete_validating_admission_policy_binding, f"{name}-runstep-outcome"),
-                        (adm.delete_validating_admission_policy, f"{name}-runstep-outcome")):
+    named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name),
+             (adm.delete_validating_admission_policy_binding, f"{name}-runstep-outcome"),
+             (adm.delete_validating_admission_policy, f"{name}-runstep-outcome")]
+    for body in reversed(policies.recording_policies(name)):
+        if body["metadata"]["name"] == f"{name}-runstep-lock":
+            # left in place: in Kubernetes 1.36 the API server stops resolving a built-in param kind
+            # (the lock's ConfigMap) for good once no binding names it (kubernetes#130887)
+            continue
+        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in body["kind"]).lstrip("_")
+        named.append((getattr(adm, f"delete_{snake}"), body["metadata"]["name"]))
+    for delete, obj in named:
         try:
             delete(obj)
         except ApiException as err:

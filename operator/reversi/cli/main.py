@@ -717,9 +717,13 @@ def current_user(c: Connection) -> str | None:
 @click.option("--environment", default=None, metavar="GLOB", help="Glob over the run's scope.environment.")
 @click.option("--cluster", is_flag=True, help="A ClusterHalt: every namespace (or --namespace-glob).")
 @click.option("--namespace-glob", default=None, metavar="GLOB", help="With --cluster: glob over the run's namespace.")
+@click.option("--wait", is_flag=True, help="Wait until the API server refuses the calls it matches (its InForce "
+              "condition, set by the operator from a dry-run probe); exit 1 when that does not come within --timeout.")
+@click.option("--timeout", default=30.0, show_default=True, help="With --wait: seconds to wait.")
 @global_options
 def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant: str | None,
-             environment: str | None, cluster: bool, namespace_glob: str | None) -> int:
+             environment: str | None, cluster: bool, namespace_glob: str | None, wait: bool = False,
+             timeout: float = 30.0) -> int:
     if namespace_glob is not None and not cluster:
         raise click.UsageError("--namespace-glob needs --cluster (a Halt covers its own namespace only)")
     if not reason.strip():
@@ -743,7 +747,28 @@ def halt_add(name: str, reason: str, tool: str | None, actor: str | None, tenant
         f"(\"kill switch: {reason}\"); rollbacks keep working.".replace("  ", " "))
     if "tool" in scope:
         warn_no_tool(c, scope, None if cluster else c.namespace)
+    if wait:
+        wait_in_force(c, plural, name, where, cluster, timeout)
     return 0
+
+
+def wait_in_force(c: Connection, plural: str, name: str, where: str, cluster: bool, timeout: float) -> None:
+    """Wait until the halt's ``InForce`` condition is True (the operator's dry-run probe was
+    refused by the API server). Raises :class:`CliError` after ``timeout`` seconds, saying what
+    the condition said last."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while True:
+        obj = c.get(plural, name, None if cluster else c.namespace, cluster=cluster) or {}
+        last = next((x for x in (obj.get("status") or {}).get("conditions") or [] if x.get("type") == "InForce"), {})
+        if last.get("status") == "True":
+            out(f"{where} is in force: the API server refuses the calls it matches.")
+            return
+        if time.monotonic() >= deadline:
+            said = f"InForce={last.get('status')} ({last.get('reason')}: {last.get('message')})" if last else \
+                "no InForce condition yet (is the operator running?)"
+            raise CliError(f"{where} was created but not confirmed in force within {timeout:g}s: {said}")
+        time.sleep(0.2)
 
 
 def halt_scope(**fields: str | None) -> dict[str, str]:

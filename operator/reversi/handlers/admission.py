@@ -169,6 +169,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     elif old_spec.get("principal") and not spec.get("principal"):
         patch.spec["principal"] = old_spec["principal"]  # a client-side apply sends what it knows
     parts = runtime.parts(memo)
+    _pin_manifest(parts.kube, namespace, spec, old_spec, operation, patch)
     family = _family(parts.kube, namespace, spec, old, operation)
     manifest_ref = spec.get("manifestRef")
     manifest = _manifest(parts, namespace, manifest_ref.get("name") if isinstance(manifest_ref, dict) else None)
@@ -207,6 +208,31 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         family(raw)
 
     patch.fns.append(_raw(stamp))
+
+
+def _pin_manifest(kube: Kube, namespace: str, spec: dict, old_spec: dict, operation: str, patch: kopf.Patch) -> None:
+    """``spec.pinnedManifest`` of a Run: on create, its ToolManifest as the API server holds it
+    now (a consistent read: its ``metadata.generation`` and tool entries; none when the manifest
+    does not exist or is invalid), whatever the client sent; on update, the pin it had (it never
+    changes). A step that carries no snapshot of its own is undone by its entry here
+    (docs/concepts.md#the-journal). Raises ``ApiException`` when the read fails."""
+    if operation != "CREATE":
+        if spec.get("pinnedManifest") != old_spec.get("pinnedManifest"):
+            patch.spec["pinnedManifest"] = old_spec.get("pinnedManifest")
+        return
+    ref = spec.get("manifestRef")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    obj = kube.get("toolmanifests", namespace, name) if isinstance(name, str) and name else None
+    pin = None
+    if obj is not None:
+        try:
+            manifest = ToolManifestSpec.model_validate(obj.get("spec") or {})
+        except ValidationError:
+            manifest = None
+        if manifest is not None:
+            pin = {"revision": obj["metadata"].get("generation", 1), "tools": [t.to_wire() for t in manifest.tools]}
+    if pin is not None or "pinnedManifest" in spec:
+        patch.spec["pinnedManifest"] = pin
 
 
 def _stamp_acknowledgement(old: Any, spec: dict, user: str, now: str, last_request: str | None) -> None:

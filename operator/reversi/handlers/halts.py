@@ -26,11 +26,12 @@ from pydantic import ValidationError
 
 from .. import conditions as cond
 from ..adapters import apicalls as calls
+from ..adapters import halt_probe
 from ..adapters import status as st
 from ..engine import admission as rules
 from ..engine.admission import reach_text, tools_in_reach
 from ..adapters.kube import Kube
-from ..models.halt import ClusterHaltScope, HaltScope
+from ..models.halt import ClusterHaltScope, HaltScope, glob_match
 from . import runtime
 
 G, V = "reversi.dev", "v1alpha1"
@@ -85,17 +86,21 @@ def _tools(kube: Kube, namespace: str | None, scope: dict | None) -> list[str] |
 
 
 def halt_status(body: Any, namespace: str | None = None, tools: list[str] | None = None, *,
-                recheck: bool = False) -> dict | None:
+                recheck: bool = False, in_force: tuple[str, str, str] | None = None) -> dict | None:
     """The status a Halt (``namespace`` set) or ClusterHalt should have, or ``None`` when it
     already has it (pure): ``active`` and ``since``, ``Active`` and ``MatchesNoTool``
     (:func:`halt_conditions`; ``tools`` in reach, None when unknown), ``Ready``/``Reconciling``/
-    ``Stalled`` and ``observedGeneration``. ``recheck``: the tools in reach may have changed."""
+    ``Stalled`` and ``observedGeneration``. ``recheck``: the tools in reach may have changed.
+    ``in_force``: ``(status, reason, message)`` of the ``InForce`` condition, from a probe of the
+    API server (None: left as it is)."""
     status = body.get("status") or {}
     meta = body["metadata"]
     gen = meta.get("generation")
     spec = body.get("spec") or {}
     old = status.get("conditions") or []
     conds = halt_conditions(spec, namespace, tools, old, gen)
+    if in_force is not None:
+        conds = cond.set_condition(conds, cond.condition(cond.IN_FORCE, *in_force, gen))
     active_cond = cond.get_condition(conds, cond.ACTIVE) or {}
     active = cond.is_true(conds, cond.ACTIVE)
     state = st.READY_STATE if active else st.STALLED_STATE
@@ -122,13 +127,19 @@ def _report(parts: runtime.Parts, body: Any, plural: str, namespace: str | None,
     spec = body.get("spec") or {}
     has_tool = isinstance((spec.get("scope") or {}).get("tool"), str)
     conds = status.get("conditions")
+    probed = cond.get_condition(conds, cond.IN_FORCE) or {}
     if not recheck and status.get("observedGeneration") == meta.get("generation") and \
             cond.get_condition(conds, cond.READY) and (not has_tool or cond.get_condition(conds, cond.MATCHES_NO_TOOL)
-                                                      or not cond.is_true(conds, cond.ACTIVE)):
+                                                      or not cond.is_true(conds, cond.ACTIVE)) and \
+            (probed.get("status") in (cond.TRUE, cond.UNKNOWN) or not cond.is_true(conds, cond.ACTIVE)):
         return  # reported for this generation (a halt of an older operator gets its conditions now)
     kube = parts.kube
+    force = None
+    if not recheck and not (probed.get("status") == cond.TRUE and probed.get("observedGeneration") == meta.get(
+            "generation")):
+        force = _probe(kube, body, namespace, name)
     update = halt_status(body, namespace, _tools(kube, namespace, spec.get("scope")) if has_tool else [],
-                         recheck=recheck)
+                         recheck=recheck, in_force=force)
     if update is None:
         return
     patch = {"status": update}
@@ -137,6 +148,32 @@ def _report(parts: runtime.Parts, body: Any, plural: str, namespace: str | None,
     except ApiException as err:
         if err.status != 404:  # lifted (deleted) meanwhile: nothing to report
             raise
+
+
+#: the namespace a ClusterHalt is probed in (when its namespace glob matches it)
+CLUSTER_PROBE_NAMESPACE = "default"
+
+
+def _probe(kube: Kube, body: Any, namespace: str | None, name: str) -> tuple[str, str, str]:
+    """The ``InForce`` condition of a halt: a dry run of a call it matches, refused by the API
+    server's halts policy naming this halt (:mod:`reversi.adapters.halt_probe`)."""
+    scope = (body.get("spec") or {}).get("scope")
+    scope = scope if isinstance(scope, dict) else {}
+    where = f"Halt {namespace}/{name}" if namespace else f"ClusterHalt {name}"
+    probe_ns = namespace or CLUSTER_PROBE_NAMESPACE
+    pattern = scope.get("namespace")
+    if namespace is None and isinstance(pattern, str) and not glob_match(pattern, probe_ns):
+        return (cond.UNKNOWN, cond.NOT_PROBED, f"not probed: scope.namespace {pattern!r} does not match namespace "
+                f"{probe_ns}, where the operator probes ClusterHalts; it is in force all the same")
+    try:
+        refused = halt_probe.in_force(kube.custom, probe_ns, scope, where)
+    except ApiException as err:
+        return (cond.UNKNOWN, cond.NOT_PROBED, f"not probed: the API server answered {err.status} ({err.reason})")
+    if refused:
+        return (cond.TRUE, cond.REFUSED_BY_API_SERVER, "the API server refuses the calls it matches (a dry run of one "
+                "was refused), with no operator or admission server needed")
+    return (cond.FALSE, cond.NOT_YET_REFUSED, "a dry run of a call it matches was still admitted 2 s after the halt "
+            "was stored: is the halts admission policy installed (webhook.enabled)?")
 
 
 def recheck_reach(parts: runtime.Parts, namespace: str) -> None:

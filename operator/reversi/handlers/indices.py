@@ -193,15 +193,16 @@ def jobs_of_run(indices: Indices | None, kube: Any, namespace: str, run_uid: str
 
 
 def journal(entries: Mapping[int, Entry], run_spec: RunSpec, legacy_undo: list[StepUndo] | None = None,
-            overlay: Mapping[int, StepUndo] | None = None) -> Journal:
+            overlay: Mapping[int, StepUndo] | None = None, run_uid: str | None = None) -> Journal:
     """The run's journal from its RunSteps by index (a run informer's view, see
     :class:`reversi.adapters.stepwatch.RunJournals`) merged with any inline journal.
     ``overlay``: undo state this process wrote and may not have seen come back yet
-    (read-your-writes for the request holding the run's lock)."""
+    (read-your-writes for the request holding the run's lock); ``run_uid``: the Run's uid, which
+    a step's copy of it must name (:func:`reversi.engine.journal.foreign_rule`)."""
     merged = []
     for i in sorted(entries):
         entry = entries[i]
         if overlay and i in overlay and entry.undo != overlay[i]:
             entry = Entry(entry.spec, overlay[i])
         merged.append(entry)
-    return assemble(run_spec, merged, legacy_undo or [])
+    return assemble(run_spec, merged, legacy_undo or [], run_uid)

@@ -40,6 +40,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from .. import conditions as cond
+from ..adapters import closed_runs
 from ..adapters import jobs as jobs_mod
 from ..adapters import journal as jr
 from ..adapters import status as st
@@ -55,7 +56,7 @@ from ..engine.decide import epoch as _epoch
 from ..engine.plan import COMPENSATE, build_plan
 from ..engine.report import outcome_reason, report_message, when_run_gone
 from ..engine.schedule import progress_text, ready_steps
-from ..models.rollbackrequest import TERMINAL_PHASES, Plan, Report, RollbackRequestSpec, run_ref_name
+from ..models.rollbackrequest import TERMINAL_PHASES, Plan, Report, RollbackRequestSpec, StepReason, run_ref_name
 from ..models.run import RunSpec, StepUndo
 from ..models.toolmanifest import Runner, ToolManifestSpec
 from ..settings import OperatorSettings
@@ -79,6 +80,11 @@ GAP_PASSES = 10
 BOUNDARY_GRACE_SECONDS = 0.5
 
 
+#: seconds between dry-run probes of a freshly taken lock, and how long they are waited for
+LOCK_PROBE_SECONDS = 0.1
+LOCK_PROBE_DEADLINE = 10.0
+
+
 @dataclass
 class PassMemory:
     """What a worker keeps between passes: finished Job views (they never change) and the
@@ -96,6 +102,9 @@ class PassMemory:
     plan: tuple | None = None
     #: when this process pinned ``status.runSteps`` (``time.time()``): the recount at the end waits for it
     pinned_at: float | None = None
+    #: since when (``time.monotonic()``) this process waits for the lock to be in force at the API
+    #: server (its dry-run probe refused), before it pins the steps
+    lock_probed_since: float | None = None
     #: since when (``time.monotonic()``) the request's status has steps under way that are not
     #: written yet (see :func:`only_under_way`); None: the stored status is up to date
     unwritten_since: float | None = None
@@ -403,14 +412,39 @@ class Reconciler(TreeRollback):
             self._wait_for_lock(loaded.ns, held_run or loaded.run_name, loaded.name)  # its release wakes it
             # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
             return Next(WAIT_SECONDS if holder else self.settings.tick_seconds)
-        if status.get("runSteps") is None and not idle and self._pin(loaded, memory):
-            return Next(self.settings.tick_seconds)  # plan again, with exactly the steps pinned
+        if status.get("runSteps") is None and not idle:
+            if not self._lock_in_force(loaded, memory):
+                return Next(LOCK_PROBE_SECONDS)  # the API server does not refuse the run's steps yet
+            if self._pin(loaded, memory):
+                return Next(self.settings.tick_seconds)  # plan again, with exactly the steps pinned
         tree = self._tree_pass(loaded.req, status)  # the runs below this one, locked with it (None: no child runs)
         if loaded.recorded is None and not idle:
             # record the runners this request uses before any Job starts: it uses only those until it ends
             loaded.runners, loaded.readers = self._record_runners(loaded.req, status, loaded.plan, run_spec,
                                                                   loaded.prior, loaded.runners, loaded.readers)
         return Held(cancelling=spec.cancel, tree=tree, floor=tree.floor if tree is not None else 0)
+
+    def _lock_in_force(self, loaded: Loaded, memory: PassMemory) -> bool:
+        """Whether the Run's lock is in force at the API server (rule 11): its entry in the
+        namespace's closed runs is written (again: idempotent) and a dry run of the run's next
+        step is refused (:func:`reversi.adapters.closed_runs.probe`). After
+        ``LOCK_PROBE_DEADLINE`` seconds of probes that are not refused (a halt refused the
+        probe, or the policy is not installed) the request goes on, and the count before it ends
+        finds any step recorded after the lock. Raises ``ApiException``."""
+        closed_runs.close(self.kube.core, loaded.ns, loaded.run_name, loaded.run_uid, loaded.name)
+        if closed_runs.probe(self.kube.custom, loaded.ns, loaded.run_name, loaded.run_uid):
+            memory.lock_probed_since = None
+            return True
+        now = time.monotonic()
+        if memory.lock_probed_since is None:
+            memory.lock_probed_since = now
+        if now - memory.lock_probed_since < LOCK_PROBE_DEADLINE:
+            return False
+        log.warning("%s: the API server still admits steps of Run %s/%s %.0f s after the lock was taken (is the lock "
+                    "policy installed?); planning anyway: steps recorded after the lock are found before the request "
+                    "ends", loaded.ref, loaded.ns, loaded.run_name, LOCK_PROBE_DEADLINE)
+        memory.lock_probed_since = None
+        return True
 
     def _pin(self, loaded: Loaded, memory: PassMemory) -> bool:
         """Pin the steps the Run has now (``status.runSteps``): the Run is closed from now on, and
@@ -517,6 +551,8 @@ class Reconciler(TreeRollback):
         # a step stored just after the lock was counted: wait for it, or plan it (the pass goes on as Running)
         late = self._count_again(loaded.req, loaded.run_name, status, memory, loaded.now) if ending else None
         if ending and late is None:
+            if report.foreign:
+                self._tell_foreign(loaded.req, loaded.ns, loaded.run_name, report)
             said = request_phase.ending(
                 complete=report.complete, verdict=verdict, undone_some=outcome_reason(report) == "Partial",
                 compensates_nothing=not loaded.plan.of_kind(COMPENSATE) and tree is None,
@@ -552,6 +588,11 @@ class Reconciler(TreeRollback):
         d, tree, status, gen = decided.d, held.tree, loaded.status, loaded.gen
         limit, mlimit = self.settings.status_detail_limit, self.settings.message_limit
         report = end.report
+        journal = loaded.journal
+        if journal.foreign or journal.missing:  # not the run's steps: named, never undone
+            report = report.model_copy(update={
+                "foreign": [StepReason(step=i, reason=why) for i, why in sorted(journal.foreign.items())],
+                "missing": list(journal.missing)})
         own_complete = report.complete
         if tree is not None:
             report = report.model_copy(update={"complete": own_complete and tree.complete()})
@@ -568,6 +609,16 @@ class Reconciler(TreeRollback):
         if tree is not None:
             status["report"]["runs"] = self._tree_sections(tree, report, own_complete, end.finished, held.cancelling)
         return report, own_complete
+
+    def _tell_foreign(self, req: dict, ns: str, run: str, report: Report) -> None:
+        """An Event (Warning ``ForeignSteps``) naming each RunStep that is not part of the run's
+        record and the rule it broke; the metric ``reversi_foreign_steps`` counts them."""
+        named = "; ".join(f"{jr.step_name(run, f.step)}: {f.reason}" for f in report.foreign[:5])
+        more = f" (and {len(report.foreign) - 5} more)" if len(report.foreign) > 5 else ""
+        self.kube.event(req, "ForeignSteps", f"{len(report.foreign)} RunStep(s) of Run {ns}/{run} are not part of its "
+                        f"record and were not undone: {named}{more}", True)
+        if self.metrics:
+            self.metrics.foreign_steps(ns, len(report.foreign))
 
     def _say(self, req: dict, status: dict, said: request_phase.Phase) -> None:
         """Put phase ``said`` in ``status``: its phase and its conditions, readiness included."""
@@ -606,8 +657,8 @@ class Reconciler(TreeRollback):
         """The Run (read again after moving an inline journal of Reversi 0.1 into RunSteps) and
         its journal as this request plans it: the steps pinned at the lock (rule 11), or None
         while the RunSteps are still being listed or their watch has not caught up with a gap
-        (at most ``GAP_PASSES`` passes). Raises :class:`CannotCarryOut` for a journal that cannot be
-        read, or a gap that stays."""
+        (at most ``GAP_PASSES`` passes; a gap that stays is a call never recorded there, named in the
+        report). Raises :class:`CannotCarryOut` for a journal that cannot be read."""
         meta = req["metadata"]
         ns, ref = meta["namespace"], f"RollbackRequest {meta['namespace']}/{meta['name']}"
         try:
@@ -625,9 +676,10 @@ class Reconciler(TreeRollback):
         if journal.missing:
             memory.gap_passes += 1
             if memory.gap_passes <= GAP_PASSES:
-                return run_obj, None  # the watch of RunSteps has not caught up yet
-            raise CannotCarryOut(cond.INVALID_DEPENDENCIES,
-                                 f"{ref}: {journal.gap_message(f'{ns}/{spec.run_ref.name}')}")
+                return run_obj, None  # the watch of RunSteps may not have caught up yet
+            if memory.gap_passes == GAP_PASSES + 1:  # no call was recorded there: the report names them
+                log.info("%s: %s", ref, journal.gap_message(f"{ns}/{spec.run_ref.name}"))
+            return run_obj, journal
         memory.gap_passes = 0
         return run_obj, journal
 
@@ -743,6 +795,9 @@ class Reconciler(TreeRollback):
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             return False  # someone else changed the run: look again next pass
+        # the API server's lock policy refuses the run's recorded calls from now on (its informer lag)
+        closed_runs.close(self.kube.core, ns, run_obj["metadata"]["name"], run_obj["metadata"]["uid"],
+                          run_status.get("closedBy") or name)
         return True
 
     def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False) -> None:
@@ -770,6 +825,10 @@ class Reconciler(TreeRollback):
                                    resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
             self._release(ns, run_name, name, complete, deleted)
+            return
+        # the run stays closed (rule 11): its entry now says the rollback ended, for the refusal's words
+        closed_by = (run_obj.get("status") or {}).get("closedBy") or name
+        closed_runs.close(self.kube.core, ns, run_name, run_obj["metadata"]["uid"], closed_by, ended=True)
 
     # ------------------------------------------------------------------ a request deleted mid-way
 
@@ -877,7 +936,7 @@ class Reconciler(TreeRollback):
             return None
         memory.journal_version, entries = found
         spec, legacy = jr.inline_journal(run_obj)
-        return ix.journal(entries, spec, legacy, overlay=memory.written)
+        return ix.journal(entries, spec, legacy, overlay=memory.written, run_uid=meta["uid"])
 
     def _live_manifest(self, ref: str, ns: str, name: str) -> ToolManifestSpec | None:
         """The ToolManifest as it is now (kopf's index, else the API); None when missing. Raises

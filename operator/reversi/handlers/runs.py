@@ -17,8 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from .. import conditions as cond
+from ..adapters import closed_runs
 from ..adapters import status as st
 from ..engine import acknowledgement
 from ..adapters.kube import Conflict, Kube
@@ -116,8 +118,16 @@ def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo
 
 
 def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str) -> None:
-    """Queue the Run when its status is behind its generation or its conditions."""
-    if type == "DELETED" or not parts.reconciling():
+    """Queue the Run when its status is behind its generation or its conditions; a deleted Run
+    that a rollback closed leaves the namespace's closed runs (its entry names its uid)."""
+    if not parts.reconciling():
+        return
+    if type == "DELETED":
+        if (body.get("status") or {}).get("closedBy"):
+            try:
+                closed_runs.forget(parts.kube.core, namespace, name, body["metadata"]["uid"])
+            except ApiException as err:  # an entry left behind names a uid no Run has: it refuses nothing
+                log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err.reason)
         return
     operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}
