@@ -46,7 +46,8 @@ test: build
 test-long: build
 	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 REVERSI_BOUNDARY_ATTEMPTS=25 $(PYTHON) -m pytest -q \
 	  tests/integration/test_journal.py tests/integration/test_crash_and_scale.py \
-	  tests/integration/test_cancel_delete_and_guards_misuse.py::test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can
+	  tests/integration/test_cancel_delete_and_guards_misuse.py::test_the_run_boundary_holds_against_an_agent_recording_as_fast_as_it_can \
+	  tests/integration/test_recording_policies.py::test_a_call_racing_the_lock_is_refused_or_rolled_back_never_silent
 
 # malformed objects of every kind against the webhooks: 2,000 of them (make test sends 240)
 fuzz: build

@@ -110,6 +110,10 @@ def _upgrade_from_older_crds(cluster, helm, kubectl, admin_api, downstream, tmp_
         charge = rv.charge("o-upgrade")
         rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-upgrade", "amount": 700,
                                                            "customer": "cus_9"}, charge)])
+        # a step recorded before runs pinned their manifest carries its own snapshot: it stays
+        # readable after the upgrade and is undone by it (docs/concepts.md#the-journal)
+        old_step = rv.steps("r")[0]["spec"]
+        assert old_step["snapshot"]["name"] == "payments.create_charge" and "runAtOpen" not in old_step
         rv.request("undo", "r")
         # the old CRD lacks the field: the API server prunes it without a word
         rv.custom.patch_namespaced_custom_object_status("reversi.dev", "v1alpha1", users_ns, "rollbackrequests",
@@ -138,6 +142,7 @@ def _upgrade_from_older_crds(cluster, helm, kubectl, admin_api, downstream, tmp_
         assert done["status"]["phase"] == "Succeeded", done["status"]
         assert done["status"]["progress"] == "1/1"  # the field works now
         assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+        assert rv.steps("r")[0]["spec"]["snapshot"] == old_step["snapshot"], "the old step keeps its snapshot"
         assert version().returncode == 0
 
         rel.uninstall()
