@@ -63,11 +63,14 @@ def test_a_halt_refuses_calls_while_the_operator_is_stopped(rv, users, admin_api
 
 
 def test_a_call_recorded_during_an_admission_gap_waits_and_is_recorded(rv, users, namespace, operator):  # noqa: F811
-    """Every admission replica is down for about 3 s: a write is refused with "failed calling
-    webhook" (never landed), so the SDK tries it again and the agent's call is recorded once the
-    webhooks answer; the call is made once."""
-    rv.apply_manifest()
+    """Every admission replica is down for about 3 s: a write that crosses the webhook (here a
+    step of a Run opened before its ToolManifest existed, so it has no pinned manifest) is refused
+    with "failed calling webhook" (never landed), so the SDK tries it again and the agent's call is
+    recorded once the webhooks answer; the call is made once. (A recorded call of a Run with a
+    pinned manifest crosses no webhook and does not wait: test_recording_policies.py.)"""
     rec = _recorder(users["agent-a"], namespace, "r")
+    assert "pinnedManifest" not in rv.get("runs", "r")["spec"]
+    rv.apply_manifest()
     operator.admission.kill()
     restarted = threading.Timer(3.0, operator.admission.start)
     restarted.start()

@@ -49,3 +49,59 @@ def test_every_cel_literal_is_printable():
 
     for body in policies.recording_policies("x"):
         assert not any(ord(c) < 32 for text in strings(body) for c in text), body["metadata"]["name"]
+
+
+# ----------------------------------------------------------------- after the fact: foreign steps
+
+def _run_spec(**extra):
+    from reversi.models.run import RunSpec
+
+    return RunSpec.model_validate({"principal": "agent-a", "manifestRef": {"name": "m"}, "scope": {"actor": "bot"},
+                                   "pinnedManifest": {"revision": 3, "tools": [
+                                       {"name": "box.put", "effect": "write", "compensation": {
+                                           "tool": "box.remove", "kind": "inverse", "args": {}, "runner": "r"}}]},
+                                   **extra})
+
+
+def _entry(index, principal="agent-a", uid="u1", **copy):
+    from reversi.engine.journal import Entry
+    from reversi.models.runstep import RunStepSpec
+
+    return Entry(RunStepSpec.model_validate({
+        "index": index, "tool": "box.put", "args": {}, "outcome": "succeeded", "runRef": {"name": "r"},
+        "principal": principal, "runAtOpen": {"uid": uid, "principal": "agent-a", "scope": {"actor": "bot"}, **copy}}))
+
+
+def test_a_step_whose_copy_disagrees_with_its_run_is_foreign_and_left_out():
+    from reversi.engine.journal import assemble
+
+    journal = assemble(_run_spec(), [_entry(0), _entry(1, principal="agent-b"), _entry(2, uid="u0"),
+                                     _entry(3, mode="observe"), _entry(5)], run_uid="u1")
+    assert [s.index for s in journal.spec.steps] == [0, 5]
+    assert sorted(journal.foreign) == [1, 2, 3]
+    assert "rule 10" in journal.foreign[1] and "another Run of the same name" in journal.foreign[2]
+    assert "mode" in journal.foreign[3]
+    assert journal.missing == [4], "a gap is named, a foreign step is not a gap"
+    assert journal.size == 6
+
+
+def test_a_step_without_a_snapshot_is_undone_by_its_runs_pinned_entry():
+    from reversi.engine.journal import assemble
+
+    journal = assemble(_run_spec(), [_entry(0)], run_uid="u1")
+    assert journal.spec.steps[0].snapshot is not None and journal.spec.steps[0].snapshot.compensation.tool == \
+        "box.remove"
+
+
+def test_describe_names_the_pinned_manifest_and_the_foreign_steps():
+    import datetime as dt
+
+    from reversi.cli import views
+
+    req = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "r"}},
+           "status": {"phase": "Succeeded", "report": {"foreign": [{"step": 1, "reason": "recorded by agent-b"}],
+                                                       "missing": [4]}}}
+    run = {"spec": {"manifestRef": {"name": "m"}, "pinnedManifest": {"revision": 3, "tools": []}}}
+    text = views.describe_request(req, run, [], dt.datetime.now(dt.UTC))
+    assert "Manifest:     m revision 3, pinned when the run was opened" in text
+    assert "step 1 is not part of the run's record: recorded by agent-b" in text and "step(s) 4" in text

@@ -121,7 +121,8 @@ def halt_policy(kind: str, name: str) -> dict[str, Any]:
             f"object.metadata.namespace.matches({glob_regex('params.spec.scope.namespace')})")})
         hit = "variables.namespaceHit && " + hit
         where = "'ClusterHalt ' + params.metadata.name"
-    through = ("(variables.ownHit ? '' : ', by the scope of an ancestor Run')")
+    through = ("(variables.ownHit ? '' : ', by the scope of ancestor Run ' + object.spec.runAtOpen.ancestors.filter(a, "
+               f"(has(a.scope) && ({_scope_hit('a.scope')})) || (!has(a.scope) && {_no_scope_hit()}))[0].name)")
     return {
         "apiVersion": ADM, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
         "spec": {

@@ -615,6 +615,11 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
         f"Dry run:      {'yes' if spec.get('dryRun') else 'no'}",
         f"Phase:        {status.get('phase') or 'Pending'}",
     ]
+    run_spec = (run or {}).get("spec") or {}
+    pin = run_spec.get("pinnedManifest")
+    if isinstance(pin, dict):  # the manifest revision the run's steps are undone by
+        lines.insert(3, f"Manifest:     {(run_spec.get('manifestRef') or {}).get('name', '')} revision "
+                        f"{pin.get('revision')}, pinned when the run was opened")
     if status.get("progress"):
         report = status.get("report") or {}
         cancelled = report.get("cancelled") or []
@@ -632,6 +637,11 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     lines.append(f"Created:      {created or '<unknown>'} ({age(created, now)} ago)")
     lines.append(f"Started:      {status.get('startTime') or '-'}")
     lines.append(f"Completed:    {status.get('completionTime') or '-'}")
+    report_now = status.get("report") or {}
+    for item in report_now.get("foreign") or []:  # not the run's record: never undone
+        lines.append(f"Not undone:   step {item.get('step')} is not part of the run's record: {item.get('reason')}")
+    if report_now.get("missing"):
+        lines.append(f"Missing:      no call was recorded at step(s) {', '.join(map(str, report_now['missing']))}")
     if status.get("runners") is not None:  # recorded at the lock: every Job of the request runs one of these
         used = ", ".join(f"{r.get('name')} ({r.get('image')})" for r in status["runners"]) or "none needed"
         lines.append(f"Runners:      {used}, as recorded at the lock (status.runners)")
