@@ -172,9 +172,20 @@ AGENTS = {"recorded": _recording_agent, "plain": _plain_agent, "bare": _bare_age
           "snapshot": _bare_snapshot_agent, "keyed": _keyed_agent}
 
 
-def _process(kind: str, kubeconfig: str, namespace: str, runs: list[str], until: float, queue: Any) -> None:
-    """One worker process: one thread per agent; puts every agent's records on ``queue``."""
-    target = AGENTS[kind]
+def _process(kind: str, kubeconfig: str, namespace: str, runs: list[str], clock: Any, queue: Any) -> None:
+    """One worker process: says it is ready (its imports done: on a loaded machine they take
+    seconds), waits for the clock's end time, then runs one thread per agent; puts every agent's
+    records on ``queue``."""
+    ready, go, end = clock
+    ready.put(True)
+    go.wait()
+    until = end.value
+    def target(*args: Any) -> None:
+        try:
+            AGENTS[kind](*args)
+        except Exception as err:  # noqa: BLE001 - an agent that dies says why (its calls stop counting)
+            print(f"{kind} agent {args[2]} stopped: {err!r}"[:2000], file=sys.stderr, flush=True)
+
     results: dict[str, list] = {run: [] for run in runs}
     threads = [threading.Thread(target=target, args=(kubeconfig, namespace, run, until, results[run]), daemon=True)
                for run in runs]
@@ -195,13 +206,18 @@ def drive(kind: str, kubeconfig: str, namespace: str, agents: int, seconds: floa
     groups = [runs[p::processes] for p in range(min(processes, agents))]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    start = time.time() + 3.0  # every process has its clients before the clock starts
-    until = start + seconds
-    if window is not None:
-        window += [start, until]
-    procs = [ctx.Process(target=_process, args=(kind, kubeconfig, namespace, g, until, queue)) for g in groups]
+    clock = (ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0))
+    procs = [ctx.Process(target=_process, args=(kind, kubeconfig, namespace, g, clock, queue)) for g in groups]
     for p in procs:
         p.start()
+    for _ in procs:  # every process imported what it needs before the clock is set
+        clock[0].get(timeout=300)
+    start = time.time() + 3.0  # every agent has its client and its Run before the clock starts
+    until = start + seconds
+    clock[2].value = until
+    clock[1].set()
+    if window is not None:
+        window += [start, until]
     if during is not None:
         during(start)
     merged: dict[str, list] = {}
