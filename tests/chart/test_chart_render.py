@@ -219,7 +219,10 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     kinds = ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")
     needed = {("reversi.dev", k, v) for k in kinds for v in ("get", "list", "watch")}
     needed |= {("reversi.dev", f"{k}/status", "patch") for k in kinds}
-    needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run
+    needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run; the lock's dry-run probe
+    # a rollback's lock as the API server enforces it: the namespace's ConfigMap reversi-closed-runs (get and patch
+    # are narrowed to that name by test_rbac_has_no_wildcards' resourceNames rule)
+    needed |= {("", "configmaps", "create"), ("", "configmaps", "get"), ("", "configmaps", "patch")}
     # nested runs: the request of a parent run makes (and cancels) one request per child run
     needed |= {("reversi.dev", "rollbackrequests", "create"), ("reversi.dev", "rollbackrequests", "patch")}
     needed |= {("reversi.dev", "runs/finalizers", "update"),
@@ -231,6 +234,9 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
+    for rule in _operator_rules(render()):  # the operator reads and changes no ConfigMap but the closed runs
+        if "configmaps" in rule["resources"] and set(rule["verbs"]) & {"get", "patch"}:
+            assert rule.get("resourceNames") == ["reversi-closed-runs"], rule
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
              ("reversi.dev", "runs", "update"), ("reversi.dev", "runs", "patch"), ("", "pods", "create")}
     assert not grants & never
