@@ -3,7 +3,8 @@
     python benchmarks/gateway_bench.py [--calls 200] [--warmup 20] [--json]
 
 On the local control plane (started if it is not running, stopped again if it was started
-here), with the operator and its admission webhooks (every recorded step is admitted by them),
+here), with the operator, its admission webhooks and the recorded call's admission policies (every
+recorded step is admitted by the API server's policies, no webhook),
 the demo MCP shop and the gateway (demo/mcp_demo.py's ``Stack``). One MCP client session each:
 
 - **direct**: ``payments.get_customer`` on the shop itself, nothing recorded;
