@@ -219,7 +219,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     kinds = ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")
     needed = {("reversi.dev", k, v) for k in kinds for v in ("get", "list", "watch")}
     needed |= {("reversi.dev", f"{k}/status", "patch") for k in kinds}
-    needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run; the lock's dry-run probe
+    # moving the inline journal of a 0.1 Run; the lock's dry-run probe
+    needed |= {("reversi.dev", "runsteps", "create")}
     # a rollback's lock as the API server enforces it: the namespace's ConfigMap reversi-closed-runs (get and patch
     # are narrowed to that name by test_rbac_has_no_wildcards' resourceNames rule)
     needed |= {("", "configmaps", "create"), ("", "configmaps", "get"), ("", "configmaps", "patch")}
