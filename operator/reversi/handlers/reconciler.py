@@ -455,8 +455,10 @@ class Reconciler(TreeRollback):
                                entries=loaded.old_entries, now=loaded.now, started=loaded.started, observe=observe,
                                floor=held.floor, runner_names=frozenset(loaded.runners), readers=loaded.readers)
         d = dc.decide(inputs, memory.rng)
+        first_reads = {e.step for e in d.effects if isinstance(e, ex.StartJob) and e.role == "reader" and e.read == 1}
         for old, new in d.moves:
-            self._durations(loaded.ns, loaded.plan.actions[new.step].tool, old, new, memory, loaded.now)
+            self._durations(loaded.ns, loaded.plan.actions[new.step].tool, old, new, memory, loaded.now,
+                            new.step in first_reads)
         return Decided(inputs, d, labels, req_uid)
 
     # -------------------------------------------------------------------------------- act
@@ -651,20 +653,27 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- helpers
 
-    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: PassMemory, now: float) -> None:
+    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: PassMemory, now: float,
+                   first_read: bool = False) -> None:
         """Time compensator attempts and verifications (histograms; in-memory start times, so a
-        step in flight across an operator restart is not timed)."""
+        step in flight across an operator restart is not timed).
+
+        A verification is timed from the pass that starts its first read-back (``first_read``: the
+        pass starts the step's reader Job of read 1) to the pass that sees its verdict, whatever stage that pass
+        rebuilt the step from: a hand-over from the compensator to its first read-back is not
+        written to the request's status (:func:`reversi.engine.request_phase.only_under_way`), so
+        the pass that sees the verdict often starts again from ``compensating``. Read-backs of an
+        earlier request's undo (rule 5) are timed the same way."""
         s = new.step
         if new.stage == "compensating" and (old.stage != "compensating" or old.attempts != new.attempts):
             memory.since[(s, "compensation")] = now
-        if new.stage == "verifying" and old.stage not in ("verifying", "rereading"):
-            # setdefault: a pass that rebuilds the step from a status without its hand-over sees it again
+        if first_read:
             memory.since.setdefault((s, "verification"), now)
         if old.stage == "compensating" and new.stage != "compensating":
             started = memory.since.pop((s, "compensation"), None)
             if started is not None and self.metrics:
                 self.metrics.observe_compensation(ns, tool, now - started)
-        if old.stage in ("verifying", "rereading") and new.stage in ("compensated", "failed"):
+        if new.stage in ("compensated", "failed") and old.stage not in ("compensated", "failed"):
             started = memory.since.pop((s, "verification"), None)
             if started is not None and self.metrics:
                 self.metrics.observe_verification(ns, tool, now - started)
