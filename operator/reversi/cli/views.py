@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..adapters.jobs import job_name
-from ..engine.acknowledgement import acknowledged
+from ..engine import standing as sd
+from ..engine.acknowledgement import acknowledged, residue_request, stale
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
 from ..engine.nested_runs import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
@@ -638,9 +639,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     complete = conds.get("Complete") or {}
     if complete.get("message"):
         lines.append(f"Verdict:      {complete['message']}")
-    ack = acknowledged(run) if run is not None else None
-    if ack is not None and (ack.legacy or ack.request == meta.get("name")):
-        lines.append(f"Residue:      {ack.text()} (kubectl reversi acknowledge --withdraw takes it back)")
+    lines += standing_lines(run)
     invalid = conds.get("Invalid") or {}
     if invalid.get("status") == "True":
         lines.append(f"Invalid:      {invalid.get('reason')}: {invalid.get('message')}")
@@ -660,6 +659,45 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if events:
         lines += _event_lines(events, now)
     return "\n".join(lines)
+
+
+def standing_lines(run: Mapping[str, Any] | None) -> list[str]:
+    """``describe``'s lines on what stands on the run now (its ``status.standing``,
+    docs/concepts.md#what-stands), the same whichever request is described, and on its
+    acknowledgement: one that covers what stands now, or one that does not (it accepted an earlier
+    rollback's residue), never mixed. Empty for a run no rollback has given a verdict."""
+    if run is None:
+        return []
+    status = run.get("status") or {}
+    standing = status.get("standing") if isinstance(status.get("standing"), Mapping) else None
+    name = (run.get("metadata") or {}).get("name", "")
+    rolled = next((c.get("status") for c in status.get("conditions") or []
+                   if isinstance(c, Mapping) and c.get("type") == "RolledBack"), None)
+    lines: list[str] = []
+    if standing is not None:
+        left = standing.get("request")
+        whole = "rolled back in full" if rolled == "True" else sd.text(standing)
+        lines.append(f"Standing:     on Run {name} now: {whole}"
+                     + (f", left by RollbackRequest {left}" if left and rolled != "True" and (
+                         standing.get("failed") or standing.get("unverified")) else ""))
+        listed = [s for s in standing.get("steps") or [] if isinstance(s, Mapping)]
+        for s in listed[:BUCKET_LIMIT]:
+            by = f" (RollbackRequest {s['request']})" if s.get("request") else ""
+            lines.append(f"  step {s.get('step')}  {s.get('tool', '')}: {s.get('state')}{by}")
+        more = (standing.get("failed") or 0) + (standing.get("unverified") or 0) - min(len(listed), BUCKET_LIMIT)
+        if more > 0:
+            lines.append(f"  ... and {more} more (their RunSteps: kubectl get runsteps -l reversi.dev/run={name})")
+    ack = acknowledged(run)
+    old = stale(run)
+    if ack is not None:
+        covers = "" if ack.legacy else f"; it covers what stands now (RollbackRequest {ack.request}'s residue)"
+        lines.append(f"Residue:      {ack.text()}{covers} (kubectl reversi acknowledge --withdraw takes it back)")
+    elif old is not None:
+        why = ("the run is rolled back in full since" if rolled != "False" else
+               f"RollbackRequest {residue_request(run)} left steps standing since")
+        lines.append(f"Residue:      not acknowledged now: {old.text()} accepted RollbackRequest {old.request}'s "
+                     f"residue, not what stands now ({why})")
+    return lines
 
 
 def _plan_lines(plan: Mapping[str, Any], run_name: str, ns: str) -> list[str]:

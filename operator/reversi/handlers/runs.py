@@ -2,8 +2,11 @@
 
 The reconciler keeps these current whenever it locks or releases a Run. Recording steps never
 changes a Run (each step is a RunStep of its own), so this handler has little to do: it brings
-the status up to date when a Run is created or its spec edited, once the Run has been quiet for
-``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus.
+the status up to date when a Run is created or its spec edited (an acknowledgement set or
+withdrawn: Ready and ``status.standing.acknowledgedBy``), once the Run has been quiet for
+``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus. A
+Run written before ``status.standing`` existed gets it once, computed from its journal
+(docs/concepts.md#what-stands).
 
 The :class:`RunStatusWriter` debounces each Run's key on the operator's work queue
 (:mod:`reversi.workqueue`), served by one thread, not a thread per Run.
@@ -13,14 +16,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from .. import conditions as cond
+from ..adapters import journal as jr
 from ..adapters import status as st
-from ..engine import acknowledgement
+from ..engine import acknowledgement, standing
 from ..adapters.kube import Conflict, Kube
 from ..models.rollbackrequest import run_ref_name
 from ..workqueue import WorkQueue
@@ -72,15 +77,50 @@ def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict)
         return
     ack = acknowledgement.acknowledged(body)
     update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1], ack)
+    if st.needs_standing(body.get("status")):
+        standing = _standing_from_journal(kube, key)
+        if standing is not None:
+            ack = acknowledgement.acknowledged({**body, "status": {**(body.get("status") or {}), "standing": standing}})
+            standing["acknowledgedBy"] = acknowledgement.acknowledged_by(ack)
+            update = st.run_status_update({**(body.get("status") or {}), "standing": standing},
+                                          body["metadata"].get("generation"), key[1], ack) or {}
+            update = {"observedGeneration": body["metadata"].get("generation"), **update, "standing": standing}
     if update is None:
         return
     try:
         kube.merge_status("runs", key[0], key[1], update, resource_version=body["metadata"]["resourceVersion"])
     except Conflict:
         return  # the Run changed since: its next event brings it here again
-    last = (body.get("status") or {}).get("lastRequest")
+    last = acknowledgement.residue_request({**body, "status": {**(body.get("status") or {}), **{
+        k: v for k, v in update.items() if k == "standing"}}})
     if last and (ack is not None or _was_acknowledged(body)):
         _sync_last_request(kube, key[0], last, ack, run=key[1])
+
+
+def _standing_from_journal(kube: Kube, key: RunKey) -> dict | None:
+    """What stands on a Run written before ``status.standing`` existed, from its journal (one
+    GET of the Run, a paged LIST of its RunSteps) and the report of its last request (the steps
+    that report found undone): ``status.standing`` (wire) naming ``status.lastRequest``, or None
+    when the Run is gone, locked since, or its journal cannot be read (logged; its next event
+    tries again)."""
+    run_obj = kube.get("runs", *key)
+    status = (run_obj or {}).get("status") or {}
+    if run_obj is None or not st.needs_standing(status):
+        return None
+    try:
+        journal = jr.load(kube.custom, run_obj)
+    except Exception as err:  # noqa: BLE001 - a bad or unreadable journal leaves the Run as it is
+        log.warning("Run %s/%s: what stands not computed from its journal: %s", *key, err)
+        return None
+    last = status.get("lastRequest")
+    report = (((kube.get("rollbackrequests", key[0], last) or {}).get("status") or {}).get("report") or {}) \
+        if last else {}
+    undone = frozenset(s for s in report.get("compensated") or [] if isinstance(s, int)) | frozenset(
+        s for s in report.get("alreadyRecovered") or [] if isinstance(s, int))
+    tools = {s.index: s.tool for s in journal.spec.steps}
+    rolled = (cond.get_condition(status.get("conditions"), cond.ROLLED_BACK) or {}).get("status")
+    steps = standing.standing_undos(journal.undo, tools, undone) if rolled == cond.FALSE else []
+    return {**standing.summary(steps, last), "updatedAt": st.iso(time.time())}
 
 
 def _was_acknowledged(body: dict) -> bool:
@@ -90,9 +130,10 @@ def _was_acknowledged(body: dict) -> bool:
 
 def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None,
                        run: str) -> None:
-    """The Run's last RollbackRequest says whether its residue is acknowledged (Ready) or not
-    (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue). A request of that
-    name for another Run (the Run's own was deleted and the name used again) is left alone."""
+    """The RollbackRequest whose residue stands on the Run says whether that residue is
+    acknowledged (Ready) or not (Stalled), as the Run now does
+    (docs/concepts.md#acknowledging-residue). A request of that name for another Run (the Run's
+    own was deleted and the name used again) is left alone."""
     request = kube.get("rollbackrequests", namespace, name)
     if request is None or run_ref_name(request) != run:
         return
@@ -127,15 +168,19 @@ def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name
             operating.reconciler.lock_orphaned(namespace, name, holder)
         except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
             log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
-    if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None:
-        # keep only what the write needs, not the Run's steps
+    if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None \
+            or st.needs_standing(status):
+        # keep only what the write needs, not the Run's steps, nor what stands beyond who accepted it
         annotations = meta.get("annotations") or {}
         legacy = annotations.get(acknowledgement.LEGACY_ANNOTATION)
         ack = (body.get("spec") or {}).get("acknowledgement")
+        held = status.get("standing")
         operating.run_status.changed(namespace, name, {
             "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion"),
                          "annotations": {} if legacy is None else {acknowledgement.LEGACY_ANNOTATION: legacy}},
             "spec": {"acknowledgement": dict(ack)} if isinstance(ack, dict) else {},
             "status": {"observedGeneration": status.get("observedGeneration"),
                        "lastRequest": status.get("lastRequest"),
+                       **({"standing": {"request": held.get("request"), "acknowledgedBy": held.get("acknowledgedBy")}}
+                          if isinstance(held, dict) else {}),
                        "conditions": [dict(item) for item in status.get("conditions") or []]}})
