@@ -460,9 +460,14 @@ def test_service_monitor_sets_the_job_label_and_keeps_the_metrics_namespace(rend
 
 
 def test_prometheus_rule_carries_the_tested_rules(render):
+    """The documented release renders the rules file as it is; another release the same rules,
+    with the commands in the annotations naming its own objects (tests/chart/test_alert_commands.py)."""
     rules_file = yaml.safe_load((CHART / "files" / "alerts" / "reversi.rules.yaml").read_text())
-    objs = render({"metrics": {"prometheusRule": {"enabled": True}}})
+    objs = render({"metrics": {"prometheusRule": {"enabled": True}}}, release="reversi")
     assert find(objs, "PrometheusRule")["spec"]["groups"] == rules_file["groups"]
+    other = find(render({"metrics": {"prometheusRule": {"enabled": True}}}), "PrometheusRule")["spec"]["groups"]
+    strip = [[{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]] for g in rules_file["groups"]]
+    assert [[{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]] for g in other] == strip
 
 
 def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
