@@ -336,10 +336,11 @@ def requests_of(c: Connection, run: str) -> list[dict]:
 
 def request_of_run(c: Connection, run: dict) -> dict:
     """The RollbackRequest ``describe run/RUN`` shows: the one working on the run now
-    (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``,
-    whose verdict the run's Ready condition, the alerts and an acknowledgement follow; a later dry
-    run does not hide it), else the newest one whose ``spec.runRef.name`` is the run (a dry run
-    takes no lock). Raises :class:`CliError` when the run has none."""
+    (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``; a
+    later dry run does not hide it), else the newest one whose ``spec.runRef.name`` is the run (a
+    dry run takes no lock). What stands on the run, which the alerts and an acknowledgement
+    follow, is the Run's own ``status.standing``, which ``describe`` prints with it whichever
+    request it shows (docs/concepts.md#what-stands). Raises :class:`CliError` when the run has none."""
     name = run["metadata"]["name"]
     status = run.get("status") or {}
     for held in (status.get("activeRequest"), status.get("lastRequest")):
@@ -648,11 +649,12 @@ def cancel(request: str) -> int:
 # ------------------------------------------------------------------------------- acknowledge
 
 
-@cli.command(help="Accept what RUN's last rollback could not undo (its residue): the Run and that RollbackRequest "
-             "read as done (Ready; Flux, Argo CD and kstatus see them healthy), the incomplete-rollback alerts "
-             "clear, and the report still says what stands. Say in --note what was done about it. A later "
-             "rollback of the run is not covered. --withdraw takes the acknowledgement back. Needs the RBAC verb "
-             "acknowledge on runs (the role reversi-acknowledge).")
+@cli.command(help="Accept what RUN's rollbacks could not undo (what stands, its residue): the Run and the "
+             "RollbackRequest whose residue it is read as done (Ready; Flux, Argo CD and kstatus see them healthy), "
+             "the incomplete-rollback alerts clear, and the report still says what stands. Say in --note what was "
+             "done about it. A later rollback that leaves something new standing is not covered; one that undid "
+             "nothing is. --withdraw takes the acknowledgement back. Needs the RBAC verb acknowledge on runs (the "
+             "role reversi-acknowledge).")
 @click.argument("run")
 @click.option("--note", default=None, help="What was done about the residue, for the record (at most 1024 characters).")
 @click.option("--withdraw", is_flag=True, help="Take the acknowledgement back: the run is incomplete again.")
@@ -671,7 +673,7 @@ def acknowledge(run: str, note: str | None, withdraw: bool) -> int:
     except ApiException as err:  # the server's message says what to do (the RBAC verb, or what to wait for)
         raise CliError(refused(err, f"acknowledging {where}")) from err
     if withdraw:
-        out(f"{where}: acknowledgement withdrawn; its last rollback counts as incomplete again.")
+        out(f"{where}: acknowledgement withdrawn; what stands counts as incomplete again.")
         return 0
     ack = (updated.get("spec") or {}).get("acknowledgement") or {}
     by = f" by {ack['actor']}" if ack.get("actor") else ""
