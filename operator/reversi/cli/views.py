@@ -677,6 +677,8 @@ def standing_lines(run: Mapping[str, Any] | None) -> list[str]:
     if standing is not None:
         left = standing.get("request")
         whole = "rolled back in full" if rolled == "True" else sd.text(standing)
+        if rolled == "False" and not (standing.get("failed") or standing.get("unverified")):
+            whole += " (not rolled back in full: the residue says what else stays)"
         lines.append(f"Standing:     on Run {name} now: {whole}"
                      + (f", left by RollbackRequest {left}" if left and rolled != "True" and (
                          standing.get("failed") or standing.get("unverified")) else ""))
