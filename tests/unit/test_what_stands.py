@@ -196,3 +196,40 @@ def test_describe_says_what_stands_and_never_shows_an_old_acknowledgement_as_cov
             "accepted RollbackRequest undo's residue, not what stands now (RollbackRequest again left steps "
             "standing since)") in later
     assert views.standing_lines(_run(None)) == []
+
+
+class _Recording:
+    """Records the status writes and the reads of the Run status writer (no API server)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, dict]] = []
+        self.reads: list[tuple[str, str]] = []
+
+    def merge_status(self, plural, namespace, name, update, resource_version=None):
+        self.writes.append((plural, name, update))
+
+    def get(self, plural, namespace, name):
+        self.reads.append((plural, name))
+        if plural == "rollbackrequests":
+            return {"metadata": {"name": name, "resourceVersion": "3"}, "spec": {"runRef": {"name": "r"}},
+                    "status": {"phase": "Incomplete", "observedGeneration": 1, "conditions": [
+                        {"type": "Complete", "status": "False", "reason": "Partial", "message": "incomplete"}]}}
+        return None
+
+
+def test_the_run_status_writer_names_who_accepted_what_stands_and_syncs_that_request():
+    """An acknowledgement of ``undo`` on a run whose last lock-taker ``again`` undid nothing:
+    the writer sets ``standing.acknowledgedBy`` and makes ``undo`` (whose residue stands), not
+    ``again``, read as acknowledged."""
+    from reversi.handlers import runs
+
+    standing = sd.after_rollback(None, None, FAILED_BY_UNDO, TOOLS, ending("undo")).standing
+    body = _run("False", {"request": standing["request"], "acknowledgedBy": None}, ACK, last="again")
+    body["status"]["activeRequest"] = None
+    body["status"]["conditions"] += [{"type": "Locked", "status": "False", "reason": "Released", "message": "m"}]
+    kube = _Recording()
+    runs._write(kube, lambda: True, ("shop", "r"), body)  # type: ignore[arg-type]
+    (plural, name, update), *rest = kube.writes
+    assert (plural, name) == ("runs", "r") and update["standing"] == {"acknowledgedBy": "lead"}
+    assert ("rollbackrequests", "undo") in kube.reads and ("rollbackrequests", "again") not in kube.reads
+    assert [(p, n) for p, n, _ in rest] == [("rollbackrequests", "undo")]

@@ -91,8 +91,11 @@ def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict)
         kube.merge_status("runs", key[0], key[1], update, resource_version=body["metadata"]["resourceVersion"])
     except Conflict:
         return  # the Run changed since: its next event brings it here again
-    last = acknowledgement.residue_request({**body, "status": {**(body.get("status") or {}), **{
-        k: v for k, v in update.items() if k == "standing"}}})
+    status = body.get("status") or {}
+    written = {**status, **update}
+    if isinstance(status.get("standing"), dict) and isinstance(update.get("standing"), dict):
+        written["standing"] = {**status["standing"], **update["standing"]}  # a merge patch
+    last = acknowledgement.residue_request({**body, "status": written})
     if last and (ack is not None or _was_acknowledged(body)):
         _sync_last_request(kube, key[0], last, ack, run=key[1])
 
