@@ -69,7 +69,8 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #: 6: Run.spec.acknowledgement and Run.status.lastRequest (acknowledging residue); the Run's Acknowledged-By column.
 #: 7: effectUnknown on RunStep.status.undo, Run.status.undo[] and RollbackRequest.status.steps[] (a failed undo
 #:    whose effect nobody knows: residue unknown, not failed).
-SCHEMA_VERSION = 7
+#: 8: Run.spec.retention (ttlSeconds or keep: Forever: how long retention keeps the Run).
+SCHEMA_VERSION = 8
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 
