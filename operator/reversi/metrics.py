@@ -25,6 +25,8 @@ reversi_active_halts                        gauge   Halts (namespace) and Cluste
 reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
                                                     (exported by each reversi-admission replica:
                                                     :class:`AdmissionMetrics`)
+reversi_runs_deleted_total                  counter Runs deleted by the operator, by ``reason``
+                                                    (``expired``: retention)
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -158,6 +160,8 @@ class Metrics:
         self.schema_version = Gauge("reversi_crd_schema_version",
                                     "Schema version of each installed CRD (crd=\"operator\": the operator's own).",
                                     ["crd"], registry=r)
+        self.runs_deleted = Counter("reversi_runs_deleted", "Runs deleted by the operator (reason expired: retention).",
+                                    ["namespace", "reason"], registry=r)
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
         #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> counted:
@@ -198,6 +202,10 @@ class Metrics:
                 else:
                     self._standing_by_run.pop((namespace, run), None)
                 self._export_standing()
+
+    def run_deleted(self, namespace: str, reason: str) -> None:
+        """Count a Run the operator deleted (``reason``: ``expired``, by retention)."""
+        self.runs_deleted.labels(namespace, reason).inc()
 
     def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
         self.compensation_seconds.labels(namespace, tool).observe(seconds)

@@ -156,6 +156,17 @@ def test_every_env_var_is_an_operator_setting(render):
             assert names <= known, f"unknown settings of {dep}: {sorted(names - known)}"
 
 
+def test_retention_defaults_to_thirty_days_and_null_keeps_every_run(render):
+    def env(values):
+        container = find(render(values), "Deployment", "rv-reversi")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    found = env(None)
+    assert found["REVERSI_RETENTION_TTL_SECONDS"] == "2592000" and found["REVERSI_RETENTION_DELETES_PER_SECOND"] == "20"
+    assert "REVERSI_RETENTION_TTL_SECONDS" not in env({"retention": {"ttlSeconds": None}})
+    assert env({"retention": {"ttlSeconds": 315360000}})["REVERSI_RETENTION_TTL_SECONDS"] == "315360000"
+
+
 def test_services_serve_webhooks_and_each_deployments_metrics(render):
     objs = render()
     svc = find(objs, "Service", "rv-reversi")  # the name the webhook certificate is for
@@ -215,6 +226,9 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     needed = {("reversi.dev", k, v) for k in kinds for v in ("get", "list", "watch")}
     needed |= {("reversi.dev", f"{k}/status", "patch") for k in kinds}
     needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run
+    # retention: an expired Run is deleted (its steps go with it), each namespace's setting is watched
+    needed |= {("reversi.dev", "runs", "delete"), ("", "namespaces", "get"), ("", "namespaces", "list"),
+               ("", "namespaces", "watch")}
     # nested runs: the request of a parent run makes (and cancels) one request per child run
     needed |= {("reversi.dev", "rollbackrequests", "create"), ("reversi.dev", "rollbackrequests", "patch")}
     needed |= {("reversi.dev", "runs/finalizers", "update"),
@@ -227,6 +241,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
+             ("reversi.dev", "runsteps", "delete"), ("reversi.dev", "rollbackrequests", "delete"),
              ("reversi.dev", "runs", "update"), ("reversi.dev", "runs", "patch"), ("", "pods", "create")}
     assert not grants & never
 
@@ -532,6 +547,8 @@ def test_image_digest_wins_over_the_tag(render):
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
     ({"webhook": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "/webhook/certManager/issuerRef"),
     ({"operator": {"tickSeconds": 0}}, "/operator/tickSeconds"),
+    ({"retention": {"ttlSeconds": 0}}, "/retention/ttlSeconds"),
+    ({"retention": {"ttlSeconds": "30d"}}, "/retention/ttlSeconds"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
 def test_schema_refuses_bad_values(render, values, error):
     assert error in render.errors(values)

@@ -145,6 +145,24 @@ class Kube:
         """Merge-patch an object (not its status)."""
         return calls.patch(self.custom, plural, name, patch, namespace, timeout=self.timeout)
 
+    def delete(self, plural: str, namespace: str, name: str, *, uid: str | None = None,
+               resource_version: str | None = None) -> bool:
+        """Delete an object in the background (the garbage collector then deletes what it owns),
+        only if it still has ``uid`` and ``resource_version`` when given (preconditions: the API
+        server refuses the delete of an object changed or replaced since it was read). False when
+        it did not exist; raises :class:`Conflict` when a precondition failed, ``ApiException``
+        on other errors."""
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if preconditions:
+            body["preconditions"] = preconditions
+        try:
+            return calls.delete(self.custom, plural, name, namespace, timeout=self.timeout, body=body)
+        except ApiException as err:
+            if err.status == 409:
+                raise Conflict(api_message(err), err) from err
+            raise
+
     def json_patch_status(self, plural: str, namespace: str, name: str, ops: builtins.list[dict]) -> dict:
         """Apply a JSON patch to the status subresource; a failed ``test`` raises :class:`Conflict`."""
         return calls.patch(self.custom, plural, name, ops, namespace, status=True, json_patch=True,

@@ -30,7 +30,9 @@ from ..handlers import manifests as _manifest_handlers  # noqa: F401
 from ..handlers import peering as _peering  # workers follow kopf's peering pause (its daemon registers)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
+from ..handlers import caches
 from ..handlers import runtime
+from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
 from ..handlers.runs import RunStatusWriter
 from ..handlers.workers import Workers
@@ -59,8 +61,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     parts = runtime.built(memo)  # a retry of this activity: the port and threads are there already
     if parts is None:
         # a connection for each thread that calls the API at once: reconcile workers, kopf's handler
-        # threads, an inline journal's move, and the gauges' refresh
-        connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1
+        # threads, an inline journal's move, the gauges' refresh, retention's workers and the informers' watches
+        informer_watches = len(caches.KINDS) * max(len(ours.namespaces), 1)
+        connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1 + ours.retention_workers + informer_watches
         kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections),
                     timeout=ours.api_timeout_seconds)
         metrics = Metrics(namespaces=ours.namespaces)
@@ -70,6 +73,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         peering = _peering.Peering(peering=ours.peering is not None, clusterwide=not ours.namespaces)
         parts = runtime.build(ours, kube, metrics, operating=_operating, peering=peering)
         memo[runtime.MEMO_KEY] = parts
+        _start_retention(parts)
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
                          daemon=True, name="metrics-refresh").start()
     # before any handler writes: refuse to reconcile against CRDs older than this operator. While
@@ -96,6 +100,21 @@ def _operating(parts: runtime.Parts) -> runtime.Operating:
     return runtime.Operating(reconciler, workers, run_status)
 
 
+def _start_retention(parts: runtime.Parts) -> None:
+    """The operator's own informers and the retention controller on them (docs/concepts.md#retention),
+    started now: the informers list while kopf starts its own watches."""
+    ours = parts.settings
+    parts.informers = caches.build(parts.kube.api, ours.namespaces, timeout=ours.api_timeout_seconds)
+    peering = parts.peering
+    parts.retention = Retention(
+        parts.kube, parts.informers["runs"], parts.informers["namespaces"], parts.informers["requests"],
+        default_ttl=ours.retention_ttl_seconds, deletes_per_second=ours.retention_deletes_per_second,
+        workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
+        paused=peering.paused if peering is not None else lambda: False)
+    parts.retention.start()
+    caches.start(parts.informers)
+
+
 kopf.on.login()(common.login)
 
 
@@ -118,6 +137,9 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
     operating.run_status.stop()
     if parts.journals is not None:
         parts.journals.stop_all()
+    if parts.retention is not None:
+        parts.retention.stop()
+    caches.stop(parts.informers)
 
 
 @click.command(help=__doc__.split("\n\n")[0])
