@@ -27,7 +27,8 @@ def _run(*, created: dt.datetime = T0, rolled_back: str | None = None, lock_chan
          retention: dict | None = None, deleting: bool = False, last: str | None = "undo") -> dict:
     conds = []
     if lock_changed is not None:
-        conds.append({"type": "Locked", "status": "True" if active else "False", "lastTransitionTime": _ts(lock_changed)})
+        conds.append({"type": "Locked", "status": "True" if active else "False",
+                      "lastTransitionTime": _ts(lock_changed)})
     if rolled_back is not None:
         conds.append({"type": "RolledBack", "status": rolled_back, "lastTransitionTime": _ts(lock_changed or created)})
     meta = {"name": "order-1", "namespace": "shop", "uid": "u-1", "resourceVersion": "7",
