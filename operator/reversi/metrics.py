@@ -27,6 +27,12 @@ reversi_refused_calls_total                 counter steps refused at admission, 
                                                     :class:`AdmissionMetrics`)
 reversi_runs_deleted_total                  counter Runs deleted by the operator, by ``reason``
                                                     (``expired``: retention)
+reversi_journal_steps                       gauge   RunSteps each namespace holds (the journal's
+                                                    size; etcd's own count, one LIST of one item)
+reversi_journal_runs                        gauge   Runs each namespace holds
+reversi_journal_quota_steps                 gauge   the ceiling a ResourceQuota puts on a
+                                                    namespace's RunSteps (count/runsteps.reversi.dev;
+                                                    the lowest, when several do)
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -48,6 +54,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.utils import parse_quantity
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .engine import acknowledgement
@@ -126,6 +133,27 @@ def _last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
     return request["metadata"]["namespace"], run, str(done), standing_undos(request)
 
 
+#: the ResourceQuota resource that counts RunSteps (object count quota of a custom resource)
+RUNSTEP_QUOTA = "count/runsteps.reversi.dev"
+
+
+def journal_ceilings(quotas: Any) -> dict[str, int]:
+    """namespace -> the lowest ``hard`` of :data:`RUNSTEP_QUOTA` among ``quotas`` (ResourceQuota
+    dicts); namespaces without one are left out."""
+    out: dict[str, int] = {}
+    for quota in quotas:
+        hard = ((quota.get("spec") or {}).get("hard") or {}).get(RUNSTEP_QUOTA)
+        try:
+            ceiling = int(parse_quantity(hard)) if hard is not None else None
+        except ValueError:
+            ceiling = None
+        if ceiling is None:
+            continue
+        ns = (quota.get("metadata") or {}).get("namespace") or ""
+        out[ns] = min(ceiling, out.get(ns, ceiling))
+    return out
+
+
 def _incomplete_key(run: dict) -> tuple[str, str] | None:
     """``(namespace, name)`` of a Run that :func:`incomplete_run` counts, else ``None``."""
     return (run["metadata"]["namespace"], run["metadata"]["name"]) if incomplete_run(run) else None
@@ -162,6 +190,18 @@ class Metrics:
                                     ["crd"], registry=r)
         self.runs_deleted = Counter("reversi_runs_deleted", "Runs deleted by the operator (reason expired: retention).",
                                     ["namespace", "reason"], registry=r)
+        self.journal_steps = Gauge("reversi_journal_steps", "RunSteps each namespace holds (etcd's count).",
+                                   ["namespace"], registry=r)
+        self.journal_runs = Gauge("reversi_journal_runs", "Runs each namespace holds.", ["namespace"], registry=r)
+        self.journal_quota = Gauge(
+            "reversi_journal_quota_steps",
+            "The ceiling of a namespace's RunSteps set by a ResourceQuota (count/runsteps.reversi.dev).",
+            ["namespace"], registry=r)
+        #: the namespaces whose journal is measured and their Runs (from the operator's informer of Runs):
+        #: a callable giving {namespace: runs}; None: the journal is not measured
+        self.journal_namespaces: Callable[[], dict[str, int]] | None = None
+        self._known_journal: set[str] = set()
+        self._known_quota: set[str] = set()
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
         #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> counted:
@@ -233,6 +273,32 @@ class Metrics:
         self.refresh_runs(kube)
         self.refresh_standing(kube)
         self.refresh_halts(kube)
+        if self.journal_namespaces is not None:
+            self.refresh_journal(kube, self.journal_namespaces())
+
+    def refresh_journal(self, kube: Any, runs: dict[str, int]) -> None:
+        """Recompute the journal's gauges: for each namespace with Runs (``runs``: namespace ->
+        Runs), its RunSteps counted by etcd (:meth:`reversi.adapters.kube.Kube.count`: one LIST
+        of one item, never the RunSteps themselves), and the ResourceQuotas' ceiling on them (one
+        paged LIST of ResourceQuotas). A namespace whose Runs are all gone is set to 0."""
+        steps: dict[str, int] = {}
+        for namespace in runs:
+            found = kube.count("runsteps", namespace)
+            if found is not None:
+                steps[namespace] = found
+        watched: list[str | None] = list(self.namespaces) or [None]
+        ceilings = journal_ceilings(q for ns in watched for q in kube.resource_quotas(ns))
+        with self._lock:
+            for ns in self._known_journal | set(runs) | set(steps):
+                self.journal_runs.labels(ns).set(runs.get(ns, 0))
+                if ns in steps or ns not in runs:
+                    self.journal_steps.labels(ns).set(steps.get(ns, 0))
+            self._known_journal |= set(runs) | set(steps)
+            for ns in self._known_quota - set(ceilings):
+                self.journal_quota.remove(ns)
+            for ns, ceiling in ceilings.items():
+                self.journal_quota.labels(ns).set(ceiling)
+            self._known_quota = set(ceilings)
 
     def refresh_standing(self, kube: Any) -> None:
         """Recompute ``reversi_standing_undos`` from a paged list of the RollbackRequests: each

@@ -167,6 +167,17 @@ def test_retention_defaults_to_thirty_days_and_null_keeps_every_run(render):
     assert env({"retention": {"ttlSeconds": 315360000}})["REVERSI_RETENTION_TTL_SECONDS"] == "315360000"
 
 
+def test_journal_quota_is_rendered_in_each_listed_namespace_and_matches_the_example(render):
+    assert not [o for o in render() if o["kind"] == "ResourceQuota"], "no quota unless namespaces are listed"
+    quotas = [o for o in render({"journalQuota": {"namespaces": ["shop", "billing"], "runsteps": 5000}})
+              if o["kind"] == "ResourceQuota"]
+    assert [(q["metadata"]["name"], q["metadata"]["namespace"]) for q in quotas] == [
+        ("rv-reversi-journal", "shop"), ("rv-reversi-journal", "billing")]
+    assert quotas[0]["spec"]["hard"] == {"count/runsteps.reversi.dev": "5000", "count/runs.reversi.dev": "20000"}
+    example = yaml.safe_load((REPO / "docs" / "examples" / "journal-quota.yaml").read_text())
+    assert set(example["spec"]["hard"]) == set(quotas[0]["spec"]["hard"])
+
+
 def test_services_serve_webhooks_and_each_deployments_metrics(render):
     objs = render()
     svc = find(objs, "Service", "rv-reversi")  # the name the webhook certificate is for
@@ -228,7 +239,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     needed |= {("reversi.dev", "runsteps", "create")}  # moving the inline journal of a 0.1 Run
     # retention: an expired Run is deleted (its steps go with it), each namespace's setting is watched
     needed |= {("reversi.dev", "runs", "delete"), ("", "namespaces", "get"), ("", "namespaces", "list"),
-               ("", "namespaces", "watch")}
+               ("", "namespaces", "watch"), ("", "resourcequotas", "get"), ("", "resourcequotas", "list")}
     # nested runs: the request of a parent run makes (and cancels) one request per child run
     needed |= {("reversi.dev", "rollbackrequests", "create"), ("reversi.dev", "rollbackrequests", "patch")}
     needed |= {("reversi.dev", "runs/finalizers", "update"),
@@ -486,7 +497,7 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
-                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
+                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated", "ReversiJournalNearQuota"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
     assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert 'job="reversi-prod-admission"' in rules["ReversiAdmissionDown"]["expr"]

@@ -302,3 +302,13 @@ def test_a_kept_run_whose_keeping_ends_by_itself_may_go_at_that_moment(sit, now)
     if verdict.reason in (rules.NOT_EXPIRED, rules.RECORDING):
         at = rules.decide(facts, applies, verdict.until, requests=requests, steps=steps, parent_exists=parent_exists)
         assert at.expire or at.reason == rules.RECORDING, "at the moment named, the next rule decides"
+
+
+def test_the_journal_ceiling_is_the_lowest_runstep_count_of_a_namespaces_quotas():
+    from reversi.metrics import journal_ceilings
+
+    quota = lambda ns, hard: {"metadata": {"namespace": ns}, "spec": {"hard": hard}}  # noqa: E731
+    found = journal_ceilings([quota("shop", {"count/runsteps.reversi.dev": "200k"}),
+                              quota("shop", {"count/runsteps.reversi.dev": "5000", "pods": "10"}),
+                              quota("lab", {"pods": "10"}), quota("ops", {"count/runsteps.reversi.dev": "1e3"})])
+    assert found == {"shop": 5000, "ops": 1000}

@@ -112,6 +112,8 @@ def _start_retention(parts: runtime.Parts) -> None:
         workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
         paused=peering.paused if peering is not None else lambda: False)
     parts.retention.start()
+    if parts.metrics is not None:  # the journal's gauges measure the namespaces that hold Runs
+        parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
     caches.start(parts.informers)
 
 

@@ -54,3 +54,11 @@ def start(informers: dict[str, Informer]) -> None:
 def stop(informers: dict[str, Informer]) -> None:
     for informer in informers.values():
         informer.stop()
+
+
+def runs_per_namespace(runs: Informer) -> dict[str, int]:
+    """namespace -> how many Runs the informer of Runs holds there (namespaces with none left out)."""
+    out: dict[str, int] = {}
+    for (namespace, _), _facts in runs.items():
+        out[namespace] = out.get(namespace, 0) + 1
+    return out
