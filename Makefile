@@ -22,9 +22,9 @@ build: install
 	reversi-devcluster images
 
 # Debian packages the real node needs (root): iptables, libseccomp (runc's build), buildah and debootstrap (its
-# images); installed only when missing
+# images); and PostgreSQL, the real server the archive's tests start (tests/archive.py); installed only when missing
 node-deps:
-	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap; do \
+	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap postgresql; do \
 	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi

@@ -27,6 +27,10 @@ reversi_refused_calls_total                 counter steps refused at admission, 
                                                     :class:`AdmissionMetrics`)
 reversi_runs_deleted_total                  counter Runs deleted by the operator, by ``reason``
                                                     (``expired``: retention)
+reversi_runs_archived_total                 counter Runs written to the archive before their delete
+reversi_archive_failures_total              counter writes to the archive that failed, by ``reason``
+                                                    (unreachable, auth, disk_full, schema, other):
+                                                    the Run waits, nothing is lost
 reversi_journal_steps                       gauge   RunSteps each namespace holds (the journal's
                                                     size; etcd's own count, one LIST of one item)
 reversi_journal_runs                        gauge   Runs each namespace holds
@@ -202,6 +206,11 @@ class Metrics:
         self.journal_namespaces: Callable[[], dict[str, int]] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()
+        self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
+                                     ["namespace"], registry=r)
+        self.archive_failures = Counter("reversi_archive_failures",
+                                        "Writes to the archive that failed (the Run is kept until one succeeds).",
+                                        ["namespace", "reason"], registry=r)
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
         #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> counted:
@@ -246,6 +255,12 @@ class Metrics:
     def run_deleted(self, namespace: str, reason: str) -> None:
         """Count a Run the operator deleted (``reason``: ``expired``, by retention)."""
         self.runs_deleted.labels(namespace, reason).inc()
+
+    def run_archived(self, namespace: str) -> None:
+        self.runs_archived.labels(namespace).inc()
+
+    def archive_failed(self, namespace: str, reason: str) -> None:
+        self.archive_failures.labels(namespace, reason).inc()
 
     def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
         self.compensation_seconds.labels(namespace, tool).observe(seconds)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -85,6 +85,11 @@ class OperatorSettings(BaseSettings):
         description="Most Runs retention deletes per second (each takes its steps with it through the garbage "
                     "collector): paced so agents recording at the same time keep their API server.")
     retention_workers: int = Field(2, ge=1, le=16, description="Threads that run retention passes.")
+    archive_dsn: SecretStr | None = Field(
+        None,
+        description="The archive (docs/operations.md#the-archive): a PostgreSQL connection string or URL; when set, "
+                    "retention writes each expired Run's record there and deletes the Run only after the write "
+                    "committed. Give it from a Secret (the chart's archive.existingSecret); it is never logged.")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

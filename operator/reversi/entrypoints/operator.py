@@ -32,6 +32,8 @@ from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers  # noqa: F401
 from ..handlers import caches
 from ..handlers import runtime
+from ..adapters.archive import Archive
+from ..handlers.archive import Archiver
 from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
 from ..handlers.runs import RunStatusWriter
@@ -111,6 +113,11 @@ def _start_retention(parts: runtime.Parts) -> None:
         default_ttl=ours.retention_ttl_seconds, deletes_per_second=ours.retention_deletes_per_second,
         workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
         paused=peering.paused if peering is not None else lambda: False)
+    if ours.archive_dsn is not None:  # the record is written before each delete (docs/operations.md#the-archive)
+        retention = parts.retention
+        parts.retention.archive = Archiver(
+            parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
+            requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
     parts.retention.start()
     if parts.metrics is not None:  # the journal's gauges measure the namespaces that hold Runs
         parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
