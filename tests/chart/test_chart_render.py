@@ -167,6 +167,18 @@ def test_retention_defaults_to_thirty_days_and_null_keeps_every_run(render):
     assert env({"retention": {"ttlSeconds": 315360000}})["REVERSI_RETENTION_TTL_SECONDS"] == "315360000"
 
 
+def test_the_archive_takes_its_connection_string_from_a_secret_never_from_values(render):
+    def env(values):
+        container = find(render(values), "Deployment", "rv-reversi")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e for e in container["env"]}
+
+    assert "REVERSI_ARCHIVE_DSN" not in env(None), "off by default"
+    found = env({"archive": {"enabled": True, "existingSecret": "reversi-archive"}})["REVERSI_ARCHIVE_DSN"]
+    assert found == {"name": "REVERSI_ARCHIVE_DSN", "valueFrom": {"secretKeyRef": {"name": "reversi-archive",
+                                                                                     "key": "dsn"}}}
+    assert "existingSecret" in render.errors({"archive": {"enabled": True}})
+
+
 def test_journal_quota_is_rendered_in_each_listed_namespace_and_matches_the_example(render):
     assert not [o for o in render() if o["kind"] == "ResourceQuota"], "no quota unless namespaces are listed"
     quotas = [o for o in render({"journalQuota": {"namespaces": ["shop", "billing"], "runsteps": 5000}})
