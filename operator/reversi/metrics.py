@@ -125,6 +125,12 @@ def _keep_known_tools(listed: Standing, known: Standing | None) -> Standing:
     return known if per_state(known) == per_state(listed) else listed
 
 
+def last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
+    """What a resync keeps of each RollbackRequest (see :func:`_last_rollback`); public for the
+    operator's informer of RollbackRequests, which keeps it instead of a LIST per resync."""
+    return _last_rollback(request)
+
+
 def _last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
     """``(namespace, run, completionTime, standing undos)`` of a finished, real (not dry-run)
     RollbackRequest, else None: what a resync keeps of each request."""
@@ -204,6 +210,12 @@ class Metrics:
         #: the namespaces whose journal is measured and their Runs (from the operator's informer of Runs):
         #: a callable giving {namespace: runs}; None: the journal is not measured
         self.journal_namespaces: Callable[[], dict[str, int]] | None = None
+        #: where the periodic resync reads what it needs instead of a LIST of every Run and every
+        #: RollbackRequest (the operator's own informers): ``runs_source()`` gives ``(namespace, name)``
+        #: of each Run :func:`incomplete_run` counts, ``requests_source()`` what :func:`_last_rollback`
+        #: keeps of each RollbackRequest; either gives None while its informer has not listed yet
+        self.runs_source: Callable[[], list[tuple[str, str]] | None] | None = None
+        self.requests_source: Callable[[], list[Any] | None] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()
         self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
@@ -319,7 +331,10 @@ class Metrics:
         """Recompute ``reversi_standing_undos`` from a paged list of the RollbackRequests: each
         Run's last finished request (by ``completionTime``) gives its standing undos."""
         last: dict[tuple[str, str], tuple[str, Standing]] = {}
-        for found in self._list(kube, "rollbackrequests", keep=_last_rollback):
+        listed = self.requests_source() if self.requests_source is not None else None
+        if listed is None and self.requests_source is not None:
+            return  # the informer has not listed yet: the next resync
+        for found in listed if listed is not None else self._list(kube, "rollbackrequests", keep=_last_rollback):
             if found is None:
                 continue
             namespace, run, done, standing = found
@@ -353,11 +368,14 @@ class Metrics:
         watch event that comes in while the list is read is newer than the list: it is laid over
         it. The first resync is also the first time the gauges are exported (a namespace's count,
         or a 0, is never exported from the events of a freshly started operator alone)."""
+        source = self.runs_source() if self.runs_source is not None else None
+        if source is None and self.runs_source is not None:
+            return  # the informer has not listed yet: the next resync
         with self._lock:
             self._changes_while_listing = {}
         try:
             found: dict[str, set[str]] = {}
-            for namespace, name in self._list(kube, "runs", keep=_incomplete_key):
+            for namespace, name in source if source is not None else self._list(kube, "runs", keep=_incomplete_key):
                 found.setdefault(namespace, set()).add(name)
         except BaseException:
             with self._lock:

@@ -222,8 +222,12 @@ def test_the_newest_steps_last_write_is_the_latest_of_its_creation_recording_and
 
 
 def test_what_the_informers_keep_of_requests_and_namespaces():
-    req = {"metadata": {"name": "undo"}, "spec": {"runRef": {"name": "order-1"}}, "status": {"phase": "Waiting"}}
-    assert request_facts(req) == ("order-1", rules.RequestFacts("undo", "Waiting"))
+    req = {"metadata": {"name": "undo", "namespace": "shop"}, "spec": {"runRef": {"name": "order-1"}},
+           "status": {"phase": "Waiting"}}
+    assert request_facts(req) == ("order-1", rules.RequestFacts("undo", "Waiting"), None)
+    done = {**req, "status": {"phase": "Incomplete", "completionTime": "2026-01-01T00:00:00Z",
+                              "report": {"failed": [{"step": 1}]}, "steps": [{"step": 1, "tool": "pay"}]}}
+    assert request_facts(done)[2] == ("shop", "order-1", "2026-01-01T00:00:00Z", {("pay", "failed"): 1})
     assert request_facts({"metadata": {"name": "x"}, "spec": {}}) is None
     ns = {"metadata": {"name": "shop", "annotations": {rules.NAMESPACE_ANNOTATION: "60"}}}
     assert namespace_setting(ns) == "60" and namespace_setting({"metadata": {"name": "x"}}) is None

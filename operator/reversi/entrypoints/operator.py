@@ -119,8 +119,10 @@ def _start_retention(parts: runtime.Parts) -> None:
             parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
             requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
     parts.retention.start()
-    if parts.metrics is not None:  # the journal's gauges measure the namespaces that hold Runs
+    if parts.metrics is not None:  # the gauges' resync reads the informers, never a LIST of every Run or request
         parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
+        parts.metrics.runs_source = lambda: caches.incomplete_runs(parts.informers["runs"])
+        parts.metrics.requests_source = lambda: caches.last_rollbacks(parts.informers["requests"])
     caches.start(parts.informers)
 
 

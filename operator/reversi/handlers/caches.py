@@ -62,3 +62,19 @@ def runs_per_namespace(runs: Informer) -> dict[str, int]:
     for (namespace, _), _facts in runs.items():
         out[namespace] = out.get(namespace, 0) + 1
     return out
+
+
+def incomplete_runs(runs: Informer) -> list[tuple[str, str]] | None:
+    """``(namespace, name)`` of each Run whose last rollback left residue nobody acknowledged
+    (``reversi.metrics.incomplete_run``, kept as ``RunFacts.residue``); None before the first LIST."""
+    if not runs.synced(0):
+        return None
+    return [(f.namespace, f.name) for f in runs.values() if f.residue]
+
+
+def last_rollbacks(requests: Informer) -> list[Any] | None:
+    """What the gauges' resync keeps of each RollbackRequest (``reversi.metrics.last_rollback``);
+    None before the first LIST."""
+    if not requests.synced(0):
+        return None
+    return [kept[2] for kept in requests.values() if kept[2] is not None]

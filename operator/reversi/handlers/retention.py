@@ -38,6 +38,7 @@ from ..adapters import journal as jr
 from ..adapters.informer import Informer
 from ..adapters.kube import Conflict, Kube
 from ..engine import retention as rules
+from ..metrics import last_rollback
 from ..workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("reversi.retention")
@@ -86,8 +87,7 @@ class RequestsByRun:
         self._lock = threading.Lock()
         self._by_run: dict[RunKey, dict[str, rules.RequestFacts]] = {}
 
-    def changed(self, key: RunKey, old: tuple[str, rules.RequestFacts] | None,
-                new: tuple[str, rules.RequestFacts] | None) -> list[RunKey]:
+    def changed(self, key: RunKey, old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> list[RunKey]:
         """Keep the index; the runs whose requests changed."""
         touched = []
         with self._lock:
@@ -108,14 +108,18 @@ class RequestsByRun:
             return list((self._by_run.get((namespace, run)) or {}).values())
 
 
-def request_facts(obj: dict) -> tuple[str, rules.RequestFacts] | None:
-    """What retention keeps of a RollbackRequest: ``(its run's name, RequestFacts)``."""
+def request_facts(obj: dict) -> tuple[str, rules.RequestFacts, Any] | None:
+    """What the operator keeps of a RollbackRequest: ``(its run's name, RequestFacts, what the
+    gauges' resync keeps of it)`` (:func:`reversi.metrics.last_rollback`: a finished rollback's
+    completion time and standing undos, else None)."""
     spec = obj.get("spec") or {}
     run = (spec.get("runRef") or {}).get("name") if isinstance(spec.get("runRef"), dict) else None
     name = (obj.get("metadata") or {}).get("name")
     if not isinstance(run, str) or not name:
         return None
-    return run, rules.RequestFacts(name, (obj.get("status") or {}).get("phase"))
+    meta = obj.get("metadata") or {}
+    last = last_rollback(obj) if meta.get("namespace") else None
+    return run, rules.RequestFacts(name, (obj.get("status") or {}).get("phase")), last
 
 
 def namespace_setting(obj: dict) -> str | None:
@@ -137,7 +141,7 @@ class Retention:
     :class:`reversi.metrics.Metrics` or None."""
 
     def __init__(self, kube: Kube, runs: Informer[RunKey, rules.RunFacts], namespaces: Informer[str, str],
-                 requests: Informer[RunKey, tuple[str, rules.RequestFacts]], *, default_ttl: int | None,
+                 requests: Informer[RunKey, tuple[Any, ...]], *, default_ttl: int | None,
                  deletes_per_second: float = 20.0, workers: int = 2, metrics: Any = None,
                  archive: Callable[[rules.RunFacts, rules.StepActivity], None] | None = None,
                  reconciling: Callable[[], bool] = lambda: True, paused: Callable[[], bool] = lambda: False,
