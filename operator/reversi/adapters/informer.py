@@ -21,6 +21,9 @@ The rules:
   it did not exist; a change that makes ``keep`` return None is reported as a deletion).
 - **Subscribers** (``on_change(key, old, new)``) run on the informer's thread: they must be
   quick (put a key on a work queue) and never raise (what they raise is logged).
+- **Observers** (``observe(kind, key, obj)``) see every object as it comes, whole (each watch
+  event, each object of a LIST, and a deletion a relist found, with None), on the same thread and
+  under the same rules; the informer keeps nothing of it for them.
 - Every request has a timeout: each LIST page ``timeout``, the WATCH ``watch_seconds`` on the
   server and 15 s more on the client. A failing LIST or WATCH is retried with exponential
   backoff (1 s doubling to 30 s) until :meth:`Informer.stop`.
@@ -45,6 +48,9 @@ K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 #: a subscriber: the key, what was kept before (None: new) and what is kept now (None: gone)
 Subscriber = Callable[[Any, Any, Any], None]
+#: an observer: the event's kind (``ADDED``, ``MODIFIED``, ``DELETED``; ``LISTED`` for an object of a
+#: LIST), the key and the whole object (None for a deletion a relist found), never kept
+Observer = Callable[[str, Any, Any], None]
 
 
 class _Expired(Exception):
@@ -87,6 +93,7 @@ class Informer(Generic[K, T]):
         self._sources: dict[str | None, set[K]] = {ns: set() for ns in self.namespaces}
         self._lock = threading.Lock()
         self._subscribers: list[Subscriber] = []
+        self._observers: list[Observer] = []
         self._stopped = threading.Event()
         self._synced = {ns: threading.Event() for ns in self.namespaces}
         self._threads: list[threading.Thread] = []
@@ -98,6 +105,10 @@ class Informer(Generic[K, T]):
         """Call ``on_change(key, old, new)`` for every change from now on (before :meth:`start`:
         also for every object of the first LIST, with ``old`` None)."""
         self._subscribers.append(on_change)
+
+    def observe(self, observer: Observer) -> None:
+        """Call ``observer(kind, key, obj)`` for every object as it comes (module docstring)."""
+        self._observers.append(observer)
 
     def start(self) -> None:
         """Start the threads (once)."""
@@ -170,13 +181,16 @@ class Informer(Generic[K, T]):
             kept = self.keep(obj) if key is not None else None
             if key is not None and kept is not None:
                 fresh[key] = kept
+            if key is not None:
+                self._show("LISTED", key, obj)
 
         _, version = calls.list_all(method, *args, timeout=self.timeout, keep=keep, _preload_content=False,
                                     **self._kwargs())
         changes: list[tuple[K, T | None, T | None]] = []
         with self._lock:
             mine = self._sources[namespace]
-            for key in mine - fresh.keys():
+            gone = mine - fresh.keys()
+            for key in gone:
                 changes.append((key, self._store.pop(key, None), None))
             for key, kept in fresh.items():
                 old = self._store.get(key)
@@ -184,6 +198,8 @@ class Informer(Generic[K, T]):
                     changes.append((key, old, kept))
                 self._store[key] = kept
             self._sources[namespace] = set(fresh)
+        for key in gone:
+            self._show("DELETED", key, None)
         self._tell(changes)
         self._synced[namespace].set()
         return version
@@ -219,6 +235,7 @@ class Informer(Generic[K, T]):
         key = self.key(obj)
         if key is None:
             return
+        self._show(kind or "MODIFIED", key, obj)
         kept = None if kind == "DELETED" else self.keep(obj)
         with self._lock:
             old = self._store.get(key)
@@ -230,6 +247,13 @@ class Informer(Generic[K, T]):
                 self._sources[namespace].add(key)
         if old != kept:
             self._tell([(key, old, kept)])
+
+    def _show(self, kind: str, key: Any, obj: dict | None) -> None:
+        for observer in self._observers:
+            try:
+                observer(kind, key, obj)
+            except Exception:  # an observer's bug never stops the informer
+                log.exception("%s: an observer failed on %s", self.name, key)
 
     def _tell(self, changes: list[tuple[K, T | None, T | None]]) -> None:
         for key, old, new in changes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..handlers import indices as _indices  # noqa: F401 - registers the kopf in
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
 from ..handlers import peering as _peering  # workers follow kopf's peering pause (its daemon registers)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
-from ..handlers import runs as _run_handlers  # noqa: F401
+from ..handlers import runs as _run_handlers
 from ..handlers import caches
 from ..handlers import runtime
 from ..adapters.archive import Archive
@@ -86,6 +87,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     except Exception as err:  # noqa: BLE001 - the CRD events check again; never a start that cannot finish
         log.warning("the installed CRDs could not be read yet (%s); the check is made again when kopf lists them",
                     err)
+    # after the check: the informers' first LIST is handled as kopf's first events were, with the
+    # verdict known (a Run whose lock names a request deleted while the operator was down is released)
+    caches.start(parts.informers)
 
 
 def _operating(parts: runtime.Parts) -> runtime.Operating:
@@ -119,11 +123,13 @@ def _start_retention(parts: runtime.Parts) -> None:
             parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
             requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
     parts.retention.start()
+    # Runs are watched here, not by kopf (a kopf worker per Run costs ~10 KB each): the Run status,
+    # the incomplete-rollbacks gauge, the requests a Run wakes and moving an inline journal
+    parts.informers["runs"].observe(_run_handlers.observer(parts, ThreadPoolExecutor(2, thread_name_prefix="runs")))
     if parts.metrics is not None:  # the gauges' resync reads the informers, never a LIST of every Run or request
         parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
         parts.metrics.runs_source = lambda: caches.incomplete_runs(parts.informers["runs"])
         parts.metrics.requests_source = lambda: caches.last_rollbacks(parts.informers["requests"])
-    caches.start(parts.informers)
 
 
 kopf.on.login()(common.login)
