@@ -128,7 +128,7 @@ def run_event(type: str, body: Any, namespace: str | None, name: str, memo: Any,
 
 def observer(parts: runtime.Parts, slow: Executor) -> Callable[[str, Any, Any], None]:
     """What the operator does with each event of its informer of Runs (it watches Runs itself,
-    not through kopf, which would keep a worker per Run; docs/operations.md#the-ceiling-...):
+    not through kopf, which would keep a worker per Run: docs/operations.md, "The ceiling"):
     the gauge and the status (:func:`run_event`), and waking the requests that wait for the Run
     (:func:`reversi.handlers.rollback.run_seen`). What may call the API (a lock's holder read
     back, an inline journal moved) runs on ``slow``, never on the informer's thread."""
