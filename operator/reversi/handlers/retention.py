@@ -209,16 +209,17 @@ class Retention:
 
     # ----------------------------------------------------------------------------- a pass
 
-    def verdict(self, facts: rules.RunFacts, now: dt.datetime, *, own: bool = False,
-                depth: int = 0) -> tuple[rules.Verdict, rules.StepActivity | None]:
+    def verdict(self, facts: rules.RunFacts, now: dt.datetime, *, own: bool = False, depth: int = 0,
+                read: bool = True) -> tuple[rules.Verdict, rules.StepActivity | None]:
         """The verdict on a Run and the step activity read for it (None when not read). ``own``:
-        without rule 4 (how a run below a parent is judged for rule 7)."""
+        without rule 4 (how a run below a parent is judged for rule 7); ``read``: read the newest
+        step when the other rules let the run go (else the verdict says ``read_steps``)."""
         ns = facts.namespace
         applies = rules.setting(facts.retention, self.namespaces.get(ns), self.default_ttl)
         parent_exists = not own and facts.parent is not None and self.runs.get((ns, facts.parent)) is not None
         requests = self.requests.of(ns, facts.name)
         found = rules.decide(facts, applies, now, requests=requests, parent_exists=parent_exists)
-        if not found.read_steps:
+        if not found.read_steps or not read:
             return found, None
         steps = self._steps(facts)
         found = rules.decide(facts, applies, now, requests=requests, parent_exists=parent_exists, steps=steps)
@@ -250,13 +251,15 @@ class Retention:
         if not self.reconciling():
             return 30.0
         now = self.clock()
-        found, steps = self.verdict(facts, now)
+        found, steps = self.verdict(facts, now, read=False)
+        if found.read_steps:  # due by everything else: its steps' reads and its delete are paced together
+            wait = self.pacer.take()
+            if wait > 0:
+                return wait
+            found, steps = self.verdict(facts, now)
         if not found.expire:
             left = found.seconds_left(now)
             return None if left is None else min(left + SLACK_SECONDS, RECHECK_SECONDS)
-        wait = self.pacer.take()
-        if wait > 0:
-            return wait
         assert steps is not None  # an expired verdict read the steps
         if self.archive is not None:
             self.archive(facts, steps)  # raises when the record is not committed: the Run stays
