@@ -33,10 +33,13 @@ def _free_port() -> int:
 
 class Postgres:
     """One server: :meth:`start`, :meth:`stop`, :meth:`sql` as the superuser, :meth:`dsn`.
-    ``folder`` (default: a new one under /tmp, which the ``postgres`` user can reach)."""
+    ``folder`` (default: a new one under /tmp, which the ``postgres`` user can reach);
+    ``disk_bytes``: the size of the tmpfs its database lives on (a tmpfs takes memory only for
+    what it holds)."""
 
-    def __init__(self, folder: Path | None = None):
+    def __init__(self, folder: Path | None = None, disk_bytes: int = DISK_BYTES):
         self.folder = folder or Path(tempfile.mkdtemp(prefix="reversi-pg-"))
+        self.disk_bytes = disk_bytes
         self.data = self.folder / "data"
         self.disk = self.folder / "disk"
         self.port = _free_port()
@@ -49,7 +52,7 @@ class Postgres:
     def init(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.disk.mkdir(exist_ok=True)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(self.disk)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.disk_bytes}", "tmpfs", str(self.disk)], check=True)
         (self.disk / "ts").mkdir()
         shutil.chown(self.folder, "postgres")
         shutil.chown(self.disk / "ts", "postgres")
