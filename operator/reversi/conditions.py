@@ -15,7 +15,8 @@ Which types go where:
 - RollbackRequest per-step entries (``status.steps[].conditions``): ``Approved``,
   ``Compensated``, ``Verified``.
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
-  (a RollbackRequest holds the run: ``status.activeRequest``).
+  (a RollbackRequest holds the run: ``status.activeRequest``), ``Archived`` (False while
+  retention cannot write the run's record to the archive, so the run is not deleted).
 - ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``, ``MatchesNoTool``.
 - Every kind, for GitOps tools (kstatus: Flux, ``kubectl wait``, cli-utils; Argo CD health
   checks): ``Ready``, ``Reconciling`` (True while work is in progress) and ``Stalled`` (True when
@@ -51,6 +52,7 @@ VERIFIED = "Verified"  # also a reason
 # Run
 ROLLED_BACK = "RolledBack"
 LOCKED = "Locked"
+ARCHIVED = "Archived"  # False while retention cannot write the Run's record to the archive (it then waits)
 # ToolManifest
 ACCEPTED = "Accepted"
 # Halt / ClusterHalt
@@ -73,6 +75,7 @@ TYPES = frozenset(
         VERIFIED,
         ROLLED_BACK,
         LOCKED,
+        ARCHIVED,
         ACCEPTED,
         ACTIVE,
         READY,
@@ -152,6 +155,7 @@ SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current
 INVALID_PATTERN = "InvalidPattern"  # Active=False: a scope pattern can never match (stored before the rule)
 NO_TOOL_IN_REACH = "NoToolInReach"  # MatchesNoTool=True: no manifested tool in reach matches scope.tool
 TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the tools it matches
+ARCHIVE_FAILED = "ArchiveFailed"  # Archived=False (and a Warning Event): the record could not be written; not deleted
 
 REASONS = frozenset(
     {
@@ -214,6 +218,7 @@ REASONS = frozenset(
         INVALID_PATTERN,
         NO_TOOL_IN_REACH,
         TOOLS_IN_REACH,
+        ARCHIVE_FAILED,
     }
 )
 

@@ -27,6 +27,18 @@ reversi_active_halts                        gauge   Halts (namespace) and Cluste
 reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
                                                     (exported by each reversi-admission replica:
                                                     :class:`AdmissionMetrics`)
+reversi_runs_deleted_total                  counter Runs deleted by the operator, by ``reason``
+                                                    (``expired``: retention)
+reversi_runs_archived_total                 counter Runs written to the archive before their delete
+reversi_archive_failures_total              counter writes to the archive that failed, by ``reason``
+                                                    (unreachable, auth, disk_full, schema, other):
+                                                    the Run waits, nothing is lost
+reversi_journal_steps                       gauge   RunSteps each namespace holds (the journal's
+                                                    size; etcd's own count, one LIST of one item)
+reversi_journal_runs                        gauge   Runs each namespace holds
+reversi_journal_quota_steps                 gauge   the ceiling a ResourceQuota puts on a
+                                                    namespace's RunSteps (count/runsteps.reversi.dev;
+                                                    the lowest, when several do)
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -51,6 +63,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.utils import parse_quantity
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .engine import acknowledgement, standing
@@ -83,6 +96,27 @@ def _counted(run: dict) -> Standing | None:
     if not incomplete_run(run):
         return None
     return standing.by_tool((run.get("status") or {}).get("standing"))
+
+
+#: the ResourceQuota resource that counts RunSteps (object count quota of a custom resource)
+RUNSTEP_QUOTA = "count/runsteps.reversi.dev"
+
+
+def journal_ceilings(quotas: Any) -> dict[str, int]:
+    """namespace -> the lowest ``hard`` of :data:`RUNSTEP_QUOTA` among ``quotas`` (ResourceQuota
+    dicts); namespaces without one are left out."""
+    out: dict[str, int] = {}
+    for quota in quotas:
+        hard = ((quota.get("spec") or {}).get("hard") or {}).get(RUNSTEP_QUOTA)
+        try:
+            ceiling = int(parse_quantity(hard)) if hard is not None else None
+        except ValueError:
+            ceiling = None
+        if ceiling is None:
+            continue
+        ns = (quota.get("metadata") or {}).get("namespace") or ""
+        out[ns] = min(ceiling, out.get(ns, ceiling))
+    return out
 
 
 def _incomplete_key(run: dict) -> tuple[str, str, Standing] | None:
@@ -123,6 +157,30 @@ class Metrics:
         self.schema_version = Gauge("reversi_crd_schema_version",
                                     "Schema version of each installed CRD (crd=\"operator\": the operator's own).",
                                     ["crd"], registry=r)
+        self.runs_deleted = Counter("reversi_runs_deleted", "Runs deleted by the operator (reason expired: retention).",
+                                    ["namespace", "reason"], registry=r)
+        self.journal_steps = Gauge("reversi_journal_steps", "RunSteps each namespace holds (etcd's count).",
+                                   ["namespace"], registry=r)
+        self.journal_runs = Gauge("reversi_journal_runs", "Runs each namespace holds.", ["namespace"], registry=r)
+        self.journal_quota = Gauge(
+            "reversi_journal_quota_steps",
+            "The ceiling of a namespace's RunSteps set by a ResourceQuota (count/runsteps.reversi.dev).",
+            ["namespace"], registry=r)
+        #: the namespaces whose journal is measured and their Runs (from the operator's informer of Runs):
+        #: a callable giving {namespace: runs}; None: the journal is not measured
+        self.journal_namespaces: Callable[[], dict[str, int]] | None = None
+        #: where the periodic resync reads the Runs instead of a LIST of every Run (the operator's own
+        #: informer): ``runs_source()`` gives ``(namespace, name, standing undos)`` of each Run
+        #: :func:`incomplete_run` counts (what :func:`_incomplete_key` keeps), or None while the
+        #: informer has not listed yet
+        self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
+        self._known_journal: set[str] = set()
+        self._known_quota: set[str] = set()
+        self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
+                                     ["namespace"], registry=r)
+        self.archive_failures = Counter("reversi_archive_failures",
+                                        "Writes to the archive that failed (the Run is kept until one succeeds).",
+                                        ["namespace", "reason"], registry=r)
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
         #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> what the
@@ -151,6 +209,16 @@ class Metrics:
                 step = item if isinstance(item, int) else item.step
                 self.steps.labels(namespace, plan.actions[step].tool, bucket).inc()
 
+    def run_deleted(self, namespace: str, reason: str) -> None:
+        """Count a Run the operator deleted (``reason``: ``expired``, by retention)."""
+        self.runs_deleted.labels(namespace, reason).inc()
+
+    def run_archived(self, namespace: str) -> None:
+        self.runs_archived.labels(namespace).inc()
+
+    def archive_failed(self, namespace: str, reason: str) -> None:
+        self.archive_failures.labels(namespace, reason).inc()
+
     def observe_compensation(self, namespace: str, tool: str, seconds: float) -> None:
         self.compensation_seconds.labels(namespace, tool).observe(seconds)
 
@@ -176,6 +244,32 @@ class Metrics:
         """Recompute every gauge from the API."""
         self.refresh_runs(kube)
         self.refresh_halts(kube)
+        if self.journal_namespaces is not None:
+            self.refresh_journal(kube, self.journal_namespaces())
+
+    def refresh_journal(self, kube: Any, runs: dict[str, int]) -> None:
+        """Recompute the journal's gauges: for each namespace with Runs (``runs``: namespace ->
+        Runs), its RunSteps counted by etcd (:meth:`reversi.adapters.kube.Kube.count`: one LIST
+        of one item, never the RunSteps themselves), and the ResourceQuotas' ceiling on them (one
+        paged LIST of ResourceQuotas). A namespace whose Runs are all gone is set to 0."""
+        steps: dict[str, int] = {}
+        for namespace in runs:
+            found = kube.count("runsteps", namespace)
+            if found is not None:
+                steps[namespace] = found
+        watched: list[str | None] = list(self.namespaces) or [None]
+        ceilings = journal_ceilings(q for ns in watched for q in kube.resource_quotas(ns))
+        with self._lock:
+            for ns in self._known_journal | set(runs) | set(steps):
+                self.journal_runs.labels(ns).set(runs.get(ns, 0))
+                if ns in steps or ns not in runs:
+                    self.journal_steps.labels(ns).set(steps.get(ns, 0))
+            self._known_journal |= set(runs) | set(steps)
+            for ns in self._known_quota - set(ceilings):
+                self.journal_quota.remove(ns)
+            for ns, ceiling in ceilings.items():
+                self.journal_quota.labels(ns).set(ceiling)
+            self._known_quota = set(ceilings)
 
     def _export_standing(self) -> None:
         """Set ``reversi_standing_undos`` from the standing undos of the Runs counted incomplete
@@ -199,12 +293,16 @@ class Metrics:
         than the list: it is laid over it. The first resync is also the first time the gauges are
         exported (a namespace's count, or a 0, is never exported from the events of a freshly
         started operator alone)."""
+        source = self.runs_source() if self.runs_source is not None else None
+        if source is None and self.runs_source is not None:
+            return  # the informer has not listed yet: the next resync
         with self._lock:
             self._changes_while_listing = {}
         try:
             found: dict[str, set[str]] = {}
             standing_by_run: dict[tuple[str, str], Standing] = {}
-            for namespace, name, counts in self._list(kube, "runs", keep=_incomplete_key):
+            listed = source if source is not None else self._list(kube, "runs", keep=_incomplete_key)
+            for namespace, name, counts in listed:
                 found.setdefault(namespace, set()).add(name)
                 if counts:
                     standing_by_run[(namespace, name)] = counts

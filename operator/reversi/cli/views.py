@@ -15,6 +15,7 @@ from typing import Any
 from ..adapters.jobs import job_name
 from ..engine import standing as sd
 from ..engine.acknowledgement import acknowledged, residue_request, stale
+from ..engine.archive import step_columns
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
 from ..engine.nested_runs import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
@@ -936,3 +937,56 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
 def json_line(record: Mapping[str, Any]) -> str:
     """One compact JSON line."""
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# ------------------------------------------------------------------------------ archive
+
+
+def archive_rows(runs: Sequence[Any], now: dt.datetime, all_namespaces: bool) -> str:
+    """``archive list``: one row per archived Run (``reversi.adapters.archive.ArchivedRun``)."""
+    headers = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "PRINCIPAL", "ACTOR", "STEPS", "CREATED",
+                                                           "LAST-ACTIVITY", "ARCHIVED", "REASON", "UID"]
+    rows = []
+    for r in runs:
+        row = ([r.namespace] if all_namespaces else []) + [
+            r.name, r.principal or "-", r.actor or "-", str(r.steps), _stamp(r.created_at), _stamp(r.last_activity),
+            f"{age(_stamp(r.archived_at), now)} ago", r.deleted_reason, r.uid]
+        rows.append(row)
+    return table(headers, rows)
+
+
+def _stamp(moment: dt.datetime | None) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "-"
+
+
+def archived_run(record: Any, now: dt.datetime) -> str:
+    """``archive show``: the archived Run (``reversi.engine.archive.Record``): who ran it, who did
+    what, its steps, and the report of each of its RollbackRequests as ``describe`` printed it
+    (without Events, which are not archived)."""
+    cols = record.columns()
+    lines = [
+        f"Run:           {cols['namespace']}/{cols['name']}  (uid {cols['uid']})",
+        f"Principal:     {cols['principal'] or '-'}",
+        f"Scope:         {scope_text((record.run.get('spec') or {}).get('scope'))}",
+        f"Created:       {_stamp(cols['created_at'])}",
+        f"Last activity: {_stamp(cols['last_activity'])}",
+        f"Deleted:       {cols['deleted_reason']} (by retention; its record is this archive)",
+        f"Steps:         {cols['steps']}",
+        "",
+        "Who did what:",
+    ]
+    for a in record.actions:
+        what = f"{a.action}" + (f" step {a.step}" if a.step is not None else "") + (
+            f" ({a.request})" if a.request else "") + (f": {a.note}" if a.note else "")
+        lines.append(f"  {_stamp(a.at)}  {a.actor or '-'}  {what}")
+    lines += ["", "Steps:", table(["STEP", "TOOL", "OUTCOME", "PRINCIPAL", "RECORDED"], [
+        [str(c["index"]), c["tool"], c["outcome"] or "-", c["principal"] or "-", _stamp(c["recorded_at"])]
+        for c in (step_columns(s) for s in record.steps)])]
+    for request in record.requests:
+        lines += ["", f"--- RollbackRequest {(request.get('metadata') or {}).get('name')} ---",
+                  describe_request(request, record.run, [], now)]
+    if not record.requests:
+        lines += ["", "No RollbackRequest named this run."]
+    return "\n".join(lines)
+
+

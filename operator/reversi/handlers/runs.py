@@ -8,6 +8,9 @@ withdrawn: Ready and ``status.standing.acknowledgedBy``), once the Run has been 
 Run written before ``status.standing`` existed gets it once, computed from its journal
 (docs/concepts.md#what-stands).
 
+The operator watches Runs with an informer of its own (:mod:`reversi.adapters.informer`, see
+:func:`observer`), not kopf, which keeps a worker per watched object.
+
 The :class:`RunStatusWriter` debounces each Run's key on the operator's work queue
 (:mod:`reversi.workqueue`), served by one thread, not a thread per Run.
 """
@@ -18,9 +21,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
-
-import kopf
 
 from .. import conditions as cond
 from ..adapters import journal as jr
@@ -70,6 +72,13 @@ class RunStatusWriter:
             _write(self.kube, self.reconciling, key, body)
         except Exception as err:  # noqa: BLE001 - a status write is retried by the next event
             log.warning("Run %s/%s: status not updated: %s", *key, err)
+
+
+def _check_lock(operating: runtime.Operating, namespace: str, name: str, holder: str) -> None:
+    try:
+        operating.reconciler.lock_orphaned(namespace, name, holder)
+    except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
+        log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
 
 
 def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict) -> None:
@@ -150,8 +159,10 @@ def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgemen
         pass  # changed since: the Run's next event brings it here again
 
 
-@kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
-def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+def run_event(type: str, body: Any, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A Run's event (``type`` ADDED, MODIFIED, DELETED; ``body`` the Run): the incomplete-rollbacks
+    gauge and the Run's status (:func:`run_changed`). :func:`observer` calls it for each event of the
+    operator's informer of Runs; ``memo`` is kopf's (the parts are on it)."""
     assert namespace is not None  # Runs are namespaced
     parts = runtime.parts(memo)
     if parts.metrics is not None:  # the incomplete-rollbacks gauge, from events
@@ -159,18 +170,40 @@ def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo
     run_changed(parts, type, body, namespace, name)
 
 
-def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str) -> None:
-    """Queue the Run when its status is behind its generation or its conditions."""
+def observer(parts: runtime.Parts, slow: Executor) -> Callable[[str, Any, Any], None]:
+    """What the operator does with each event of its informer of Runs (it watches Runs itself,
+    not through kopf, which would keep a worker per Run: docs/operations.md, "The ceiling"):
+    the gauge and the status (:func:`run_event`), and waking the requests that wait for the Run
+    (:func:`reversi.handlers.rollback.run_seen`). What may call the API (a lock's holder read
+    back, an inline journal moved) runs on ``slow``, never on the informer's thread."""
+    def observe(kind: str, key: tuple[str, str], obj: dict | None) -> None:
+        namespace, name = key
+        kind = "DELETED" if kind == "DELETED" or obj is None else kind
+        body: dict = obj or {"metadata": {"namespace": namespace, "name": name}}
+        if parts.metrics is not None:
+            parts.metrics.run_observed(namespace, name, None if kind == "DELETED" else body)
+        run_changed(parts, kind, body, namespace, name, slow=slow)
+        from . import rollback  # rollback imports this module
+
+        rollback.run_seen(parts, kind, body, slow)
+
+    return observe
+
+
+def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str,
+                slow: Executor | None = None) -> None:
+    """Queue the Run when its status is behind its generation or its conditions; check that the
+    request holding its lock still exists (on ``slow`` when given: it reads the API)."""
     if type == "DELETED" or not parts.reconciling():
         return
     operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}
     holder = status.get("activeRequest")
     if holder:  # a lock held by a request deleted while the operator was down is released (rule 14)
-        try:
-            operating.reconciler.lock_orphaned(namespace, name, holder)
-        except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
-            log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
+        if slow is not None:
+            slow.submit(_check_lock, operating, namespace, name, holder)
+        else:
+            _check_lock(operating, namespace, name, holder)
     if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None \
             or st.needs_standing(status):
         # keep only what the write needs, not the Run's steps, nor what stands beyond who accepted it

@@ -71,7 +71,8 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    whose effect nobody knows: residue unknown, not failed).
 #: 8: Run.status.standing (the undos a run's rollbacks left failed or unverified, by tool and state); the Run's
 #:    Acknowledged-By column reads status.standing.acknowledgedBy.
-SCHEMA_VERSION = 8
+#: 9: Run.spec.retention (ttlSeconds or keep: Forever: how long retention keeps the Run).
+SCHEMA_VERSION = 9
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 

@@ -217,6 +217,41 @@ class Acknowledgement(ReversiModel):
                     "is not covered: acknowledge again after it; one that undid nothing, or only undid more, is.")
 
 
+#: the longest retention a Run (or a namespace, or the chart) can ask for in seconds: ten years;
+#: ``keep: Forever`` keeps a Run for good (docs/concepts.md#retention)
+MAX_RETENTION_SECONDS = 315_360_000
+
+
+class Retention(ReversiModel):
+    """How long the Run is kept once nothing about it is unfinished (docs/concepts.md#retention):
+    ``ttlSeconds`` after its last activity, or ``keep: Forever``. Set neither to follow the
+    namespace's annotation ``reversi.dev/retention-ttl-seconds`` or the operator's default."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule("has(self.ttlSeconds) != has(self.keep)",
+                     "spec.retention takes exactly one of ttlSeconds (seconds after the run's last activity) and "
+                     "keep: Forever"),
+            ]
+        }
+    )
+
+    ttl_seconds: int | None = Field(
+        default=None, ge=1, le=MAX_RETENTION_SECONDS,
+        description="Delete the Run (with its steps) this many seconds after its last activity, once nothing about "
+                    "it is unfinished. At most 315360000 (ten years); use keep: Forever for longer.")
+    keep: Literal["Forever"] | None = Field(
+        default=None, description="Forever: retention never deletes this Run (delete it yourself when done).")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Retention:
+        if (self.ttl_seconds is None) == (self.keep is None):
+            raise ValueError("spec.retention takes exactly one of ttlSeconds (seconds after the run's last activity) "
+                             "and keep: Forever")
+        return self
+
+
 class RunScope(ReversiModel):
     """Who and where the run acts for; halts match on it. Immutable."""
 
@@ -340,6 +375,12 @@ class RunSpec(ReversiModel):
                     "spec.resolution.",
         json_schema_extra=list_map("step"),
     )
+    retention: Retention | None = Field(
+        default=None,
+        description="How long retention keeps this Run after its last activity (ttlSeconds), or keep: Forever; unset: "
+                    "the namespace's reversi.dev/retention-ttl-seconds annotation, else the operator's default. A Run "
+                    "is never deleted while a rollback works on it or waits, or while residue nobody acknowledged "
+                    "stands.")
     acknowledgement: Acknowledgement | None = Field(
         default=None,
         description="What the run's rollbacks left standing, accepted by a person (kubectl reversi acknowledge): the "
