@@ -82,7 +82,8 @@ def _check(words: list[str], objs: list[dict], namespace: str, fullname: str) ->
                 if ports.get(remote) != "metrics" or svc["spec"]["selector"].get("app.kubernetes.io/component") \
                         != "operator":
                     problems.append(f"port-forward {word} {words[i + 1]} does not reach the operator's metrics")
-        if word == "secret" and i + 1 < len(words) and ("Secret", words[i + 1]) not in named:
+        creates = words[1:2] == ["create"]  # `kubectl create secret generic NAME` makes what it names
+        if word == "secret" and not creates and i + 1 < len(words) and ("Secret", words[i + 1]) not in named:
             problems.append(f"no Secret {words[i + 1]}")
         if word == "-l" and i + 1 < len(words):
             wanted = dict(pair.split("=", 1) for pair in words[i + 1].split(","))
