@@ -20,7 +20,7 @@ COPY pyproject.toml README.md* ./
 # change to the code rebuilds only the project's own wheel
 RUN test -f README.md || echo "Reversi" > README.md \
  && mkdir -p operator/reversi && touch operator/reversi/__init__.py \
- && pip wheel --wheel-dir /wheels ".[gateway]" && rm /wheels/reversi-*.whl
+ && pip wheel --wheel-dir /wheels ".[gateway,archive]" && rm /wheels/reversi-*.whl
 COPY operator ./operator
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
@@ -35,7 +35,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels "reversi[gateway]" \
+    pip install --no-index --find-links=/wheels "reversi[gateway,archive]" \
  && python -c "import reversi, kopf, kubernetes" \
  && command -v reversi-operator reversi-gateway reversi-mcp-runner \
  && useradd --system --uid 65532 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin reversi

@@ -11,7 +11,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback
+.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -22,9 +22,9 @@ build: install
 	reversi-devcluster images
 
 # Debian packages the real node needs (root): iptables, libseccomp (runc's build), buildah and debootstrap (its
-# images); installed only when missing
+# images); and PostgreSQL, the real server the archive's tests start (tests/archive.py); installed only when missing
 node-deps:
-	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap; do \
+	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap postgresql; do \
 	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
@@ -74,6 +74,12 @@ bench-record-load: build
 # the operator's cost next to the bare work: P1-P6 with their targets (ONLY=P1,P4 for a subset)
 bench-rollback: build
 	$(PYTHON) benchmarks/rollback_bench.py $(if $(ONLY),--only $(ONLY),)
+
+# the journal's ceiling: etcd bytes per recorded call, the operator's RSS and first dry run with 0, 10,000 and
+# 50,000 Runs, retention deleting 10,000 expired Runs of 20 steps while agents record, and the archive with
+# PostgreSQL stopped 60 s mid-way (ONLY=bytes,startup for a subset; RUNS=0,2000 for other sizes)
+bench-journal: build
+	$(PYTHON) benchmarks/journal_bench.py $(if $(ONLY),--only $(ONLY),) $(if $(RUNS),--runs $(RUNS),)
 
 unit: install
 	$(PYTHON) -m pytest -q tests/unit

@@ -52,12 +52,15 @@ path. A repeat with a known key returns the first (successful) answer unchanged,
 refused or failed call can be retried with the same key.
 
 Test hooks (never faulted themselves)
-  POST /_faults  {path_prefix, mode: "timeout"|"error", times: 1, delay_s: 3, skip: 0}
+  POST /_faults  {path_prefix, mode: "timeout"|"hold"|"error", times: 1, delay_s: 3, skip: 0}
                  After ``skip`` matching calls pass untouched, the next ``times`` calls whose path
                  starts with ``path_prefix`` (any method):
                  ``timeout`` does the call (the effect happens) and answers only after
-                 ``delay_s`` seconds; ``error`` answers 500 without any effect.
-                 Faults are kept in memory only. -> {faults: [...]}
+                 ``delay_s`` seconds; ``hold`` does the call and answers once a test releases it
+                 (``POST /_release``), at the latest after ``delay_s`` seconds; ``error`` answers
+                 500 without any effect. Faults are kept in memory only. -> {faults: [...]}
+  POST /_release {path_prefix}  -> answers every call held by a ``hold`` fault of that prefix,
+                 now and later (the fault's remaining calls are not held) -> {released: N}
   GET  /_state   -> every collection, the idempotency store, the pending faults and ``calls``:
                  every successful POST in order ({at, path, key, replayed}), so a test can
                  count how often an effect really happened
@@ -142,6 +145,8 @@ class Store:
         self.path = path
         self.lock = threading.RLock()
         self.faults: list[dict[str, Any]] = []
+        #: path prefix of a ``hold`` fault -> set once a test releases its calls
+        self.holds: dict[str, threading.Event] = {}
         self.state = seed_state()
         if path and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -309,6 +314,7 @@ ROUTES: list[Route] = [
 
 
 class Handler(BaseHTTPRequestHandler):
+    _held: str | None = None  # the path prefix of the hold fault this request took, if any
     server_version = "reversi-downstream/1"
     store: Store  # set on the subclass made by make_server
     quiet = False
@@ -362,7 +368,10 @@ class Handler(BaseHTTPRequestHandler):
         except HTTPError as e:
             self._send(e.status, {"error": e.message, "code": e.code})
             return
-        if delay:
+        held = self.store.holds.get(self._held) if self._held else None
+        if held is not None:
+            held.wait(delay)
+        elif delay:
             time.sleep(delay)
         self._send(status, answer, headers)
 
@@ -375,6 +384,7 @@ class Handler(BaseHTTPRequestHandler):
             if route_method != method:
                 continue
             fault = store.take_fault(path)
+            self._held = fault["path_prefix"] if fault and fault["mode"] == "hold" else None
             if fault and fault["mode"] == "error":
                 raise HTTPError(500, "injected_fault", f"injected fault on {path}")
             delay = float(fault["delay_s"]) if fault else 0.0
@@ -405,16 +415,26 @@ class Handler(BaseHTTPRequestHandler):
                 return {**copy.deepcopy(store.state), "faults": copy.deepcopy(store.faults)}
             if (method, path) == ("POST", "/_faults"):
                 mode = body.get("mode")
-                if mode not in ("timeout", "error"):
-                    raise HTTPError(400, "bad_request", "mode must be 'timeout' or 'error'")
+                if mode not in ("timeout", "hold", "error"):
+                    raise HTTPError(400, "bad_request", "mode must be 'timeout', 'hold' or 'error'")
+                if mode == "hold":
+                    store.holds[str(body.get("path_prefix", "/"))] = threading.Event()
                 store.faults.append({"path_prefix": str(body.get("path_prefix", "/")),
                                      "mode": mode, "times": int(body.get("times", 1)),
                                      "delay_s": float(body.get("delay_s", 3)),
                                      "skip": int(body.get("skip", 0))})
                 return {"faults": copy.deepcopy(store.faults)}
+            if (method, path) == ("POST", "/_release"):
+                event = store.holds.get(str(body.get("path_prefix", "/")))
+                if event is not None:
+                    event.set()
+                return {"released": int(event is not None)}
             if (method, path) == ("POST", "/_reset"):
                 store.state = seed_state(body.get("stock"), body.get("customers"))
                 store.faults = []
+                for event in store.holds.values():
+                    event.set()
+                store.holds = {}
                 store.save()
                 return {"reset": True}
         raise HTTPError(404, "not_found", f"no endpoint {method} {path}")

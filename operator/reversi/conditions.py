@@ -15,7 +15,8 @@ Which types go where:
 - RollbackRequest per-step entries (``status.steps[].conditions``): ``Approved``,
   ``Compensated``, ``Verified``.
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
-  (a RollbackRequest holds the run: ``status.activeRequest``).
+  (a RollbackRequest holds the run: ``status.activeRequest``), ``Archived`` (False while
+  retention cannot write the run's record to the archive, so the run is not deleted).
 - ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``, ``MatchesNoTool``.
 - Every kind, for GitOps tools (kstatus: Flux, ``kubectl wait``, cli-utils; Argo CD health
   checks): ``Ready``, ``Reconciling`` (True while work is in progress) and ``Stalled`` (True when
@@ -51,6 +52,7 @@ VERIFIED = "Verified"  # also a reason
 # Run
 ROLLED_BACK = "RolledBack"
 LOCKED = "Locked"
+ARCHIVED = "Archived"  # False while retention cannot write the Run's record to the archive (it then waits)
 # ToolManifest
 ACCEPTED = "Accepted"
 # Halt / ClusterHalt
@@ -74,6 +76,7 @@ TYPES = frozenset(
         VERIFIED,
         ROLLED_BACK,
         LOCKED,
+        ARCHIVED,
         ACCEPTED,
         ACTIVE,
         READY,
@@ -157,6 +160,7 @@ TOOLS_IN_REACH = "ToolsInReach"  # MatchesNoTool=False: the message names the to
 REFUSED_BY_API_SERVER = "RefusedByAPIServer"  # InForce=True: a dry run of a matching call was refused
 NOT_YET_REFUSED = "NotYetRefused"  # InForce=False: the API server still admitted the dry run when last probed
 NOT_PROBED = "NotProbed"  # InForce=Unknown: no namespace to probe in (a ClusterHalt's namespace glob)
+ARCHIVE_FAILED = "ArchiveFailed"  # Archived=False (and a Warning Event): the record could not be written; not deleted
 
 REASONS = frozenset(
     {
@@ -222,6 +226,7 @@ REASONS = frozenset(
         REFUSED_BY_API_SERVER,
         NOT_YET_REFUSED,
         NOT_PROBED,
+        ARCHIVE_FAILED,
     }
 )
 

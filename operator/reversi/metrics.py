@@ -12,12 +12,14 @@ reversi_rollback_steps_total                counter steps of finished rollbacks 
                                                     ``bucket`` and ``tool``
 reversi_incomplete_rollbacks                gauge   Runs whose last rollback is incomplete
                                                     (Run condition RolledBack=False), now,
-                                                    unless acknowledged (reversi.dev/acknowledged)
-reversi_standing_undos                      gauge   steps of those Runs whose undo, in the Run's
-                                                    last rollback, ended ``failed`` or
-                                                    ``unverified`` (label ``state``), by tool:
-                                                    what is still wrong, until a later request
-                                                    undoes it or the Run is acknowledged
+                                                    unless acknowledged (kubectl reversi
+                                                    acknowledge)
+reversi_standing_undos                      gauge   steps of those Runs whose undo stands
+                                                    ``failed`` or ``unverified`` (label
+                                                    ``state``), by tool, as each Run's
+                                                    ``status.standing`` says: what is still
+                                                    wrong, until a rollback undoes it or the
+                                                    Run is acknowledged
 reversi_compensation_duration_seconds       hist.   compensator start to its verdict, by tool
 reversi_verification_duration_seconds       hist.   first read-back to the verification verdict
 reversi_active_halts                        gauge   Halts (namespace) and ClusterHalts
@@ -25,6 +27,18 @@ reversi_active_halts                        gauge   Halts (namespace) and Cluste
 reversi_refused_calls_total                 counter steps refused at admission, by ``reason``
                                                     (exported by each reversi-admission replica:
                                                     :class:`AdmissionMetrics`)
+reversi_runs_deleted_total                  counter Runs deleted by the operator, by ``reason``
+                                                    (``expired``: retention)
+reversi_runs_archived_total                 counter Runs written to the archive before their delete
+reversi_archive_failures_total              counter writes to the archive that failed, by ``reason``
+                                                    (unreachable, auth, disk_full, schema, other):
+                                                    the Run waits, nothing is lost
+reversi_journal_steps                       gauge   RunSteps each namespace holds (the journal's
+                                                    size; etcd's own count, one LIST of one item)
+reversi_journal_runs                        gauge   Runs each namespace holds
+reversi_journal_quota_steps                 gauge   the ceiling a ResourceQuota puts on a
+                                                    namespace's RunSteps (count/runsteps.reversi.dev;
+                                                    the lowest, when several do)
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -36,7 +50,10 @@ reversi_crd_schema_version                  gauge   schema version of each insta
 Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
 operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``). Alerts on
 what still stands read the gauges (docs/operations.md#alerts): a counter says that something
-happened, a gauge that it is still so.
+happened, a gauge that it is still so. The two gauges of what stands read only the Runs (their
+watch events, and the resync's paged list): ``RolledBack``, the acknowledgement and
+``status.standing`` (docs/concepts.md#what-stands), never the RollbackRequests, so a request that
+undid nothing (cancelled, a dry run) changes neither.
 """
 
 from __future__ import annotations
@@ -46,9 +63,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.utils import parse_quantity
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .engine import acknowledgement
+from .engine import acknowledgement, standing
 
 log = logging.getLogger("reversi.metrics")
 
@@ -68,65 +86,46 @@ BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved",
            "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
            "handler_unavailable", "conflict", "compensation_deadline_passed")
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-#: The ``state`` label of ``reversi_standing_undos``: report buckets that leave an effect in place
-#: although a compensation was tried.
-STANDING_STATES = ("failed", "unverified")
 
 Standing = dict[tuple[str, str], int]  # (tool, state) -> steps
-#: The ``tool`` label of a standing undo whose tool the request's status does not name (a step an
-#: earlier request left unverified, read back by a resync after an operator restart).
-UNKNOWN_TOOL = "unknown"
 
 
-def standing_undos(request: dict) -> Standing:
-    """The steps of a finished RollbackRequest's report whose undo ended ``failed`` or
-    ``unverified``, counted by ``(tool, state)`` (tools from ``status.steps``;
-    :data:`UNKNOWN_TOOL` when a step has none there). Empty for a request with no report."""
-    status = request.get("status") or {}
-    report = status.get("report") or {}
-    tools = {s.get("step"): s.get("tool") for s in status.get("steps") or [] if isinstance(s, dict)}
-    counts: Standing = {}
-    for state in STANDING_STATES:
-        for item in report.get(state) or []:
-            step = item.get("step") if isinstance(item, dict) else item
-            key = (tools.get(step) or UNKNOWN_TOOL, state)
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def _keep_known_tools(listed: Standing, known: Standing | None) -> Standing:
-    """The standing undos a resync read (``listed``), unless some step's tool was not in the
-    request's status (a step left unverified by an earlier request is planned as a skip, which
-    the status does not list: tool ``unknown``) and the finished request's own report counted
-    the same steps per state with their tools (``known``, from :meth:`Metrics.request_finished`):
-    then that one."""
-    if known is None or not any(tool == UNKNOWN_TOOL for tool, _ in listed):
-        return listed
-
-    def per_state(standing: Standing) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (_, state), n in standing.items():
-            out[state] = out.get(state, 0) + n
-        return out
-
-    return known if per_state(known) == per_state(listed) else listed
-
-
-def _last_rollback(request: dict) -> tuple[str, str, str, Standing] | None:
-    """``(namespace, run, completionTime, standing undos)`` of a finished, real (not dry-run)
-    RollbackRequest, else None: what a resync keeps of each request."""
-    status = request.get("status") or {}
-    spec = request.get("spec") or {}
-    done = status.get("completionTime")
-    run = (spec.get("runRef") or {}).get("name")
-    if not done or spec.get("dryRun") or not isinstance(run, str) or status.get("report") is None:
+def _counted(run: dict) -> Standing | None:
+    """What a Run adds to the gauges of what stands: None when :func:`incomplete_run` does not
+    count it, else its standing undos by ``(tool, state)`` (``status.standing``, maybe empty)."""
+    if not incomplete_run(run):
         return None
-    return request["metadata"]["namespace"], run, str(done), standing_undos(request)
+    return standing.by_tool((run.get("status") or {}).get("standing"))
 
 
-def _incomplete_key(run: dict) -> tuple[str, str] | None:
-    """``(namespace, name)`` of a Run that :func:`incomplete_run` counts, else ``None``."""
-    return (run["metadata"]["namespace"], run["metadata"]["name"]) if incomplete_run(run) else None
+#: the ResourceQuota resource that counts RunSteps (object count quota of a custom resource)
+RUNSTEP_QUOTA = "count/runsteps.reversi.dev"
+
+
+def journal_ceilings(quotas: Any) -> dict[str, int]:
+    """namespace -> the lowest ``hard`` of :data:`RUNSTEP_QUOTA` among ``quotas`` (ResourceQuota
+    dicts); namespaces without one are left out."""
+    out: dict[str, int] = {}
+    for quota in quotas:
+        hard = ((quota.get("spec") or {}).get("hard") or {}).get(RUNSTEP_QUOTA)
+        try:
+            ceiling = int(parse_quantity(hard)) if hard is not None else None
+        except ValueError:
+            ceiling = None
+        if ceiling is None:
+            continue
+        ns = (quota.get("metadata") or {}).get("namespace") or ""
+        out[ns] = min(ceiling, out.get(ns, ceiling))
+    return out
+
+
+def _incomplete_key(run: dict) -> tuple[str, str, Standing] | None:
+    """``(namespace, name, standing undos)`` of a Run that :func:`incomplete_run` counts, else
+    ``None``: what a resync keeps of each Run."""
+    counted = _counted(run)
+    if counted is None:
+        return None
+    return run["metadata"]["namespace"], run["metadata"]["name"], counted
 
 
 class Metrics:
@@ -161,46 +160,67 @@ class Metrics:
         self.schema_version = Gauge("reversi_crd_schema_version",
                                     "Schema version of each installed CRD (crd=\"operator\": the operator's own).",
                                     ["crd"], registry=r)
+        self.runs_deleted = Counter("reversi_runs_deleted", "Runs deleted by the operator (reason expired: retention).",
+                                    ["namespace", "reason"], registry=r)
+        self.journal_steps = Gauge("reversi_journal_steps", "RunSteps each namespace holds (etcd's count).",
+                                   ["namespace"], registry=r)
+        self.journal_runs = Gauge("reversi_journal_runs", "Runs each namespace holds.", ["namespace"], registry=r)
+        self.journal_quota = Gauge(
+            "reversi_journal_quota_steps",
+            "The ceiling of a namespace's RunSteps set by a ResourceQuota (count/runsteps.reversi.dev).",
+            ["namespace"], registry=r)
+        #: the namespaces whose journal is measured and their Runs (from the operator's informer of Runs):
+        #: a callable giving {namespace: runs}; None: the journal is not measured
+        self.journal_namespaces: Callable[[], dict[str, int]] | None = None
+        #: where the periodic resync reads the Runs instead of a LIST of every Run (the operator's own
+        #: informer): ``runs_source()`` gives ``(namespace, name, standing undos)`` of each Run
+        #: :func:`incomplete_run` counts (what :func:`_incomplete_key` keeps), or None while the
+        #: informer has not listed yet
+        self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
+        self._known_journal: set[str] = set()
+        self._known_quota: set[str] = set()
+        self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
+                                     ["namespace"], registry=r)
+        self.archive_failures = Counter("reversi_archive_failures",
+                                        "Writes to the archive that failed (the Run is kept until one succeeds).",
+                                        ["namespace", "reason"], registry=r)
         self._known_incomplete: set[str] = set()
         self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
-        #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> counted:
-        #: newer than the list, they are laid over it; None while no resync lists
-        self._changes_while_listing: dict[tuple[str, str], bool] | None = None
+        #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> what the
+        #: Run counts (None: nothing): newer than the list, they are laid over it; None while no resync lists
+        self._changes_while_listing: dict[tuple[str, str], Standing | None] | None = None
         #: False until the first resync: a watch event alone (the operator just started) knows one
         #: Run of a namespace, not the others, and a 0 it exported would clear a firing alert
         self._synced = False
         self._known_halts: set[str] = set()
-        #: (namespace, run) -> the standing undos of the Run's last finished rollback (Runs with none
-        #: are left out, so setting the gauge costs what stands, not the number of Runs)
+        #: (namespace, run) -> the standing undos of an incomplete, unacknowledged Run, from its
+        #: status.standing (Runs with none are left out: memory and export cost what stands, not the Runs)
         self._standing_by_run: dict[tuple[str, str], Standing] = {}
         self._known_standing: set[tuple[str, str, str]] = set()  # label sets ever exported: zeroed, never removed
         self._lock = threading.Lock()
 
     # ----- events from the reconciler ------------------------------------------------------
 
-    def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None,
-                         run: str | None = None) -> None:
-        """Count a finished request and, with its report, each step by bucket and tool; with
-        ``run`` too, its failed and unverified steps become the Run's standing undos (a later
-        request's report replaces them)."""
+    def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
+        """Count a finished request and, with its report and plan, each step by bucket and tool.
+        What stands is not taken from a request (:meth:`run_observed` reads it from the Run)."""
         self.rollbacks.labels(namespace, verdict).inc()
         if report is None or plan is None:
             return
-        standing: Standing = {}
         for bucket in BUCKETS:
             for item in getattr(report, bucket):
                 step = item if isinstance(item, int) else item.step
-                tool = plan.actions[step].tool
-                self.steps.labels(namespace, tool, bucket).inc()
-                if bucket in STANDING_STATES:
-                    standing[(tool, bucket)] = standing.get((tool, bucket), 0) + 1
-        if run is not None:
-            with self._lock:
-                if standing:
-                    self._standing_by_run[(namespace, run)] = standing
-                else:
-                    self._standing_by_run.pop((namespace, run), None)
-                self._export_standing()
+                self.steps.labels(namespace, plan.actions[step].tool, bucket).inc()
+
+    def run_deleted(self, namespace: str, reason: str) -> None:
+        """Count a Run the operator deleted (``reason``: ``expired``, by retention)."""
+        self.runs_deleted.labels(namespace, reason).inc()
+
+    def run_archived(self, namespace: str) -> None:
+        self.runs_archived.labels(namespace).inc()
+
+    def archive_failed(self, namespace: str, reason: str) -> None:
+        self.archive_failures.labels(namespace, reason).inc()
 
     def foreign_steps(self, namespace: str, count: int) -> None:
         """Count ``count`` foreign RunSteps a rollback in ``namespace`` found."""
@@ -230,23 +250,33 @@ class Metrics:
     def refresh(self, kube: Any) -> None:
         """Recompute every gauge from the API."""
         self.refresh_runs(kube)
-        self.refresh_standing(kube)
         self.refresh_halts(kube)
+        if self.journal_namespaces is not None:
+            self.refresh_journal(kube, self.journal_namespaces())
 
-    def refresh_standing(self, kube: Any) -> None:
-        """Recompute ``reversi_standing_undos`` from a paged list of the RollbackRequests: each
-        Run's last finished request (by ``completionTime``) gives its standing undos."""
-        last: dict[tuple[str, str], tuple[str, Standing]] = {}
-        for found in self._list(kube, "rollbackrequests", keep=_last_rollback):
-            if found is None:
-                continue
-            namespace, run, done, standing = found
-            if (namespace, run) not in last or last[(namespace, run)][0] <= done:
-                last[(namespace, run)] = (done, standing)
+    def refresh_journal(self, kube: Any, runs: dict[str, int]) -> None:
+        """Recompute the journal's gauges: for each namespace with Runs (``runs``: namespace ->
+        Runs), its RunSteps counted by etcd (:meth:`reversi.adapters.kube.Kube.count`: one LIST
+        of one item, never the RunSteps themselves), and the ResourceQuotas' ceiling on them (one
+        paged LIST of ResourceQuotas). A namespace whose Runs are all gone is set to 0."""
+        steps: dict[str, int] = {}
+        for namespace in runs:
+            found = kube.count("runsteps", namespace)
+            if found is not None:
+                steps[namespace] = found
+        watched: list[str | None] = list(self.namespaces) or [None]
+        ceilings = journal_ceilings(q for ns in watched for q in kube.resource_quotas(ns))
         with self._lock:
-            self._standing_by_run = {key: _keep_known_tools(standing, self._standing_by_run.get(key))
-                                     for key, (_, standing) in last.items() if standing}
-            self._export_standing()
+            for ns in self._known_journal | set(runs) | set(steps):
+                self.journal_runs.labels(ns).set(runs.get(ns, 0))
+                if ns in steps or ns not in runs:
+                    self.journal_steps.labels(ns).set(steps.get(ns, 0))
+            self._known_journal |= set(runs) | set(steps)
+            for ns in self._known_quota - set(ceilings):
+                self.journal_quota.remove(ns)
+            for ns, ceiling in ceilings.items():
+                self.journal_quota.labels(ns).set(ceiling)
+            self._known_quota = set(ceilings)
 
     def _export_standing(self) -> None:
         """Set ``reversi_standing_undos`` from the standing undos of the Runs counted incomplete
@@ -256,40 +286,51 @@ class Metrics:
         if not self._synced:
             return
         totals: dict[tuple[str, str, str], int] = {}
-        for (namespace, run), standing in self._standing_by_run.items():
-            if run not in self._incomplete_runs.get(namespace, ()):
-                continue  # complete, acknowledged or deleted: nothing stands
-            for (tool, state), n in standing.items():
+        for (namespace, _), counts in self._standing_by_run.items():
+            for (tool, state), n in counts.items():
                 totals[(namespace, tool, state)] = totals.get((namespace, tool, state), 0) + n
         for labels in self._known_standing | set(totals):
             self.standing.labels(*labels).set(totals.get(labels, 0))
         self._known_standing |= set(totals)
 
     def refresh_runs(self, kube: Any) -> None:
-        """Recompute ``reversi_incomplete_rollbacks`` from a paged list of the Runs (the periodic
-        resync; between resyncs :meth:`run_observed` keeps it from the Runs' watch events). A
-        watch event that comes in while the list is read is newer than the list: it is laid over
-        it. The first resync is also the first time the gauges are exported (a namespace's count,
-        or a 0, is never exported from the events of a freshly started operator alone)."""
+        """Recompute ``reversi_incomplete_rollbacks`` and ``reversi_standing_undos`` from a paged
+        list of the Runs (the periodic resync; between resyncs :meth:`run_observed` keeps them
+        from the Runs' watch events). A watch event that comes in while the list is read is newer
+        than the list: it is laid over it. The first resync is also the first time the gauges are
+        exported (a namespace's count, or a 0, is never exported from the events of a freshly
+        started operator alone)."""
+        source = self.runs_source() if self.runs_source is not None else None
+        if source is None and self.runs_source is not None:
+            return  # the informer has not listed yet: the next resync
         with self._lock:
             self._changes_while_listing = {}
         try:
             found: dict[str, set[str]] = {}
-            for namespace, name in self._list(kube, "runs", keep=_incomplete_key):
+            standing_by_run: dict[tuple[str, str], Standing] = {}
+            listed = source if source is not None else self._list(kube, "runs", keep=_incomplete_key)
+            for namespace, name, counts in listed:
                 found.setdefault(namespace, set()).add(name)
+                if counts:
+                    standing_by_run[(namespace, name)] = counts
         except BaseException:
             with self._lock:
                 self._changes_while_listing = None
             raise
         with self._lock:
-            for (namespace, name), counted in (self._changes_while_listing or {}).items():
+            for (namespace, name), counts in (self._changes_while_listing or {}).items():
                 names = found.setdefault(namespace, set())
-                if counted:
+                if counts is not None:
                     names.add(name)
                 else:
                     names.discard(name)
+                if counts:
+                    standing_by_run[(namespace, name)] = counts
+                else:
+                    standing_by_run.pop((namespace, name), None)
             self._changes_while_listing = None
             self._incomplete_runs = found
+            self._standing_by_run = standing_by_run
             self._synced = True
             for ns in self._known_incomplete | set(found):
                 self.incomplete.labels(ns).set(len(found.get(ns, ())))
@@ -297,17 +338,21 @@ class Metrics:
             self._export_standing()
 
     def run_observed(self, namespace: str, name: str, run: dict | None) -> None:
-        """Keep ``reversi_incomplete_rollbacks`` from one watch event of a Run (``run``: the
-        object, ``None`` when it was deleted): O(1), no API call; exported once the Runs were
-        resynced at least once (:meth:`refresh_runs`)."""
-        counted = run is not None and incomplete_run(run)
+        """Keep ``reversi_incomplete_rollbacks`` and ``reversi_standing_undos`` from one watch
+        event of a Run (``run``: the object, ``None`` when it was deleted): O(what the Run counts),
+        no API call; exported once the Runs were resynced at least once (:meth:`refresh_runs`)."""
+        counts = None if run is None else _counted(run)
         with self._lock:
             if self._changes_while_listing is not None:
-                self._changes_while_listing[(namespace, name)] = counted
-            names = self._incomplete_runs.setdefault(namespace, set())
-            if run is None:
+                self._changes_while_listing[(namespace, name)] = counts
+            before = self._standing_by_run.get((namespace, name))
+            if counts:
+                self._standing_by_run[(namespace, name)] = counts
+            else:
                 self._standing_by_run.pop((namespace, name), None)
-            if (name in names) == counted and namespace in self._known_incomplete:
+            names = self._incomplete_runs.setdefault(namespace, set())
+            counted = counts is not None
+            if (name in names) == counted and namespace in self._known_incomplete and before == (counts or None):
                 return
             if counted:
                 names.add(name)
@@ -317,7 +362,8 @@ class Metrics:
                 return
             self.incomplete.labels(namespace).set(len(names))
             self._known_incomplete.add(namespace)
-            self._export_standing()
+            if before != (counts or None):
+                self._export_standing()
 
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""

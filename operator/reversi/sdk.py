@@ -139,6 +139,19 @@ class RecoveryRequired(RecordingRefused):
     (``recovery required: <tool> cannot be undone``)."""
 
 
+class JournalFull(RecordingRefused):
+    """The namespace's ResourceQuota on Reversi's journal is used up (``exceeded quota: ...,
+    count/runsteps.reversi.dev``): no call was made. The message says what to do: wait for
+    retention to delete expired runs, ask for a larger quota, or delete runs no longer needed
+    (docs/operations.md#backpressure-a-ceiling-per-namespace)."""
+
+
+#: what a refusal by a ResourceQuota adds: what to do about it
+JOURNAL_FULL_ADVICE = (
+    "the namespace's ResourceQuota on Reversi's journal is used up and no call was made: wait for retention to "
+    "delete expired runs (docs/concepts.md#retention), ask for a larger quota (count/runsteps.reversi.dev), or "
+    "delete runs no longer needed (kubectl delete run NAME -n NAMESPACE: their steps go with them)")
+
 _KINDS: tuple[tuple[str, type[RecordingRefused]], ...] = (
     ("run is being rolled back by", RunClosed),
     ("run was rolled back by", RunClosed),
@@ -160,6 +173,8 @@ def _refusal(err: ApiException, what: str) -> RecordingRefused:
         return RecordingRefused(f"{what} refused: Reversi's admission server is unreachable (no reversi-admission "
                                 f"replica answered; the write never landed and the call was not made): {message}",
                                 reason="AdmissionUnreachable", status=err.status)
+    if "exceeded quota:" in message:
+        return JournalFull(f"{what} refused: {message}; {JOURNAL_FULL_ADVICE}", reason=reason, status=err.status)
     kind = next((k for marker, k in _KINDS if marker in message), RecordingRefused)
     return kind(f"{what} refused: {message}", reason=reason, status=err.status)
 

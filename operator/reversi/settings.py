@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -75,6 +75,21 @@ class OperatorSettings(BaseSettings):
                                  "many seconds unread.")
     journal_sync_seconds: float = Field(
         30.0, gt=0, description="How long a pass waits for a run's RunSteps to be listed before it tries again.")
+    retention_ttl_seconds: int | None = Field(
+        None, ge=1, le=315_360_000,
+        description="Retention's default: a Run is deleted with its steps this many seconds after its last activity, "
+                    "once nothing about it is unfinished (docs/concepts.md#retention); a namespace's annotation "
+                    "reversi.dev/retention-ttl-seconds and a Run's spec.retention override it. Unset: kept forever.")
+    retention_deletes_per_second: float = Field(
+        20.0, gt=0, le=1000,
+        description="Most Runs retention deletes per second (each takes its steps with it through the garbage "
+                    "collector): paced so agents recording at the same time keep their API server.")
+    retention_workers: int = Field(2, ge=1, le=16, description="Threads that run retention passes.")
+    archive_dsn: SecretStr | None = Field(
+        None,
+        description="The archive (docs/operations.md#the-archive): a PostgreSQL connection string or URL; when set, "
+                    "retention writes each expired Run's record there and deletes the Run only after the write "
+                    "committed. Give it from a Secret (the chart's archive.existingSecret); it is never logged.")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

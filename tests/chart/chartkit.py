@@ -87,6 +87,7 @@ ALL_FEATURES: dict[str, Any] = {
         "matchExpressions": [{"key": "reversi.dev/webhooks", "operator": "NotIn", "values": ["off"]}]}},
     "operator": {"verbose": True, "extraEnv": [{"name": "REVERSI_TICK_SECONDS", "value": "2"}]},
     "podAnnotations": {"example.com/team": "payments"},
+    "journalQuota": {"namespaces": ["shop"], "runsteps": 5000},
     "priorityClassName": "system-cluster-critical",
 }
 

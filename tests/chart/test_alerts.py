@@ -10,7 +10,8 @@ import yaml
 from tests.chart.chartkit import CHART, HERE, run
 
 RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
-ALERTS = {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
+ALERTS = {"ReversiJournalNearQuota",
+          "ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
           "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
 
 

@@ -60,6 +60,8 @@ def test_rendered_objects_pass_server_side_validation(name, schemas, namespace, 
     values = copy.deepcopy(VALUE_SETS[name])
     if values.get("watchNamespaces"):
         values["watchNamespaces"] = [namespace]
+    if values.get("journalQuota"):  # its ResourceQuotas go into namespaces that exist
+        values["journalQuota"]["namespaces"] = [namespace]
     manifest = render.text(values, namespace=namespace, release=f"dry-{name}"[:30])
     out = _dry_run(kubectl, schemas, manifest)
     kinds = {o["kind"] for o in yaml.safe_load_all(manifest) if o}

@@ -161,6 +161,40 @@ def test_every_env_var_is_an_operator_setting(render):
             assert names <= known, f"unknown settings of {dep}: {sorted(names - known)}"
 
 
+def test_retention_defaults_to_thirty_days_and_null_keeps_every_run(render):
+    def env(values):
+        container = find(render(values), "Deployment", "rv-reversi")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    found = env(None)
+    assert found["REVERSI_RETENTION_TTL_SECONDS"] == "2592000" and found["REVERSI_RETENTION_DELETES_PER_SECOND"] == "20"
+    assert "REVERSI_RETENTION_TTL_SECONDS" not in env({"retention": {"ttlSeconds": None}})
+    assert env({"retention": {"ttlSeconds": 315360000}})["REVERSI_RETENTION_TTL_SECONDS"] == "315360000"
+
+
+def test_the_archive_takes_its_connection_string_from_a_secret_never_from_values(render):
+    def env(values):
+        container = find(render(values), "Deployment", "rv-reversi")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e for e in container["env"]}
+
+    assert "REVERSI_ARCHIVE_DSN" not in env(None), "off by default"
+    found = env({"archive": {"enabled": True, "existingSecret": "reversi-archive"}})["REVERSI_ARCHIVE_DSN"]
+    assert found == {"name": "REVERSI_ARCHIVE_DSN", "valueFrom": {"secretKeyRef": {"name": "reversi-archive",
+                                                                                     "key": "dsn"}}}
+    assert "existingSecret" in render.errors({"archive": {"enabled": True}})
+
+
+def test_journal_quota_is_rendered_in_each_listed_namespace_and_matches_the_example(render):
+    assert not [o for o in render() if o["kind"] == "ResourceQuota"], "no quota unless namespaces are listed"
+    quotas = [o for o in render({"journalQuota": {"namespaces": ["shop", "billing"], "runsteps": 5000}})
+              if o["kind"] == "ResourceQuota"]
+    assert [(q["metadata"]["name"], q["metadata"]["namespace"]) for q in quotas] == [
+        ("rv-reversi-journal", "shop"), ("rv-reversi-journal", "billing")]
+    assert quotas[0]["spec"]["hard"] == {"count/runsteps.reversi.dev": "5000", "count/runs.reversi.dev": "20000"}
+    example = yaml.safe_load((REPO / "docs" / "examples" / "journal-quota.yaml").read_text())
+    assert set(example["spec"]["hard"]) == set(quotas[0]["spec"]["hard"])
+
+
 def test_services_serve_webhooks_and_each_deployments_metrics(render):
     objs = render()
     svc = find(objs, "Service", "rv-reversi")  # the name the webhook certificate is for
@@ -224,6 +258,9 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     # a rollback's lock as the API server enforces it: the namespace's ConfigMap reversi-closed-runs (get and patch
     # are narrowed to that name by test_rbac_has_no_wildcards' resourceNames rule)
     needed |= {("", "configmaps", "create"), ("", "configmaps", "get"), ("", "configmaps", "patch")}
+    # retention: an expired Run is deleted (its steps go with it), each namespace's setting is watched
+    needed |= {("reversi.dev", "runs", "delete"), ("", "namespaces", "get"), ("", "namespaces", "list"),
+               ("", "namespaces", "watch"), ("", "resourcequotas", "get"), ("", "resourcequotas", "list")}
     # nested runs: the request of a parent run makes (and cancels) one request per child run
     needed |= {("reversi.dev", "rollbackrequests", "create"), ("reversi.dev", "rollbackrequests", "patch")}
     needed |= {("reversi.dev", "runs/finalizers", "update"),
@@ -239,6 +276,7 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
         if "configmaps" in rule["resources"] and set(rule["verbs"]) & {"get", "patch"}:
             assert rule.get("resourceNames") == ["reversi-closed-runs"], rule
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
+             ("reversi.dev", "runsteps", "delete"), ("reversi.dev", "rollbackrequests", "delete"),
              ("reversi.dev", "runs", "update"), ("reversi.dev", "runs", "patch"), ("", "pods", "create")}
     assert not grants & never
 
@@ -479,9 +517,14 @@ def test_service_monitor_sets_the_job_label_and_keeps_the_metrics_namespace(rend
 
 
 def test_prometheus_rule_carries_the_tested_rules(render):
+    """The documented release renders the rules file as it is; another release the same rules,
+    with the commands in the annotations naming its own objects (tests/chart/test_alert_commands.py)."""
     rules_file = yaml.safe_load((CHART / "files" / "alerts" / "reversi.rules.yaml").read_text())
-    objs = render({"metrics": {"prometheusRule": {"enabled": True}}})
+    objs = render({"metrics": {"prometheusRule": {"enabled": True}}}, release="reversi")
     assert find(objs, "PrometheusRule")["spec"]["groups"] == rules_file["groups"]
+    other = find(render({"metrics": {"prometheusRule": {"enabled": True}}}), "PrometheusRule")["spec"]["groups"]
+    strip = [[{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]] for g in rules_file["groups"]]
+    assert [[{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]] for g in other] == strip
 
 
 def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
@@ -490,7 +533,7 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
-                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
+                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated", "ReversiJournalNearQuota"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
     assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert 'job="reversi-prod-admission"' in rules["ReversiAdmissionDown"]["expr"]
@@ -551,6 +594,8 @@ def test_image_digest_wins_over_the_tag(render):
     ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
     ({"webhook": {"certManager": {"issuerRef": {"kind": "ClusterIssuer"}}}}, "/webhook/certManager/issuerRef"),
     ({"operator": {"tickSeconds": 0}}, "/operator/tickSeconds"),
+    ({"retention": {"ttlSeconds": 0}}, "/retention/ttlSeconds"),
+    ({"retention": {"ttlSeconds": "30d"}}, "/retention/ttlSeconds"),
 ], ids=lambda v: json.dumps(v) if isinstance(v, dict) else "")
 def test_schema_refuses_bad_values(render, values, error):
     assert error in render.errors(values)

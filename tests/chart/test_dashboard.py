@@ -67,3 +67,85 @@ def test_dashboard_reads_only_metrics_the_operator_exposes():
     for title, expr in _queries():
         names = set(re.findall(r"\b(reversi_[a-z_]+|up)\b", expr))
         assert names and names <= exposed, f"{title}: unknown metrics {names - exposed}"
+
+
+RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
+#: the "Now" panels and the alert whose expression each reads, and the table of what stands
+NOW_PANELS = {"Incomplete rollbacks": "ReversiRollbackIncomplete", "Failed undos standing": "ReversiCompensationFailed",
+              "Unverified undos standing": "ReversiUnverifiedUndo"}
+
+
+def _alert_exprs() -> dict[str, str]:
+    return {r["alert"]: r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+
+
+def _expr(title: str) -> str:
+    return next(expr for t, expr in _queries() if t == title)
+
+
+def test_no_panel_hides_a_scrape_gap_behind_a_zero():
+    """A scrape gap is not a 0: no query fills missing data with ``or vector(0)``."""
+    for title, expr in _queries():
+        assert "vector(0)" not in expr.replace(" ", ""), f"{title}: {expr}"
+
+
+def test_the_now_panels_read_the_expressions_the_alerts_read():
+    """Each "Now" panel sums exactly the expression its alert compares with 0 (the namespace
+    variable aside), and the table of what stands is that expression by namespace, tool and state."""
+    alerts = _alert_exprs()
+    for title, alert in NOW_PANELS.items():
+        inner = alerts[alert].removesuffix(" > 0")
+        assert _expr(title).replace(',namespace=~"$namespace"', "").replace('{namespace=~"$namespace"}', "") \
+            == f"sum({inner})", title
+    table = _expr("Failed and unverified undos standing now").replace('{namespace=~"$namespace"}', "")
+    assert table == alerts["ReversiCompensationFailed"].replace('{state="failed"}', "").replace(
+        "by (namespace, tool)", "by (namespace, tool, state)")
+
+
+def test_in_a_scrape_gap_the_now_panels_show_what_the_alerts_see_then_no_data(promtool, tmp_path):
+    """promtool evaluates the dashboard's queries over series with a gap (the operator's target
+    down from minute 11: its series stale, ``up`` 0): at minute 12 the "Now" panels show the last
+    value, as the firing alert does, the graphs show nothing (a gap, never 0) and "Operator up"
+    shows 0; 15 minutes later the "Now" panels have no data, never 0."""
+    subs = {"$namespace": ".*", "$job": "reversi-operator"}
+
+    def query(title: str) -> str:
+        expr = _expr(title)
+        for var, value in subs.items():
+            expr = expr.replace(var, value)
+        return expr
+
+    standing = '{namespace="shop",tool="payments.create_charge",state="failed",job="reversi-operator",pod="reversi-a"}'
+    checks = []
+    for title, want in (("Failed undos standing", 2), ("Incomplete rollbacks", 1)):
+        checks.append({"expr": query(title), "eval_time": "12m", "exp_samples": [{"labels": "{}", "value": want}]})
+        checks.append({"expr": query(title), "eval_time": "30m", "exp_samples": []})
+    checks.append({"expr": query("Unverified undos standing"), "eval_time": "12m", "exp_samples": []})
+    # what the alert compares with 0, at the same moment: the same 2
+    checks.append({"expr": _alert_exprs()["ReversiCompensationFailed"], "eval_time": "12m", "exp_samples": [
+        {"labels": '{namespace="shop",tool="payments.create_charge"}', "value": 2}]})
+    for title in ("Failed and unverified undos standing, by tool", "Incomplete rollbacks by namespace"):
+        checks.append({"expr": query(title), "eval_time": "12m", "exp_samples": []})
+    checks.append({"expr": query("Operator up"), "eval_time": "12m", "exp_samples": [{"labels": "{}", "value": 0}]})
+    checks.append({"expr": query("Failed and unverified undos standing now"), "eval_time": "12m", "exp_samples": [
+        {"labels": '{namespace="shop",tool="payments.create_charge",state="failed"}', "value": 2}]})
+    case = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "name": "a scrape gap on the dashboard",
+            "interval": "1m",
+            "input_series": [
+                # the operator's target goes down at minute 11: its series go stale, up is 0
+                {"series": f"reversi_standing_undos{standing}", "values": "2x10 stale"},
+                {"series": 'reversi_incomplete_rollbacks{namespace="shop",job="reversi-operator",pod="reversi-a"}',
+                 "values": "1x10 stale"},
+                {"series": 'up{job="reversi-operator",pod="reversi-a"}', "values": "1x10 0x30"},
+            ],
+            "promql_expr_test": checks,
+        }],
+    }
+    path = tmp_path / "dashboard_gap_test.yaml"
+    path.write_text(yaml.safe_dump(case))
+    out = run([promtool, "test", "rules", path], check=False)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr

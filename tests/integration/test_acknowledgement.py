@@ -1,15 +1,19 @@
 """Acknowledging residue (docs/concepts.md#acknowledging-residue) on the real control plane: the
 RBAC verb, the server's stamps, the Run and its last RollbackRequest reading as done (kstatus
-Current) while their report stays incomplete, the gauges, withdrawal, and a later rollback that
-the acknowledgement does not cover."""
+Current) while their report stays incomplete, the gauges, withdrawal, a later rollback that undid
+nothing (still covered) and one that left a new failure (not covered: describe and the
+ACKNOWLEDGED-BY column say so)."""
 
 from __future__ import annotations
+
+import subprocess
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.metrics import incomplete_run
+from reversi_devcluster.build import binary
 from tests.gitops import kstatus
 from tests.helpers import users_with_roles, wait_for
 from tests.integration.test_metrics import scrape, value
@@ -95,23 +99,70 @@ def test_acknowledging_needs_the_verb_and_an_incomplete_rollback_and_is_stamped_
              what="the request stalled again, as it was")
 
 
-def test_a_later_rollback_is_not_covered_by_an_earlier_acknowledgement(rv, users, cluster, operator):
+def _acknowledged_by(rv, cluster) -> dict[str, str]:
+    """The ACKNOWLEDGED-BY column of ``kubectl get runs``, by Run (the API server's Table of the
+    Runs, from the CRD's printer columns)."""
+    table = subprocess.run([binary("kubernetes", "kubectl"), "--kubeconfig", str(cluster.paths.admin_kubeconfig),
+                            "get", "runs", "-n", rv.ns], capture_output=True, text=True, check=True).stdout.splitlines()
+    start = table[0].index("ACKNOWLEDGED-BY")
+    end = table[0].index("READY", start)
+    return {line.split()[0]: line[start:end].strip() for line in table[1:] if line.strip()}
+
+
+def test_an_acknowledgement_covers_what_stands_until_a_later_rollback_leaves_something_new(
+        rv, users, cluster, operator):
+    """Run ``a`` (an email, which nothing can unsend) and run ``b`` (a charge whose refund fails)
+    are acknowledged. A later rollback of ``a`` undoes nothing: what stands is unchanged and the
+    acknowledgement still covers it (Ready, ACKNOWLEDGED-BY lead). A later rollback of ``b``
+    fails again: that failure is new, so ``b`` is Stalled again, its ACKNOWLEDGED-BY is empty, and
+    ``describe`` says the acknowledgement accepted the first request's residue, not what stands
+    now (docs/concepts.md#acknowledging-residue)."""
     rv.apply_manifest()
     ns = rv.ns
-    _incomplete_email_run(rv, "r", "undo")
-    proc = kr(cluster, "acknowledge", "r", "--note", "apologised by phone", namespace=ns,
-              kubeconfig=cluster.kubeconfig_for("lead"))
-    assert proc.returncode == 0 and "residue of RollbackRequest undo is acknowledged by lead" in proc.stdout, proc
-    wait_for(lambda: _conditions(rv.get("runs", "r")).get("Ready") == ("True", "ResidueAcknowledged"),
-             what="the Run Ready")
+    rv.run("a", [rv.step(0, "email.send", {"to": "c@example.com"}, {"id": "m-1"})])
+    charge = rv.charge("o-ack")
+    rv.run("b", [rv.step(0, "payments.create_charge", {"order_id": "o-ack", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    rv.downstream.fault("/payments/refunds", "error", times=1)
+    rv.request("undo-a", "a")
+    rv.request("undo-b", "b", retries=1)
+    rv.wait_phase("undo-a", "Incomplete")
+    assert [f["step"] for f in rv.wait_phase("undo-b", "Incomplete")["status"]["report"]["failed"]] == [0]
+    for run in ("a", "b"):
+        proc = kr(cluster, "acknowledge", run, "--note", "dealt with by hand", namespace=ns,
+                  kubeconfig=cluster.kubeconfig_for("lead"))
+        assert proc.returncode == 0 and f"residue of RollbackRequest undo-{run} is acknowledged by lead" in \
+            proc.stdout, proc
     # without the verb, the plugin says why in one line
-    denied = one_line_error(kr(cluster, "acknowledge", "r", "--note", "x", namespace=ns,
+    denied = one_line_error(kr(cluster, "acknowledge", "a", "--note", "x", namespace=ns,
                                kubeconfig=cluster.kubeconfig_for("oncall")))
     assert "acknowledge" in denied
-    rv.request("again", "r")
-    rv.wait_phase("again", "Incomplete")
-    run = wait_for(lambda: (r := rv.get("runs", "r")) and _conditions(r).get("Stalled", ("", ""))[0] == "True" and r,
-                   what="the Run stalled by the new rollback")
-    assert run["status"]["lastRequest"] == "again" and incomplete_run(run)
+    wait_for(lambda: _acknowledged_by(rv, cluster) == {"a": "lead", "b": "lead"}, what="both acknowledged by lead")
+
+    rv.request("again-a", "a")  # takes the lock, undoes nothing: the email stays sent
+    rv.wait_phase("again-a", "Incomplete")
+    rv.downstream.fault("/payments/refunds", "error", times=1)
+    rv.request("again-b", "b", retries=1)  # the refund fails again
+    rv.wait_phase("again-b", "Incomplete")
+    b = wait_for(lambda: (r := rv.get("runs", "b")) and _conditions(r).get("Stalled", ("", ""))[0] == "True" and r,
+                 what="Run b stalled by the new failure")
+    assert b["status"]["lastRequest"] == "again-b" and incomplete_run(b)
+    assert b["status"]["standing"]["request"] == "again-b" and "acknowledgedBy" not in b["status"]["standing"]
+    a = rv.get("runs", "a")
+    assert a["status"]["lastRequest"] == "again-a" and a["status"]["standing"]["request"] == "undo-a"
+    assert _conditions(a)["Ready"] == ("True", "ResidueAcknowledged") and not incomplete_run(a)
+    wait_for(lambda: _acknowledged_by(rv, cluster) == {"a": "lead", "b": ""}, what="ACKNOWLEDGED-BY of a only")
+    shown_b = kr(cluster, "describe", "run/b", namespace=ns).stdout
+    assert "Standing:     on Run b now: 1 failed undo(s) stand, left by RollbackRequest again-b" in shown_b, shown_b
+    assert "Residue:      not acknowledged now: acknowledged by lead" in shown_b, shown_b
+    assert ("accepted RollbackRequest undo-b's residue, not what stands now (RollbackRequest again-b left steps "
+            "standing since)") in shown_b, shown_b
+    assert "it covers what stands now" not in shown_b
+    assert "kubectl reversi acknowledge b" in shown_b  # what to do next: accept it again once dealt with
+    shown_a = kr(cluster, "describe", "run/a", namespace=ns).stdout
+    assert "it covers what stands now (RollbackRequest undo-a's residue)" in shown_a, shown_a
+    samples = scrape(operator.metrics_port)
     wait_for(lambda: value(scrape(operator.metrics_port), "reversi_incomplete_rollbacks", namespace=ns) == 1,
-             what="the run counted again")
+             what="run b counted again, run a not")
+    assert value(samples, "reversi_standing_undos", namespace=ns, tool="payments.create_charge",
+                 state="failed") in (None, 1)

@@ -79,11 +79,13 @@ def test_a_precondition_that_held_for_a_cancelled_request_is_read_again_by_the_n
     charge = rv.charge("o-cancel-guard")
     capture = rv.capture(charge["id"])
     rv.run("r", [rv.step(0, tool["name"], {"charge_id": charge["id"]}, capture)])
-    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=5)  # a slow read
+    read = f"/payments/charges/{charge['id']}"
+    rv.downstream.fault(read, "hold", times=1, delay_s=60)  # the read answers once released
     rv.request("a", "r")
     wait_for(lambda: _jobs(rv, "precondition", 0), timeout=60, what="A's precondition read to start")
     proc = kr(cluster, "cancel", "a", namespace=rv.ns)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    rv.downstream.post("/_release", {"path_prefix": read})  # the read says "holds" after the cancel
     a = rv.wait_phase("a", "Incomplete", "Succeeded", "Failed", timeout=60)
     assert a["status"]["report"]["cancelled"] == [0], a["status"]["report"]
     assert _jobs(rv, "compensator") == []
@@ -220,12 +222,14 @@ def test_an_operator_killed_during_a_precondition_read_adopts_that_read_after_re
     charge = rv.charge("o-kill-guard")
     capture = rv.capture(charge["id"])
     rv.run("r", [rv.step(0, tool["name"], {"charge_id": charge["id"]}, capture)])
-    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=6)
+    read = f"/payments/charges/{charge['id']}"
+    rv.downstream.fault(read, "hold", times=1, delay_s=60)  # the read answers once released
     since = time.time()
     rv.request("undo", "r")
     wait_for(lambda: _jobs(rv, "precondition", 0), timeout=60, what="the precondition read to start")
     operator.kill()
     try:
+        rv.downstream.post("/_release", {"path_prefix": read})  # it answers while no operator runs
         operator.start()
     finally:
         assert operator.alive()
@@ -267,10 +271,12 @@ def test_deleting_a_request_during_its_precheck_read_leaves_the_run_free_and_the
     rv.apply_manifest(extra_tools=[tool])
     charge = rv.charge("o-del-pre")
     rv.run("r", [rv.step(0, tool["name"], {"order_id": "o-del-pre", "amount": 700, "customer": "cus_9"}, charge)])
-    rv.downstream.fault(f"/payments/charges/{charge['id']}", "timeout", times=1, delay_s=5)
+    read = f"/payments/charges/{charge['id']}"
+    rv.downstream.fault(read, "hold", times=1, delay_s=60)  # the read answers once released
     rv.request("first", "r")
     wait_for(lambda: _jobs(rv, "precheck", 0), timeout=60, what="the precheck read to start")
     rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "rollbackrequests", "first")
+    rv.downstream.post("/_release", {"path_prefix": read})
     wait_for(lambda: not (rv.get("runs", "r").get("status") or {}).get("activeRequest"), timeout=30,
              what="the Run to be released")
     assert rv.undo("r") == []  # a read journals nothing

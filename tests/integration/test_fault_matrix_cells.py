@@ -245,7 +245,10 @@ def test_a_resolution_written_while_a_request_holds_the_lock_is_undone_by_that_r
     gates.hold("undo", r1)
     rv.request("undo", "r")
     wait_for(lambda: _jobs(rv, "compensator", 1), timeout=60, what="step 1's compensator running")
-    assert rv.get("rollbackrequests", "undo")["status"]["report"]["residue"][0]["type"] == "unknown"
+    # the request's status with its report may be written a moment after the Job it started
+    residue = wait_for(lambda: (rv.get("rollbackrequests", "undo")["status"].get("report") or {}).get("residue"),
+                       timeout=30, what="the request's report")
+    assert residue[0]["type"] == "unknown"
     rv.resolve("r", 0, status="succeeded", result={"id": r0}, note="the reservation is there downstream")
 
     def planned() -> bool:

@@ -263,6 +263,20 @@ def test_gateway_refuses_a_second_principal(gateway, shop, agents, admin_api, na
     assert shop.calls("inventory.get_stock") == [], "a tool with no manifest entry is refused in enforce mode"
 
 
+def test_gateway_refuses_a_call_once_the_journal_is_full_and_says_what_to_do(gateway, shop, agents, admin_api,
+                                                                             namespace):
+    from tests.integration.test_backpressure import journal_quota
+
+    journal_quota(admin_api, namespace, 1)
+    first, second = calls_through(gateway.url, agents["agent-a"], "full", [
+        ("payments.get_customer", {"customer_id": "cus_9"}),
+        ("payments.create_charge", {"order_id": "o-q", "amount": 5, "customer": "cus_9"})])
+    assert not first.is_error
+    assert second.is_error and "exceeded quota: reversi-journal" in text(second), text(second)
+    assert "wait for retention to delete expired runs" in text(second) and "ask for a larger quota" in text(second)
+    assert shop.calls("payments.create_charge") == [], "the shop never saw the refused call"
+
+
 def test_gateway_names_the_run_after_the_mcp_session_when_no_header_names_it(gateway, shop, agents, admin_api,
                                                                             namespace):
     async def go(mode: str) -> list[Any]:

@@ -88,6 +88,21 @@ def test_metrics_after_a_rollback_with_one_failed_and_one_unverified_step(rv, op
                                                  ("state", "failed")})) in samples
     assert value(samples, "reversi_standing_undos", namespace=ns, tool="payments.create_charge_unchecked",
                  state="unverified") == 1
+    run = rv.get("runs", "r")
+    assert (run["status"]["standing"]["failed"], run["status"]["standing"]["unverified"]) == (0, 1)
+    assert run["status"]["standing"]["request"] == "undo"  # "again" left nothing new standing
+
+    # a Run whose status predates status.standing (an upgrade) gets it from its journal, once
+    rv.custom.patch_namespaced_custom_object_status("reversi.dev", "v1alpha1", ns, "runs", "r",
+                                                    {"status": {"standing": None}})
+    back = wait_for(lambda: (rv.get("runs", "r")["status"].get("standing")), timeout=30,
+                    what="status.standing computed again from the journal")
+    assert (back["failed"], back["unverified"], back["request"]) == (0, 1, "again")
+    assert back["steps"] == [{"step": 1, "tool": "payments.create_charge_unchecked", "state": "unverified",
+                              "request": "undo"}]
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_standing_undos", namespace=ns,
+                           tool="payments.create_charge_unchecked", state="unverified") == 1,
+             timeout=10, what="the gauge from the Run again")
 
 
 def test_metrics_count_active_halts_and_refused_calls(rv, operator, admin_api):

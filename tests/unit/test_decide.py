@@ -217,6 +217,15 @@ def test_an_earlier_requests_unverified_undo_is_read_back_not_redone():
     assert not starts(d)
 
 
+def test_a_read_back_of_an_earlier_undo_is_among_the_moves_so_it_is_timed():
+    prior = [undo(0, "compensated", request="older", verification="unverified")]
+    d = dc.decide(inputs(1, prior=prior))
+    assert [(old.stage, new.stage) for old, new in d.moves] == [("verifying", "verifying")]
+    answered = {("reader", 0, 1, 1): ex.JobView("succeeded", output='{"gone": true}')}
+    d = dc.decide(inputs(1, prior=prior, entries={0: {"step": 0, "stage": "verifying", "reads": 1}}, jobs=answered))
+    assert [(old.stage, new.stage) for old, new in d.moves] == [("verifying", "compensated")]
+
+
 def test_a_pending_read_back_of_an_earlier_undo_is_dropped_on_cancel():
     d = dc.decide(inputs(1, cancel=True, prior=[undo(0, "compensated", request="older", verification="unverified")]))
     assert d.reverify == {} and not d.effects

@@ -148,9 +148,9 @@ SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063
                   5: "bbe42b38d893258141681674d50eb97afeecfd723b2b02d02e300e5bd646a828",
                   6: "45a7598f93e411cdbd73a7cb81368667980aa671b81f704728f2e6c37d6d1f04",
                   7: "4d5e2ed3ee772d1f8b0b717fd7e7d44d5d6b75415733d11f556559ad417e59e8",
-                  8: "a6bab437eb58298f5d7546cd3c3ab13a0dc98615593bf0ca9adf7c17c6b39254",
-                  9: "bae9ba8a77308b5c2635931442d21fc9ab92dafffb31fcd15d4faaeed875412a",
-                  10: "5145f108fb5db49bc58129b27674435258cf9e2fa0b9d46a559521fe87343649"}
+                  8: "ae6a6aa4c014e4423e78b1f5ace40b5d3e7fddaee164dbfffb43b8a24198719a",
+                  9: "41766c54cb87ad20f3f21bf8a05f9ba7e00765c419dee65c6746df11766c58f0",
+                  10: "1a972d61e7f332736dbce7e6366aa80a4570ded0e9126d664558214f7915a801"}
 
 
 def _schema_digest() -> str:

@@ -75,9 +75,54 @@ def test_attempts_and_read_backs_are_timed_from_the_moves_of_a_pass():
     done = ex.StepRun(2, stage="compensated", attempts=1, verification="verified")
     rec._durations("ns", "w", pending, compensating, memory, now=10.0)
     rec._durations("ns", "w", compensating, compensating, memory, now=12.0)  # still running: nothing
-    rec._durations("ns", "w", compensating, verifying, memory, now=13.5)
+    rec._durations("ns", "w", compensating, verifying, memory, now=13.5, first_read=True)
     rec._durations("ns", "w", verifying, done, memory, now=14.0)
     assert metrics.seen == [("compensation", "w", 3.5), ("verification", "w", 0.5)]
+    assert memory.since == {}
+
+
+def test_every_read_back_is_timed_when_the_hand_over_to_it_was_not_written():
+    """The request's status is not written when a compensator hands over to its first read-back,
+    so the pass that sees the verdict rebuilds the step from ``compensating``: each of 7 undos
+    read back is still one observation (the histogram counted 3 of 7 when only a pass that
+    started from ``verifying`` was timed)."""
+    from prometheus_client import CollectorRegistry
+
+    from reversi.metrics import Metrics as Real
+
+    metrics = Real(CollectorRegistry())
+    rec = Reconciler(None, OperatorSettings(), metrics)  # type: ignore[arg-type]  # no API used
+    memory = PassMemory()
+    for s in range(7):
+        pending, compensating = ex.StepRun(s), ex.StepRun(s, stage="compensating", attempts=1)
+        verifying = ex.StepRun(s, stage="verifying", attempts=1, reads=1)
+        done = ex.StepRun(s, stage="compensated", attempts=1, verification="verified")
+        rec._durations("ns", "w", pending, compensating, memory, now=10.0 * s)
+        rec._durations("ns", "w", compensating, verifying, memory, now=10.0 * s + 1, first_read=True)
+        if s % 2:  # a pass rebuilt from the older status still shows it handed over, its reader running
+            rec._durations("ns", "w", compensating, verifying, memory, now=10.0 * s + 2)
+        rec._durations("ns", "w", compensating, done, memory, now=10.0 * s + 3)  # rebuilt: from compensating
+    count = metrics.registry.get_sample_value("reversi_verification_duration_seconds_count",
+                                              {"namespace": "ns", "tool": "w"})
+    total = metrics.registry.get_sample_value("reversi_verification_duration_seconds_sum",
+                                              {"namespace": "ns", "tool": "w"})
+    assert (count, total) == (7, 14.0)
+    assert memory.since == {}
+
+
+def test_a_read_back_of_an_earlier_undo_is_timed_and_a_failed_compensation_is_not_a_verification():
+    metrics = Metrics()
+    rec = Reconciler(None, OperatorSettings(), metrics)  # type: ignore[arg-type]  # no API used
+    memory = PassMemory()
+    before = ex.StepRun(4, stage="verifying", attempts=1, reads=1)  # rule 5: an earlier request's undo
+    rec._durations("ns", "w", before, before, memory, now=1.0, first_read=True)
+    rec._durations("ns", "w", before, ex.StepRun(4, stage="rereading", attempts=1, reads=1), memory, now=2.0)
+    rec._durations("ns", "w", ex.StepRun(4, stage="verifying", attempts=1, reads=2),
+                   ex.StepRun(4, stage="failed", attempts=1, verification="verificationFailed"), memory, now=5.0)
+    compensating = ex.StepRun(5, stage="compensating", attempts=1)
+    rec._durations("ns", "w", ex.StepRun(5), compensating, memory, now=1.0)
+    rec._durations("ns", "w", compensating, ex.StepRun(5, stage="failed", attempts=1), memory, now=3.0)
+    assert metrics.seen == [("verification", "w", 4.0), ("compensation", "w", 2.0)]
     assert memory.since == {}
 
 

@@ -15,6 +15,7 @@ Every call takes a ``CustomObjectsApi`` and goes through :mod:`~reversi.adapters
 
 from __future__ import annotations
 
+import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -227,6 +228,55 @@ def count_steps(custom: client.CustomObjectsApi, namespace: str, run: str, hint:
     def recorded(index: int) -> bool:
         return calls.get(custom, STEPS, step_name(run, index), namespace) is not None
 
+    return _first_free(recorded, hint)
+
+
+#: what the API server sends for a metadata-only read (PartialObjectMetadata): no spec, no status
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def step_metadata(custom: client.CustomObjectsApi, namespace: str, run: str, index: int) -> dict[str, Any] | None:
+    """The metadata of step ``index`` of ``run`` (a consistent, metadata-only GET: name, uid,
+    creationTimestamp, managedFields with the time of each writer's last write, no spec), or
+    None when there is no such RunStep. Raises ``ApiException`` on other errors."""
+    try:
+        resp = calls.call(custom.get_namespaced_custom_object, GROUP, VERSION, namespace, STEPS,
+                          step_name(run, index), _headers={"Accept": METADATA_ONLY}, _preload_content=False)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    found: dict[str, Any] = json.loads(resp.data)
+    return found
+
+
+def newest_step(custom: client.CustomObjectsApi, namespace: str, run: str,
+                hint: int = 0) -> tuple[int, dict[str, Any] | None]:
+    """``(number of steps, the newest step's metadata)`` of ``run`` (None without steps), found
+    as :func:`count_steps` finds the count but with metadata-only GETs (:func:`step_metadata`):
+    two GETs when ``hint`` is the count, about ``2 * log2(steps)`` without a hint. Steps are
+    0..n-1 with no gap (admission refuses step n before step n-1), so this is exact."""
+    seen: dict[int, dict[str, Any]] = {}
+
+    def recorded(index: int) -> bool:
+        found = step_metadata(custom, namespace, run, index)
+        if found is not None:
+            seen[index] = found
+        return found is not None
+
+    count = _first_free(recorded, hint)
+    if count == 0:
+        return 0, None
+    newest = seen.get(count - 1)
+    if newest is None:  # known recorded without a read of its own (the hint's predecessor): read it
+        newest = step_metadata(custom, namespace, run, count - 1)
+    return count, newest
+
+
+def _first_free(recorded: Any, hint: int) -> int:
+    """The first index with no step (steps 0..n-1 with no gap): from ``hint``, galloping up
+    (hint, hint+1, hint+3, ...) or down, then a binary search; ``recorded(index)`` says whether
+    step ``index`` exists."""
     low, high = -1, None  # low: known recorded (or -1); high: known free
     probe = max(hint, 0)
     if probe > 0 and not recorded(probe - 1):

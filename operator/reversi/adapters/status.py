@@ -13,7 +13,8 @@ from typing import Any, cast
 from collections.abc import Iterable
 
 from .. import conditions as cond
-from ..engine.acknowledgement import Acknowledged
+from ..engine import standing as sd
+from ..engine.acknowledgement import Acknowledged, acknowledged as acknowledgement_of, acknowledged_by
 from ..engine.executor import ACTIVE_STAGES, Stage, StepRun
 from ..engine.plan import compact_plan
 from ..models.rollbackrequest import Plan, PlanAction, Report
@@ -305,15 +306,88 @@ def request_acknowledged_update(status: dict | None, acknowledged: Acknowledged 
 
 def run_status_update(status: dict | None, generation: int | None, name: str = "NAME",
                       acknowledged: Acknowledged | None = None) -> dict | None:
-    """The status merge patch that makes a Run's ``observedGeneration`` current and its
+    """The status merge patch that makes a Run's ``observedGeneration`` current, its
     Ready/Reconciling/Stalled agree with its Locked/RolledBack conditions and its acknowledgement
-    (:func:`run_readiness`), or ``None`` when nothing would change (then nothing is written)."""
+    (:func:`run_readiness`), and ``status.standing.acknowledgedBy`` name who accepted what stands
+    while that acknowledgement counts (absent when none does), or ``None`` when nothing would
+    change (then nothing is written)."""
     status = status or {}
     old = status.get("conditions") or []
     conds = summary_conditions(old, generation or 0, run_readiness(old, name, acknowledged))
-    if status.get("observedGeneration") == generation and same_conditions(conds, old):
+    standing = status.get("standing")
+    who = {}
+    if isinstance(standing, dict) and standing.get("acknowledgedBy") != acknowledged_by(acknowledged):
+        who = {"standing": {"acknowledgedBy": acknowledged_by(acknowledged)}}
+    if status.get("observedGeneration") == generation and same_conditions(conds, old) and not who:
         return None
-    return {"observedGeneration": generation, "conditions": conds}
+    return {"observedGeneration": generation, "conditions": conds, **who}
+
+
+def needs_standing(status: dict | None) -> bool:
+    """Whether a Run has a rollback's verdict (a ``RolledBack`` condition) but no
+    ``status.standing`` (written by a version before it existed), and no rollback holds it: the
+    operator then computes what stands from its journal once (docs/concepts.md#what-stands)."""
+    status = status or {}
+    conds = status.get("conditions") or []
+    locked = cond.get_condition(conds, cond.LOCKED) or {}
+    return (status.get("standing") is None and cond.get_condition(conds, cond.ROLLED_BACK) is not None
+            and locked.get("status") != cond.TRUE)
+
+
+def run_release_update(run_obj: dict, request: str, settled: sd.Settled | None, *, complete: bool, deleted: bool,
+                       now: str | None) -> dict:
+    """The status merge patch that releases a Run's lock as RollbackRequest ``request`` ends
+    (``deleted``: it was deleted before it finished): ``Locked=False``, ``RolledBack`` and
+    ``status.standing`` as ``settled`` says (:func:`reversi.engine.standing.after_rollback`;
+    None when the run's journal could not be read: then only a ``complete`` report changes
+    them), Ready/Reconciling/Stalled from those and the acknowledgement that counts then, and
+    ``standing.acknowledgedBy``. ``now``: RFC 3339, for ``standing.updatedAt`` when what stands
+    changed."""
+    meta, status = run_obj["metadata"], run_obj.get("status") or {}
+    run_name, gen = meta["name"], meta.get("generation")
+    old_standing = status.get("standing") if isinstance(status.get("standing"), dict) else None
+    if settled is None:
+        settled = sd.Settled("True", sd.summary([], request), True, ()) if complete else \
+            sd.Settled(None, old_standing, True, ())
+    if deleted:
+        locked = (cond.REQUEST_DELETED, f"RollbackRequest {request} was deleted before it finished; the lock is "
+                                         "released")
+    else:
+        locked = (cond.RELEASED, f"RollbackRequest {request} finished")
+    if settled.rolled_back is None and not settled.acted:
+        locked = (locked[0], locked[1] + "; it undid nothing, so what stands is unchanged")
+    conds = cond.set_condition(status.get("conditions") or [], cond.condition(
+        cond.LOCKED, cond.FALSE, locked[0], locked[1], gen))
+    standing = dict(settled.standing) if settled.standing is not None else None
+    if settled.rolled_back is not None:
+        conds = cond.set_condition(conds, cond.condition(
+            cond.ROLLED_BACK, settled.rolled_back,
+            cond.ALL_COMPENSATED if settled.rolled_back == cond.TRUE else cond.INCOMPLETE,
+            _rolled_back_text(request, settled.rolled_back == cond.TRUE, deleted, standing), gen))
+    patch: dict[str, Any] = {"activeRequest": None, "observedGeneration": gen}
+    ack = None
+    if standing is not None:
+        standing["updatedAt"] = (old_standing or {}).get("updatedAt") if old_standing and sd.same(
+            standing, old_standing) else now
+        ack = acknowledgement_of({"metadata": meta, "spec": run_obj.get("spec") or {},
+                                  "status": {**status, "conditions": conds, "standing": standing}})
+        standing["acknowledgedBy"] = acknowledged_by(ack)
+        patch["standing"] = standing
+    patch["conditions"] = summary_conditions(conds, gen or 0, run_readiness(conds, run_name, ack))
+    return patch
+
+
+def _rolled_back_text(request: str, complete: bool, deleted: bool, standing: dict | None) -> str:
+    if complete:
+        return f"last rollback: RollbackRequest {request} (complete)"
+    if deleted:
+        text = f"last rollback: RollbackRequest {request} was deleted mid-way (incomplete): create a new request"
+    else:
+        text = f"last rollback: RollbackRequest {request} (incomplete)"
+    if standing is not None and (standing.get("failed") or standing.get("unverified")):
+        left = standing.get("request")
+        text += f"; {sd.text(standing)}" + (f", left by RollbackRequest {left}" if left != request else "")
+    return text
 
 
 def same_conditions(new: list[dict], old: list[dict]) -> bool:

@@ -12,6 +12,7 @@
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
     kill-switch on|off|status         refuse every new call everywhere
     export RUN                        the journal, undo state and transitions as JSON lines
+    archive list|show                 Runs retention deleted, from the archive in PostgreSQL
 
 The global options also work after the command (``kubectl reversi plan order-9 -n shop``).
 Errors are one line on stderr (``error: ...``) and exit 1.
@@ -336,10 +337,11 @@ def requests_of(c: Connection, run: str) -> list[dict]:
 
 def request_of_run(c: Connection, run: dict) -> dict:
     """The RollbackRequest ``describe run/RUN`` shows: the one working on the run now
-    (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``,
-    whose verdict the run's Ready condition, the alerts and an acknowledgement follow; a later dry
-    run does not hide it), else the newest one whose ``spec.runRef.name`` is the run (a dry run
-    takes no lock). Raises :class:`CliError` when the run has none."""
+    (``status.activeRequest``), else the one that last took its lock (``status.lastRequest``; a
+    later dry run does not hide it), else the newest one whose ``spec.runRef.name`` is the run (a
+    dry run takes no lock). What stands on the run, which the alerts and an acknowledgement
+    follow, is the Run's own ``status.standing``, which ``describe`` prints with it whichever
+    request it shows (docs/concepts.md#what-stands). Raises :class:`CliError` when the run has none."""
     name = run["metadata"]["name"]
     status = run.get("status") or {}
     for held in (status.get("activeRequest"), status.get("lastRequest")):
@@ -648,11 +650,12 @@ def cancel(request: str) -> int:
 # ------------------------------------------------------------------------------- acknowledge
 
 
-@cli.command(help="Accept what RUN's last rollback could not undo (its residue): the Run and that RollbackRequest "
-             "read as done (Ready; Flux, Argo CD and kstatus see them healthy), the incomplete-rollback alerts "
-             "clear, and the report still says what stands. Say in --note what was done about it. A later "
-             "rollback of the run is not covered. --withdraw takes the acknowledgement back. Needs the RBAC verb "
-             "acknowledge on runs (the role reversi-acknowledge).")
+@cli.command(help="Accept what RUN's rollbacks could not undo (what stands, its residue): the Run and the "
+             "RollbackRequest whose residue it is read as done (Ready; Flux, Argo CD and kstatus see them healthy), "
+             "the incomplete-rollback alerts clear, and the report still says what stands. Say in --note what was "
+             "done about it. A later rollback that leaves something new standing is not covered; one that undid "
+             "nothing is. --withdraw takes the acknowledgement back. Needs the RBAC verb acknowledge on runs (the "
+             "role reversi-acknowledge).")
 @click.argument("run")
 @click.option("--note", default=None, help="What was done about the residue, for the record (at most 1024 characters).")
 @click.option("--withdraw", is_flag=True, help="Take the acknowledgement back: the run is incomplete again.")
@@ -671,7 +674,7 @@ def acknowledge(run: str, note: str | None, withdraw: bool) -> int:
     except ApiException as err:  # the server's message says what to do (the RBAC verb, or what to wait for)
         raise CliError(refused(err, f"acknowledging {where}")) from err
     if withdraw:
-        out(f"{where}: acknowledgement withdrawn; its last rollback counts as incomplete again.")
+        out(f"{where}: acknowledgement withdrawn; what stands counts as incomplete again.")
         return 0
     ack = (updated.get("spec") or {}).get("acknowledgement") or {}
     by = f" by {ack['actor']}" if ack.get("actor") else ""
@@ -947,6 +950,111 @@ def export(run: str, with_snapshots: bool) -> int:
             write(views.json_line(record) + "\n")
     sys.stdout.flush()
     return 0
+
+
+# -------------------------------------------------------------------------------------- archive
+
+
+@cli.group(help="Runs that retention deleted, read from the archive in PostgreSQL (docs/operations.md#the-archive). "
+                "The database: --dsn, else $REVERSI_ARCHIVE_DSN, else libpq's own settings (PGHOST, PGUSER, "
+                "~/.pgpass, ...).")
+@global_options
+def archive() -> None:
+    pass
+
+
+def _archive(dsn: str | None) -> Any:
+    try:
+        from ..adapters.archive import Archive
+    except ImportError as err:  # pragma: no cover - the archive extra is not installed
+        raise CliError(f"the archive needs psycopg: pip install 'reversi[archive]' ({err})") from err
+    return Archive(dsn if dsn is not None else os.environ.get("REVERSI_ARCHIVE_DSN", ""))
+
+
+def _archive_namespace() -> str:
+    """-n, else the kubeconfig context's namespace, else default (no cluster is needed)."""
+    given = click.get_current_context().meta.get(_META, {}).get("namespace")
+    if given:
+        return str(given)
+    try:
+        return conn().namespace
+    except CliError:
+        return "default"
+
+
+def _archive_call(fn: Callable[[], Any]) -> Any:
+    from ..adapters.archive import ArchiveError
+
+    try:
+        return fn()
+    except ArchiveError as err:
+        raise CliError(f"archive: {err.message}") from err
+
+
+DSN_OPTION = click.option("--dsn", default=None, envvar=None, metavar="DSN",
+                          help="PostgreSQL connection string (default: $REVERSI_ARCHIVE_DSN, else libpq's settings).")
+
+
+@archive.command("list", help="Archived Runs of the namespace (or all), newest first: filter by name, principal "
+                              "(the agent), tool (a step of it) and creation time.")
+@click.option("-A", "--all-namespaces", is_flag=True, help="Runs of every namespace.")
+@click.option("--run", "run_name", default=None, help="The Run's name.")
+@click.option("--principal", default=None, help="Who created the run, e.g. system:serviceaccount:agents:checkout.")
+@click.option("--tool", default=None, help="Runs with a step of this tool.")
+@click.option("--since", default=None, metavar="TIME", help="Created at or after (RFC 3339: 2026-01-31T00:00:00Z).")
+@click.option("--until", default=None, metavar="TIME", help="Created before (RFC 3339).")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000), help="Most rows.")
+@DSN_OPTION
+@global_options
+def archive_list(all_namespaces: bool, run_name: str | None, principal: str | None, tool: str | None,
+                 since: str | None, until: str | None, limit: int, dsn: str | None) -> int:
+    bounds = {}
+    for flag, value in (("--since", since), ("--until", until)):
+        moment = views.parse_time(value) if value else None
+        if value and moment is None:
+            raise click.UsageError(f"{flag} {value!r} is not an RFC 3339 time such as 2026-01-31T00:00:00Z")
+        bounds[flag] = moment
+    store = _archive(dsn)
+    namespace = None if all_namespaces else _archive_namespace()
+    found = _archive_call(lambda: store.runs(namespace=namespace, name=run_name, principal=principal, tool=tool,
+                                             since=bounds["--since"], until=bounds["--until"], limit=limit))
+    if not found:
+        remark(f"no archived Run matches (namespace {namespace or 'any'})")
+        return 0
+    out(views.archive_rows(found, now(), all_namespaces))
+    return 0
+
+
+@archive.command("show", help="An archived Run: who ran it, who did what, its steps, and the report of each of its "
+                              "RollbackRequests as describe printed it. RUN is a name (its newest archived Run of "
+                              "that name) or a uid. --export prints the record as kubectl reversi export did.")
+@click.argument("run")
+@click.option("--export", "as_export", is_flag=True, help="JSON lines, as kubectl reversi export (no transitions).")
+@DSN_OPTION
+@global_options
+def archive_show(run: str, as_export: bool, dsn: str | None) -> int:
+    store = _archive(dsn)
+    uid = run
+    if not _looks_like_uid(run):
+        namespace = _archive_namespace()
+        found = _archive_call(lambda: store.runs(namespace=namespace, name=run, limit=1))
+        if not found:
+            raise CliError(f"no archived Run {namespace}/{run}; kubectl reversi archive list -n {namespace} lists them")
+        uid = found[0].uid
+    record = _archive_call(lambda: store.record(uid))
+    if record is None:
+        raise CliError(f"no archived Run with uid {uid}")
+    if as_export:
+        for item in views.export_records(record.run, record.steps, [], inline=False):
+            out(views.json_line(item))
+    else:
+        out(views.archived_run(record, now()))
+    return 0
+
+
+def _looks_like_uid(text: str) -> bool:
+    parts = text.split("-")
+    return len(parts) == 5 and all(p and all(c in string.hexdigits for c in p) for p in parts)
 
 
 # -------------------------------------------------------------------------------------- main

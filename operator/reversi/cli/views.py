@@ -13,7 +13,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..adapters.jobs import job_name
-from ..engine.acknowledgement import acknowledged
+from ..engine import standing as sd
+from ..engine.acknowledgement import acknowledged, residue_request, stale
+from ..engine.archive import step_columns
 from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, UNRESOLVED
 from ..engine.nested_runs import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
@@ -648,9 +650,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     complete = conds.get("Complete") or {}
     if complete.get("message"):
         lines.append(f"Verdict:      {complete['message']}")
-    ack = acknowledged(run) if run is not None else None
-    if ack is not None and (ack.legacy or ack.request == meta.get("name")):
-        lines.append(f"Residue:      {ack.text()} (kubectl reversi acknowledge --withdraw takes it back)")
+    lines += standing_lines(run)
     invalid = conds.get("Invalid") or {}
     if invalid.get("status") == "True":
         lines.append(f"Invalid:      {invalid.get('reason')}: {invalid.get('message')}")
@@ -670,6 +670,47 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
     if events:
         lines += _event_lines(events, now)
     return "\n".join(lines)
+
+
+def standing_lines(run: Mapping[str, Any] | None) -> list[str]:
+    """``describe``'s lines on what stands on the run now (its ``status.standing``,
+    docs/concepts.md#what-stands), the same whichever request is described, and on its
+    acknowledgement: one that covers what stands now, or one that does not (it accepted an earlier
+    rollback's residue), never mixed. Empty for a run no rollback has given a verdict."""
+    if run is None:
+        return []
+    status = run.get("status") or {}
+    standing = status.get("standing") if isinstance(status.get("standing"), Mapping) else None
+    name = (run.get("metadata") or {}).get("name", "")
+    rolled = next((c.get("status") for c in status.get("conditions") or []
+                   if isinstance(c, Mapping) and c.get("type") == "RolledBack"), None)
+    lines: list[str] = []
+    if standing is not None:
+        left = standing.get("request")
+        whole = "rolled back in full" if rolled == "True" else sd.text(standing)
+        if rolled == "False" and not (standing.get("failed") or standing.get("unverified")):
+            whole += " (not rolled back in full: the residue says what else stays)"
+        lines.append(f"Standing:     on Run {name} now: {whole}"
+                     + (f", left by RollbackRequest {left}" if left and rolled != "True" and (
+                         standing.get("failed") or standing.get("unverified")) else ""))
+        listed = [s for s in standing.get("steps") or [] if isinstance(s, Mapping)]
+        for s in listed[:BUCKET_LIMIT]:
+            by = f" (RollbackRequest {s['request']})" if s.get("request") else ""
+            lines.append(f"  step {s.get('step')}  {s.get('tool', '')}: {s.get('state')}{by}")
+        more = (standing.get("failed") or 0) + (standing.get("unverified") or 0) - min(len(listed), BUCKET_LIMIT)
+        if more > 0:
+            lines.append(f"  ... and {more} more (their RunSteps: kubectl get runsteps -l reversi.dev/run={name})")
+    ack = acknowledged(run)
+    old = stale(run)
+    if ack is not None:
+        covers = "" if ack.legacy else f"; it covers what stands now (RollbackRequest {ack.request}'s residue)"
+        lines.append(f"Residue:      {ack.text()}{covers} (kubectl reversi acknowledge --withdraw takes it back)")
+    elif old is not None:
+        why = ("the run is rolled back in full since" if rolled != "False" else
+               f"RollbackRequest {residue_request(run)} left steps standing since")
+        lines.append(f"Residue:      not acknowledged now: {old.text()} accepted RollbackRequest {old.request}'s "
+                     f"residue, not what stands now ({why})")
+    return lines
 
 
 def _plan_lines(plan: Mapping[str, Any], run_name: str, ns: str) -> list[str]:
@@ -906,3 +947,56 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
 def json_line(record: Mapping[str, Any]) -> str:
     """One compact JSON line."""
     return json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# ------------------------------------------------------------------------------ archive
+
+
+def archive_rows(runs: Sequence[Any], now: dt.datetime, all_namespaces: bool) -> str:
+    """``archive list``: one row per archived Run (``reversi.adapters.archive.ArchivedRun``)."""
+    headers = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "PRINCIPAL", "ACTOR", "STEPS", "CREATED",
+                                                           "LAST-ACTIVITY", "ARCHIVED", "REASON", "UID"]
+    rows = []
+    for r in runs:
+        row = ([r.namespace] if all_namespaces else []) + [
+            r.name, r.principal or "-", r.actor or "-", str(r.steps), _stamp(r.created_at), _stamp(r.last_activity),
+            f"{age(_stamp(r.archived_at), now)} ago", r.deleted_reason, r.uid]
+        rows.append(row)
+    return table(headers, rows)
+
+
+def _stamp(moment: dt.datetime | None) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "-"
+
+
+def archived_run(record: Any, now: dt.datetime) -> str:
+    """``archive show``: the archived Run (``reversi.engine.archive.Record``): who ran it, who did
+    what, its steps, and the report of each of its RollbackRequests as ``describe`` printed it
+    (without Events, which are not archived)."""
+    cols = record.columns()
+    lines = [
+        f"Run:           {cols['namespace']}/{cols['name']}  (uid {cols['uid']})",
+        f"Principal:     {cols['principal'] or '-'}",
+        f"Scope:         {scope_text((record.run.get('spec') or {}).get('scope'))}",
+        f"Created:       {_stamp(cols['created_at'])}",
+        f"Last activity: {_stamp(cols['last_activity'])}",
+        f"Deleted:       {cols['deleted_reason']} (by retention; its record is this archive)",
+        f"Steps:         {cols['steps']}",
+        "",
+        "Who did what:",
+    ]
+    for a in record.actions:
+        what = f"{a.action}" + (f" step {a.step}" if a.step is not None else "") + (
+            f" ({a.request})" if a.request else "") + (f": {a.note}" if a.note else "")
+        lines.append(f"  {_stamp(a.at)}  {a.actor or '-'}  {what}")
+    lines += ["", "Steps:", table(["STEP", "TOOL", "OUTCOME", "PRINCIPAL", "RECORDED"], [
+        [str(c["index"]), c["tool"], c["outcome"] or "-", c["principal"] or "-", _stamp(c["recorded_at"])]
+        for c in (step_columns(s) for s in record.steps)])]
+    for request in record.requests:
+        lines += ["", f"--- RollbackRequest {(request.get('metadata') or {}).get('name')} ---",
+                  describe_request(request, record.run, [], now)]
+    if not record.requests:
+        lines += ["", "No RollbackRequest named this run."]
+    return "\n".join(lines)
+
+

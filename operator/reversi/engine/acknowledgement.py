@@ -1,12 +1,16 @@
-"""Acknowledging residue: a person accepts what a Run's last rollback could not undo.
+"""Acknowledging residue: a person accepts what a Run's rollbacks could not undo.
 
 The rule (docs/concepts.md#acknowledging-residue): an acknowledgement names the RollbackRequest
-whose residue it accepts (the server stamps the run's ``status.lastRequest`` into it). It counts
-while that request is still the run's last one and the run is not rolled back in full; a later
-rollback is not covered. While it counts, the Run and that request read as done for alerts and
-GitOps health (Ready, not Stalled); their conditions ``RolledBack`` and ``Complete`` and the
-report still say what stands. The annotation ``reversi.dev/acknowledged`` of earlier versions
-still counts, for any rollback, and says so.
+whose residue it accepts (the server stamps the run's ``status.standing.request`` into it: the
+rollback that left what stands, :mod:`reversi.engine.standing`). It counts while that request
+is still the one whose residue stands and the run is not rolled back in full: a later rollback
+that leaves a step standing that was not before is not covered; one that undid nothing, or only
+undid more, changes nothing that stands and leaves it in force. While it counts, the Run and that
+request read as done for alerts and GitOps health (Ready, not Stalled), and the Run's
+``status.standing.acknowledgedBy`` names who accepted it; their conditions ``RolledBack`` and
+``Complete`` and the report still say what stands. A Run written before ``status.standing``
+existed is judged by its ``status.lastRequest``. The annotation ``reversi.dev/acknowledged`` of
+earlier versions still counts, for any rollback, and says so.
 
 Pure functions over the Run as a dict (what the API server returns): no client, no kopf.
 """
@@ -62,20 +66,54 @@ def incomplete(run: Mapping[str, Any]) -> bool:
     return _rolled_back(run) == "False" and acknowledged(run) is None
 
 
+def residue_request(run: Mapping[str, Any]) -> str | None:
+    """The RollbackRequest whose residue stands on ``run``: ``status.standing.request``, or, for a
+    Run whose status has no ``standing`` yet (written before it existed), ``status.lastRequest``.
+    What the server stamps into a new acknowledgement, and what one must name to count."""
+    status = run.get("status") or {}
+    standing = status.get("standing")
+    if isinstance(standing, Mapping) and standing.get("request"):
+        return str(standing["request"])
+    return status.get("lastRequest")
+
+
 def acknowledged(run: Mapping[str, Any]) -> Acknowledged | None:
-    """The acknowledgement that counts for ``run``'s last rollback, or None: its
-    ``spec.acknowledgement`` when that names the run's ``status.lastRequest`` and the last
-    rollback is incomplete (``RolledBack=False``); else the legacy annotation when set."""
+    """The acknowledgement that counts for what stands on ``run``, or None: its
+    ``spec.acknowledgement`` when that names the request whose residue stands
+    (:func:`residue_request`) and the run is not rolled back in full (``RolledBack=False``);
+    else the legacy annotation when set."""
     if _rolled_back(run) != "False":
         return None
     ack = (run.get("spec") or {}).get("acknowledgement")
-    last = (run.get("status") or {}).get("lastRequest")
-    if isinstance(ack, dict) and ack.get("note") and ack.get("request") == last:
+    if isinstance(ack, dict) and ack.get("note") and ack.get("request") == residue_request(run):
         return Acknowledged(str(ack["note"]), ack.get("actor"), ack.get("acknowledgedAt"), ack.get("request"))
     legacy = ((run.get("metadata") or {}).get("annotations") or {}).get(LEGACY_ANNOTATION)
     if legacy is not None:
         return Acknowledged(str(legacy), legacy=True)
     return None
+
+
+def acknowledged_by(ack: Acknowledged | None) -> str | None:
+    """What ``status.standing.acknowledgedBy`` says for ``ack`` (the Acknowledged-By column):
+    its actor, the legacy annotation's name, or None when no acknowledgement counts."""
+    if ack is None:
+        return None
+    if ack.legacy:
+        return f"annotation {LEGACY_ANNOTATION}"
+    return ack.actor or "(unknown)"
+
+
+def stale(run: Mapping[str, Any]) -> Acknowledged | None:
+    """The run's ``spec.acknowledgement`` when it is set but does not count (it names an earlier
+    rollback's residue, or the run is rolled back in full since): what it covered, never to be
+    shown as covering what stands now. None when there is none or it counts."""
+    ack = (run.get("spec") or {}).get("acknowledgement")
+    if not isinstance(ack, dict) or not ack.get("note"):
+        return None
+    counted = acknowledged(run)
+    if counted is not None and not counted.legacy:
+        return None
+    return Acknowledged(str(ack["note"]), ack.get("actor"), ack.get("acknowledgedAt"), ack.get("request"))
 
 
 def changed(old: Any, new: Any) -> bool:

@@ -110,7 +110,8 @@ class Decision:
     ``runs``: each compensate step's progress after the pass moved it, ``reverify`` the undos of
     earlier requests read back by this one; ``progress``: ``{step: schedule state}``;
     ``effects``: in order (journal, Jobs, Events are carried out in that order: rule 3);
-    ``moves``: ``(before, after)`` of each step the pass advanced or started (for timing);
+    ``moves``: ``(before, after)`` of each step the pass advanced or started, re-verified undos
+    included (for timing);
     ``verify_plans`` and ``guards`` by step (what the Jobs run); ``approved``/``approved_all_by``:
     who approved; ``stop``: why no new Job starts (cancel), or None; ``deadline_passed``,
     ``compensations_open``; ``running``: a Job runs or a step waits for its next attempt or
@@ -385,6 +386,7 @@ def decide(inputs: PassInputs, rng: random.Random | None = None) -> Decision:
             new, eff = ex.advance(run, seen(s), verify_plans[s], policy, now, rng)
         reverify[s] = new
         effects += eff
+        moves.append((run, new))  # a read-back of an earlier undo is timed like any other
     if cancelling:
         runs = {s: ex.cancel(r, stop or "") for s, r in runs.items()}
     progress = {s: ex.schedule_state(r.stage) for s, r in runs.items()}

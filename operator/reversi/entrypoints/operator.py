@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from typing import Any
 
@@ -29,8 +30,12 @@ from ..handlers import indices as _indices  # noqa: F401 - registers the kopf in
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
 from ..handlers import peering as _peering  # workers follow kopf's peering pause (its daemon registers)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
-from ..handlers import runs as _run_handlers  # noqa: F401
+from ..handlers import runs as _run_handlers
+from ..handlers import caches
 from ..handlers import runtime
+from ..adapters.archive import Archive
+from ..handlers.archive import Archiver
+from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
 from ..handlers.runs import RunStatusWriter
 from ..handlers.workers import Workers
@@ -59,8 +64,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     parts = runtime.built(memo)  # a retry of this activity: the port and threads are there already
     if parts is None:
         # a connection for each thread that calls the API at once: reconcile workers, kopf's handler
-        # threads, an inline journal's move, and the gauges' refresh
-        connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1
+        # threads, an inline journal's move, the gauges' refresh, retention's workers and the informers' watches
+        informer_watches = len(caches.KINDS) * max(len(ours.namespaces), 1)
+        connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1 + ours.retention_workers + informer_watches
         kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections),
                     timeout=ours.api_timeout_seconds)
         metrics = Metrics(namespaces=ours.namespaces)
@@ -70,6 +76,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         peering = _peering.Peering(peering=ours.peering is not None, clusterwide=not ours.namespaces)
         parts = runtime.build(ours, kube, metrics, operating=_operating, peering=peering)
         memo[runtime.MEMO_KEY] = parts
+        _start_retention(parts)
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
                          daemon=True, name="metrics-refresh").start()
     # before any handler writes: refuse to reconcile against CRDs older than this operator. While
@@ -80,6 +87,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     except Exception as err:  # noqa: BLE001 - the CRD events check again; never a start that cannot finish
         log.warning("the installed CRDs could not be read yet (%s); the check is made again when kopf lists them",
                     err)
+    # after the check: the informers' first LIST is handled as kopf's first events were, with the
+    # verdict known (a Run whose lock names a request deleted while the operator was down is released)
+    caches.start(parts.informers)
 
 
 def _operating(parts: runtime.Parts) -> runtime.Operating:
@@ -94,6 +104,31 @@ def _operating(parts: runtime.Parts) -> runtime.Operating:
     workers.start()
     run_status = RunStatusWriter(parts.kube, ours.run_status_quiet_seconds, parts.reconciling)
     return runtime.Operating(reconciler, workers, run_status)
+
+
+def _start_retention(parts: runtime.Parts) -> None:
+    """The operator's own informers and the retention controller on them (docs/concepts.md#retention),
+    started now: the informers list while kopf starts its own watches."""
+    ours = parts.settings
+    parts.informers = caches.build(parts.kube.api, ours.namespaces, timeout=ours.api_timeout_seconds)
+    peering = parts.peering
+    parts.retention = Retention(
+        parts.kube, parts.informers["runs"], parts.informers["namespaces"], parts.informers["requests"],
+        default_ttl=ours.retention_ttl_seconds, deletes_per_second=ours.retention_deletes_per_second,
+        workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
+        paused=peering.paused if peering is not None else lambda: False)
+    if ours.archive_dsn is not None:  # the record is written before each delete (docs/operations.md#the-archive)
+        retention = parts.retention
+        parts.retention.archive = Archiver(
+            parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
+            requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
+    parts.retention.start()
+    # Runs are watched here, not by kopf (a kopf worker per Run costs ~10 KB each): the Run status,
+    # the incomplete-rollbacks gauge, the requests a Run wakes and moving an inline journal
+    parts.informers["runs"].observe(_run_handlers.observer(parts, ThreadPoolExecutor(2, thread_name_prefix="runs")))
+    if parts.metrics is not None:  # the gauges' resync reads the informers, never a LIST of every Run or request
+        parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
+        parts.metrics.runs_source = lambda: caches.incomplete_runs(parts.informers["runs"])
 
 
 kopf.on.login()(common.login)
@@ -118,6 +153,9 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
     operating.run_status.stop()
     if parts.journals is not None:
         parts.journals.stop_all()
+    if parts.retention is not None:
+        parts.retention.stop()
+    caches.stop(parts.informers)
 
 
 @click.command(help=__doc__.split("\n\n")[0])

@@ -177,7 +177,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
     old_res = {r.get("step"): r for r in old_spec.get("resolutions") or [] if isinstance(r, dict)}
     known_steps = set(old_steps)
     now = _now()
-    last_request = ((old or {}).get("status") or {}).get("lastRequest")
+    last_request = acknowledgement.residue_request(old or {})  # the rollback whose residue stands
 
     def stamp(raw: dict) -> None:
         s = raw.get("spec")
@@ -237,7 +237,8 @@ def _pin_manifest(kube: Kube, namespace: str, spec: dict, old_spec: dict, operat
 
 def _stamp_acknowledgement(old: Any, spec: dict, user: str, now: str, last_request: str | None) -> None:
     """A new or changed ``spec.acknowledgement`` gets the authenticated user, the server's time
-    and the request whose residue it accepts (the run's ``status.lastRequest`` now); one whose
+    and the request whose residue it accepts (the run's ``status.standing.request`` now,
+    :func:`reversi.engine.acknowledgement.residue_request`); one whose
     note is unchanged keeps its stamps, whatever the client sent (docs/concepts.md#acknowledging-residue)."""
     new = spec.get("acknowledgement")
     if not isinstance(new, dict):

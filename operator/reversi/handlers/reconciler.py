@@ -47,6 +47,7 @@ from ..adapters import status as st
 from ..adapters.kube import Conflict, Kube, api_message
 from ..engine import decide as dc
 from ..engine import request_phase
+from ..engine import standing
 from ..engine import executor as ex
 from ..engine import orphans
 from ..engine.graph import InvalidRun, build_graph
@@ -489,8 +490,10 @@ class Reconciler(TreeRollback):
                                entries=loaded.old_entries, now=loaded.now, started=loaded.started, observe=observe,
                                floor=held.floor, runner_names=frozenset(loaded.runners), readers=loaded.readers)
         d = dc.decide(inputs, memory.rng)
+        first_reads = {e.step for e in d.effects if isinstance(e, ex.StartJob) and e.role == "reader" and e.read == 1}
         for old, new in d.moves:
-            self._durations(loaded.ns, loaded.plan.actions[new.step].tool, old, new, memory, loaded.now)
+            self._durations(loaded.ns, loaded.plan.actions[new.step].tool, old, new, memory, loaded.now,
+                            new.step in first_reads)
         return Decided(inputs, d, labels, req_uid)
 
     # -------------------------------------------------------------------------------- act
@@ -558,7 +561,8 @@ class Reconciler(TreeRollback):
                 compensates_nothing=not loaded.plan.of_kind(COMPENSATE) and tree is None,
                 deadline_passed=d.deadline_passed, cancelled_by=loaded.spec.cancelled_by, cancelling=held.cancelling,
                 awaiting=d.awaiting, approve_all=loaded.spec.approve_compensations)
-            self._end(loaded, said, released_complete=own_complete, report=report)
+            self._end(loaded, said, released_complete=own_complete, report=report, memory=memory,
+                      stopped=held.cancelling or d.deadline_passed)
             return None
         child_busy = [x for x in (tree.ordered() if tree is not None else []) if x.get("outcome") == "running"]
         runs, progress = dict(end.runs), dict(end.progress)
@@ -627,17 +631,25 @@ class Reconciler(TreeRollback):
                                                                          said.updates()))
 
     def _end(self, loaded: Loaded, said: request_phase.Ending, released_complete: bool | None = None,
-             report: Report | None = None) -> None:
+             report: Report | None = None, memory: PassMemory | None = None, stopped: bool = False) -> None:
         """End a request that planned (``said``): release the Run first (``released_complete``;
-        None: it never held it), so whoever sees the final phase finds the Run free (a crash in
-        between only means the next pass ends the request again, from the journal)."""
+        None: it never held it), saying what stands from the journal with what this request
+        wrote (``memory``) and its report (``stopped``: cancelled or past its deadline), so whoever
+        sees the final phase finds the Run free and its standing current (a crash in between only
+        means the next pass ends the request again, from the journal)."""
+        memory = memory or PassMemory()
         if released_complete is not None:
-            self._release(loaded.ns, loaded.run_name, loaded.name, released_complete)
-            self._release_tree(loaded.ns, loaded.name, loaded.status)
-        self._end_with(loaded.req, loaded.status, said, report=report, plan=loaded.plan, run=loaded.run_name)
+            undo = {**loaded.journal.undo, **memory.written}  # with what this pass wrote
+            tools = {s.index: s.tool for s in loaded.journal.spec.steps}
+            undone = frozenset(report.compensated) | frozenset(report.already_recovered) if report is not None \
+                else frozenset()
+            self._release(loaded.ns, loaded.run_name, loaded.name, released_complete, stopped=stopped,
+                          undone=undone, journal=(undo, tools))
+            self._release_tree(loaded.ns, loaded.name, loaded.status, stopped=stopped)
+        self._end_with(loaded.req, loaded.status, said, report=report, plan=loaded.plan)
 
     def _end_with(self, req: dict, status: dict, said: request_phase.Ending, report: Report | None = None,
-                  plan: Plan | None = None, run: str | None = None) -> None:
+                  plan: Plan | None = None) -> None:
         """Write the end ``said`` (phase, conditions, ``completionTime``), then its Event and the
         ``reversi_rollbacks_total`` verdict: the one way every request ends."""
         ns = req["metadata"]["namespace"]
@@ -647,7 +659,7 @@ class Reconciler(TreeRollback):
         if said.event:
             self.kube.event(req, said.event, said.verdict, warning=said.warning)
         if self.metrics:
-            self.metrics.request_finished(ns, said.outcome, report, plan, run=run if report is not None else None)
+            self.metrics.request_finished(ns, said.outcome, report, plan)
 
 
     # --------------------------------------------------------------------------- loading
@@ -703,20 +715,27 @@ class Reconciler(TreeRollback):
 
     # --------------------------------------------------------------------------- helpers
 
-    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: PassMemory, now: float) -> None:
+    def _durations(self, ns: str, tool: str, old: ex.StepRun, new: ex.StepRun, memory: PassMemory, now: float,
+                   first_read: bool = False) -> None:
         """Time compensator attempts and verifications (histograms; in-memory start times, so a
-        step in flight across an operator restart is not timed)."""
+        step in flight across an operator restart is not timed).
+
+        A verification is timed from the pass that starts its first read-back (``first_read``: the
+        pass starts the step's reader Job of read 1) to the pass that sees its verdict, whatever stage that pass
+        rebuilt the step from: a hand-over from the compensator to its first read-back is not
+        written to the request's status (:func:`reversi.engine.request_phase.only_under_way`), so
+        the pass that sees the verdict often starts again from ``compensating``. Read-backs of an
+        earlier request's undo (rule 5) are timed the same way."""
         s = new.step
         if new.stage == "compensating" and (old.stage != "compensating" or old.attempts != new.attempts):
             memory.since[(s, "compensation")] = now
-        if new.stage == "verifying" and old.stage not in ("verifying", "rereading"):
-            # setdefault: a pass that rebuilds the step from a status without its hand-over sees it again
+        if first_read:
             memory.since.setdefault((s, "verification"), now)
         if old.stage == "compensating" and new.stage != "compensating":
             started = memory.since.pop((s, "compensation"), None)
             if started is not None and self.metrics:
                 self.metrics.observe_compensation(ns, tool, now - started)
-        if old.stage in ("verifying", "rereading") and new.stage in ("compensated", "failed"):
+        if new.stage in ("compensated", "failed") and old.stage not in ("compensated", "failed"):
             started = memory.since.pop((s, "verification"), None)
             if started is not None and self.metrics:
                 self.metrics.observe_verification(ns, tool, now - started)
@@ -800,35 +819,58 @@ class Reconciler(TreeRollback):
                           run_status.get("closedBy") or name)
         return True
 
-    def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False) -> None:
+    def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False, *,
+                 stopped: bool = False, writers: frozenset[str] = frozenset(), undone: frozenset[int] = frozenset(),
+                 journal: tuple[dict[int, StepUndo], dict[int, str]] | None = None, settling: bool = False) -> None:
+        """Release Run ``run_name``'s lock as request ``name`` ends, when it still holds it, and
+        say what stands (docs/concepts.md#what-stands): ``RolledBack`` and ``status.standing`` as
+        :func:`reversi.engine.standing.after_rollback` makes them from the run's journal
+        (``journal``: ``(undo by step, tool by step)`` as the request last saw it; None: read now),
+        ``complete`` (the report's verdict for this run), ``stopped`` (cancelled, past its
+        deadline, failed), ``deleted``, ``writers`` (besides ``name``, requests whose undo entries
+        are this rollback's: a child run's request) and ``undone`` (steps its report found undone).
+        A request that undid nothing leaves what stands as it was. ``settling``: the undo entries
+        a request deleted mid-way left were settled after its lock was released: say what stands
+        again, while no other request holds the run. Raises ``ApiException``."""
         run_obj = self.kube.get(RUNS, ns, run_name)
-        if run_obj is None or (run_obj.get("status") or {}).get("activeRequest") != name:
+        if run_obj is None or (run_obj.get("status") or {}).get("activeRequest") != (None if settling else name):
             return
-        run_gen = run_obj["metadata"].get("generation")
-        if deleted:
-            locked = (cond.REQUEST_DELETED,
-                      f"RollbackRequest {name} was deleted before it finished; the lock is released")
-            rolled = f"last rollback: RollbackRequest {name} was deleted mid-way (incomplete): create a new request"
-        else:
-            locked = (cond.RELEASED, f"RollbackRequest {name} finished")
-            rolled = f"last rollback: RollbackRequest {name} ({'complete' if complete else 'incomplete'})"
-        conds = cond.set_condition((run_obj.get("status") or {}).get("conditions") or [], cond.condition(
-            cond.LOCKED, cond.FALSE, locked[0], locked[1], run_gen))
-        conds = cond.set_condition(conds, cond.condition(
-            cond.ROLLED_BACK, cond.TRUE if complete else cond.FALSE,
-            cond.ALL_COMPENSATED if complete else cond.INCOMPLETE,
-            rolled, run_gen))
-        conds = st.summary_conditions(conds, run_gen, st.run_readiness(conds, run_name))
+        if journal is None:
+            journal = self._journal_now(run_obj)
+        settled = None
+        if journal is not None:
+            status = run_obj.get("status") or {}
+            rolled = (cond.get_condition(status.get("conditions"), cond.ROLLED_BACK) or {}).get("status")
+            ending = standing.Ending(name, frozenset({name}) | writers, complete, stopped=stopped or deleted,
+                                     undone=undone)
+            settled = standing.after_rollback(rolled, status.get("standing"), journal[0], journal[1], ending)
+        update = st.run_release_update(run_obj, name, settled, complete=complete, deleted=deleted,
+                                       now=st.iso(time.time()))
         try:
-            self.kube.merge_status(RUNS, ns, run_name,
-                                   {"activeRequest": None, "conditions": conds, "observedGeneration": run_gen},
-                                   resource_version=run_obj["metadata"]["resourceVersion"])
+            self.kube.merge_status(RUNS, ns, run_name, update, resource_version=run_obj["metadata"]["resourceVersion"])
         except Conflict:
-            self._release(ns, run_name, name, complete, deleted)
+            self._release(ns, run_name, name, complete, deleted, stopped=stopped, writers=writers, undone=undone,
+                          journal=journal, settling=settling)
             return
-        # the run stays closed (rule 11): its entry now says the rollback ended, for the refusal's words
-        closed_by = (run_obj.get("status") or {}).get("closedBy") or name
-        closed_runs.close(self.kube.core, ns, run_name, run_obj["metadata"]["uid"], closed_by, ended=True)
+        if not settling:  # the run stays closed (rule 11): its entry now says the rollback ended, for the refusal
+            closed_by = (run_obj.get("status") or {}).get("closedBy") or name
+            closed_runs.close(self.kube.core, ns, run_name, run_obj["metadata"]["uid"], closed_by, ended=True)
+
+    def _journal_now(self, run_obj: dict) -> tuple[dict[int, StepUndo], dict[int, str]] | None:
+        """``(undo by step, tool by step)`` of a run's journal as it is now (its informer, else a
+        paged LIST), or None when it cannot be read (logged): what stands is then left as it was."""
+        meta = run_obj["metadata"]
+        try:
+            journal = self._load_journal(run_obj, PassMemory())
+        except (jr.JournalError, ApiException) as err:
+            log.warning("Run %s/%s: journal not read, what stands is left as it was: %s", meta["namespace"],
+                        meta["name"], err)
+            return None
+        if journal is None:
+            log.warning("Run %s/%s: journal still being listed, what stands is left as it was", meta["namespace"],
+                        meta["name"])
+            return None
+        return dict(journal.undo), {s.index: s.tool for s in journal.spec.steps}
 
     # ------------------------------------------------------------------ a request deleted mid-way
 
@@ -844,10 +886,13 @@ class Reconciler(TreeRollback):
         run_obj = self.kube.get(RUNS, namespace, run_name)
         if run_obj is None:
             return
-        self._settle_orphans(run_obj, name)
-        if (run_obj.get("status") or {}).get("activeRequest") == name:
-            self._release(namespace, run_name, name, complete=False, deleted=True)
+        settled = self._settle_orphans(run_obj, name)
+        holder = (run_obj.get("status") or {}).get("activeRequest")
+        if holder == name:
+            self._release(namespace, run_name, name, complete=False, deleted=True, journal=settled)
             self._release_tree_of(run_obj, name)  # the runs below it, locked with it (nested runs)
+        elif settled is not None and not holder:  # a compensator it left finished after the lock was released
+            self._release(namespace, run_name, name, complete=False, deleted=True, journal=settled, settling=True)
 
     def lock_orphaned(self, namespace: str, run_name: str, holder: str) -> None:
         """Run ``namespace/run_name`` names ``holder`` in ``status.activeRequest``: when that
@@ -874,19 +919,26 @@ class Reconciler(TreeRollback):
             return  # its request lives: its worker records the outcome
         self.request_deleted(namespace, request, run_name)
 
-    def _settle_orphans(self, run_obj: dict, request: str) -> None:
+    def _settle_orphans(self, run_obj: dict,
+                        request: str) -> tuple[dict[int, StepUndo], dict[int, str]] | None:
+        """Settle the ``compensating`` entries ``request`` left whose Jobs have finished; when it
+        wrote one, the journal with them (``(undo by step, tool by step)``), else None."""
         meta = run_obj["metadata"]
         ns, run_name, run_uid = meta["namespace"], meta["name"], meta["uid"]
         try:
             journal = self._load_journal(run_obj, PassMemory())
         except jr.JournalError as err:
             log.warning("Run %s/%s: cannot read its journal to settle what %s left: %s", ns, run_name, request, err)
-            return
+            return None
+        if journal is None:
+            return None  # its informer is still listing: the Job's next event, or the next request, settles them
         left = [u for u in journal.undo.values() if u.state == "compensating" and u.request == request]
         if not left:
-            return
+            return None
         jobs = self.kube.list_jobs(ns, f"{jobs_mod.LABEL_RUN_UID}={run_uid},{jobs_mod.LABEL_ROLE}=compensator")
         steps = {s.index: s for s in journal.spec.steps}
+        undo = dict(journal.undo)
+        wrote = False
         for entry in left:
             job = jobs.get(jobs_mod.job_name(run_uid, entry.step, entry.attempts))
             if job is None:
@@ -899,8 +951,10 @@ class Reconciler(TreeRollback):
                                      now=st.iso(time.time()) or "")
             if settled is not None:
                 jr.write_undo(self.kube.custom, ns, run_name, settled)
+                undo[entry.step], wrote = settled, True
                 log.info("Run %s/%s: step %d left compensating by deleted RollbackRequest %s settled %s from Job %s",
                          ns, run_name, entry.step, request, settled.state, job.metadata.name)
+        return (undo, {s.index: s.tool for s in journal.spec.steps}) if wrote else None
 
     def _journal(self, ns: str, run_name: str, request: str, entries: list[ex.Journal], plan,
                  memory: PassMemory | None = None, reverified: dict[int, StepUndo] | None = None) -> None:
@@ -1105,8 +1159,8 @@ class Reconciler(TreeRollback):
             status["report"] = st.report_status(report, self.settings.message_limit)
         run_name = run_ref_name(req)
         if run_name:
-            self._release(meta["namespace"], run_name, meta["name"], complete=False)
-            self._release_tree(meta["namespace"], meta["name"], status)
+            self._release(meta["namespace"], run_name, meta["name"], complete=False, stopped=True)
+            self._release_tree(meta["namespace"], meta["name"], status, stopped=True)
         self._end_with(req, status, request_phase.failed(reason, message))
 
 

@@ -1,4 +1,5 @@
-"""Thin kopf handlers for RollbackRequests, their Jobs and Runs: they queue reconcile passes.
+"""Thin kopf handlers for RollbackRequests and their Jobs, and what a Run's event wakes (from the
+operator's informer of Runs: :func:`run_seen`): they queue reconcile passes.
 
 The work happens in :mod:`reversi.handlers.reconciler`, driven by :mod:`reversi.handlers.workers`.
 """
@@ -6,6 +7,7 @@ The work happens in :mod:`reversi.handlers.reconciler`, driven by :mod:`reversi.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Executor
 from typing import Any
 
 import kopf
@@ -73,14 +75,15 @@ def rollback_job_event(body: kopf.Body, namespace: str | None, memo: kopf.Memo, 
         parts.operating().reconciler.job_finished(namespace, dict(body))
 
 
-@kopf.on.event("reversi.dev", "v1alpha1", "runs", id="move-inline-journal")
-def move_inline_journal(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A Run was created or changed: wake the requests waiting for it to exist, and those waiting
-    for its lock once ``status.activeRequest`` is empty (no polling).
-    A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once, so
-    every reader and writer sees one layout (idempotent; a request does it too before it plans)."""
-    parts = runtime.parts(memo)
-    ix.capture(parts, kwargs)
+def run_seen(parts: runtime.Parts, type: str, body: dict, slow: Executor) -> None:
+    """A Run was created, changed or deleted (an event of the operator's informer of Runs,
+    :func:`reversi.handlers.runs.observer`): wake the requests waiting for it to exist, and those
+    waiting for its lock once ``status.activeRequest`` is empty (no polling).
+    A Run recorded by Reversi 0.1 carries its steps inline: move them into RunSteps at once (on
+    ``slow``), so every reader and writer sees one layout (idempotent; a request does it too
+    before it plans)."""
+    if parts.operating_parts is None:
+        return
     reconciler, workers, _ = parts.operating()
     meta = body["metadata"]
     if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
@@ -89,11 +92,16 @@ def move_inline_journal(type: str, body: kopf.Body, memo: kopf.Memo, **kwargs: A
     if not (body.get("status") or {}).get("activeRequest"):  # the lock is free: wake the requests waiting for it
         for request in reconciler.lock_released(meta.get("namespace", ""), meta.get("name", "")):
             workers.ensure(meta["namespace"], request)
-    if type == "DELETED" or jr.inline_moved(dict(body)) or body["metadata"].get("deletionTimestamp"):
+    if type == "DELETED" or jr.inline_moved(dict(body)) or meta.get("deletionTimestamp"):
         return
     if not parts.reconciling():  # older CRDs (no RunStep kind yet): wait for the upgrade
         return
+    slow.submit(_move_inline, parts, dict(body))
+
+
+def _move_inline(parts: runtime.Parts, body: dict) -> None:
+    meta = body["metadata"]
     try:
-        jr.migrate_inline(parts.kube.custom, dict(body))
-    except jr.JournalError as err:
-        raise kopf.PermanentError(str(err)) from err
+        jr.migrate_inline(parts.kube.custom, body)
+    except Exception as err:  # noqa: BLE001 - the Run's next event, or a request that plans it, moves it
+        log.error("Run %s/%s: its inline journal was not moved: %s", meta.get("namespace"), meta.get("name"), err)

@@ -2,8 +2,14 @@
 
 The reconciler keeps these current whenever it locks or releases a Run. Recording steps never
 changes a Run (each step is a RunStep of its own), so this handler has little to do: it brings
-the status up to date when a Run is created or its spec edited, once the Run has been quiet for
-``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus.
+the status up to date when a Run is created or its spec edited (an acknowledgement set or
+withdrawn: Ready and ``status.standing.acknowledgedBy``), once the Run has been quiet for
+``run_status_quiet_seconds`` (settings): one write per burst of edits is enough for kstatus. A
+Run written before ``status.standing`` existed gets it once, computed from its journal
+(docs/concepts.md#what-stands).
+
+The operator watches Runs with an informer of its own (:mod:`reversi.adapters.informer`, see
+:func:`observer`), not kopf, which keeps a worker per watched object.
 
 The :class:`RunStatusWriter` debounces each Run's key on the operator's work queue
 (:mod:`reversi.workqueue`), served by one thread, not a thread per Run.
@@ -13,16 +19,18 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
-import kopf
 from kubernetes.client.rest import ApiException
 
 from .. import conditions as cond
 from ..adapters import closed_runs
+from ..adapters import journal as jr
 from ..adapters import status as st
-from ..engine import acknowledgement
+from ..engine import acknowledgement, standing
 from ..adapters.kube import Conflict, Kube
 from ..models.rollbackrequest import run_ref_name
 from ..workqueue import WorkQueue
@@ -69,20 +77,72 @@ class RunStatusWriter:
             log.warning("Run %s/%s: status not updated: %s", *key, err)
 
 
+def _check_lock(operating: runtime.Operating, namespace: str, name: str, holder: str) -> None:
+    try:
+        operating.reconciler.lock_orphaned(namespace, name, holder)
+    except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
+        log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
+
+
+def _forget_closed(kube: Kube, namespace: str, name: str, uid: str) -> None:
+    try:
+        closed_runs.forget(kube.core, namespace, name, uid)
+    except ApiException as err:  # an entry left behind names a uid no Run has: it refuses nothing
+        log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err.reason)
+
+
 def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict) -> None:
     if not reconciling():
         return
     ack = acknowledgement.acknowledged(body)
     update = st.run_status_update(body.get("status"), body["metadata"].get("generation"), key[1], ack)
+    if st.needs_standing(body.get("status")):
+        standing = _standing_from_journal(kube, key)
+        if standing is not None:
+            ack = acknowledgement.acknowledged({**body, "status": {**(body.get("status") or {}), "standing": standing}})
+            standing["acknowledgedBy"] = acknowledgement.acknowledged_by(ack)
+            update = st.run_status_update({**(body.get("status") or {}), "standing": standing},
+                                          body["metadata"].get("generation"), key[1], ack) or {}
+            update = {"observedGeneration": body["metadata"].get("generation"), **update, "standing": standing}
     if update is None:
         return
     try:
         kube.merge_status("runs", key[0], key[1], update, resource_version=body["metadata"]["resourceVersion"])
     except Conflict:
         return  # the Run changed since: its next event brings it here again
-    last = (body.get("status") or {}).get("lastRequest")
+    status = body.get("status") or {}
+    written = {**status, **update}
+    if isinstance(status.get("standing"), dict) and isinstance(update.get("standing"), dict):
+        written["standing"] = {**status["standing"], **update["standing"]}  # a merge patch
+    last = acknowledgement.residue_request({**body, "status": written})
     if last and (ack is not None or _was_acknowledged(body)):
         _sync_last_request(kube, key[0], last, ack, run=key[1])
+
+
+def _standing_from_journal(kube: Kube, key: RunKey) -> dict | None:
+    """What stands on a Run written before ``status.standing`` existed, from its journal (one
+    GET of the Run, a paged LIST of its RunSteps) and the report of its last request (the steps
+    that report found undone): ``status.standing`` (wire) naming ``status.lastRequest``, or None
+    when the Run is gone, locked since, or its journal cannot be read (logged; its next event
+    tries again)."""
+    run_obj = kube.get("runs", *key)
+    status = (run_obj or {}).get("status") or {}
+    if run_obj is None or not st.needs_standing(status):
+        return None
+    try:
+        journal = jr.load(kube.custom, run_obj)
+    except Exception as err:  # noqa: BLE001 - a bad or unreadable journal leaves the Run as it is
+        log.warning("Run %s/%s: what stands not computed from its journal: %s", *key, err)
+        return None
+    last = status.get("lastRequest")
+    report = (((kube.get("rollbackrequests", key[0], last) or {}).get("status") or {}).get("report") or {}) \
+        if last else {}
+    undone = frozenset(s for s in report.get("compensated") or [] if isinstance(s, int)) | frozenset(
+        s for s in report.get("alreadyRecovered") or [] if isinstance(s, int))
+    tools = {s.index: s.tool for s in journal.spec.steps}
+    rolled = (cond.get_condition(status.get("conditions"), cond.ROLLED_BACK) or {}).get("status")
+    steps = standing.standing_undos(journal.undo, tools, undone) if rolled == cond.FALSE else []
+    return {**standing.summary(steps, last), "updatedAt": st.iso(time.time())}
 
 
 def _was_acknowledged(body: dict) -> bool:
@@ -92,9 +152,10 @@ def _was_acknowledged(body: dict) -> bool:
 
 def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgement.Acknowledged | None,
                        run: str) -> None:
-    """The Run's last RollbackRequest says whether its residue is acknowledged (Ready) or not
-    (Stalled), as the Run now does (docs/concepts.md#acknowledging-residue). A request of that
-    name for another Run (the Run's own was deleted and the name used again) is left alone."""
+    """The RollbackRequest whose residue stands on the Run says whether that residue is
+    acknowledged (Ready) or not (Stalled), as the Run now does
+    (docs/concepts.md#acknowledging-residue). A request of that name for another Run (the Run's
+    own was deleted and the name used again) is left alone."""
     request = kube.get("rollbackrequests", namespace, name)
     if request is None or run_ref_name(request) != run:
         return
@@ -108,8 +169,10 @@ def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgemen
         pass  # changed since: the Run's next event brings it here again
 
 
-@kopf.on.event("reversi.dev", "v1alpha1", "runs", id="run-status")
-def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+def run_event(type: str, body: Any, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A Run's event (``type`` ADDED, MODIFIED, DELETED; ``body`` the Run): the incomplete-rollbacks
+    gauge and the Run's status (:func:`run_changed`). :func:`observer` calls it for each event of the
+    operator's informer of Runs; ``memo`` is kopf's (the parts are on it)."""
     assert namespace is not None  # Runs are namespaced
     parts = runtime.parts(memo)
     if parts.metrics is not None:  # the incomplete-rollbacks gauge, from events
@@ -117,35 +180,63 @@ def run_event(type: str, body: kopf.Body, namespace: str | None, name: str, memo
     run_changed(parts, type, body, namespace, name)
 
 
-def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str) -> None:
-    """Queue the Run when its status is behind its generation or its conditions; a deleted Run
-    that a rollback closed leaves the namespace's closed runs (its entry names its uid)."""
+def observer(parts: runtime.Parts, slow: Executor) -> Callable[[str, Any, Any], None]:
+    """What the operator does with each event of its informer of Runs (it watches Runs itself,
+    not through kopf, which would keep a worker per Run: docs/operations.md, "The ceiling"):
+    the gauge and the status (:func:`run_event`), and waking the requests that wait for the Run
+    (:func:`reversi.handlers.rollback.run_seen`). What may call the API (a lock's holder read
+    back, an inline journal moved) runs on ``slow``, never on the informer's thread."""
+    def observe(kind: str, key: tuple[str, str], obj: dict | None) -> None:
+        namespace, name = key
+        kind = "DELETED" if kind == "DELETED" or obj is None else kind
+        body: dict = obj or {"metadata": {"namespace": namespace, "name": name}}
+        if parts.metrics is not None:
+            parts.metrics.run_observed(namespace, name, None if kind == "DELETED" else body)
+        run_changed(parts, kind, body, namespace, name, slow=slow)
+        from . import rollback  # rollback imports this module
+
+        rollback.run_seen(parts, kind, body, slow)
+
+    return observe
+
+
+def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name: str,
+                slow: Executor | None = None) -> None:
+    """Queue the Run when its status is behind its generation or its conditions; check that the
+    request holding its lock still exists; a deleted Run that a rollback closed leaves the
+    namespace's closed runs (its entry names its uid). What reads or writes the API runs on
+    ``slow`` when given."""
     if not parts.reconciling():
         return
     if type == "DELETED":
         if (body.get("status") or {}).get("closedBy"):
-            try:
-                closed_runs.forget(parts.kube.core, namespace, name, body["metadata"]["uid"])
-            except ApiException as err:  # an entry left behind names a uid no Run has: it refuses nothing
-                log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err.reason)
+            uid = body["metadata"]["uid"]
+            if slow is not None:
+                slow.submit(_forget_closed, parts.kube, namespace, name, uid)
+            else:
+                _forget_closed(parts.kube, namespace, name, uid)
         return
     operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}
     holder = status.get("activeRequest")
     if holder:  # a lock held by a request deleted while the operator was down is released (rule 14)
-        try:
-            operating.reconciler.lock_orphaned(namespace, name, holder)
-        except Exception as err:  # noqa: BLE001 - the next event of the Run, or a new request, releases it
-            log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
-    if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None:
-        # keep only what the write needs, not the Run's steps
+        if slow is not None:
+            slow.submit(_check_lock, operating, namespace, name, holder)
+        else:
+            _check_lock(operating, namespace, name, holder)
+    if st.run_status_update(status, meta.get("generation"), name, acknowledgement.acknowledged(body)) is not None \
+            or st.needs_standing(status):
+        # keep only what the write needs, not the Run's steps, nor what stands beyond who accepted it
         annotations = meta.get("annotations") or {}
         legacy = annotations.get(acknowledgement.LEGACY_ANNOTATION)
         ack = (body.get("spec") or {}).get("acknowledgement")
+        held = status.get("standing")
         operating.run_status.changed(namespace, name, {
             "metadata": {"generation": meta.get("generation"), "resourceVersion": meta.get("resourceVersion"),
                          "annotations": {} if legacy is None else {acknowledgement.LEGACY_ANNOTATION: legacy}},
             "spec": {"acknowledgement": dict(ack)} if isinstance(ack, dict) else {},
             "status": {"observedGeneration": status.get("observedGeneration"),
                        "lastRequest": status.get("lastRequest"),
+                       **({"standing": {"request": held.get("request"), "acknowledgedBy": held.get("acknowledgedBy")}}
+                          if isinstance(held, dict) else {}),
                        "conditions": [dict(item) for item in status.get("conditions") or []]}})

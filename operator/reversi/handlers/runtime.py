@@ -86,6 +86,11 @@ class Parts:
     stopping: threading.Event = field(default_factory=threading.Event)
     #: the Runs whose inline journal the admission server is moving (its webhooks only)
     inline: InlineMoves = field(default_factory=InlineMoves)
+    #: the operator's own informers (Runs, Namespaces, RollbackRequests: ``reversi.adapters.informer``),
+    #: by name; ``reversi-operator`` only
+    informers: dict[str, Any] = field(default_factory=dict)
+    #: the retention controller (``reversi.handlers.retention.Retention``; ``reversi-operator`` only)
+    retention: Any = None
     #: whether kopf's peering lets this replica work (``reversi.handlers.peering.Peering``;
     #: ``reversi-operator`` only: its start-up handler builds it with the parts, before the workers)
     peering: Peering | None = None

@@ -136,7 +136,8 @@ class TreeRollback:
     def _lock(self, run_obj: dict, name: str, ns: str) -> bool:  # pragma: no cover - the Reconciler's
         raise NotImplementedError
 
-    def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False) -> None:
+    def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False, *,
+                 stopped: bool = False, writers: frozenset[str] = frozenset()) -> None:
         raise NotImplementedError  # pragma: no cover - the Reconciler's
 
     # ------------------------------------------------------------------------------ the lock
@@ -337,14 +338,18 @@ class TreeRollback:
                "failed": len(report.failed), "message": report_message(report)}
         return [own, *tp.ordered()]
 
-    def _release_tree(self, ns: str, name: str, status: dict, deleted: bool = False) -> None:
+    def _release_tree(self, ns: str, name: str, status: dict, deleted: bool = False, stopped: bool = False) -> None:
         """Release every run below the request's run that it holds (pinned ``status.treeRuns``),
-        each ``RolledBack`` as its section says."""
+        each ``RolledBack`` as its section says and what stands from its journal (its undo
+        entries are its child request's: docs/concepts.md#what-stands)."""
         sections = {s.get("run"): s for s in ((status.get("report") or {}).get("runs") or []) if isinstance(s, dict)}
         for entry in status.get("treeRuns") or []:
             run = entry.get("run")
             if run:
-                self._release(ns, run, name, complete=bool((sections.get(run) or {}).get("complete")), deleted=deleted)
+                sec = sections.get(run) or {}
+                self._release(ns, run, name, complete=bool(sec.get("complete")), deleted=deleted, stopped=stopped,
+                              writers=frozenset({child_request_name(name, run)} | ({sec["request"]}
+                                                                                   if sec.get("request") else set())))
 
     def _release_tree_of(self, run_obj: dict, name: str) -> None:
         """A request deleted mid-way: release every run of its run's tree that still names it."""

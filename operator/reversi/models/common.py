@@ -69,6 +69,14 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #: 6: Run.spec.acknowledgement and Run.status.lastRequest (acknowledging residue); the Run's Acknowledged-By column.
 #: 7: effectUnknown on RunStep.status.undo, Run.status.undo[] and RollbackRequest.status.steps[] (a failed undo
 #:    whose effect nobody knows: residue unknown, not failed).
+#: 8: Run.status.standing (the undos a run's rollbacks left failed or unverified, by tool and state); the Run's
+#:    Acknowledged-By column reads status.standing.acknowledgedBy.
+#: 9: Run.spec.retention (ttlSeconds or keep: Forever: how long retention keeps the Run).
+#: 10: the recorded call at the API server's floor: Run.spec.pinnedManifest (the ToolManifest pinned at open);
+#:    RunStep.spec.runAtOpen (the recorder's copy of its Run: uid, principal, mode, recovery, manifest revision,
+#:    scope, ancestors; immutable, never added or removed); a step's recordedAt can no more be added than changed;
+#:    RollbackRequest.status.report.foreign (steps not part of the run's record, with the rule each broke) and
+#:    report.missing (indices no step has).
 SCHEMA_VERSION = 10
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 

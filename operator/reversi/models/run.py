@@ -200,8 +200,8 @@ class Resolution(ReversiModel):
 
 
 class Acknowledgement(ReversiModel):
-    """A person's acceptance of what the Run's last rollback could not undo (the residue): the
-    Run counts as settled for alerts and GitOps health; its report stays incomplete. Set with
+    """A person's acceptance of what the Run's rollbacks could not undo (what stands, the
+    residue): the Run counts as settled for alerts and GitOps health; its report stays incomplete. Set with
     ``kubectl reversi acknowledge``; needs the RBAC verb ``acknowledge`` on runs. See
     docs/concepts.md#acknowledging-residue."""
 
@@ -212,8 +212,44 @@ class Acknowledgement(ReversiModel):
     acknowledged_at: datetime | None = Field(default=None, description="When (stamped at admission).")
     request: str | None = Field(
         default=None, max_length=MAX_NAME,
-        description="The RollbackRequest whose residue is accepted (stamped at admission: the run's status.lastRequest "
-                    "then). A later rollback of the run is not covered: acknowledge again after it.")
+        description="The RollbackRequest whose residue is accepted (stamped at admission: the run's "
+                    "status.standing.request then). A later rollback that leaves a step standing that was not before "
+                    "is not covered: acknowledge again after it; one that undid nothing, or only undid more, is.")
+
+
+#: the longest retention a Run (or a namespace, or the chart) can ask for in seconds: ten years;
+#: ``keep: Forever`` keeps a Run for good (docs/concepts.md#retention)
+MAX_RETENTION_SECONDS = 315_360_000
+
+
+class Retention(ReversiModel):
+    """How long the Run is kept once nothing about it is unfinished (docs/concepts.md#retention):
+    ``ttlSeconds`` after its last activity, or ``keep: Forever``. Set neither to follow the
+    namespace's annotation ``reversi.dev/retention-ttl-seconds`` or the operator's default."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                rule("has(self.ttlSeconds) != has(self.keep)",
+                     "spec.retention takes exactly one of ttlSeconds (seconds after the run's last activity) and "
+                     "keep: Forever"),
+            ]
+        }
+    )
+
+    ttl_seconds: int | None = Field(
+        default=None, ge=1, le=MAX_RETENTION_SECONDS,
+        description="Delete the Run (with its steps) this many seconds after its last activity, once nothing about "
+                    "it is unfinished. At most 315360000 (ten years); use keep: Forever for longer.")
+    keep: Literal["Forever"] | None = Field(
+        default=None, description="Forever: retention never deletes this Run (delete it yourself when done).")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Retention:
+        if (self.ttl_seconds is None) == (self.keep is None):
+            raise ValueError("spec.retention takes exactly one of ttlSeconds (seconds after the run's last activity) "
+                             "and keep: Forever")
+        return self
 
 
 class RunScope(ReversiModel):
@@ -358,9 +394,15 @@ class RunSpec(ReversiModel):
                     "spec.resolution.",
         json_schema_extra=list_map("step"),
     )
+    retention: Retention | None = Field(
+        default=None,
+        description="How long retention keeps this Run after its last activity (ttlSeconds), or keep: Forever; unset: "
+                    "the namespace's reversi.dev/retention-ttl-seconds annotation, else the operator's default. A Run "
+                    "is never deleted while a rollback works on it or waits, or while residue nobody acknowledged "
+                    "stands.")
     acknowledgement: Acknowledgement | None = Field(
         default=None,
-        description="The residue of the run's last rollback, accepted by a person (kubectl reversi acknowledge): the "
+        description="What the run's rollbacks left standing, accepted by a person (kubectl reversi acknowledge): the "
                     "run is Ready again and no longer counts as incomplete; its report still says what stands.")
 
     def snapshot_of(self, step: Step) -> ToolSpec | None:
@@ -415,6 +457,64 @@ class StepUndo(StatusModel):
     )
 
 
+StandingState = Literal["failed", "unverified"]
+#: (tool, state) pairs kept in ``status.standing.tools``; beyond them the steps are counted under
+#: :data:`OTHER_TOOLS`
+MAX_STANDING_TOOLS = 32
+#: steps listed in ``status.standing.steps`` (failed first, then unverified, by index); the counts cover all
+MAX_STANDING_STEPS = 20
+#: the ``tool`` of ``status.standing.tools`` that counts the steps of tools beyond :data:`MAX_STANDING_TOOLS`
+OTHER_TOOLS = "(other tools)"
+
+
+class StandingTool(StatusModel):
+    """How many steps of one tool stand in one state."""
+
+    tool: str = Field(max_length=MAX_NAME, description="The tool of the original call.")
+    state: StandingState = Field(description="failed: the undo failed (its effect may remain, or nobody knows); "
+                                             "unverified: undone but not checked.")
+    steps: int = Field(ge=0, description="Steps of this tool in this state.")
+
+
+class StandingStep(StatusModel):
+    """One step whose undo stands failed or unverified."""
+
+    step: int = Field(ge=0, description="Index of the step.")
+    tool: str = Field(max_length=MAX_NAME, description="The tool of the original call.")
+    state: StandingState = Field(description="failed or unverified.")
+    request: str | None = Field(default=None, max_length=MAX_NAME,
+                                description="The RollbackRequest that last worked on its undo (compensation or "
+                                            "read-back).")
+
+
+class Standing(StatusModel):
+    """What the run's rollbacks left standing (docs/concepts.md#what-stands): the steps whose undo
+    failed or is unverified, as the journal says, counted by tool and state, and the request whose
+    rollback left them. Written by the operator when a rollback ends that changed what stands; a
+    request that undid nothing (cancelled before it acted, a dry run, denied, or one that never
+    took the run's lock) leaves it as it was. The metrics, the Run's conditions and
+    ``kubectl reversi describe`` all read it."""
+
+    request: str | None = Field(
+        default=None, max_length=MAX_NAME,
+        description="The RollbackRequest whose rollback left what stands now: the last one that left a step standing "
+                    "that was not before (or gave the run its first verdict). An acknowledgement names it.")
+    failed: int = Field(default=0, ge=0, description="Steps whose undo failed (residue failed or unknown).")
+    unverified: int = Field(default=0, ge=0, description="Steps undone but not checked (residue unknown).")
+    tools: list[StandingTool] = Field(
+        default_factory=list, max_length=MAX_STANDING_TOOLS + 2,
+        description=f"The standing steps by tool and state (at most {MAX_STANDING_TOOLS} pairs; the rest counted "
+                    f"under tool {OTHER_TOOLS!r}): what reversi_standing_undos exports.")
+    steps: list[StandingStep] = Field(
+        default_factory=list, max_length=MAX_STANDING_STEPS,
+        description=f"The first {MAX_STANDING_STEPS} standing steps, failed first, then unverified, by index.")
+    acknowledged_by: str | None = Field(
+        default=None, max_length=MAX_NAME * 2,
+        description="Who accepted what stands now (the actor of the run's acknowledgement while it counts); absent "
+                    "when no acknowledgement covers it.")
+    updated_at: datetime | None = Field(default=None, description="When a rollback last changed it.")
+
+
 class RunStatus(StatusModel):
     """Observed state of a Run: the per-step undo state and the request holding the run."""
 
@@ -433,13 +533,17 @@ class RunStatus(StatusModel):
     )
     last_request: str | None = Field(
         default=None, max_length=MAX_NAME,
-        description="The RollbackRequest that last took the run's lock (set with the lock, kept after it ends): the "
-                    "one an acknowledgement accepts the residue of.")
+        description="The RollbackRequest that last took the run's lock (set with the lock, kept after it ends). What "
+                    "stands, and the request an acknowledgement names, are in standing.")
     closed_by: str | None = Field(
         default=None,
         description="RollbackRequest that closed the run (set with the lock, never cleared): from then on no new step "
                     "is admitted; resolutions still are.",
     )
+    standing: Standing | None = Field(
+        default=None,
+        description="What the run's rollbacks left standing: the undos that failed or are unverified, by tool and "
+                    "state, and the request that left them (absent before the first rollback).")
     moved_steps: int | None = Field(
         default=None, ge=0,
         description="Steps of the inline journal of Reversi 0.1 moved into RunSteps; when it equals their number, the "
@@ -486,8 +590,9 @@ CRD = CrdInfo(
          "description": "The RollbackRequest working on the run now."},
         {"name": "Closed-By", "type": "string", "jsonPath": ".status.closedBy",
          "description": "The RollbackRequest that closed the run (it stays after the rollback ends)."},
-        {"name": "Acknowledged-By", "type": "string", "jsonPath": ".spec.acknowledgement.actor",
-         "description": "Who accepted the residue of its last rollback (kubectl reversi acknowledge)."},
+        {"name": "Acknowledged-By", "type": "string", "jsonPath": ".status.standing.acknowledgedBy",
+         "description": "Who accepted what its rollbacks left standing (kubectl reversi acknowledge), while that "
+                        "acknowledgement covers it."},
         ready_column(),
         age_column(),
     ],
