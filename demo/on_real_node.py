@@ -103,15 +103,28 @@ def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
 
 def deploy_downstream(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
     """The downstream system (demo/downstream/server.py) in ``namespace``, as demo/downstream.yaml
-    (the same file docs/operations.md applies on kind): see :func:`deploy_service`."""
+    (the same file docs/operations.md applies on kind): see :func:`deploy_service`. Pods reach it
+    by name: :func:`downstream_by_name`."""
     return deploy_service(api, namespace, "downstream", None, 8080, timeout)
 
 
+def downstream_by_name(namespace: str) -> str:
+    """The downstream's URL by its Service's DNS name (``http://downstream.<namespace>.svc:8080``),
+    the way a user's runner reaches it from a pod (the cluster DNS; not from this machine)."""
+    return f"http://downstream.{namespace}.svc:8080"
+
+
 def deploy_mcp_shop(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
-    """The MCP shop (demo/mcp_shop/server.py) in ``namespace``; returns its MCP endpoint's URL."""
+    """The MCP shop (demo/mcp_shop/server.py) in ``namespace``; returns its MCP endpoint's URL
+    (from this machine; pods: :func:`mcp_shop_by_name`)."""
     url = deploy_service(api, namespace, "mcp-shop", ["python", "/opt/reversi/demo/mcp_shop.py", "--host", "0.0.0.0",
                                                       "--port", "8000"], 8000, timeout)
     return url + "/mcp"
+
+
+def mcp_shop_by_name(namespace: str) -> str:
+    """The MCP shop's endpoint by its Service's DNS name, for pods (``http://mcp-shop.<namespace>.svc:8000/mcp``)."""
+    return f"http://mcp-shop.{namespace}.svc:8000/mcp"
 
 
 def service_objects(name: str, command: list[str] | None, port: int) -> tuple[dict, dict]:
@@ -136,8 +149,9 @@ def service_objects(name: str, command: list[str] | None, port: int) -> tuple[di
 def deploy_service(api: client.ApiClient, namespace: str, name: str, command: list[str] | None, port: int,
                    timeout: float = 120) -> str:
     """``command`` in the demo image as Deployment ``name`` behind a Service of the same name in
-    ``namespace`` (restricted; :func:`service_objects`); returns its base URL, the Service's cluster IP
-    (kube-proxy routes it from this machine and from pods), once its ``/_state`` answers."""
+    ``namespace`` (restricted; :func:`service_objects`); returns its base URL for this machine, by the
+    Service's cluster IP (kube-proxy routes it; this machine does not use the cluster DNS), once its
+    ``/_state`` answers. Pods reach it by name, ``http://<name>.<namespace>.svc:<port>``."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     deployment, service = service_objects(name, command, port)
     apps.create_namespaced_deployment(namespace, deployment)

@@ -42,7 +42,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("components", nargs=-1,
                 type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
-                                  "runc", "cni-plugins", "cri-tools"]))
+                                  "runc", "cni-plugins", "cri-tools", "coredns"]))
 @click.option("--all", "all_", is_flag=True,
               help="Also build helm, promtool, the kstatus checker (cli-utils) and the real node's parts.")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")

@@ -217,10 +217,7 @@ class Cluster:
         stopping what it started) naming the failing component and its log.
         """
         if self.is_running():
-            log(f"control plane already running at {self.server}")
-            if self.settings.real_node:  # pods started from now on run this checkout's images
-                self.real.build(log=log)
-                self.real.load_images(log=log)
+            self._reuse(log)
             return
         if self.settings.real_node and (why := realnode.unsupported()):
             raise ClusterError(f"no real node on this machine: {why}")
@@ -258,11 +255,30 @@ class Cluster:
                 if comp == "containerd":
                     self.real.load_images(log=log)
             self._wait("kube-controller-manager", self._default_serviceaccount_exists)
+            if self.settings.real_node:
+                self._start_dns(log)
         except BaseException:
             self.down(quiet=True)
             raise
         log(f"control plane up at {self.server} in {time.monotonic() - started:.1f}s")
         log(f"export KUBECONFIG={admin}")
+
+    def _reuse(self, log) -> None:
+        """``up`` of a running cluster: on a real node, pods started from now on run this
+        checkout's images, and the cluster DNS is there."""
+        log(f"control plane already running at {self.server}")
+        if self.settings.real_node:
+            self.real.build(log=log)
+            self.real.load_images(log=log)
+            self._start_dns(log)
+
+    def _start_dns(self, log) -> None:
+        """The real node's cluster DNS (:meth:`reversi_devcluster.realnode.RealNode.start_dns`);
+        raises :class:`ClusterError` when it does not come up."""
+        try:
+            self.real.start_dns(self.settings.start_timeout, log=log)
+        except RuntimeError as err:
+            raise ClusterError(str(err)) from None
 
     def down(self, *, quiet: bool = False, log=print) -> None:
         """Stop every component this folder's pid files name (reverse start order).
