@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from reversi_devcluster import build, images
+from reversi_devcluster import build, images, realnode
+from reversi_devcluster.cluster import ClusterError
 
 REPO = Path(__file__).resolve().parents[1]
 G, V = "reversi.dev", "v1alpha1"
@@ -170,3 +171,30 @@ def deploy_service(api: client.ApiClient, namespace: str, name: str, command: li
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Service {namespace}/{name} at {url} did not answer in {timeout:.0f} s") from None
             time.sleep(0.25)
+
+
+def choose_node(wanted: str) -> bool:
+    """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
+    where this machine can run one: the node's Debian packages are installed first where they are
+    missing and can be, in one line; else one line says why and what to run, and the node agent is
+    used). Raises :class:`ClusterError` when ``real`` is asked for and cannot be had."""
+    if wanted == "agent":
+        print("  (on the node agent, as asked: pods run as local processes, without their images)", flush=True)
+        return False
+    why = realnode.make_ready(log=build.progress)
+    if why is None:
+        print("  (on a real node: kubelet and containerd run the pods in containers of the images built here)",
+              flush=True)
+        return True
+    if wanted == "real":
+        raise ClusterError(f"no real node on this machine: {why}")
+    print(f"  (no real node here: {why}; the demo runs on the node agent instead, which --node agent chooses "
+          "without trying)", flush=True)
+    return False
+
+
+def clock(seconds: float) -> str:
+    """``4m05s`` (or ``38s``) for a duration in seconds."""
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+

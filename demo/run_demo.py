@@ -21,12 +21,16 @@ could not run (the message names the component and its log).
     python demo/run_demo.py --stop    # stops what --keep left running (and its webhook configurations)
     python demo/run_demo.py --node agent   # on the node agent even where a real node can run
 
-Where the machine can run containers (root, cgroups, iptables: see reversi_devcluster.realnode),
-everything runs on a real node: the operator is installed by its Helm chart with its image, in a
-namespace that enforces the restricted Pod Security Standard; the downstream system is a
-Deployment of the demo image behind a Service; compensator and reader Jobs run in containers of
-the demo image. Elsewhere the demo says why in one line and runs on the node agent: the operator
-and the downstream as local processes, the Jobs' commands as local processes too.
+Where the machine can run containers (root and cgroups with the memory controller; the node's
+Debian packages are installed first where they are missing and apt-get can: see
+reversi_devcluster.realnode.make_ready), everything runs on a real node: the operator is installed
+by its Helm chart with its image, in a namespace that enforces the restricted Pod Security
+Standard; the downstream system is a Deployment of the demo image behind a Service, which the
+compensator and reader Jobs (containers of the demo image) reach by its name through the cluster
+DNS. Elsewhere the demo says why in one line (and what to run) and runs on the node agent: the
+operator and the downstream as local processes, the Jobs' commands as local processes too. Every
+setup stage that takes more than a few seconds prints a progress line with the time since the
+start; the demo ends with its time and the node it ran on.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi_devcluster import build, images, realnode  # noqa: E402
+from reversi_devcluster import build, images  # noqa: E402
 from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
 from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess,
@@ -112,25 +116,6 @@ def walkthrough(downstream: str) -> list[str]:
 
 def title(text: str) -> None:
     print(f"\n== {text}", flush=True)
-
-
-def choose_node(wanted: str) -> bool:
-    """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
-    where this machine can run one: the node's Debian packages are installed first where they are
-    missing and can be, in one line; else one line says why and what to run, and the node agent is
-    used). Raises :class:`ClusterError` when ``real`` is asked for and cannot be had."""
-    if wanted == "agent":
-        print("  (on the node agent, as asked: pods run as local processes, without their images)", flush=True)
-        return False
-    why = realnode.make_ready(log=build.progress)
-    if why is None:
-        print("  (on a real node: kubelet and containerd run the pods in containers of the images built here)",
-              flush=True)
-        return True
-    if wanted == "real":
-        raise ClusterError(f"no real node on this machine: {why}")
-    print(f"  (no real node here: {why}; the demo runs on the node agent instead, as --node agent asks)", flush=True)
-    return False
 
 
 class Demo:
@@ -505,7 +490,7 @@ def main() -> int:
     if args.stop:
         return stop()
     try:
-        demo = Demo(args.keep, real=choose_node(args.node))
+        demo = Demo(args.keep, real=on_real_node.choose_node(args.node))
     except ClusterError as err:
         print(f"demo failed: {err}", file=sys.stderr)
         return 2
@@ -520,19 +505,13 @@ def main() -> int:
         demo.report(req)
         verdict = demo.check_truth(req)
         print(f"\nOn {'a real node (kubelet, containerd)' if demo.real else 'the node agent'}, in "
-              f"{clock(time.monotonic() - started)} (setting up: {clock(set_up)}).")
+              f"{on_real_node.clock(time.monotonic() - started)} (setting up: {on_real_node.clock(set_up)}).")
         return verdict
     except (ClusterError, build.BuildError, images.ImageError, RuntimeError, ApiException) as err:
         print(f"\ndemo failed: {err}", file=sys.stderr)
         return 2
     finally:
         demo.teardown()
-
-
-def clock(seconds: float) -> str:
-    """``4m05s`` (or ``38s``) for a duration in seconds."""
-    whole = int(seconds)
-    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 if __name__ == "__main__":

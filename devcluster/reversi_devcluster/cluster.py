@@ -248,20 +248,28 @@ class Cluster:
             self.real.prepare(_host_ip())
         started = time.monotonic()
         try:
-            for comp in self.components:
-                self._start(comp, *self._command(comp, certs))
-                if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
-                    self._wait(comp, self._ready_check(comp, first=True))
-                if comp == "containerd":
-                    self.real.load_images(log=log)
-            self._wait("kube-controller-manager", self._default_serviceaccount_exists)
-            if self.settings.real_node:
-                self._start_dns(log)
+            self._start_all(certs, log)
         except BaseException:
             self.down(quiet=True)
             raise
         log(f"control plane up at {self.server} in {time.monotonic() - started:.1f}s")
         log(f"export KUBECONFIG={admin}")
+
+    def _start_all(self, certs: dict[str, pki.KeyPair], log) -> None:
+        """Start every component in order, each waited for; on a real node, also its images and
+        the cluster DNS (its objects as soon as the API server answers: its pod then starts as
+        soon as the node is ready, and ``up`` waits for it last)."""
+        for comp in self.components:
+            self._start(comp, *self._command(comp, certs))
+            if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
+                self._wait(comp, self._ready_check(comp, first=True))
+            if comp == "containerd":
+                self.real.load_images(log=log)
+            if comp == "kube-apiserver" and self.settings.real_node:
+                self._dns(apply=True)
+        self._wait("kube-controller-manager", self._default_serviceaccount_exists)
+        if self.settings.real_node:
+            self._dns(log=log)
 
     def _reuse(self, log) -> None:
         """``up`` of a running cluster: on a real node, pods started from now on run this
@@ -270,13 +278,18 @@ class Cluster:
         if self.settings.real_node:
             self.real.build(log=log)
             self.real.load_images(log=log)
-            self._start_dns(log)
+            self._dns(apply=True)
+            self._dns(log=log)
 
-    def _start_dns(self, log) -> None:
-        """The real node's cluster DNS (:meth:`reversi_devcluster.realnode.RealNode.start_dns`);
-        raises :class:`ClusterError` when it does not come up."""
+    def _dns(self, *, apply: bool = False, log=print) -> None:
+        """The real node's cluster DNS: create its objects (``apply``), else wait until it answers
+        (:class:`reversi_devcluster.realnode.RealNode`); raises :class:`ClusterError` when it does
+        not come up."""
         try:
-            self.real.start_dns(self.settings.start_timeout, log=log)
+            if apply:
+                self.real.apply_dns()
+            else:
+                self.real.wait_dns(self.settings.start_timeout, log=log)
         except RuntimeError as err:
             raise ClusterError(str(err)) from None
 

@@ -353,31 +353,40 @@ state = "{state}"
             IMAGE=images.coredns_image(), CLUSTER_DNS_IP=CLUSTER_DNS_IP, CLUSTER_DOMAIN=CLUSTER_DOMAIN)
         return [doc for doc in yaml.safe_load_all(text) if doc]
 
-    def start_dns(self, timeout: float, log=print) -> None:
-        """Apply the cluster DNS (those of its objects that are missing) and wait until CoreDNS is
-        ready to answer (its readiness probe: the kubernetes plugin has synced with the API server).
-        Raises ``RuntimeError`` naming what did not come up."""
-        from kubernetes import client, config, utils
+    def apply_dns(self) -> None:
+        """Create the cluster DNS's objects that are missing (a reused cluster has them). ``up``
+        does it as soon as the API server answers, so CoreDNS's pod starts with the node, not
+        after it. Raises ``RuntimeError`` naming the object that could not be created."""
+        from kubernetes import config, utils
 
-        started = time.monotonic()
         api = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
         for obj in self.dns_objects():
             try:
                 utils.create_from_dict(api, obj)
             except utils.FailToCreateError as err:
-                if any(e.status != 409 for e in err.api_exceptions):  # 409: there already (a reused cluster)
+                if any(e.status != 409 for e in err.api_exceptions):  # 409: there already
                     raise RuntimeError(f"cluster DNS: creating {obj['kind']} {obj['metadata']['name']} failed: "
                                        f"{err}") from None
+        self._dns_applied = time.monotonic()
+
+    def wait_dns(self, timeout: float, log=print) -> None:
+        """Wait until CoreDNS is ready to answer (its readiness probe: the kubernetes plugin has
+        synced with the API server). Raises ``RuntimeError`` saying where to look."""
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
         apps = client.AppsV1Api(api)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while (apps.read_namespaced_deployment("coredns", "kube-system").status.ready_replicas or 0) < 1:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster DNS: CoreDNS was not ready in {timeout:.0f}s (kubectl -n kube-system "
                                    f"describe pod -l k8s-app=kube-dns; kubelet log: "
                                    f"{self.cluster.paths.log('kubelet')})")
             time.sleep(0.25)
-        log(f"cluster DNS ready in {time.monotonic() - started:.1f}s (CoreDNS, Service kube-system/kube-dns at "
-            f"{CLUSTER_DNS_IP}, domain {CLUSTER_DOMAIN})")
+        since = time.monotonic() - getattr(self, "_dns_applied", started)
+        log(f"cluster DNS ready {since:.1f}s after its objects were applied (waited {time.monotonic() - started:.1f}s "
+            f"for it at the end; CoreDNS, Service kube-system/kube-dns at {CLUSTER_DNS_IP}, domain {CLUSTER_DOMAIN})")
 
     def _ctr(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(build.binary("containerd", "ctr")), "--address", str(self.socket), *args],
