@@ -298,13 +298,17 @@ def test_connections_that_stall_are_dropped_by_their_stage_and_reviews_go_on(tmp
                            deadlines=Deadlines(headers=0.6, idle=0.6, body=0.6), on_drop=drops.append)
     stages = ["silent", "headers", "body", "idle"] * 3
 
-    async def body(config: dict, context: ssl.SSLContext) -> tuple[list[float], int]:
+    async def body(config: dict, context: ssl.SSLContext) -> tuple[list[float], int, int]:
         loop = asyncio.get_running_loop()
         opened = [(await _open_stalled(port, context, stage), loop.time()) for stage in stages]
         status, _ = await _post(f"https://127.0.0.1:{port}/validate-run", context, json.dumps(_review("u")).encode())
-        return await asyncio.wait_for(asyncio.gather(*(_closed_after(r, t) for r, t in opened)), 10), status
+        took = await asyncio.wait_for(asyncio.gather(*(_closed_after(r, t) for r, t in opened)), 10)
+        while server.open_connections() and loop.time() < opened[-1][1] + 5:
+            await asyncio.sleep(0.05)
+        return took, status, server.open_connections()
 
-    took, status = _serve(server, _Recorder(), body, ca.cert)
+    took, status, left = _serve(server, _Recorder(), body, ca.cert)
     assert status == 200
+    assert left == 0  # every connection, dropped or closed by its client, is forgotten
     assert all(0.5 <= t < 3 for t in took), took
     assert sorted(drops) == sorted(["headers"] * 6 + ["body"] * 3 + ["idle"] * 3), drops

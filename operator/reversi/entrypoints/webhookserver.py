@@ -118,6 +118,11 @@ class WebhookServer:
         self.file_check_interval = file_check_interval
         self.deadlines = deadlines or Deadlines()
         self.on_drop = on_drop
+        self._site: _GuardedSite | None = None
+
+    def open_connections(self) -> int:
+        """How many connections the server holds now (accepted and not closed; 0 when not serving)."""
+        return len(self._site.accepted) if self._site is not None else 0
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """Serve reviews with ``fn`` and yield the client config; again after each renewal of the files."""
@@ -136,8 +141,8 @@ class WebhookServer:
         runner = aiohttp.web.AppRunner(app, handle_signals=False, keepalive_timeout=backstop)
         await runner.setup()
         try:
-            site = _GuardedSite(runner, self.addr or None, self.port, context, self.deadlines, connections,
-                                self._dropped)
+            site = self._site = _GuardedSite(runner, self.addr or None, self.port, context, self.deadlines,
+                                             connections, self._dropped)
             await site.start()
             log.debug("serving admission webhooks on %s:%d (bodies up to %d bytes)", self.addr or "*",
                       self.port, self.max_body)
@@ -145,6 +150,7 @@ class WebhookServer:
                 yield self._client_config()
                 digest = await self._renewed(context, digest)
         finally:
+            self._site = None
             await runner.cleanup()
 
     def _dropped(self, reason: str) -> None:
@@ -266,9 +272,9 @@ class _Connection(asyncio.Protocol):
     once a request's headers are in, none while a review is served, ``idle`` after an answer. When
     a deadline passes the socket is aborted and the reason reported.
 
-    Until the handshake is done this object is the protocol of the socket (asyncio hands it the
-    bytes that arrive between the handshake's end and aiohttp taking over, which are passed on);
-    from then on aiohttp's handler is the TLS transport's protocol."""
+    It stays the protocol of the TLS transport for the connection's whole life and hands every
+    event on to aiohttp's handler once that has taken over, so it sees the connection end (and
+    forgets it) however it ends."""
 
     def __init__(self, site: _GuardedSite) -> None:
         self.site = site
@@ -301,19 +307,29 @@ class _Connection(asyncio.Protocol):
         self.tls = tls
         self.site.connections[tls] = self
         self.handler = self.site.runner.server()  # type: ignore[misc]  # aiohttp's protocol factory
-        tls.set_protocol(self.handler)
         self.handler.connection_made(tls)
-        for data in self.early:
+        for data in self.early:  # what arrived between the handshake's end and now
             self.handler.data_received(data)
         self.early.clear()
 
-    def data_received(self, data: bytes) -> None:  # only between the handshake and aiohttp's taking over
+    def data_received(self, data: bytes) -> None:
         if self.handler is not None:
             self.handler.data_received(data)
         else:
             self.early.append(data)
 
-    def connection_lost(self, exc: Exception | None) -> None:  # before aiohttp took over
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.handler is not None:
             self.handler.connection_lost(exc)
         self.forget()
