@@ -6,7 +6,9 @@ security contexts with real user ids and read-only roots, resource limits enforc
 probes, termination messages written by the runtime, evictions and OOM kills. The node replaces
 the node agent: the real kube-scheduler is the default scheduler, and the controller manager runs
 the node-lifecycle controller (it lifts the node's not-ready taint, and taints a node whose
-kubelet stopped reporting).
+kubelet stopped reporting). Pods reach Services by name: the cluster DNS is CoreDNS
+(:meth:`RealNode.apply_dns`, the upstream manifest's objects in ``coredns.yaml``), whose Service
+``kube-dns`` the kubelet gives every pod (``clusterDNS``).
 
 Everything the node touches on the host is put back by :meth:`RealNode.clean_up` (what the host
 shares, the bridge, iptables and sysctls, only by the node that changed it and while no other real
