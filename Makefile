@@ -21,13 +21,10 @@ build: install
 	reversi-devcluster build --all
 	reversi-devcluster images
 
-# Debian packages the real node needs (root): iptables, libseccomp (runc's build), buildah and debootstrap (its
-# images); and PostgreSQL, the real server the archive's tests start (tests/archive.py); installed only when missing
+# Debian packages the real node needs (root): installed only when missing. The list is in
+# devcluster/reversi_devcluster/nodedeps.py, which the demos use too (run as a script: no install needed)
 node-deps:
-	@missing="$$(for p in iptables iproute2 libseccomp-dev pkg-config gcc buildah debootstrap postgresql; do \
-	  dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
-	if [ -n "$$missing" ]; then echo "installing $$missing"; apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	$(PYTHON) devcluster/reversi_devcluster/nodedeps.py
 
 # ruff over the code, tests, benchmarks and demo; mypy over operator/reversi and devcluster/reversi_devcluster; lint-imports:
 # the package's layers, no import cycle, a pure engine (rules: pyproject.toml); flake8 over operator/ with one check,
@@ -84,12 +81,12 @@ bench-journal: build
 unit: install
 	$(PYTHON) -m pytest -q tests/unit
 
+# the demos build what is missing themselves (the control plane; on a real node its parts and images, after
+# installing the node's Debian packages where they are missing), with a progress line per stage
 demo: install
-	reversi-devcluster build
 	$(PYTHON) demo/run_demo.py $(if $(KEEP),--keep,)
 
 demo-mcp: install
-	reversi-devcluster build
 	$(PYTHON) demo/mcp_demo.py
 
 bench-gateway: install

@@ -12,9 +12,18 @@
    then for the rollback; the undo and read-back Jobs run reversi-mcp-runner against the shop;
 5. the report is printed and checked against the shop's own state.
 
+Where the machine can run containers (as ``make demo``: the node's Debian packages are installed
+first where they are missing), the operator is installed by its Helm chart with its image, the MCP
+shop is a Deployment of the demo image in a namespace that enforces the restricted Pod Security
+Standard, and the undo and read-back Jobs run ``reversi-mcp-runner`` from the operator image,
+reaching the shop by its Service's name; elsewhere one line says why and everything runs on the
+node agent. The gateway runs on this machine either way. Setup stages print progress lines with
+the time since the start; the demo ends with its time and the node it ran on.
+
 Exit status: 0 when the report and the shop agree, 1 when they do not, 2 when the demo could not run.
 
-    python demo/mcp_demo.py
+    python demo/mcp_demo.py                # a real node where this machine can run one
+    python demo/mcp_demo.py --node agent   # on the node agent even where a real node can run
 """
 
 from __future__ import annotations
@@ -41,14 +50,16 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi_devcluster import build  # noqa: E402
-from reversi_devcluster.cluster import Cluster, ClusterError  # noqa: E402
+from reversi_devcluster import build, images  # noqa: E402
+from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
 from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess,
     apply_crds,
     free_port,
     remove_webhook_configurations,
 )
+
+from demo import on_real_node  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo-mcp"
@@ -91,12 +102,15 @@ def start_listening(argv: list[str], log: Path) -> tuple[subprocess.Popen, str]:
 
 class Stack:
     """Control plane, operator, MCP shop and gateway, and a namespace with an agent and on-call
-    service account. Used by this demo and by benchmarks/gateway_bench.py."""
+    service account. Used by this demo and by benchmarks/gateway_bench.py. ``real``: on a real
+    node (the operator by its chart, the shop a Deployment, the Jobs in containers; see the module
+    docstring), else on the node agent with everything as local processes."""
 
-    def __init__(self, namespace: str = NS, call_timeout: float = 30.0):
+    def __init__(self, namespace: str = NS, call_timeout: float = 30.0, real: bool = False):
         self.namespace = namespace
         self.call_timeout = call_timeout
-        self.cluster = Cluster()
+        self.real = real
+        self.cluster = Cluster(ClusterSettings(real_node=real))
         self.started_cluster = False
         self.operator: OperatorProcess | None = None
         self.procs: list[subprocess.Popen] = []
@@ -110,17 +124,27 @@ class Stack:
         else:
             log(f"  using the running control plane at {self.cluster.server}")
         self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
-        apply_crds(self.admin)
         logs = self.cluster.paths.logs
-        self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, logs / "demo-mcp-operator.log",
-                                        metrics_port=free_port(), webhook_port=free_port())
-        self.operator.start()
-        log(f"  operator running with its admission webhooks (log: {self.operator.log})")
-        shop, self.shop_url = start_listening([sys.executable, str(REPO / "demo/mcp_shop/server.py"), "--port", "0"],
-                                              logs / "demo-mcp-shop.log")
-        self.procs.append(shop)
+        if self.real:
+            log(f"  installing the operator with its Helm chart (release {on_real_node.RELEASE})")
+            took = on_real_node.install_chart(self.admin, self.cluster.paths.admin_kubeconfig)
+            log(f"  operator installed by its Helm chart in {on_real_node.SYSTEM_NS} (image {images.OPERATOR_IMAGE}, "
+                f"restricted Pod Security) in {took:.0f}s")
+            on_real_node.recreate_namespace(self.admin, self.namespace, on_real_node.RESTRICTED)
+            self.shop_url = on_real_node.deploy_mcp_shop(self.admin, self.namespace)
+            where = f"; the Jobs reach it by name: {on_real_node.mcp_shop_by_name(self.namespace)}"
+        else:
+            apply_crds(self.admin)
+            self.operator = OperatorProcess(self.cluster.paths.admin_kubeconfig, logs / "demo-mcp-operator.log",
+                                            metrics_port=free_port(), webhook_port=free_port())
+            self.operator.start()
+            log(f"  operator running with its admission webhooks (log: {self.operator.log})")
+            shop, self.shop_url = start_listening([sys.executable, str(REPO / "demo/mcp_shop/server.py"), "--port",
+                                                   "0"], logs / "demo-mcp-shop.log")
+            self.procs.append(shop)
+            where = ""
         self.shop_base = self.shop_url.rsplit("/", 1)[0]
-        log(f"  MCP shop (payments, inventory, email outbox) at {self.shop_url}")
+        log(f"  MCP shop (payments, inventory, email outbox) at {self.shop_url}{where}")
         self._gateway_rbac()
         gateway, self.gateway_url = start_listening([
             sys.executable, "-m", "reversi.gateway.main", "--host", "127.0.0.1", "--port", "0",
@@ -152,14 +176,8 @@ class Stack:
 
     def _namespace(self) -> None:
         core, rbac = client.CoreV1Api(self.admin), client.RbacAuthorizationV1Api(self.admin)
-        try:
-            core.delete_namespace(self.namespace)
-            while True:
-                core.read_namespace(self.namespace)
-                time.sleep(0.5)
-        except ApiException:
-            pass
-        core.create_namespace({"metadata": {"name": self.namespace}})
+        if not self.real:  # on a real node it was made before the shop was deployed into it
+            on_real_node.recreate_namespace(self.admin, self.namespace, {})
         for sa, rules in ROLES.items():
             rbac.create_namespaced_role(self.namespace, {"metadata": {"name": sa}, "rules": rules})
             core.create_namespaced_service_account(self.namespace, {"metadata": {"name": sa}})
@@ -173,10 +191,14 @@ class Stack:
             path.write_text(token)
             path.chmod(0o600)
             self.tokens[sa] = path
-        manifest = Template((REPO / "demo/mcp_shop/manifest.yaml").read_text()).safe_substitute(
-            PYTHON=sys.executable, SHOP_URL=self.shop_url)
+        manifest = yaml.safe_load(Template((REPO / "demo/mcp_shop/manifest.yaml").read_text()).safe_substitute(
+            PYTHON=sys.executable, SHOP_URL=self.shop_url))
+        if self.real:  # reversi-mcp-runner from the operator image, reaching the shop by its Service's name
+            (runner,) = manifest["spec"]["runners"]
+            runner.update(image=images.OPERATOR_IMAGE, command=["reversi-mcp-runner"],
+                          env=[{"name": "REVERSI_MCP_URL", "value": on_real_node.mcp_shop_by_name(self.namespace)}])
         client.CustomObjectsApi(self.admin).create_namespaced_custom_object(G, V, self.namespace, "toolmanifests",
-                                                                            yaml.safe_load(manifest))
+                                                                            manifest)
 
     def shop(self, method: str = "GET", path: str = "/_state", body: dict | None = None) -> Any:
         req = urllib.request.Request(self.shop_base + path, method=method,
@@ -204,6 +226,8 @@ class Stack:
             self.operator.stop()
             if not self.started_cluster:  # a cluster we leave running must accept writes again
                 remove_webhook_configurations(self.admin)
+        if self.real and not self.started_cluster and hasattr(self, "admin"):
+            on_real_node.uninstall_chart(self.cluster.paths.admin_kubeconfig, self.admin)
         if self.started_cluster:
             self.cluster.down(quiet=True)
 
@@ -220,8 +244,8 @@ async def operator_tool(url: str, token: str, tool: str, args: dict) -> Any:
 
 
 class Demo:
-    def __init__(self) -> None:
-        self.stack = Stack()
+    def __init__(self, real: bool = False) -> None:
+        self.stack = Stack(real=real)
 
     def agent(self, *extra: str) -> None:
         s = self.stack
@@ -288,7 +312,8 @@ class Demo:
                 break
             time.sleep(0.5)
         else:
-            raise RuntimeError(f"RollbackRequest {name} did not finish in 300s; see {s.operator.log}")
+            where = s.operator.log if s.operator else f"the operator's pod in {on_real_node.SYSTEM_NS}"
+            raise RuntimeError(f"RollbackRequest {name} did not finish in 300s; see {where}")
         title(f"The report: {req['status']['phase']}")
         out = subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig",
                               str(s.cluster.paths.admin_kubeconfig), "-n", NS, "describe", name], text=True,
@@ -332,16 +357,29 @@ class Demo:
 
 
 def main() -> int:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
-    demo = Demo()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--node", choices=("auto", "real", "agent"), default=os.environ.get("REVERSI_DEMO_NODE", "auto"),
+                   help="where pods run: a real node, the node agent, or auto (a real node where this machine can "
+                        "run one; default, or $REVERSI_DEMO_NODE)")
+    args = p.parse_args()
+    started = time.monotonic()
+    try:
+        demo = Demo(real=on_real_node.choose_node(args.node))
+    except ClusterError as err:
+        print(f"demo failed: {err}", file=sys.stderr)
+        return 2
     try:
         title("Setting up: local control plane, CRDs, operator, MCP shop, reversi-gateway")
-        demo.stack.up()
+        demo.stack.up(log=lambda m: build.progress(m.strip()))
+        set_up = time.monotonic() - started
         demo.record()
         demo.halt()
         req = demo.rollback()
-        return demo.check_truth(req)
-    except (ClusterError, build.BuildError, RuntimeError, ApiException) as err:
+        verdict = demo.check_truth(req)
+        print(f"\nOn {'a real node (kubelet, containerd)' if demo.stack.real else 'the node agent'}, in "
+              f"{on_real_node.clock(time.monotonic() - started)} (setting up: {on_real_node.clock(set_up)}).")
+        return verdict
+    except (ClusterError, build.BuildError, images.ImageError, RuntimeError, ApiException) as err:
         print(f"\ndemo failed: {err}", file=sys.stderr)
         return 2
     finally:

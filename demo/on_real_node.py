@@ -19,7 +19,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from reversi_devcluster import build, images
+from reversi_devcluster import build, images, realnode
+from reversi_devcluster.cluster import ClusterError
 
 REPO = Path(__file__).resolve().parents[1]
 G, V = "reversi.dev", "v1alpha1"
@@ -103,15 +104,28 @@ def uninstall_chart(kubeconfig: Path, api: client.ApiClient) -> None:
 
 def deploy_downstream(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
     """The downstream system (demo/downstream/server.py) in ``namespace``, as demo/downstream.yaml
-    (the same file docs/operations.md applies on kind): see :func:`deploy_service`."""
+    (the same file docs/operations.md applies on kind): see :func:`deploy_service`. Pods reach it
+    by name: :func:`downstream_by_name`."""
     return deploy_service(api, namespace, "downstream", None, 8080, timeout)
 
 
+def downstream_by_name(namespace: str) -> str:
+    """The downstream's URL by its Service's DNS name (``http://downstream.<namespace>.svc:8080``),
+    the way a user's runner reaches it from a pod (the cluster DNS; not from this machine)."""
+    return f"http://downstream.{namespace}.svc:8080"
+
+
 def deploy_mcp_shop(api: client.ApiClient, namespace: str, timeout: float = 120) -> str:
-    """The MCP shop (demo/mcp_shop/server.py) in ``namespace``; returns its MCP endpoint's URL."""
+    """The MCP shop (demo/mcp_shop/server.py) in ``namespace``; returns its MCP endpoint's URL
+    (from this machine; pods: :func:`mcp_shop_by_name`)."""
     url = deploy_service(api, namespace, "mcp-shop", ["python", "/opt/reversi/demo/mcp_shop.py", "--host", "0.0.0.0",
                                                       "--port", "8000"], 8000, timeout)
     return url + "/mcp"
+
+
+def mcp_shop_by_name(namespace: str) -> str:
+    """The MCP shop's endpoint by its Service's DNS name, for pods (``http://mcp-shop.<namespace>.svc:8000/mcp``)."""
+    return f"http://mcp-shop.{namespace}.svc:8000/mcp"
 
 
 def service_objects(name: str, command: list[str] | None, port: int) -> tuple[dict, dict]:
@@ -136,8 +150,9 @@ def service_objects(name: str, command: list[str] | None, port: int) -> tuple[di
 def deploy_service(api: client.ApiClient, namespace: str, name: str, command: list[str] | None, port: int,
                    timeout: float = 120) -> str:
     """``command`` in the demo image as Deployment ``name`` behind a Service of the same name in
-    ``namespace`` (restricted; :func:`service_objects`); returns its base URL, the Service's cluster IP
-    (kube-proxy routes it from this machine and from pods), once its ``/_state`` answers."""
+    ``namespace`` (restricted; :func:`service_objects`); returns its base URL for this machine, by the
+    Service's cluster IP (kube-proxy routes it; this machine does not use the cluster DNS), once its
+    ``/_state`` answers. Pods reach it by name, ``http://<name>.<namespace>.svc:<port>``."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     deployment, service = service_objects(name, command, port)
     apps.create_namespaced_deployment(namespace, deployment)
@@ -156,3 +171,30 @@ def deploy_service(api: client.ApiClient, namespace: str, name: str, command: li
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Service {namespace}/{name} at {url} did not answer in {timeout:.0f} s") from None
             time.sleep(0.25)
+
+
+def choose_node(wanted: str) -> bool:
+    """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
+    where this machine can run one: the node's Debian packages are installed first where they are
+    missing and can be, in one line; else one line says why and what to run, and the node agent is
+    used). Raises :class:`ClusterError` when ``real`` is asked for and cannot be had."""
+    if wanted == "agent":
+        print("  (on the node agent, as asked: pods run as local processes, without their images)", flush=True)
+        return False
+    why = realnode.make_ready(log=build.progress)
+    if why is None:
+        print("  (on a real node: kubelet and containerd run the pods in containers of the images built here)",
+              flush=True)
+        return True
+    if wanted == "real":
+        raise ClusterError(f"no real node on this machine: {why}")
+    print(f"  (no real node here: {why}; the demo runs on the node agent instead, which --node agent chooses "
+          "without trying)", flush=True)
+    return False
+
+
+def clock(seconds: float) -> str:
+    """``4m05s`` (or ``38s``) for a duration in seconds."""
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+

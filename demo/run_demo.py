@@ -21,12 +21,16 @@ could not run (the message names the component and its log).
     python demo/run_demo.py --stop    # stops what --keep left running (and its webhook configurations)
     python demo/run_demo.py --node agent   # on the node agent even where a real node can run
 
-Where the machine can run containers (root, cgroups, iptables: see reversi_devcluster.realnode),
-everything runs on a real node: the operator is installed by its Helm chart with its image, in a
-namespace that enforces the restricted Pod Security Standard; the downstream system is a
-Deployment of the demo image behind a Service; compensator and reader Jobs run in containers of
-the demo image. Elsewhere the demo says why in one line and runs on the node agent: the operator
-and the downstream as local processes, the Jobs' commands as local processes too.
+Where the machine can run containers (root and cgroups with the memory controller; the node's
+Debian packages are installed first where they are missing and apt-get can: see
+reversi_devcluster.realnode.make_ready), everything runs on a real node: the operator is installed
+by its Helm chart with its image, in a namespace that enforces the restricted Pod Security
+Standard; the downstream system is a Deployment of the demo image behind a Service, which the
+compensator and reader Jobs (containers of the demo image) reach by its name through the cluster
+DNS. Elsewhere the demo says why in one line (and what to run) and runs on the node agent: the
+operator and the downstream as local processes, the Jobs' commands as local processes too. Every
+setup stage that takes more than a few seconds prints a progress line with the time since the
+start; the demo ends with its time and the node it ran on.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects  # noqa: E402
-from reversi_devcluster import build, images, realnode  # noqa: E402
+from reversi_devcluster import build, images  # noqa: E402
 from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
 from reversi_devcluster.localop import (  # noqa: E402
     OperatorProcess,
@@ -114,23 +118,6 @@ def title(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def choose_node(wanted: str) -> bool:
-    """Whether the demo runs on a real node: ``wanted`` is ``real``, ``agent`` or ``auto`` (real
-    where this machine can run one; else one line says why and the node agent is used)."""
-    if wanted == "agent":
-        print("  (on the node agent, as asked: pods run as local processes, without their images)", flush=True)
-        return False
-    why = realnode.unsupported()
-    if why is None:
-        print("  (on a real node: kubelet and containerd run the pods in containers of the images built here)",
-              flush=True)
-        return True
-    if wanted == "real":
-        raise ClusterError(f"no real node on this machine: {why}")
-    print(f"  (no real node here: {why}; the demo runs on the node agent instead)", flush=True)
-    return False
-
-
 class Demo:
     def __init__(self, keep: bool, real: bool = False):
         self.keep = keep
@@ -147,13 +134,14 @@ class Demo:
     def setup(self) -> None:
         title("Setting up: local control plane, CRDs, operator, downstream system")
         if not self.cluster.is_running():
-            self.cluster.up(log=lambda m: print(f"  {m}", flush=True))
+            self.cluster.up(log=build.progress)  # each stage with the time since the demo started
             self.started_cluster = True
         else:
             refuse_a_second_demo(self.cluster)
             print(f"  using the running control plane at {self.cluster.server}")
         self.admin = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
         if self.real:
+            build.progress(f"installing the operator with its Helm chart (release {on_real_node.RELEASE})")
             took = on_real_node.install_chart(self.admin, self.cluster.paths.admin_kubeconfig)
             print(f"  operator installed by its Helm chart (release {on_real_node.RELEASE} in "
                   f"{on_real_node.SYSTEM_NS}, "
@@ -169,6 +157,7 @@ class Demo:
             print(f"  operator running (webhooks on :{webhook_port}, metrics on :{metrics_port}; log: {log})")
         on_real_node.recreate_namespace(self.admin, NS, on_real_node.RESTRICTED if self.real else {})
         if self.real:
+            build.progress("deploying the downstream system (a Deployment of the demo image)")
             self.downstream_url = on_real_node.deploy_downstream(self.admin, NS)
         else:
             self.downstream = subprocess.Popen(
@@ -178,7 +167,9 @@ class Demo:
             if not line.startswith("listening on "):
                 raise RuntimeError(f"downstream server did not start: {line!r}")
             self.downstream_url = line.split()[-1]
-        print(f"  downstream system (payments, inventory, email) at {self.downstream_url}")
+        print(f"  downstream system (payments, inventory, email) at {self.downstream_url}"
+              + (f"; compensators and readers reach it by name: {on_real_node.downstream_by_name(NS)}"
+                 if self.real else ""))
         rbac = client.RbacAuthorizationV1Api(self.admin)
         self.users = {}
         for user, rules in ROLES.items():
@@ -189,12 +180,14 @@ class Demo:
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
             self.users[user] = self.cluster.kubeconfig_for(user)
         print(f"  namespace {NS}: users checkout-agent (records runs) and oncall (rolls back, approves)")
+        # on a real node the compensators and readers reach the downstream by its Service's name (the
+        # cluster DNS), as users write their runners; on the node agent they run here, by its address
         where = ({"IMAGE": images.DEMO_IMAGE, "PYTHON": on_real_node.TOOL_COMMAND[0],
-                  "TOOL": on_real_node.TOOL_COMMAND[1]} if self.real
+                  "TOOL": on_real_node.TOOL_COMMAND[1], "DOWNSTREAM_URL": on_real_node.downstream_by_name(NS)}
+                 if self.real
                  else {"IMAGE": "ghcr.io/reversi-dev/demo-tools:0.1.0", "PYTHON": sys.executable,
-                       "TOOL": str(REPO / "demo/downstream/tool.py")})
-        manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(
-            DOWNSTREAM_URL=self.downstream_url, **where)
+                       "TOOL": str(REPO / "demo/downstream/tool.py"), "DOWNSTREAM_URL": self.downstream_url})
+        manifest = Template((REPO / "demo/manifest.yaml").read_text()).safe_substitute(**where)
         self.manifest_file = self.work / "manifest.yaml"
         self.manifest_file.write_text(manifest)
         body = yaml.safe_load(manifest)
@@ -497,18 +490,23 @@ def main() -> int:
     if args.stop:
         return stop()
     try:
-        demo = Demo(args.keep, real=choose_node(args.node))
+        demo = Demo(args.keep, real=on_real_node.choose_node(args.node))
     except ClusterError as err:
         print(f"demo failed: {err}", file=sys.stderr)
         return 2
+    started = time.monotonic()
     try:
         demo.setup()
+        set_up = time.monotonic() - started
         demo.agent()
         demo.resolve()
         demo.plan()
         req = demo.rollback()
         demo.report(req)
-        return demo.check_truth(req)
+        verdict = demo.check_truth(req)
+        print(f"\nOn {'a real node (kubelet, containerd)' if demo.real else 'the node agent'}, in "
+              f"{on_real_node.clock(time.monotonic() - started)} (setting up: {on_real_node.clock(set_up)}).")
+        return verdict
     except (ClusterError, build.BuildError, images.ImageError, RuntimeError, ApiException) as err:
         print(f"\ndemo failed: {err}", file=sys.stderr)
         return 2

@@ -17,13 +17,16 @@ own need neither.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,10 +94,11 @@ def components() -> dict[str, Component]:
         "cni-plugins": Component("cni-plugins", pins["cni-plugins"]["version"],
                                  ("bridge", "host-local", "loopback", "portmap")),
         "cri-tools": Component("cri-tools", pins["cri-tools"]["version"], ("crictl",)),
+        "coredns": Component("coredns", pins["coredns"]["version"], ("coredns",)),
     }
 
 #: what the real node needs besides the control plane (``reversi-devcluster up --real-node``)
-NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins", "cri-tools")
+NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins", "cri-tools", "coredns")
 
 
 def binary(component: str, name: str | None = None) -> Path:
@@ -112,8 +116,41 @@ def _go_env(workdir: Path, cgo: bool = False) -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True, cgo: bool = False) -> None:
-    """Run a go command, appending its output to ``log``; print a progress line per package."""
+_STARTED = time.monotonic()
+#: seconds between two progress lines of one long build step
+PROGRESS_EVERY = 30.0
+
+
+def progress(message: str) -> None:
+    """Print a progress line on stderr, after the time since this process started
+    (``  [ 2m05s] building kubernetes v1.36.3 ...``): the setup stages of ``up``, the demos and
+    the builds say what they do while they take more than a few seconds."""
+    took = int(time.monotonic() - _STARTED)
+    print(f"  [{took // 60:2d}m{took % 60:02d}s] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def heartbeat(label: str | None) -> Iterator[None]:
+    """While the body runs, a progress line every :data:`PROGRESS_EVERY` seconds
+    (``<label>: still at work after 90s``); None: no lines."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(PROGRESS_EVERY):
+            progress(f"{label}: still at work after {time.monotonic() - started:.0f}s")
+
+    if label is not None:
+        threading.Thread(target=beat, daemon=True, name=f"heartbeat {label}").start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress_lines: bool = True, cgo: bool = False) -> None:
+    """Run a go command, appending its output to ``log``; a progress line every
+    :data:`PROGRESS_EVERY` seconds while it runs (:func:`heartbeat`)."""
     with log.open("a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
@@ -122,17 +159,10 @@ def _run(cmd: list[str], cwd: Path, log: Path, label: str, progress: bool = True
             text=True,
         )
         assert proc.stdout is not None
-        count = 0
-        started = time.monotonic()
-        for line in proc.stdout:
-            fh.write(line)
-            count += 1
-            if progress and count % 100 == 0:
-                print(
-                    f"  {label}: {count} lines of go output, {time.monotonic() - started:.0f}s",
-                    file=sys.stderr, flush=True,
-                )
-        rc = proc.wait()
+        with heartbeat(label if progress_lines else None):  # also while go is silent (linking takes minutes)
+            for line in proc.stdout:
+                fh.write(line)
+            rc = proc.wait()
     if rc != 0:
         raise BuildError(f"building {label} failed (exit {rc}); full log: {log}\n--- last lines ---\n{log_tail(log)}")
 
@@ -282,6 +312,28 @@ def _build_kstatus(comp: Component) -> None:
          src, comp.log, f"kstatus-check (cli-utils {comp.version})")
 
 
+def coredns_main(plugins: list[str]) -> str:
+    """The ``main`` of the CoreDNS build: CoreDNS's own ``coremain.Run`` with only ``plugins``
+    (folders under github.com/coredns/coredns/plugin) registered; a Corefile that names another
+    plugin is refused at start."""
+    imports = "".join(f'\t_ "github.com/coredns/coredns/plugin/{name}"\n' for name in plugins)
+    return (f"package main\n\nimport (\n\t\"github.com/coredns/coredns/coremain\"\n{imports})\n\n"
+            "func main() { coremain.Run() }\n")
+
+
+def _build_coredns(comp: Component, pins: dict) -> None:
+    """CoreDNS from a scratch module (:func:`coredns_main`), static (``CGO_ENABLED=0``)."""
+    src = comp.root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "go.mod").write_text("module reversi.local/corednsbuild\n\ngo 1.26.0\n")
+    (src / "main.go").write_text(coredns_main(pins["coredns"]["plugins"]))
+    _run(["go", "get", f"github.com/coredns/coredns@{comp.version}"], src, comp.log, "coredns (resolve modules)")
+    _run(["go", "mod", "tidy"], src, comp.log, "coredns (tidy)")
+    comp.bindir.mkdir(parents=True, exist_ok=True)
+    _run(["go", "build", "-v", "-trimpath", "-ldflags", "-s -w", "-o", str(comp.path("coredns")), "."],
+         src, comp.log, f"coredns {comp.version}")
+
+
 def _build_tool(comp: Component, *packages: str) -> None:
     """Build commands of one module from a scratch module (``go install pkg@v`` refuses modules
     with ``replace`` or ``exclude`` directives, as Prometheus has)."""
@@ -326,6 +378,37 @@ def _build_from_source(comp: Component, module: str, packages: list[str], tags: 
          src, comp.log, f"{comp.name} {comp.version}", cgo=cgo)
 
 
+def _build_one(name: str, comp: Component, pins: dict) -> None:
+    """Build component ``name`` (its recipe by name)."""
+    if name == "kubernetes":
+        _build_kubernetes(comp, pins)
+    elif name == "etcd":
+        _build_etcd(comp, pins)
+    elif name == "helm":
+        _build_tool(comp, "helm.sh/helm/v3/cmd/helm")
+    elif name == "prometheus":
+        _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool",
+                    "github.com/prometheus/prometheus/cmd/prometheus")
+    elif name == "cli-utils":
+        _build_kstatus(comp)
+    elif name == "node":
+        _build_kubernetes(comp, pins)
+    elif name == "containerd":
+        _build_from_source(comp, "github.com/containerd/containerd/v2",
+                           ["./cmd/containerd", "./cmd/containerd-shim-runc-v2", "./cmd/ctr"],
+                           tags=("no_btrfs", "no_devmapper", "no_zfs"))
+    elif name == "runc":  # seccomp needs cgo and libseccomp (Debian: libseccomp-dev, pkg-config)
+        _build_from_source(comp, "github.com/opencontainers/runc", ["."], tags=("seccomp",), cgo=True)
+    elif name == "cni-plugins":
+        _build_from_source(comp, "github.com/containernetworking/plugins",
+                           ["./plugins/main/bridge", "./plugins/ipam/host-local", "./plugins/main/loopback",
+                            "./plugins/meta/portmap"])
+    elif name == "cri-tools":
+        _build_from_source(comp, "sigs.k8s.io/cri-tools", ["./cmd/crictl"])
+    elif name == "coredns":
+        _build_coredns(comp, pins)
+
+
 def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
     """Build the named components (default: kubernetes and etcd), skipping built ones.
 
@@ -347,36 +430,10 @@ def build(names: list[str] | None = None, force: bool = False) -> dict[str, Comp
         comp.root.mkdir(parents=True, exist_ok=True)
         comp.log.write_text("")
         started = time.monotonic()
-        print(f"building {name} {comp.version} into {comp.bindir} (log: {comp.log})",
-              file=sys.stderr, flush=True)
-        if name == "kubernetes":
-            _build_kubernetes(comp, pins)
-        elif name == "etcd":
-            _build_etcd(comp, pins)
-        elif name == "helm":
-            _build_tool(comp, "helm.sh/helm/v3/cmd/helm")
-        elif name == "prometheus":
-            _build_tool(comp, "github.com/prometheus/prometheus/cmd/promtool",
-                        "github.com/prometheus/prometheus/cmd/prometheus")
-        elif name == "cli-utils":
-            _build_kstatus(comp)
-        elif name == "node":
-            _build_kubernetes(comp, pins)
-        elif name == "containerd":
-            _build_from_source(comp, "github.com/containerd/containerd/v2",
-                               ["./cmd/containerd", "./cmd/containerd-shim-runc-v2", "./cmd/ctr"],
-                               tags=("no_btrfs", "no_devmapper", "no_zfs"))
-        elif name == "runc":  # seccomp needs cgo and libseccomp (Debian: libseccomp-dev, pkg-config)
-            _build_from_source(comp, "github.com/opencontainers/runc", ["."], tags=("seccomp",), cgo=True)
-        elif name == "cni-plugins":
-            _build_from_source(comp, "github.com/containernetworking/plugins",
-                               ["./plugins/main/bridge", "./plugins/ipam/host-local", "./plugins/main/loopback",
-                                "./plugins/meta/portmap"])
-        elif name == "cri-tools":
-            _build_from_source(comp, "sigs.k8s.io/cri-tools", ["./cmd/crictl"])
+        progress(f"building {name} {comp.version} into {comp.bindir} (first use only; log: {comp.log})")
+        _build_one(name, comp, pins)
         missing = [b for b in comp.binaries if not comp.path(b).exists()]
         if missing:
             raise BuildError(f"building {name} produced no {', '.join(missing)}; log: {comp.log}")
-        print(f"built {name} {comp.version} in {time.monotonic() - started:.0f}s",
-              file=sys.stderr, flush=True)
+        progress(f"built {name} {comp.version} in {time.monotonic() - started:.0f}s")
     return {n: comps[n] for n in wanted}

@@ -5,7 +5,7 @@
                                          helm, promtool, kstatus-check and the real node's parts)
     reversi-devcluster up                start etcd, kube-apiserver, kube-controller-manager, node agent
     reversi-devcluster up --real-node    ... with a real node instead of the node agent: containerd, runc,
-                                         kubelet, kube-scheduler, kube-proxy, images built here (root)
+                                         kubelet, kube-scheduler, kube-proxy, CoreDNS, images built here (root)
     reversi-devcluster images            build the real node's images from this checkout (and load them)
     reversi-devcluster down              stop them all
     reversi-devcluster status            each component's pid, state and log
@@ -42,7 +42,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("components", nargs=-1,
                 type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
-                                  "runc", "cni-plugins", "cri-tools"]))
+                                  "runc", "cni-plugins", "cri-tools", "coredns"]))
 @click.option("--all", "all_", is_flag=True,
               help="Also build helm, promtool, the kstatus checker (cli-utils) and the real node's parts.")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
@@ -60,8 +60,9 @@ def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
 
 @cli.command()
 @click.option("--real-node", is_flag=True, envvar="REVERSI_REAL_NODE",
-              help="Run pods in real containers: containerd, runc, kubelet, kube-scheduler and kube-proxy "
-                   "(needs root; builds them and the images on first use) instead of the node agent.")
+              help="Run pods in real containers: containerd, runc, kubelet, kube-scheduler, kube-proxy and the "
+                   "cluster DNS, CoreDNS (needs root; builds them and the images on first use) instead of the node "
+                   "agent.")
 def up(real_node: bool) -> None:
     """Start the control plane (reusing a running one) and wait for a Ready node."""
     try:

@@ -218,10 +218,7 @@ class Cluster:
         stopping what it started) naming the failing component and its log.
         """
         if self.is_running():
-            log(f"control plane already running at {self.server}")
-            if self.settings.real_node:  # pods started from now on run this checkout's images
-                self.real.build(log=log)
-                self.real.load_images(log=log)
+            self._reuse(log)
             return
         if self.settings.real_node and (why := realnode.unsupported()):
             raise ClusterError(f"no real node on this machine: {why}")
@@ -252,18 +249,50 @@ class Cluster:
             self.real.prepare(_host_ip())
         started = time.monotonic()
         try:
-            for comp in self.components:
-                self._start(comp, *self._command(comp, certs))
-                if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
-                    self._wait(comp, self._ready_check(comp, first=True))
-                if comp == "containerd":
-                    self.real.load_images(log=log)
-            self._wait("kube-controller-manager", self._default_serviceaccount_exists)
+            self._start_all(certs, log)
         except BaseException:
             self.down(quiet=True)
             raise
         log(f"control plane up at {self.server} in {time.monotonic() - started:.1f}s")
         log(f"export KUBECONFIG={admin}")
+
+    def _start_all(self, certs: dict[str, pki.KeyPair], log) -> None:
+        """Start every component in order, each waited for; on a real node, also its images and
+        the cluster DNS (its objects as soon as the API server answers: its pod then starts as
+        soon as the node is ready, and ``up`` waits for it last)."""
+        for comp in self.components:
+            self._start(comp, *self._command(comp, certs))
+            if comp != "kube-controller-manager":  # ready once the node is (its service accounts)
+                self._wait(comp, self._ready_check(comp, first=True))
+            if comp == "containerd":
+                self.real.load_images(log=log)
+            if comp == "kube-apiserver" and self.settings.real_node:
+                self._dns(apply=True)
+        self._wait("kube-controller-manager", self._default_serviceaccount_exists)
+        if self.settings.real_node:
+            self._dns(log=log)
+
+    def _reuse(self, log) -> None:
+        """``up`` of a running cluster: on a real node, pods started from now on run this
+        checkout's images, and the cluster DNS is there."""
+        log(f"control plane already running at {self.server}")
+        if self.settings.real_node:
+            self.real.build(log=log)
+            self.real.load_images(log=log)
+            self._dns(apply=True)
+            self._dns(log=log)
+
+    def _dns(self, *, apply: bool = False, log=print) -> None:
+        """The real node's cluster DNS: create its objects (``apply``), else wait until it answers
+        (:class:`reversi_devcluster.realnode.RealNode`); raises :class:`ClusterError` when it does
+        not come up."""
+        try:
+            if apply:
+                self.real.apply_dns()
+            else:
+                self.real.wait_dns(self.settings.start_timeout, log=log)
+        except RuntimeError as err:
+            raise ClusterError(str(err)) from None
 
     def down(self, *, quiet: bool = False, log=print) -> None:
         """Stop every component this folder's pid files name (reverse start order).

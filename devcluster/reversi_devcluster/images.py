@@ -7,6 +7,8 @@
   Dockerfile takes it as its ``PYTHON_IMAGE`` build argument and is otherwise unchanged.
 - **pause** (``registry.k8s.io/pause:<version>``): the pod sandbox, Kubernetes' own ``pause.c``
   from the pinned k8s.io/kubernetes module, compiled static.
+- **CoreDNS** (``localhost/coredns:<version>``): the cluster DNS of the real node, its static
+  binary built from the pinned module (``build.py``) alone in an image.
 - **The project's images** (``localhost/reversi-operator:dev``, ``localhost/reversi-demo:dev``): the
   Dockerfile's ``operator`` and ``demo`` targets, built by buildah (``bud --layers``, chroot
   isolation) from this checkout.
@@ -27,6 +29,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,14 +106,18 @@ def python_base(store: Store) -> str:
         return BASE_IMAGE
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap is needed to build the Python base image (Debian: apt-get install debootstrap)")
+    started = time.monotonic()
+    build.progress(f"building the image base {BASE_IMAGE} from Debian {SUITE}'s packages (first use only; "
+                   f"log: {store.log})")
     with tempfile.TemporaryDirectory(dir=store.root, prefix="rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         with store.log.open("a") as log:
             log.write(f"\n$ debootstrap {SUITE} ({', '.join(BASE_PACKAGES)})\n")
             log.flush()
-            proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                                   SUITE, str(rootfs), "http://deb.debian.org/debian"],
-                                  stdout=log, stderr=log, timeout=1800)
+            with build.heartbeat(f"debootstrap of {SUITE}"):
+                proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+                                       SUITE, str(rootfs), "http://deb.debian.org/debian"],
+                                      stdout=log, stderr=log, timeout=1800)
         if proc.returncode != 0:
             raise ImageError(f"debootstrap of {SUITE} failed (exit {proc.returncode}); log: {store.log}\n"
                              f"{build.log_tail(store.log)}")
@@ -126,6 +133,7 @@ def python_base(store: Store) -> str:
         finally:
             store.buildah("rm", container, check=False)
     store.buildah("tag", ref, BASE_IMAGE)
+    build.progress(f"built {BASE_IMAGE} in {time.monotonic() - started:.0f}s")
     return BASE_IMAGE
 
 
@@ -173,6 +181,29 @@ def pause(store: Store) -> str:
         finally:
             store.buildah("rm", container, check=False)
     return PAUSE_IMAGE
+
+
+def coredns_image() -> str:
+    """The ref of the CoreDNS image of the pinned version (``localhost/coredns:<version>``)."""
+    return f"localhost/coredns:{build.load_pins()['coredns']['version']}"
+
+
+def coredns(store: Store) -> str:
+    """Build the CoreDNS image (the static binary built from the pinned version, alone in an
+    image: ``/coredns`` as its entrypoint) unless it exists; return its ref. Raises
+    :class:`ImageError` (and ``BuildError`` when the binary cannot be built)."""
+    ref = coredns_image()
+    if store.image_id(ref):
+        return ref
+    binary = build.build(["coredns"])["coredns"].path("coredns")
+    container = store.buildah("from", "scratch").strip()
+    try:
+        store.buildah("copy", "--chmod", "0755", container, str(binary), "/coredns")
+        store.buildah("config", "--entrypoint", '["/coredns"]', "--port", "53/udp", "--port", "53/tcp", container)
+        store.buildah("commit", "-q", container, ref)
+    finally:
+        store.buildah("rm", container, check=False)
+    return ref
 
 
 def checkout_root() -> Path:
@@ -223,13 +254,18 @@ def project(store: Store, targets: tuple[str, ...] = ("operator", "demo")) -> li
         for target in targets:
             ref = PROJECT_IMAGES[target]
             if built.get(ref) != digest or store.image_id(ref) is None:
+                started = time.monotonic()
+                build.progress(f"building the image {ref} from this checkout's Dockerfile (target {target}; "
+                               f"log: {store.log})")
                 # SOURCE_DIGEST: the Dockerfile's runtime stage declares it, so the step that installs
                 # the build stage's wheels (a bind mount buildah's cache does not follow) runs again
-                store.buildah("bud", "--layers", "--pull=never", "--isolation", "chroot", "--build-arg",
-                              f"PYTHON_IMAGE={base}", "--build-arg", f"SOURCE_DIGEST={digest}", "--target", target,
-                              "-t", ref, "-f", str(root / "Dockerfile"), tmp, capture=False)
+                with build.heartbeat(f"the image {ref}"):
+                    store.buildah("bud", "--layers", "--pull=never", "--isolation", "chroot", "--build-arg",
+                                  f"PYTHON_IMAGE={base}", "--build-arg", f"SOURCE_DIGEST={digest}", "--target",
+                                  target, "-t", ref, "-f", str(root / "Dockerfile"), tmp, capture=False)
                 built[ref] = digest
                 record.write_text(json.dumps(built))
+                build.progress(f"built {ref} in {time.monotonic() - started:.0f}s")
             refs.append(ref)
     return refs
 

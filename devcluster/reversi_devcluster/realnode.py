@@ -6,7 +6,9 @@ security contexts with real user ids and read-only roots, resource limits enforc
 probes, termination messages written by the runtime, evictions and OOM kills. The node replaces
 the node agent: the real kube-scheduler is the default scheduler, and the controller manager runs
 the node-lifecycle controller (it lifts the node's not-ready taint, and taints a node whose
-kubelet stopped reporting).
+kubelet stopped reporting). Pods reach Services by name: the cluster DNS is CoreDNS
+(:meth:`RealNode.apply_dns`, the upstream manifest's objects in ``coredns.yaml``), whose Service
+``kube-dns`` the kubelet gives every pod (``clusterDNS``).
 
 Everything the node touches on the host is put back by :meth:`RealNode.clean_up` (what the host
 shares, the bridge, iptables and sysctls, only by the node that changed it and while no other real
@@ -38,11 +40,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from string import Template
 from typing import TYPE_CHECKING
 
 import yaml
 
-from . import build, images
+from . import build, images, nodedeps
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -53,23 +56,59 @@ COMPONENTS = ("containerd", "kubelet", "kube-scheduler", "kube-proxy")
 SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward",
            "net/bridge/bridge-nf-call-iptables", "net/ipv4/conf/all/route_localnet")
 CLUSTER_CIDR = "10.244.0.0/16"
+#: the cluster DNS: the kube-dns Service's fixed address (in the Service range) and the domain
+CLUSTER_DNS_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
+#: the manifest of the cluster DNS (CoreDNS, the upstream manifest's objects)
+DNS_MANIFEST = Path(__file__).with_name("coredns.yaml")
 #: the name of the node's CNI network (in its conflist, and in the comments of the plugins' rules)
 NETWORK = "reversi"
 
 
 def unsupported() -> str | None:
-    """Why this machine cannot run the real node (one line), or None when it can."""
+    """Why this machine cannot run the real node (one line, with what to run when a package is
+    missing), or None when it can."""
+    why = _host_unsupported()
+    if why:
+        return why
+    names = nodedeps.missing()
+    if names:
+        return (f"the real node needs Debian's {' '.join(names)} (make node-deps, or "
+                f"{nodedeps.install_command(names)})")
+    return None
+
+
+def _host_unsupported() -> str | None:
+    """What no package can fix: root, and the cgroup memory controller."""
     if os.geteuid() != 0:
         return "the real node needs root (containers, cgroups, iptables and a bridge)"
     if not Path("/sys/fs/cgroup/memory").is_dir() and not _cgroup2_has("memory"):
         return "the real node needs the cgroup memory controller, which this kernel does not offer"
-    for tool in ("iptables", "ip"):
-        if shutil.which(tool) is None:
-            return f"the real node needs {tool} (Debian: apt-get install iptables iproute2)"
-    for tool in ("buildah", "debootstrap", "gcc"):
-        if shutil.which(tool) is None:
-            return f"the real node's images need {tool} (Debian: apt-get install {tool})"
     return None
+
+
+def make_ready(log=print) -> str | None:
+    """Make this machine ready for the real node where it can be: install the missing Debian
+    packages (:mod:`reversi_devcluster.nodedeps`, the list ``make node-deps`` installs), saying so
+    in one line. Returns why the real node cannot run here (one line, with what to run), or None
+    when it can. What the demos call before they choose the node."""
+    why = _host_unsupported()
+    if why:
+        return why
+    names = nodedeps.missing()
+    if names:
+        cannot = nodedeps.cannot_install()
+        if cannot:
+            return f"the real node needs Debian's {' '.join(names)}, and {cannot}: {nodedeps.install_command(names)}"
+        log(f"installing the real node's Debian packages (as make node-deps does): {' '.join(names)}")
+        started = time.monotonic()
+        try:
+            nodedeps.install(names)
+        except RuntimeError as err:
+            first = str(err).splitlines()[0]
+            return f"installing {' '.join(names)} failed ({first}): run make node-deps to see why"
+        log(f"installed {' '.join(names)} in {time.monotonic() - started:.0f}s")
+    return unsupported()
 
 
 def running_elsewhere(root: Path) -> Path | None:
@@ -143,6 +182,7 @@ class RealNode:
         build.build(list(build.NODE_COMPONENTS))
         started = time.monotonic()
         images.pause(self.store)
+        images.coredns(self.store)
         images.project(self.store)
         log(f"images ready in {time.monotonic() - started:.1f}s")
 
@@ -237,6 +277,8 @@ state = "{state}"
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "syncFrequency": "10s", "nodeStatusReportFrequency": "10s",
             "resolvConf": "/etc/resolv.conf",
+            # pods reach Services by name (payments.shop.svc) through CoreDNS (start_dns)
+            "clusterDNS": [CLUSTER_DNS_IP], "clusterDomain": CLUSTER_DOMAIN,
         }
         (self.root / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
@@ -300,12 +342,53 @@ state = "{state}"
 
     def load_images(self, log=print) -> None:
         """Copy the built images into the node's containerd (those not there yet)."""
-        refs = [images.PAUSE_IMAGE, *images.PROJECT_IMAGES.values()]
+        refs = [images.PAUSE_IMAGE, images.coredns_image(), *images.PROJECT_IMAGES.values()]
         started = time.monotonic()
         copied = images.load(self.store, refs, build.binary("containerd", "ctr"), self.socket,
                              self.root / "images.json")
         if copied:
             log(f"imported {', '.join(copied)} into the node's containerd in {time.monotonic() - started:.1f}s")
+
+    def dns_objects(self) -> list[dict]:
+        """The cluster DNS's objects (:data:`DNS_MANIFEST`, filled in)."""
+        text = Template(DNS_MANIFEST.read_text()).substitute(
+            IMAGE=images.coredns_image(), CLUSTER_DNS_IP=CLUSTER_DNS_IP, CLUSTER_DOMAIN=CLUSTER_DOMAIN)
+        return [doc for doc in yaml.safe_load_all(text) if doc]
+
+    def apply_dns(self) -> None:
+        """Create the cluster DNS's objects that are missing (a reused cluster has them). ``up``
+        does it as soon as the API server answers, so CoreDNS's pod starts with the node, not
+        after it. Raises ``RuntimeError`` naming the object that could not be created."""
+        from kubernetes import config, utils
+
+        api = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
+        for obj in self.dns_objects():
+            try:
+                utils.create_from_dict(api, obj)
+            except utils.FailToCreateError as err:
+                if any(e.status != 409 for e in err.api_exceptions):  # 409: there already
+                    raise RuntimeError(f"cluster DNS: creating {obj['kind']} {obj['metadata']['name']} failed: "
+                                       f"{err}") from None
+        self._dns_applied = time.monotonic()
+
+    def wait_dns(self, timeout: float, log=print) -> None:
+        """Wait until CoreDNS is ready to answer (its readiness probe: the kubernetes plugin has
+        synced with the API server). Raises ``RuntimeError`` saying where to look."""
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=str(self.cluster.paths.admin_kubeconfig))
+        apps = client.AppsV1Api(api)
+        started = time.monotonic()
+        deadline = started + timeout
+        while (apps.read_namespaced_deployment("coredns", "kube-system").status.ready_replicas or 0) < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster DNS: CoreDNS was not ready in {timeout:.0f}s (kubectl -n kube-system "
+                                   f"describe pod -l k8s-app=kube-dns; kubelet log: "
+                                   f"{self.cluster.paths.log('kubelet')})")
+            time.sleep(0.25)
+        since = time.monotonic() - getattr(self, "_dns_applied", started)
+        log(f"cluster DNS ready {since:.1f}s after its objects were applied (waited {time.monotonic() - started:.1f}s "
+            f"for it at the end; CoreDNS, Service kube-system/kube-dns at {CLUSTER_DNS_IP}, domain {CLUSTER_DOMAIN})")
 
     def _ctr(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(build.binary("containerd", "ctr")), "--address", str(self.socket), *args],

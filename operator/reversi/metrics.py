@@ -402,13 +402,23 @@ class Metrics:
 
 
 class AdmissionMetrics:
-    """The admission server's metrics (``reversi-admission``): the calls it refused. Each replica
-    counts its own; sum over the pods (``sum by (namespace, reason) (reversi_refused_calls_total)``)."""
+    """The admission server's metrics (``reversi-admission``): the calls it refused, and the
+    connections its webhook server dropped because they stalled. Each replica counts its own; sum
+    over the pods (``sum by (namespace, reason) (reversi_refused_calls_total)``)."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         self.refused = Counter("reversi_refused_calls", "Steps refused at admission, by reason.",
                                ["namespace", "tool", "reason"], registry=self.registry)
+        self.dropped = Counter("reversi_webhook_connections_dropped",
+                               "Webhook connections dropped because they stalled, by the stage they stalled in "
+                               "(headers, idle, body).", ["reason"], registry=self.registry)
+        for reason in ("headers", "idle", "body"):
+            self.dropped.labels(reason)
+
+    def dropped_connection(self, reason: str) -> None:
+        """Count a webhook connection dropped for a stall in stage ``reason`` (headers, idle, body)."""
+        self.dropped.labels(reason).inc()
 
     def refused_call(self, namespace: str, tool: str, reason: str) -> None:
         self.refused.labels(namespace, tool, reason).inc()

@@ -61,6 +61,18 @@ class OperatorSettings(BaseSettings):
     webhook_url_host: str = Field("127.0.0.1", description="Host the API server calls when webhook_configure is on.")
     webhook_cert_dir: str | None = Field(
         None, description="Where webhook_configure writes its CA and serving certificate (default: a temp folder).")
+    webhook_headers_seconds: float = Field(
+        10.0, gt=0, le=300,
+        description="A webhook connection's TLS handshake and request headers must arrive within this many seconds of "
+                    "its accept, or it is dropped (reversi_webhook_connections_dropped_total{reason=\"headers\"}).")
+    webhook_idle_seconds: float = Field(
+        60.0, gt=0, le=3600,
+        description="A kept-alive webhook connection is dropped when the next request's headers do not arrive within "
+                    "this many seconds of the last answer (reason=\"idle\").")
+    webhook_body_seconds: float = Field(
+        30.0, gt=0, le=300,
+        description="A review's body must arrive within this many seconds of its headers, or the connection is dropped "
+                    "(reason=\"body\").")
     peering: str | None = Field(None, description="kopf peering object name (standby replicas); unset: no peering.")
     status_detail_limit: int = Field(
         200, ge=10, le=2000, description="Most per-step entries and plan actions kept in a request's status.")

@@ -82,6 +82,11 @@ class Shop:
     api: client.ApiClient
 
     @property
+    def by_name(self) -> str:
+        """The downstream's URL by its Service's DNS name: how the runners (in pods) reach it."""
+        return on_real_node.downstream_by_name(self.namespace)
+
+    @property
     def downstream(self) -> Client:
         return Client(self.url, timeout=10)
 
@@ -90,9 +95,10 @@ class Shop:
         return client.CustomObjectsApi(self.api)
 
     def runner(self, name: str = "shop", **extra: Any) -> dict:
-        """A runner of the demo image that runs the demo tool against this downstream."""
+        """A runner of the demo image that runs the demo tool against this downstream, reached by
+        its Service's name through the cluster DNS (as users write their runners)."""
         return {"name": name, "image": images.DEMO_IMAGE, "command": on_real_node.TOOL_COMMAND,
-                "env": [{"name": "DOWNSTREAM_URL", "value": self.url}], "deadlineSeconds": 60, **extra}
+                "env": [{"name": "DOWNSTREAM_URL", "value": self.by_name}], "deadlineSeconds": 60, **extra}
 
     def manifest(self, runners: list[dict], compensator: str = "shop", reader: str | None = "shop") -> None:
         """ToolManifest ``tools``: a charge undone by a refund (``compensator``), checked by a

@@ -29,7 +29,9 @@ G, V = "reversi.dev", "v1alpha1"
 def test_the_chart_installed_operator_undoes_a_charge_with_a_compensator_in_a_container(shop):
     """The verified rollback, end to end on the real node: the refund happens once downstream,
     the reader confirms it, and the compensator's pod ran as the restricted standard demands
-    (a non-root user id, a read-only root) in the demo image."""
+    (a non-root user id, a read-only root) in the demo image. The compensator and the reader reach
+    the downstream by its Service's DNS name (downstream.<namespace>.svc, through CoreDNS), the way
+    users write their runners."""
     shop.manifest([shop.runner()])
     charge = shop.charge_in_a_run("order-1", "o-1")
     name = shop.roll_back("order-1")
@@ -46,6 +48,8 @@ def test_the_chart_installed_operator_undoes_a_charge_with_a_compensator_in_a_co
         assert pod.spec.containers[0].image == "localhost/reversi-demo:dev"
         assert pod.spec.security_context.run_as_user == 65532
         assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
+        env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+        assert env["DOWNSTREAM_URL"] == f"http://downstream.{shop.namespace}.svc:8080", env
         ended = pod.status.container_statuses[0].state.terminated
         assert ended.exit_code == 0 and ended.container_id.startswith("containerd://"), ended
 
@@ -245,7 +249,8 @@ def test_reversi_mcp_runner_jobs_undo_an_mcp_servers_call_from_the_operator_imag
     idempotency key, and the read back."""
     mcp_url = on_real_node.deploy_mcp_shop(real_api, shop.namespace)
     runner = {"name": "mcp", "image": images.OPERATOR_IMAGE, "command": ["reversi-mcp-runner"],
-              "env": [{"name": "REVERSI_MCP_URL", "value": mcp_url}], "deadlineSeconds": 60}
+              "env": [{"name": "REVERSI_MCP_URL", "value": on_real_node.mcp_shop_by_name(shop.namespace)}],
+              "deadlineSeconds": 60}
     shop.manifest([runner], compensator="mcp", reader="mcp")
     from reversi.sdk import Recorder
 
@@ -266,7 +271,8 @@ def test_the_charts_gateway_records_an_agents_mcp_call_as_the_agent_and_it_is_un
     ``reversi-mcp-runner`` Jobs refunds it once, as the shop's own log shows."""
     mcp_url = on_real_node.deploy_mcp_shop(real_api, shop.namespace)
     runner = {"name": "mcp", "image": images.OPERATOR_IMAGE, "command": ["reversi-mcp-runner"],
-              "env": [{"name": "REVERSI_MCP_URL", "value": mcp_url}], "deadlineSeconds": 60}
+              "env": [{"name": "REVERSI_MCP_URL", "value": on_real_node.mcp_shop_by_name(shop.namespace)}],
+              "deadlineSeconds": 60}
     shop.manifest([runner], compensator="mcp", reader="mcp")
     core, rbac = client.CoreV1Api(real_api), client.RbacAuthorizationV1Api(real_api)
     core.create_namespaced_service_account(shop.namespace, {"metadata": {"name": "agent"}})
@@ -277,7 +283,7 @@ def test_the_charts_gateway_records_an_agents_mcp_call_as_the_agent_and_it_is_un
     token = core.create_namespaced_service_account_token("agent", shop.namespace, {
         "spec": {"expirationSeconds": 600}}).status.token
     on_real_node.upgrade_chart(real_cluster.paths.admin_kubeconfig, {"gateway": {
-        "enabled": True, "upstreamURL": mcp_url, "manifest": "tools"}})
+        "enabled": True, "upstreamURL": on_real_node.mcp_shop_by_name(shop.namespace), "manifest": "tools"}})
     gateway = core.read_namespaced_service("reversi-gateway", on_real_node.SYSTEM_NS)
     url = f"http://{gateway.spec.cluster_ip}:{gateway.spec.ports[0].port}/mcp"
     wait_for(lambda: _answers(gateway.spec.cluster_ip, gateway.spec.ports[0].port), timeout=30,

@@ -65,7 +65,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     common.configure_kopf(settings, ours)
     settings.execution.max_workers = ours.admission_threads
     settings.peering.standalone = True  # replicas work side by side: admission has nothing to hand over
-    served, made_ca = common.configure_webhooks(settings, ours)
+    metrics = AdmissionMetrics()
+    served, made_ca = common.configure_webhooks(settings, ours, on_drop=metrics.dropped_connection)
     if not served:
         raise kopf.PermanentError("reversi-admission serves nothing without a certificate: set REVERSI_WEBHOOK_CERT "
                                   "and REVERSI_WEBHOOK_KEY (the chart does) or REVERSI_WEBHOOK_CONFIGURE=true")
@@ -78,7 +79,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # "failed calling webhook", which the SDK tries again)
         url = f"https://{ours.webhook_url_host}:{ours.webhook_port}"
         webhooks.register(kube.api, webhooks.url_client_config(url, Path(made_ca).read_bytes()))
-    metrics = AdmissionMetrics()
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
     memo[runtime.MEMO_KEY] = runtime.build_admission(ours, kube, metrics)  # every webhook's memo.parts

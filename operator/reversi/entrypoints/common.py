@@ -10,14 +10,17 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kopf
 from kubernetes import client, config
 
 from .. import certs
 from ..settings import OperatorSettings
-from .webhookserver import WEBHOOK_MAX_BODY, WebhookServer
+from .webhookserver import WEBHOOK_MAX_BODY, Deadlines, WebhookServer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 log = logging.getLogger("reversi.process")
 M_ARENA_MAX = -8  # glibc's malloc.h
@@ -67,7 +70,8 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.networking.connect_timeout = 10
 
 
-def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) -> tuple[bool, str | None]:
+def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings,
+                       on_drop: Callable[[str], None] | None = None) -> tuple[bool, str | None]:
     """Serve the admission webhooks over TLS (:class:`reversi.entrypoints.webhookserver.WebhookServer`,
     review bodies up to :data:`WEBHOOK_MAX_BODY` bytes) with the given certificate or one made by
     ``cryptography``.
@@ -78,6 +82,8 @@ def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) 
     configurations (:func:`reversi.adapters.webhooks.register`), pointing at
     ``https://<webhook_url_host>:<webhook_port>``. Returns (served, the CA file of a certificate
     made here); neither setting (or a certificate without its key): ``(False, None)``, nothing is served.
+    A connection that stalls is dropped after ``webhook_headers_seconds``, ``webhook_idle_seconds`` or
+    ``webhook_body_seconds`` (by stage), and ``on_drop`` is called with the stage's name.
     """
     certfile, keyfile, cafile = ours.webhook_cert, ours.webhook_key, None
     if not certfile and ours.webhook_configure:
@@ -92,8 +98,11 @@ def configure_webhooks(settings: kopf.OperatorSettings, ours: OperatorSettings) 
         return False, None
     # a review carries a whole object (twice, on update): megabytes for a Run of thousands of steps,
     # past the 1 MiB that kopf's own server takes (see reversi.entrypoints.webhookserver)
+    deadlines = Deadlines(headers=ours.webhook_headers_seconds, idle=ours.webhook_idle_seconds,
+                          body=ours.webhook_body_seconds)
     settings.admission.server = WebhookServer(addr=ours.webhook_host, port=ours.webhook_port, certfile=certfile,
-                                              keyfile=keyfile, cafile=cafile, max_body=WEBHOOK_MAX_BODY)
+                                              keyfile=keyfile, cafile=cafile, max_body=WEBHOOK_MAX_BODY,
+                                              deadlines=deadlines, on_drop=on_drop)
     return True, cafile
 
 

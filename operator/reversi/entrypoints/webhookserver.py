@@ -21,9 +21,19 @@ uses, it does what kopf's server does:
   they changed (a renewed Secret: mounted files change without filesystem events), loads them
   into the TLS context in place (new connections get them; the port stays open) and yields the
   client config again (kopf registers a new CA bundle); files it cannot use yet keep the old ones;
-- a body is read within :data:`BODY_READ_SECONDS`, and one that nests more than
-  :data:`MAX_CONTAINERS` objects and arrays is refused before it is parsed (413), so one client
-  cannot hold a connection forever or make the server parse its way out of memory.
+- a connection that stalls is dropped (:class:`Deadlines`): its TLS handshake and request headers
+  must arrive within ``headers`` seconds of its accept, the next request's headers within ``idle``
+  seconds of the last answer (keep-alive), a request's body within ``body`` seconds of its headers;
+  each drop is counted by its stage (``on_drop(reason)``: ``headers``, ``idle``, ``body``), so idle
+  or hostile connections cannot pile up and take the process's file descriptors;
+- a body that nests more than :data:`MAX_CONTAINERS` objects and arrays is refused before it is
+  parsed (413), so one client cannot make the server parse its way out of memory.
+
+The deadlines are kept by the server's own site (:class:`_GuardedSite`): it accepts TCP itself and
+upgrades each connection to TLS with asyncio's ``loop.start_tls`` before it hands the connection to
+aiohttp's request handler, so a deadline covers the handshake too and can close the socket at any
+stage (asyncio's and aiohttp's own timers close such connections late and uncounted: a handshake
+after 60 s, a keep-alive after an hour).
 
 One difference: a review kopf's function cannot serve (kopf raises its own errors for a review
 that names no resource with handlers, or lacks the user or the object) is answered 400 with the
@@ -40,8 +50,10 @@ import ipaddress
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp.web
 import kopf
@@ -56,8 +68,29 @@ WEBHOOK_MAX_BODY = 8 * 1024 * 1024
 #: a review of the largest object holds a few tens of thousands; a body of nothing else would take
 #: gigabytes to parse
 MAX_CONTAINERS = 400_000
-#: seconds a review's body may take to arrive (the API server gives up on a webhook after 30 s)
-BODY_READ_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a connection may stall, in seconds, per stage (the settings
+    ``REVERSI_WEBHOOK_HEADERS_SECONDS``, ``REVERSI_WEBHOOK_IDLE_SECONDS``,
+    ``REVERSI_WEBHOOK_BODY_SECONDS``):
+
+    - ``headers``: from the TCP accept to a request's last header line, the TLS handshake included
+      (the API server sends its review at once: milliseconds);
+    - ``idle``: from an answer to the next request's last header line on a kept-alive connection
+      (the API server's client keeps an idle connection 90 s; one closed before that is noticed by
+      the client, which opens another);
+    - ``body``: from the headers to the body's last byte (the API server gives up on a webhook after
+      its ``timeoutSeconds``, 30 s at most)."""
+
+    headers: float = 10.0
+    idle: float = 60.0
+    body: float = 30.0
+
+    def reasons(self) -> tuple[str, ...]:
+        """The reasons a connection is dropped for (the ``reason`` label of the drop metric)."""
+        return ("headers", "idle", "body")
 
 
 class WebhookServer:
@@ -67,12 +100,15 @@ class WebhookServer:
     ``port``: the TCP port; ``certfile``/``keyfile``: PEM paths of the serving certificate and its
     key; ``cafile``: the PEM CA bundle for the client config (default: the certificate);
     ``max_body``: the largest request body in bytes (:data:`WEBHOOK_MAX_BODY`; larger ones are
-    answered 413); ``file_check_interval``: seconds between reads of the files for a renewal.
+    answered 413); ``file_check_interval``: seconds between reads of the files for a renewal;
+    ``deadlines``: how long a connection may stall (:class:`Deadlines`); ``on_drop``: called with
+    the reason of each connection dropped for a stall (the admission server's metric).
     Raises nothing when built; serving raises ``OSError`` (port, files) and ``ssl.SSLError``
     (a certificate and key that do not match)."""
 
     def __init__(self, *, addr: str | None, port: int, certfile: str, keyfile: str, cafile: str | None = None,
-                 max_body: int = WEBHOOK_MAX_BODY, file_check_interval: float = 60.0) -> None:
+                 max_body: int = WEBHOOK_MAX_BODY, file_check_interval: float = 60.0,
+                 deadlines: Deadlines | None = None, on_drop: Callable[[str], None] | None = None) -> None:
         self.addr = addr
         self.port = port
         self.certfile = certfile
@@ -80,6 +116,13 @@ class WebhookServer:
         self.cafile = cafile
         self.max_body = max_body
         self.file_check_interval = file_check_interval
+        self.deadlines = deadlines or Deadlines()
+        self.on_drop = on_drop
+        self._site: _GuardedSite | None = None
+
+    def open_connections(self) -> int:
+        """How many connections the server holds now (accepted and not closed; 0 when not serving)."""
+        return len(self._site.accepted) if self._site is not None else 0
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """Serve reviews with ``fn`` and yield the client config; again after each renewal of the files."""
@@ -90,13 +133,16 @@ class WebhookServer:
         digest = self._digest()  # before reading them: a renewal while they are read is seen next time
         context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.certfile, self.keyfile)
-        app = aiohttp.web.Application(client_max_size=self.max_body)
+        connections: dict[asyncio.BaseTransport, _Connection] = {}
+        app = aiohttp.web.Application(client_max_size=self.max_body, middlewares=[_staged(connections)])
         app.add_routes([aiohttp.web.post("/{id:.*}", serve)])
-        runner = aiohttp.web.AppRunner(app, handle_signals=False)
+        # aiohttp's own keep-alive timer only backs ours up (it would close a connection unseen)
+        backstop = self.deadlines.idle + self.deadlines.headers
+        runner = aiohttp.web.AppRunner(app, handle_signals=False, keepalive_timeout=backstop)
         await runner.setup()
         try:
-            site = aiohttp.web.TCPSite(runner, self.addr or None, self.port, ssl_context=context,
-                                       reuse_port=True, reuse_address=True)
+            site = self._site = _GuardedSite(runner, self.addr or None, self.port, context, self.deadlines,
+                                             connections, self._dropped)
             await site.start()
             log.debug("serving admission webhooks on %s:%d (bodies up to %d bytes)", self.addr or "*",
                       self.port, self.max_body)
@@ -104,7 +150,13 @@ class WebhookServer:
                 yield self._client_config()
                 digest = await self._renewed(context, digest)
         finally:
+            self._site = None
             await runner.cleanup()
+
+    def _dropped(self, reason: str) -> None:
+        log.debug("dropped a connection that stalled (%s)", reason)
+        if self.on_drop is not None:
+            self.on_drop(reason)
 
     async def _renewed(self, context: ssl.SSLContext, digest: str | None) -> str | None:
         """Wait until the certificate files change, then load them into ``context`` in place: new
@@ -151,10 +203,7 @@ class WebhookServer:
         headers = dict(request.headers)
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         webhook = request.match_info.get("id") or None
-        try:
-            body = await asyncio.wait_for(request.read(), timeout=BODY_READ_SECONDS)
-        except TimeoutError as err:  # a client that stalls mid-body does not hold the connection
-            raise aiohttp.web.HTTPRequestTimeout(reason="the review's body took too long to arrive") from err
+        body = await request.read()  # read by the middleware already, within the body deadline
         if body.count(b"{") + body.count(b"[") > MAX_CONTAINERS:  # parsing it would take too much memory
             raise aiohttp.web.HTTPRequestEntityTooLarge(max_size=MAX_CONTAINERS, actual_size=len(body),
                                                         reason="the review nests too many objects and arrays")
@@ -186,3 +235,166 @@ class WebhookServer:
     async def _until_files_change(self, digest: str | None) -> None:
         while self._digest() == digest:
             await asyncio.sleep(self.file_check_interval)
+
+
+_Handler = Callable[[aiohttp.web.Request], Awaitable[aiohttp.web.StreamResponse]]
+
+
+def _staged(connections: dict[asyncio.BaseTransport, _Connection]) -> Callable[..., Awaitable[Any]]:
+    """An aiohttp middleware that moves each request's connection through its stages: once its
+    headers are in, its body must arrive within the body deadline (read here; aiohttp keeps it for
+    the handler, and refuses one over the size limit with 413); no deadline while the handler
+    serves it; the idle deadline once it is answered. Every request passes it, also one answered
+    404 or 405 by aiohttp's router."""
+
+    @aiohttp.web.middleware
+    async def staged(request: aiohttp.web.Request, handler: _Handler) -> aiohttp.web.StreamResponse:
+        connection = connections.get(request.transport) if request.transport else None
+        if connection is None:
+            return await handler(request)
+        connection.stage("body")
+        try:
+            try:
+                await request.read()
+            except ConnectionError as err:  # dropped by the body deadline, or the client went away
+                raise aiohttp.web.HTTPRequestTimeout(reason="the review's body did not arrive") from err
+            connection.stage(None)
+            return await handler(request)
+        finally:
+            connection.stage("idle")
+
+    return staged
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted TCP connection: TLS by ``loop.start_tls``, then aiohttp's request handler,
+    with one deadline armed at a time (:class:`Deadlines`): ``headers`` from the accept, ``body``
+    once a request's headers are in, none while a review is served, ``idle`` after an answer. When
+    a deadline passes the socket is aborted and the reason reported.
+
+    It stays the protocol of the TLS transport for the connection's whole life and hands every
+    event on to aiohttp's handler once that has taken over, so it sees the connection end (and
+    forgets it) however it ends."""
+
+    def __init__(self, site: _GuardedSite) -> None:
+        self.site = site
+        self.raw: asyncio.Transport | None = None
+        self.tls: asyncio.Transport | None = None
+        self.handler: asyncio.Protocol | None = None
+        self.early: list[bytes] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = transport  # type: ignore[assignment]  # a stream server hands out transports
+        self.site.accepted.add(self)
+        self.stage("headers")
+        self.task = asyncio.get_running_loop().create_task(self._handshake())
+
+    async def _handshake(self) -> None:
+        assert self.raw is not None
+        loop = asyncio.get_running_loop()
+        try:  # within the headers deadline: it aborts the socket, and start_tls raises
+            tls = await loop.start_tls(self.raw, self, self.site.context, server_side=True,
+                                       ssl_handshake_timeout=self.site.deadlines.headers + 1)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as err:
+            log.debug("a TLS handshake failed: %s", err)
+            self.close()
+            return
+        if tls is None or self.raw.is_closing():
+            self.close()
+            return
+        self.tls = tls
+        self.site.connections[tls] = self
+        self.handler = self.site.runner.server()  # type: ignore[misc]  # aiohttp's protocol factory
+        self.handler.connection_made(tls)
+        for data in self.early:  # what arrived between the handshake's end and now
+            self.handler.data_received(data)
+        self.early.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.handler is not None:
+            self.handler.data_received(data)
+        else:
+            self.early.append(data)
+
+    def eof_received(self) -> bool | None:
+        return self.handler.eof_received() if self.handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.handler is not None:
+            self.handler.connection_lost(exc)
+        self.forget()
+
+    def stage(self, reason: str | None) -> None:
+        """Arm the deadline of stage ``reason`` (``headers``, ``body``, ``idle``), or none."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if reason is not None and self.raw is not None and not self.raw.is_closing():
+            seconds = getattr(self.site.deadlines, reason)
+            self.timer = asyncio.get_running_loop().call_later(seconds, self._expired, reason)
+
+    def _expired(self, reason: str) -> None:
+        self.timer = None
+        if self.raw is None or self.raw.is_closing():
+            return
+        self.site.on_drop(reason)
+        self.close()
+
+    def close(self) -> None:
+        """Abort the socket (aiohttp's handler, if it took over, sees the connection lost)."""
+        if self.raw is not None:
+            self.raw.abort()
+        self.forget()
+
+    def forget(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.site.accepted.discard(self)
+        if self.tls is not None:
+            self.site.connections.pop(self.tls, None)
+
+
+class _GuardedSite(aiohttp.web.BaseSite):
+    """An aiohttp site (its public ``BaseSite``) on ``host:port`` (``SO_REUSEPORT`` and
+    ``SO_REUSEADDR``: replicas on one host share the port) that accepts TCP itself and serves each
+    connection as a :class:`_Connection` under ``deadlines``; ``on_drop(reason)`` for each drop."""
+
+    def __init__(self, runner: aiohttp.web.AppRunner, host: str | None, port: int, context: ssl.SSLContext,
+                 deadlines: Deadlines, connections: dict[asyncio.BaseTransport, _Connection],
+                 on_drop: Callable[[str], None]) -> None:
+        super().__init__(runner, backlog=1024)
+        self.runner = runner
+        self.host = host
+        self.port = port
+        self.context = context
+        self.deadlines = deadlines
+        self.connections = connections
+        self.on_drop = on_drop
+        self.accepted: set[_Connection] = set()
+
+    @property
+    def name(self) -> str:
+        return f"https://{self.host or '0.0.0.0'}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), self.host, self.port,
+                                                backlog=self._backlog, reuse_address=True, reuse_port=True)
+
+    async def stop(self) -> None:
+        await super().stop()
+        for connection in list(self.accepted):
+            if connection.handler is None:  # aiohttp's runner ends the ones it serves
+                connection.close()
