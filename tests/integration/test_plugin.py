@@ -247,10 +247,11 @@ def test_rollback_wait_gives_up_at_its_timeout_and_the_request_goes_on(rv, clust
     rv.apply_manifest(capture_needs_approval=True)
     s0, charge = charge_step(rv, 0, "o-timeout")
     rv.run("r", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, rv.capture(charge["id"]))])
-    proc = kr(cluster, "rollback", "r", "--wait", "--name", "slow", "--timeout", "4", "--approval-grace", "600",
+    # the request plans only once the lock is in force at the API server (docs/concepts.md#admission): a few s
+    proc = kr(cluster, "rollback", "r", "--wait", "--name", "slow", "--timeout", "12", "--approval-grace", "600",
               namespace=rv.ns)
     line = one_line_error(proc)
-    assert line.startswith(f"error: timed out after 4s waiting for RollbackRequest {rv.ns}/slow "
+    assert line.startswith(f"error: timed out after 12s waiting for RollbackRequest {rv.ns}/slow "
                            "(phase AwaitingApproval")
     assert f"kubectl reversi describe slow -n {rv.ns}" in line
     assert proc.stdout.splitlines()[0] == "slow"
