@@ -247,6 +247,18 @@ def register_policies(api: client.ApiClient) -> None:
         _apply(*_verbs(adm, body["kind"]), body)
 
 
+def register_lock(api: client.ApiClient, name: str = NAME) -> None:
+    """Create or replace the lock's policy and binding alone (:func:`reversi.adapters.policies.lock_policy`,
+    named ``<name>-runstep-lock``): what :func:`unregister` leaves in place, registered before any
+    other binding of a ConfigMap param comes and goes (kubernetes#130887: an API server whose last
+    such binding is deleted never resolves the param again, and the lock then refuses nothing).
+    Raises ``ApiException``."""
+    adm = client.AdmissionregistrationV1Api(api)
+    for body in policies.recording_policies(name):
+        if body["metadata"]["name"] == f"{name}-runstep-lock":
+            _apply(*_verbs(adm, body["kind"]), body)
+
+
 def unregister(api: client.ApiClient, name: str = NAME) -> None:
     """Delete the local webhook configurations and the policies with their bindings, except the
     lock's (:func:`reversi.adapters.policies.lock_policy`: see the comment below; without the
