@@ -39,7 +39,7 @@ test: build
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the long variants: runs of 5,000 steps, a rollback of 2,000 (recording is sequential per run: many minutes), and
-# 25 races of an agent recording while a rollback takes the lock (make test makes 6)
+# 25 races of an agent recording while a rollback takes the lock (make test makes 3 of each)
 test-long: build
 	REVERSI_LONG_RUN_STEPS=5000 REVERSI_BIG_RUN_STEPS=2000 REVERSI_BOUNDARY_ATTEMPTS=25 $(PYTHON) -m pytest -q \
 	  tests/integration/test_journal.py tests/integration/test_crash_and_scale.py \

@@ -25,8 +25,8 @@ from tests.integration.test_plugin import kr
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
 FAST = {"retries": 1, "backoff": {"baseMs": 100, "maxMs": 200}}
-#: rollback lock races of a recorded call: 6 here, 25 in make test-long (as for a step written by hand)
-LOCK_RACES = int(os.environ.get("REVERSI_BOUNDARY_ATTEMPTS", "6"))
+#: rollback lock races of a recorded call: 3 here, 25 in make test-long (as for a step written by hand)
+LOCK_RACES = int(os.environ.get("REVERSI_BOUNDARY_ATTEMPTS", "3"))
 
 
 def test_a_recorded_call_is_stamped_by_the_api_server_and_a_halt_holds_with_no_admission_replica(
