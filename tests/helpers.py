@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
 import time
 from typing import Any, TypeVar
 from collections.abc import Callable
@@ -78,3 +80,22 @@ def wait_for_role(admin_api: Any, user: str, namespace: str, rule: dict) -> None
         "resource": (rule.get("resources") or [""])[0], "verb": (rule.get("verbs") or [""])[0]}}}
     wait_for(lambda: authz.create_subject_access_review(review).status.allowed, timeout=30,
              what=f"{user}'s role in force in {namespace}")
+
+
+async def open_stalled(port: int, context: ssl.SSLContext, stage: str,
+                       path: str = "/validate-run") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the webhook server on ``127.0.0.1:port`` that stalls in ``stage``:
+    ``silent`` (TCP only, no TLS handshake), ``headers`` (half a request line and headers for
+    ``path``), ``body`` (headers, then one byte of a 1,000-byte body), ``idle`` (one request
+    answered, then nothing). Returns its streams (a writer that is collected closes its
+    connection)."""
+    if stage == "silent":
+        return await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1")
+    writer.write({"headers": f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode(),
+                  "body": f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{{".encode(),
+                  "idle": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"}[stage])
+    await writer.drain()
+    if stage == "idle":
+        assert (await reader.readline()).startswith(b"HTTP/1.1 405")  # answered: now it idles
+    return reader, writer

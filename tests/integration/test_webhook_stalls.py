@@ -22,6 +22,7 @@ from kubernetes import client
 
 from reversi.adapters import webhooks
 from reversi_devcluster.localop import AdmissionProcess, free_port
+from tests.helpers import open_stalled
 
 pytestmark = pytest.mark.cluster
 G, V = "reversi.dev", "v1alpha1"
@@ -49,22 +50,6 @@ def stalled_admission(cluster, crds, admin_api, operator, monkeypatch) -> Iterat
         assert operator.admission is not None
         ca = (operator.admission.replicas[0].cert_dir / "ca.crt").read_bytes()
         webhooks.register(admin_api, webhooks.url_client_config(f"https://127.0.0.1:{operator.webhook_port}", ca))
-
-
-async def _stall(port: int, context: ssl.SSLContext, kind: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """One connection that stalls: ``silent`` (TCP only: not even a TLS handshake), ``headers``
-    (half its headers), ``body`` (its headers and one byte of a 1,000-byte body), ``idle`` (a
-    request answered, then nothing). The writer is returned too: a writer collected closes it."""
-    if kind == "silent":
-        return await asyncio.open_connection("127.0.0.1", port)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1")
-    writer.write({"headers": b"POST /validate-halt HTTP/1.1\r\nHost: x\r\n",
-                  "body": b"POST /validate-halt HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{",
-                  "idle": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"}[kind])
-    await writer.drain()
-    if kind == "idle":
-        assert (await reader.readline()).startswith(b"HTTP/1.1 405")
-    return reader, writer
 
 
 async def _closed_at(streams: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> float:
@@ -112,7 +97,7 @@ def test_hundreds_of_stalled_connections_neither_delay_reviews_nor_outlive_their
 
         async def held(kind: str) -> tuple[str, float, float]:
             started = loop.time()  # the deadline counts from the server's accept, which comes after this
-            streams = await _stall(port, context, kind)
+            streams = await open_stalled(port, context, kind, "/validate-halt")
             opening.pop()
             if not opening:
                 all_open.set()

@@ -21,7 +21,7 @@ import pytest
 
 from reversi import certs
 from reversi.entrypoints.webhookserver import WEBHOOK_MAX_BODY, Deadlines, WebhookServer
-from tests.helpers import KeptRecords
+from tests.helpers import KeptRecords, open_stalled
 
 MIB = 1024 * 1024
 
@@ -258,24 +258,6 @@ def test_a_renewal_keeps_the_port_open_waits_for_nobody_and_skips_files_it_canno
     assert renewed == 200  # served with the new certificate at once, the stalled client still open
 
 
-async def _open_stalled(port: int, context: ssl.SSLContext,
-                        stage: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection that stalls in ``stage``: ``silent`` (TCP only, no TLS handshake), ``headers``
-    (half a request line and headers), ``body`` (headers, then one byte of a 1,000-byte body),
-    ``idle`` (one request answered, then nothing). Returns its streams (a writer that is collected
-    closes its connection)."""
-    if stage == "silent":
-        return await asyncio.open_connection("127.0.0.1", port)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1")
-    writer.write({"headers": b"POST /validate-run HTTP/1.1\r\nHost: x\r\n",
-                  "body": b"POST /validate-run HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{",
-                  "idle": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"}[stage])
-    await writer.drain()
-    if stage == "idle":
-        assert (await reader.readline()).startswith(b"HTTP/1.1 405")  # answered: now it idles
-    return reader, writer
-
-
 async def _closed_after(streams: tuple[asyncio.StreamReader, asyncio.StreamWriter], opened: float) -> float:
     """Seconds from ``opened`` until the server closed the connection (EOF or reset)."""
     reader, _ = streams
@@ -300,7 +282,7 @@ def test_connections_that_stall_are_dropped_by_their_stage_and_reviews_go_on(tmp
 
     async def body(config: dict, context: ssl.SSLContext) -> tuple[list[float], int, int]:
         loop = asyncio.get_running_loop()
-        opened = [(await _open_stalled(port, context, stage), loop.time()) for stage in stages]
+        opened = [(await open_stalled(port, context, stage), loop.time()) for stage in stages]
         status, _ = await _post(f"https://127.0.0.1:{port}/validate-run", context, json.dumps(_review("u")).encode())
         took = await asyncio.wait_for(asyncio.gather(*(_closed_after(r, t) for r, t in opened)), 10)
         while server.open_connections() and loop.time() < opened[-1][1] + 5:
