@@ -51,10 +51,20 @@ def _custom(api):
     return client.CustomObjectsApi(api)
 
 
-def _halt(admin_api, namespace, name, reason, scope=None):
+def _halt(admin_api, namespace, name, reason, scope=None, *, in_force=False):
+    """Create the Halt; with ``in_force``, return once its InForce condition is True (the API
+    server refused the operator's dry run of a call it matches), as ``kubectl reversi halt add
+    --wait`` does: a halt is in force within the API server's informer lag
+    (docs/concepts.md#the-recorded-calls-contract-rule-by-rule), so a test that judges which calls
+    it refuses waits for it first."""
     body = {"apiVersion": f"{G}/{V}", "kind": "Halt", "metadata": {"name": name},
             "spec": {"reason": reason, "by": "oncall", **({"scope": scope} if scope is not None else {})}}
     _custom(admin_api).create_namespaced_custom_object(G, V, namespace, "halts", body)
+    if in_force:
+        wait_for(lambda: next((c for c in (_custom(admin_api).get_namespaced_custom_object(
+            G, V, namespace, "halts", name).get("status") or {}).get("conditions", [])
+            if c["type"] == "InForce" and c["status"] == "True"), None), timeout=30,
+            what=f"Halt {name} in force")
 
 
 def _cluster_halt(admin_api, name, reason, scope=None):
@@ -113,7 +123,7 @@ def _call(rec, tool="payments.get_customer"):
 def test_rule9_halt_scope_matching(rv, users, admin_api, namespace, scope, matches):
     rv.apply_manifest()
     rec = _recorder(users["agent-a"], namespace, "r")
-    _halt(admin_api, namespace, "stop", "investigating duplicate charges", scope)
+    _halt(admin_api, namespace, "stop", "investigating duplicate charges", scope, in_force=True)
     if matches:
         with pytest.raises(Halted) as err:
             _call(rec)
@@ -146,7 +156,7 @@ def test_rule9_halted_sdk_call_raises_before_the_call_is_made(rv, users, admin_a
 
 def test_rule9_creating_a_run_whose_first_steps_match_a_halt_is_refused(rv, users, admin_api, namespace):
     rv.apply_manifest()
-    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"})
+    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"}, in_force=True)
     body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "r"},
             "spec": {"scope": {"actor": "a"}, "manifestRef": {"name": "payments"}, "steps": [
                 {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
@@ -159,7 +169,7 @@ def test_rule9_creating_a_run_whose_first_steps_match_a_halt_is_refused(rv, user
 def test_rule9_recording_a_runstep_that_matches_a_halt_is_refused(rv, users, admin_api, namespace):
     rv.apply_manifest()
     _recorder(users["agent-a"], namespace, "r")
-    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"})
+    _halt(admin_api, namespace, "stop", "maintenance window", {"tool": "payments.create_charge"}, in_force=True)
     step = {"index": 0, "tool": "payments.create_charge", "args": {"order_id": "o", "amount": 1, "customer": "c"},
             "outcome": "intended"}
     with pytest.raises(ApiException) as err:
