@@ -134,7 +134,7 @@ def _pair(lock=None, clock=None):
 
 
 def test_one_candidate_acts_and_the_other_waits():
-    lock, clock, a, b, _ = _pair()
+    _lock, clock, a, b, _ = _pair()
     assert a.attempt() is True and a.acting()
     assert b.attempt() is False and not b.acting() and b.holder() == "a"
     clock.now += T.retry
@@ -145,7 +145,7 @@ def test_a_killed_holder_is_replaced_after_the_lease_and_a_paused_one_never_acts
     """SIGKILL: the holder stops renewing; the standby takes over once the lease ran out on its
     own clock. SIGSTOP past the lease then SIGCONT: the resumed holder's deadline has passed, it
     does not act, and its next attempt finds the other holder."""
-    lock, clock, a, b, _ = _pair()
+    _lock, clock, a, b, _ = _pair()
     a.attempt()
     b.attempt()
     for _ in range(7):  # a is silent (killed or stopped) for 14 s: b waits
@@ -183,7 +183,7 @@ def test_a_restarted_replica_with_the_same_name_takes_its_lease_back_at_once():
 def test_two_candidates_never_act_at_once(schedule):
     """Any interleaving of attempts, silences (a kill or a SIGSTOP is a candidate that makes no
     attempt for a while) and releases: at no moment do both act."""
-    lock, clock, a, b, _ = _pair()
+    _lock, clock, a, b, _ = _pair()
     who = {"a": a, "b": b}
     for name, wait, what in schedule:
         clock.now += wait
