@@ -70,8 +70,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
             metrics.serve(ours.metrics_port)
         # on the parts before the workers start: they stay paused until this replica holds the Lease
         leader = _leader(ours, metrics)
-        kube = Kube(leader.fence.wrap(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections)),
-                    timeout=ours.api_timeout_seconds)
+        api = common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections)
+        # the field manager the API server records for each write (the user agent up to its "/") names the
+        # replica: managedFields say which replica wrote what, and when (docs/operations.md#leader-election)
+        api.user_agent = f"reversi-operator-{leader.identity}/operator"
+        kube = Kube(leader.fence.wrap(api), timeout=ours.api_timeout_seconds)
         parts = runtime.build(ours, kube, metrics, operating=_operating, leader=leader)
         leader.on_started = lambda: _took_over(parts)
         memo[runtime.MEMO_KEY] = parts
