@@ -322,7 +322,7 @@ def _crd_patches(objs: list[dict]) -> list[list[str]]:
 
 def test_leader_election_grants_the_one_lease_by_name_and_create_in_the_release_namespace(render):
     """Two replicas elect the one at work through the Lease <fullname>-operator
-    (docs/operations.md#leader-election): get and update on that Lease by name, create on leases
+    (docs/operations.md#leader-election): get, update, list and watch on that Lease by name, create on leases
     of the release namespace (a create cannot be narrowed to a name), nothing on kopf's peering;
     the pod's name is its holderIdentity, and the timings are client-go's unless set."""
     assert _crd_patches(render()) == []
@@ -334,7 +334,7 @@ def test_leader_election_grants_the_one_lease_by_name_and_create_in_the_release_
         assert role["metadata"]["namespace"] == "reversi-system"
         assert role["rules"] == [
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["rv-reversi-operator"],
-             "verbs": ["get", "update"]},
+             "verbs": ["get", "update", "list", "watch"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
         binding = find(objs, "RoleBinding", "rv-reversi-leader-election")
         assert binding["roleRef"]["name"] == "rv-reversi-leader-election"

@@ -236,3 +236,26 @@ def test_the_leader_gauge_names_the_identity():
     assert value() == 1
     a.release()
     assert value() == 0
+
+
+def test_a_watched_renewal_starts_the_standbys_clock_and_the_next_attempt_comes_at_expiry():
+    """The Lease watch notes a renewal when it lands: the standby's next attempt is due when that
+    lease runs out (sooner than a retry period when it is close), and a release wakes it at once."""
+    lock, clock, a, b, _ = _pair()
+    woken: list[bool] = []
+    b._wake = lambda: woken.append(True)
+    a.attempt()
+    assert b.next_attempt() == T.retry  # nothing observed yet
+    b.seen(lock.record)
+    clock.now += 14.5
+    assert b.next_attempt() == pytest.approx(0.51)
+    assert b.attempt() is False  # the read finds the same record: its clock started at the watch event
+    clock.now += 0.51
+    assert b.attempt() is True
+    a.attempt()
+    b.release()
+    assert not woken
+    a.seen(lock.record)
+    a._wake = lambda: woken.append(True)
+    a.seen(lock.record)
+    assert woken == [True]

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from ..engine.election import Record
@@ -103,6 +103,26 @@ class LeaseLock:
                 "metadata": {"name": self.name, "namespace": self.namespace, "resourceVersion": resource_version},
                 "spec": spec_of(record)}
         self._write(self.coordination.replace_namespaced_lease, self.name, self.namespace, body)
+
+    def watch(self, seen: Callable[[Record], None], stop: threading.Event, every: float) -> None:
+        """Until ``stop`` is set, watch the one Lease (a field selector on its name) and call
+        ``seen(record)`` with each version as it arrives, so a standby notes a renewal or a
+        release the moment it lands rather than at its next read. A watch that ends or fails is
+        opened again after ``every`` seconds. Blocking: run it in a thread of its own."""
+        while not stop.is_set():
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(self.coordination.list_namespaced_lease, self.namespace,
+                                           field_selector=f"metadata.name={self.name}", timeout_seconds=60,
+                                           _request_timeout=75):
+                    if stop.is_set():
+                        break
+                    if event.get("type") in ("ADDED", "MODIFIED") and isinstance(event.get("raw_object"), dict):
+                        seen(record_of(event["raw_object"]))
+            except Exception:  # noqa: BLE001 - the elector's own reads go on; the watch is opened again
+                stop.wait(every)
+            finally:
+                stream.stop()
 
     def _write(self, method: Callable[..., Any], *args: Any) -> None:
         try:

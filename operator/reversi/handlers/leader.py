@@ -4,7 +4,10 @@ keeps its watches, kopf's indices and its informers warm; only the holder of the
 :class:`Leader` is one candidate: :meth:`Leader.run` (an asyncio task the operator's start-up
 activity starts on kopf's event loop) makes one attempt every ``retry`` seconds, each a read and
 at most one write of the Lease in a worker thread (the client blocks), and decides with the pure
-rules of :mod:`reversi.engine.election`. :meth:`Leader.acting` is what the rest of the operator
+rules of :mod:`reversi.engine.election`. A watch of the one Lease (a thread of its own) notes each
+renewal as it lands, so a standby's clock for the holder's lease starts then and not up to a
+retry period later, and a standby makes its next attempt when that lease runs out or the moment
+the Lease is released, not at its next retry. :meth:`Leader.acting` is what the rest of the operator
 asks: the workers and retention before each pass (``paused``), the handlers before they write
 (:meth:`reversi.handlers.runtime.Parts.reconciling`), and the API client's :class:`Fence` before
 each request that writes. When the replica becomes the holder, ``on_started`` runs (the operator
@@ -54,6 +57,8 @@ class Leader:
         self.utc = utc
         self.fence = Fence(self.acting)
         self.task: asyncio.Task | None = None
+        self._halt = threading.Event()  # ends the Lease watch
+        self._wake: Callable[[], None] = lambda: None  # brings the next attempt forward (set by run)
         self._mutex = threading.Lock()
         self._observed: el.Observed | None = None
         self._renewed_at: float | None = None  # when the last successful acquisition or renewal began
@@ -75,6 +80,25 @@ class Leader:
         """The holder as last read (None: none, or not read yet)."""
         with self._mutex:
             return self._observed.record.holder if self._observed is not None else None
+
+    def seen(self, record: el.Record) -> None:
+        """A version of the Lease the watch delivered (:meth:`LeaseLock.watch`): noted now, so a
+        renewal's clock starts when it landed, not at the next read; a released or expiring Lease
+        brings the next attempt forward. Safe from any thread."""
+        with self._mutex:
+            self._observed = el.observe(self._observed, record, self.clock())
+        if not record.holder and not self._stopping:
+            self._wake()
+
+    def next_attempt(self) -> float:
+        """Seconds until the next attempt: the retry period, or sooner when the observed holder's
+        lease runs out before that (a standby then takes it at once)."""
+        with self._mutex:
+            observed, leading = self._observed, self._leading
+        if leading or observed is None or not observed.record.holder or not observed.record.duration:
+            return self.timings.retry
+        left = observed.at + observed.record.duration - self.clock()
+        return min(self.timings.retry, max(left, 0.0) + 0.01)
 
     def attempt(self) -> bool:
         """One attempt (blocking; from a worker thread): step down if the renew deadline passed,
@@ -139,14 +163,30 @@ class Leader:
         this replica becomes the holder, ``on_started`` runs in the default executor (the next
         attempt does not wait for it)."""
         loop = asyncio.get_running_loop()
-        while not self._stopping:
-            try:
-                if await asyncio.to_thread(self.attempt) and self.on_started is not None:
-                    loop.run_in_executor(None, self.on_started)
-            except Exception as err:  # noqa: BLE001 - the next attempt retries; the deadline steps down
-                log.warning("leader election: the Lease %s/%s could not be read or written: %s",
-                            self.lock.namespace, self.lock.name, err)
-            await asyncio.sleep(self.timings.retry)
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(woken.set)
+
+        self._wake = wake
+        # the watch blocks for minutes at a time: a thread of its own, not one of the loop's executor's
+        threading.Thread(target=self.lock.watch, args=(self.seen, self._halt, self.timings.retry), daemon=True,
+                         name="lease-watch").start()
+        try:
+            while not self._stopping:
+                woken.clear()
+                try:
+                    if await asyncio.to_thread(self.attempt) and self.on_started is not None:
+                        loop.run_in_executor(None, self.on_started)
+                except Exception as err:  # noqa: BLE001 - the next attempt retries; the deadline steps down
+                    log.warning("leader election: the Lease %s/%s could not be read or written: %s",
+                                self.lock.namespace, self.lock.name, err)
+                try:
+                    await asyncio.wait_for(woken.wait(), self.next_attempt())
+                except TimeoutError:
+                    pass
+        finally:
+            self._halt.set()
 
     def release(self) -> None:
         """A graceful stop: stop acting at once (the fence closes), wait up to ``DRAIN_SECONDS``
@@ -155,6 +195,7 @@ class Leader:
         with self._mutex:
             self._stopping = True
             was = self._leading
+        self._halt.set()
         self._step_down("the operator is stopping")
         if not was:
             return
