@@ -11,7 +11,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal
+.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -71,6 +71,17 @@ bench-record-load: build
 # the operator's cost next to the bare work: P1-P6 with their targets (ONLY=P1,P4 for a subset)
 bench-rollback: build
 	$(PYTHON) benchmarks/rollback_bench.py $(if $(ONLY),--only $(ONLY),)
+
+# 20 failovers of the operator's Lease holder (SIGKILL, SIGTERM, SIGSTOP past the lease then SIGCONT) at random
+# moments during rollbacks: no compensation made twice, no write by a stopped replica (make test makes 2)
+chaos-failover: build
+	REVERSI_FAILOVER_CHAOS=20 $(PYTHON) -m pytest -q -s tests/integration/test_failover_chaos.py
+
+# failover of the reconciling operator: two operator processes, a 20-step parallelism-2 rollback, the active one
+# SIGKILLed and then SIGTERMed mid-way; seconds to the standby's next Job and each refund made once, for the Lease
+# (targets 15 s and 3 s) and for kopf peering as main runs it (the baseline); ROUNDS=2 for more rounds
+bench-failover: build
+	$(PYTHON) benchmarks/failover_bench.py --rounds $(or $(ROUNDS),1)
 
 # the journal's ceiling: etcd bytes per recorded call, the operator's RSS and first dry run with 0, 10,000 and
 # 50,000 Runs, retention deleting 10,000 expired Runs of 20 steps while agents record, and the archive with

@@ -215,11 +215,16 @@ class OperatorProcess(_Process):
     crash), :meth:`stop` (SIGTERM). Its output goes to ``log``. With a ``webhook_port`` it brings
     the admission webhooks up too, in processes of their own (:attr:`admission`, an
     :class:`AdmissionPool` of ``admission_replicas``, logging beside ``log``): :meth:`kill` ends
-    only the operator, as a crash of its pod would, while :meth:`stop` ends both."""
+    only the operator, as a crash of its pod would, while :meth:`stop` ends both. ``identity``: its
+    name in the operator's Lease (a pod's name; default: the log's stem and a random suffix), the
+    same across restarts of this object, as a pod's name is across restarts of its container: a
+    restarted operator takes its Lease back at once (docs/operations.md#leader-election)."""
 
     def __init__(self, kubeconfig: Path, log: Path, metrics_port: int = 0, webhook_port: int = 0,
-                 tick_seconds: float = 0.5, admission_replicas: int = 2, admission_metrics_port: int = 0):
+                 tick_seconds: float = 0.5, admission_replicas: int = 2, admission_metrics_port: int = 0,
+                 identity: str | None = None):
         self.kubeconfig = kubeconfig
+        self.identity = identity or f"{log.stem}-{os.urandom(3).hex()}"
         self.log = log
         self.metrics_port = metrics_port
         self.webhook_port = webhook_port
@@ -234,7 +239,7 @@ class OperatorProcess(_Process):
         if self.admission is not None and not self.admission.alive():
             self.admission.start(timeout)
         env = {"REVERSI_GAUGE_REFRESH_SECONDS": "2", **os.environ, "PYTHONUNBUFFERED": "1",
-               "REVERSI_TICK_SECONDS": str(self.tick_seconds)}
+               "REVERSI_TICK_SECONDS": str(self.tick_seconds), "REVERSI_LEADER_IDENTITY": self.identity}
         self._spawn("reversi.entrypoints.operator",
                     ["--kubeconfig", str(self.kubeconfig), "--metrics-port", str(self.metrics_port)],
                     env, "operator", timeout)

@@ -193,6 +193,10 @@ class Metrics:
         #: Run of a namespace, not the others, and a 0 it exported would clear a firing alert
         self._synced = False
         self._known_halts: set[str] = set()
+        self.leader = Gauge("reversi_leader",
+                            "1 while this replica holds the operator's Lease and acts, 0 on a standby "
+                            "(docs/operations.md#leader-election); identity: the Lease's holderIdentity it writes.",
+                            ["identity"], registry=r)
         #: (namespace, run) -> the standing undos of an incomplete, unacknowledged Run, from its
         #: status.standing (Runs with none are left out: memory and export cost what stands, not the Runs)
         self._standing_by_run: dict[tuple[str, str], Standing] = {}
@@ -200,6 +204,10 @@ class Metrics:
         self._lock = threading.Lock()
 
     # ----- events from the reconciler ------------------------------------------------------
+
+    def leader_changed(self, identity: str, leading: bool) -> None:
+        """This replica (``identity``) started (True) or stopped acting as the Lease's holder."""
+        self.leader.labels(identity=identity).set(1 if leading else 0)
 
     def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
         """Count a finished request and, with its report and plan, each step by bucket and tool.

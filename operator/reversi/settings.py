@@ -73,7 +73,24 @@ class OperatorSettings(BaseSettings):
         30.0, gt=0, le=300,
         description="A review's body must arrive within this many seconds of its headers, or the connection is dropped "
                     "(reason=\"body\").")
-    peering: str | None = Field(None, description="kopf peering object name (standby replicas); unset: no peering.")
+    lease_name: str = Field(
+        "reversi-operator", min_length=1, max_length=253,
+        description="The coordination.k8s.io Lease the operator's replicas elect their one active replica with "
+                    "(docs/operations.md#leader-election).")
+    lease_namespace: str | None = Field(
+        None, description="The Lease's namespace; unset: the pod's own namespace (its service account's), else "
+                          "\"default\".")
+    leader_identity: str | None = Field(
+        None, max_length=128,
+        description="This replica's name in the Lease (holderIdentity); the chart sets the pod's name. Unset: the "
+                    "host name and the process id. Two running processes must never share one.")
+    lease_seconds: float = Field(15.0, gt=0, le=300, description="How long a holder's Lease is valid after its last "
+                                                                 "renewal was seen (leaseDurationSeconds).")
+    renew_deadline_seconds: float = Field(
+        10.0, gt=0, le=300, description="The holder stops acting when it could not renew the Lease for this long; "
+                                        "must be below lease_seconds.")
+    retry_period_seconds: float = Field(2.0, gt=0, le=60, description="How often every replica reads the Lease "
+                                                                      "(and the holder renews it).")
     status_detail_limit: int = Field(
         200, ge=10, le=2000, description="Most per-step entries and plan actions kept in a request's status.")
     run_wait_seconds: float = Field(

@@ -77,7 +77,7 @@ def find(objs: list[dict], kind: str, name: str | None = None) -> dict:
 #: values that turn every optional feature of the chart on
 ALL_FEATURES: dict[str, Any] = {
     "replicaCount": 2,
-    "peering": {"enabled": True},
+    "leaderElection": {"leaseSeconds": 20, "renewDeadlineSeconds": 12, "retryPeriodSeconds": 3},
     "watchNamespaces": ["shop", "billing"],
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
                 "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},

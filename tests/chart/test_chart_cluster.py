@@ -15,7 +15,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.chart.chartkit import ALL_FEATURES, CHART, HERE, permission_errors, run, undo_an_order
+from tests.chart.chartkit import ALL_FEATURES, HERE, permission_errors, run, undo_an_order
 from tests.helpers import wait_for
 from tests.integration.conftest import RV
 
@@ -26,15 +26,13 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def schemas(cluster, crds, kubectl):
-    """The CRDs the rendered objects need: Reversi's (crds fixture), kopf's peering ones from the
-    chart, and stand-ins for the Prometheus Operator's and cert-manager's (stub-crds.yaml)."""
+    """The CRDs the rendered objects need: Reversi's (crds fixture) and stand-ins for the
+    Prometheus Operator's and cert-manager's (stub-crds.yaml)."""
     kc = cluster.paths.admin_kubeconfig
-    run([kubectl, "--kubeconfig", kc, "apply", "-f", CHART / "crds" / "kopf-peering.yaml", "-f",
-         HERE / "stub-crds.yaml"])
+    run([kubectl, "--kubeconfig", kc, "apply", "-f", HERE / "stub-crds.yaml"])
     run([kubectl, "--kubeconfig", kc, "wait", "--for=condition=Established", "--timeout=60s",
          "crd/servicemonitors.monitoring.coreos.com", "crd/prometheusrules.monitoring.coreos.com",
-         "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io",
-         "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev"])
+         "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io"])
     return kc
 
 

@@ -57,12 +57,10 @@ def test_crds_can_be_left_out_or_left_to_helm_uninstall(render):
     assert len(unkept) == 6 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
 
 
-def test_chart_crds_folder_holds_only_kopf_peering_crds():
-    """Helm installs its crds/ folder once and never upgrades it: only kopf's peering CRDs,
-    shared by every kopf operator, stay there."""
-    assert {p.name for p in (CHART / "crds").glob("*")} == {"kopf-peering.yaml"}
-    names = {d["metadata"]["name"] for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())}
-    assert names == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+def test_chart_has_no_crds_folder():
+    """Helm installs its crds/ folder once and never upgrades it: Reversi's CRDs are templates, and
+    kopf's peering CRDs are gone with peering (docs/operations.md#leader-election)."""
+    assert not (CHART / "crds").exists()
 
 
 # --------------------------------------------------------------------------- default render
@@ -77,6 +75,9 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRole", "rv-reversi-acknowledge"),
         ("ClusterRole", "rv-reversi-force"),
         ("Service", "rv-reversi"), ("Service", "rv-reversi-operator"), ("Deployment", "rv-reversi"),
+        # leader election of the operator's two replicas (docs/operations.md#leader-election)
+        ("PodDisruptionBudget", "rv-reversi"), ("Role", "rv-reversi-leader-election"),
+        ("RoleBinding", "rv-reversi-leader-election"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
         # the admission server: its own Deployment, identity and roles, and the API server's policy
         ("Deployment", "rv-reversi-admission"), ("PodDisruptionBudget", "rv-reversi-admission"),
@@ -98,8 +99,8 @@ def test_default_render_has_the_expected_objects(render):
 def test_deployment_runs_one_restricted_operator(render):
     dep = find(render(), "Deployment", "rv-reversi")
     spec = dep["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -114,7 +115,7 @@ def test_deployment_runs_one_restricted_operator(render):
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["REVERSI_METRICS_PORT"] == "8080" and not any(n.startswith("REVERSI_WEBHOOK") for n in env)
     assert env["REVERSI_NAMESPACES"] == ""
-    assert "REVERSI_PEERING" not in env
+    assert not any("PEERING" in n for n in env)
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert list(mounts) == ["/tmp"], "the operator serves no webhook: it mounts no certificate"
 
@@ -146,7 +147,8 @@ def test_admission_server_runs_apart_in_replicas_that_are_never_all_down(render)
     assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
     assert spec["selector"]["matchLabels"] != find(objs, "Deployment", "rv-reversi")["spec"]["selector"]["matchLabels"]
     one = render({"admission": {"replicas": 1}})
-    assert not [o for o in one if o["kind"] == "PodDisruptionBudget"], "a budget of one replica would block drains"
+    assert not [o for o in one if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "rv-reversi-admission"
+                ], "a budget of one replica would block drains"
 
 
 def test_every_env_var_is_an_operator_setting(render):
@@ -239,7 +241,9 @@ def test_rbac_has_no_wildcards(render, values):
             assert "*" not in rule.get(key, []), f"wildcard in {rule}"
         assert "nonResourceURLs" not in rule
         if "resourceNames" in rule:  # narrows a rule to named objects: only for verbs that name one object
-            assert "*" not in rule["resourceNames"] and set(rule["verbs"]) <= {"get", "patch", "update"}, rule
+            # (list and watch name it with a field selector metadata.name, which RBAC matches: the Lease's watch)
+            assert "*" not in rule["resourceNames"] and set(rule["verbs"]) <= {"get", "patch", "update", "list",
+                                                                                "watch"}, rule
 
 
 def _grants(objs: list[dict]) -> set[tuple[str, str, str]]:
@@ -295,7 +299,7 @@ def test_rbac_grants_the_admission_server_what_its_checks_read_and_no_more(rende
 
 def test_watch_namespaces_binds_write_access_per_namespace(render):
     objs = render({"watchNamespaces": ["shop", "billing"]})
-    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] != "reversi-system"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["billing", "billing", "shop", "shop"]
     assert sorted(b["roleRef"]["name"] for b in bindings) == ["rv-reversi", "rv-reversi", "rv-reversi-admission",
                                                              "rv-reversi-admission"]
@@ -318,23 +322,54 @@ def _crd_patches(objs: list[dict]) -> list[list[str]]:
             if "customresourcedefinitions" in rule["resources"] and "patch" in rule["verbs"]]
 
 
-def test_peering_adds_its_object_rbac_and_env(render):
-    """With peering the operator announces itself in the peering object and may patch the CRD of
-    the peering kind, by name only: its workers follow kopf's pause through a kopf daemon there,
-    which holds kopf's finalizer (docs/operations.md#standby-replicas-peering)."""
+def test_leader_election_grants_the_one_lease_by_name_and_create_in_the_release_namespace(render):
+    """Two replicas elect the one at work through the Lease <fullname>-operator
+    (docs/operations.md#leader-election): get, update, list and watch on that Lease by name, create on leases
+    of the release namespace (a create cannot be narrowed to a name), nothing on kopf's peering;
+    the pod's name is its holderIdentity, and the timings are client-go's unless set."""
     assert _crd_patches(render()) == []
-    objs = render({"peering": {"enabled": True}, "replicaCount": 2})
-    assert find(objs, "ClusterKopfPeering", "reversi")
-    assert ("kopf.dev", "clusterkopfpeerings", "patch") in _grants(objs)
-    assert _crd_patches(objs) == [["clusterkopfpeerings.kopf.dev"]]
+    for values in ({}, {"watchNamespaces": ["shop"]}):
+        objs = render(values)
+        assert not [o for o in objs if "Peering" in o["kind"]]
+        assert not [g for g in _grants(objs) if g[0] == "kopf.dev"]
+        role = find(objs, "Role", "rv-reversi-leader-election")
+        assert role["metadata"]["namespace"] == "reversi-system"
+        assert role["rules"] == [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["rv-reversi-operator"],
+             "verbs": ["get", "update", "list", "watch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+        binding = find(objs, "RoleBinding", "rv-reversi-leader-election")
+        assert binding["roleRef"]["name"] == "rv-reversi-leader-election"
+        assert binding["subjects"][0]["name"] == "rv-reversi"
+    dep = find(render({"leaderElection": {"leaseSeconds": 30}}), "Deployment", "rv-reversi")
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["REVERSI_LEASE_NAME"]["value"] == "rv-reversi-operator"
+    assert env["REVERSI_LEASE_NAMESPACE"]["value"] == "reversi-system"
+    assert env["REVERSI_LEADER_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert (env["REVERSI_LEASE_SECONDS"]["value"], env["REVERSI_RENEW_DEADLINE_SECONDS"]["value"],
+            env["REVERSI_RETRY_PERIOD_SECONDS"]["value"]) == ("30", "10", "2")
+
+
+def test_two_operator_replicas_spread_over_nodes_with_a_disruption_budget_and_one_stays_possible(render):
+    """Two replicas by default, apart on different nodes where there are several, a
+    PodDisruptionBudget of minAvailable 1; one replica renders no budget (it would block every drain)."""
+    objs = render()
+    pdb = find(objs, "PodDisruptionBudget", "rv-reversi")
     dep = find(objs, "Deployment", "rv-reversi")
-    assert dep["spec"]["replicas"] == 2
-    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["REVERSI_PEERING"] == "reversi"
-    namespaced = render({"peering": {"enabled": True}, "watchNamespaces": ["shop"]})
-    assert find(namespaced, "KopfPeering", "reversi")["metadata"]["namespace"] == "shop"
-    assert ("kopf.dev", "kopfpeerings", "patch") in _grants(namespaced)
-    assert _crd_patches(namespaced) == [["kopfpeerings.kopf.dev"]]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    pod = dep["spec"]["template"]["spec"]
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    single = render({"replicaCount": 1})
+    assert find(single, "Deployment", "rv-reversi")["spec"]["replicas"] == 1
+    assert find(single, "Deployment", "rv-reversi")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    assert not [o for o in single if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == "rv-reversi"]
+    own = render({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}]}}}})
+    assert list(find(own, "Deployment", "rv-reversi")["spec"]["template"]["spec"]["affinity"]) == ["nodeAffinity"]
 
 
 def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):
@@ -472,7 +507,8 @@ def test_webhooks_off_renders_no_webhook_objects(render):
     objs = render({"webhook": {"enabled": False}})
     kinds = {o["kind"] for o in objs}
     assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret",
-                        "ValidatingAdmissionPolicy", "PodDisruptionBudget"}
+                        "ValidatingAdmissionPolicy"}
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "PodDisruptionBudget"] == ["rv-reversi"]
     container = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert not any(e["name"].startswith("REVERSI_WEBHOOK") for e in container["env"])
     assert [p["name"] for p in container["ports"]] == ["health", "metrics"]
@@ -565,7 +601,7 @@ def test_dashboard_job_variable_follows_metrics_job_name(render):
 
 def test_every_optional_feature_renders(render):
     kinds = {o["kind"] for o in render(ALL_FEATURES)}
-    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate", "Issuer", "KopfPeering",
+    assert {"ServiceMonitor", "PrometheusRule", "ConfigMap", "Certificate", "Issuer", "PodDisruptionBudget",
             "RoleBinding"} <= kinds
 
 
@@ -584,7 +620,9 @@ def test_image_digest_wins_over_the_tag(render):
     ({"unknownKey": 1}, "additional properties 'unknownKey' not allowed"),
     ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
     ({"webhook": {"unknown": True}}, "additional properties 'unknown' not allowed"),
-    ({"replicaCount": 2}, "/replicaCount"),  # more than one replica needs peering
+    ({"replicaCount": 6}, "/replicaCount"),
+    ({"peering": {"enabled": True}}, "additional properties 'peering' not allowed"),  # gone: the Lease elects
+    ({"leaderElection": {"leaseSeconds": 0}}, "/leaderElection/leaseSeconds"),
     ({"metrics": {"port": 70000}}, "/metrics/port"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
     ({"image": {"digest": "latest"}}, "/image/digest"),

@@ -1,5 +1,5 @@
 """Other ways to install the chart, on the local control plane: watching some namespaces (write
-access through RoleBindings) with kopf peering, and without webhooks."""
+access through RoleBindings) with its replicas' Lease, and without webhooks."""
 
 from __future__ import annotations
 
@@ -19,24 +19,26 @@ from tests.integration.conftest import RV
 pytestmark = pytest.mark.cluster
 
 
-def test_namespaced_release_with_peering_undoes_a_run_in_its_namespace(installed, admin_api, namespace,
-                                                                        downstream, kubectl):
+def test_namespaced_release_with_two_replicas_undoes_a_run_in_its_namespace(installed, admin_api, namespace,
+                                                                             downstream, kubectl):
     """watchNamespaces: the operator's namespaced rights come from a RoleBinding in the watched
-    namespace only; with peering it announces itself in the namespace's KopfPeering. It logs no
-    missing permission and undoes a run there."""
+    namespace only; its two replicas elect one through the Lease <fullname>-operator in the release
+    namespace (docs/operations.md#leader-election), which names a pod. It logs no missing
+    permission and undoes a run there."""
     downstream.post("/_reset", {})
-    with installed(watchNamespaces=[namespace], peering={"enabled": True}) as rel:
+    with installed(watchNamespaces=[namespace], replicaCount=2) as rel:
         sa = f"system:serviceaccount:{rel.namespace}:{rel.fullname}"
         for ns, allowed in ((namespace, "yes"), ("default", "no")):
             out = rel.kubectl_cmd("auth", "can-i", "create", "jobs.batch", "--as", sa, "-n", ns, check=False)
             assert out.stdout.strip() == allowed, f"create jobs in {ns}: {out.stdout}{out.stderr}"
 
-        def announced() -> dict:
-            out = rel.kubectl_cmd("get", "kopfpeerings.kopf.dev", "reversi", "-n", namespace, "-o", "json")
-            return json.loads(out.stdout).get("status") or {}
+        def holder() -> str | None:
+            out = rel.kubectl_cmd("get", "lease", f"{rel.fullname}-operator", "-n", rel.namespace, "-o", "json",
+                                  check=False)
+            return (json.loads(out.stdout).get("spec") or {}).get("holderIdentity") if out.returncode == 0 else None
 
-        peers = wait_for(announced, timeout=30, what="the operator to announce itself in the KopfPeering")
-        assert len(peers) == 1, peers
+        pod = wait_for(holder, timeout=60, what="a replica to hold the operator's Lease")
+        assert pod.startswith(rel.fullname + "-"), pod
         done, charge, _ = undo_an_order(RV(admin_api, namespace, downstream), "o-chart-ns")
         assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)[:3000]
         assert downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True

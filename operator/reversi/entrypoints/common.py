@@ -150,7 +150,7 @@ def settings_from_flags(namespaces: tuple[str, ...], kubeconfig: str | None, met
 
 
 def identity() -> Any:
-    """This process's name among its peers (kopf peering, the KopfPeering object), a str (typed
+    """This process's name for kopf (its ``identity``), a str (typed
     ``Any``: kopf's own type for it, a NewType of str, is not public): its host name
     (a pod's name) and a unique suffix, ``<host>/<UTC time>-<random hex>``. kopf's own default
     starts with the user's name from the password database, which a container that runs as a bare

@@ -12,11 +12,13 @@ flags override them. In a pod the in-cluster service account is used, elsewhere 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import platform
 import threading
 from concurrent.futures import ThreadPoolExecutor
-import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -24,11 +26,12 @@ import kopf
 
 from ..adapters.kube import Kube
 from ..adapters.journal import MOVE_WORKERS
+from ..adapters.lease import LeaseLock
+from ..engine.election import Timings
 from . import common
 from ..handlers import halts as _halt_handlers  # noqa: F401 - registers the handlers
 from ..handlers import indices as _indices  # noqa: F401 - registers the kopf indices
 from ..handlers import manifests as _manifest_handlers  # noqa: F401
-from ..handlers import peering as _peering  # workers follow kopf's peering pause (its daemon registers)
 from ..handlers import rollback as _rollback_handlers  # noqa: F401
 from ..handlers import runs as _run_handlers
 from ..handlers import caches
@@ -39,11 +42,13 @@ from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
 from ..handlers.runs import RunStatusWriter
 from ..handlers.workers import Workers
+from ..handlers.leader import Leader
 from ..handlers import schema as schema_handlers
 from ..metrics import Metrics
 
 log = logging.getLogger("reversi.operator")
-PEERING_PRIORITY_BASE = 10**11
+#: the pod's namespace, as its service account sees it (the Lease's default namespace)
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 @kopf.on.startup()
@@ -52,29 +57,26 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     ``memo`` for every handler (:mod:`reversi.handlers.runtime`)."""
     ours = runtime.settings_of(memo)
     common.configure_kopf(settings, ours)
-    if ours.peering is None:
-        settings.peering.standalone = True
-    else:
-        # kopf freezes every operator of the same priority, so replicas must differ: the oldest
-        # replica gets the highest priority and works; younger ones stand by (a restarted pod
-        # never preempts the one at work) and take over when it is gone
-        settings.peering.name = ours.peering
-        settings.peering.mandatory = True
-        settings.peering.priority = PEERING_PRIORITY_BASE - int(time.time() * 10) % PEERING_PRIORITY_BASE
+    # every replica watches (kopf's indices and our informers stay warm); the Lease says who acts
+    settings.peering.standalone = True
     parts = runtime.built(memo)  # a retry of this activity: the port and threads are there already
     if parts is None:
         # a connection for each thread that calls the API at once: reconcile workers, kopf's handler
         # threads, an inline journal's move, the gauges' refresh, retention's workers and the informers' watches
         informer_watches = len(caches.KINDS) * max(len(ours.namespaces), 1)
         connections = ours.workers + ours.handler_threads + MOVE_WORKERS + 1 + ours.retention_workers + informer_watches
-        kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections),
-                    timeout=ours.api_timeout_seconds)
         metrics = Metrics(namespaces=ours.namespaces)
         if ours.metrics_port:
             metrics.serve(ours.metrics_port)
-        # on the parts before the workers start: with peering they stay paused until kopf runs this replica
-        peering = _peering.Peering(peering=ours.peering is not None, clusterwide=not ours.namespaces)
-        parts = runtime.build(ours, kube, metrics, operating=_operating, peering=peering)
+        # on the parts before the workers start: they stay paused until this replica holds the Lease
+        leader = _leader(ours, metrics)
+        api = common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections)
+        # the field manager the API server records for each write (the user agent up to its "/") names the
+        # replica: managedFields say which replica wrote what, and when (docs/operations.md#leader-election)
+        api.user_agent = f"reversi-operator-{leader.identity}/operator"
+        kube = Kube(leader.fence.wrap(api), timeout=ours.api_timeout_seconds)
+        parts = runtime.build(ours, kube, metrics, operating=_operating, leader=leader)
+        leader.on_started = lambda: _took_over(parts)
         memo[runtime.MEMO_KEY] = parts
         _start_retention(parts)
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
@@ -92,15 +94,47 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     caches.start(parts.informers)
 
 
+def _leader(ours: Any, metrics: Metrics) -> Leader:
+    """This replica's candidate for the Lease (docs/operations.md#leader-election), on an API
+    client of its own (a renewal never waits for a connection the workers hold)."""
+    namespace = ours.lease_namespace or (POD_NAMESPACE_FILE.read_text().strip() if POD_NAMESPACE_FILE.exists()
+                                         else "default")
+    identity = ours.leader_identity or f"{platform.node() or 'reversi'}_{os.getpid()}"
+    timings = Timings(ours.lease_seconds, ours.renew_deadline_seconds, ours.retry_period_seconds)
+    api = common.api_client(os.environ.get("REVERSI_KUBECONFIG"), 2)
+    lock = LeaseLock(api, namespace, ours.lease_name, timeout=max(timings.retry, timings.renew_deadline / 2))
+    return Leader(lock, identity, timings, metrics=metrics)
+
+
+def _took_over(parts: runtime.Parts) -> None:
+    """This replica now holds the Lease: take up every object again (a standby's handlers did
+    nothing, and kopf does not replay what it has seen) and post what the schema check found."""
+    try:
+        if parts.schema is not None and not parts.schema.ok:
+            parts.schema = None  # checked again: the Events SchemaOutdated are posted by the holder
+            schema_handlers.check_now(parts)
+        elif parts.reconciling():
+            schema_handlers.resync(parts)
+    except Exception as err:  # noqa: BLE001 - events and the requests' own Jobs take them up too
+        log.warning("taking up every object after getting the Lease failed: %s", err)
+
+
+@kopf.on.startup(id="leader-election")
+async def elect(memo: kopf.Memo, **_: Any) -> None:
+    """Start this replica's candidate for the Lease on kopf's event loop (after ``configure``,
+    registered after it; kopf cancels the task at exit, after ``cleanup`` released the Lease)."""
+    parts = runtime.built(memo)
+    if parts is not None and parts.leader is not None and parts.leader.task is None:
+        parts.leader.task = asyncio.create_task(parts.leader.run(), name="reversi-leader-election")
+
+
 def _operating(parts: runtime.Parts) -> runtime.Operating:
     """The reconciler (reading kopf's indices and the run informers from ``parts``), the workers,
-    a fixed pool started now (the threads do not grow with the requests) that follows the parts'
-    peering pause (never paused without one), and the Run status writer (one thread)."""
+    a fixed pool started now (the threads do not grow with the requests) that starts no pass
+    while this replica does not hold the Lease, and the Run status writer (one thread)."""
     ours = parts.settings
     reconciler = Reconciler(parts.kube, ours, parts.metrics, allowed=parts.reconciling, shared=parts)
-    peering = parts.peering
-    workers = Workers(reconciler, ours.tick_seconds, size=ours.workers,
-                      paused=peering.paused if peering is not None else lambda: False)
+    workers = Workers(reconciler, ours.tick_seconds, size=ours.workers, paused=parts.paused)
     workers.start()
     run_status = RunStatusWriter(parts.kube, ours.run_status_quiet_seconds, parts.reconciling)
     return runtime.Operating(reconciler, workers, run_status)
@@ -111,12 +145,11 @@ def _start_retention(parts: runtime.Parts) -> None:
     started now: the informers list while kopf starts its own watches."""
     ours = parts.settings
     parts.informers = caches.build(parts.kube.api, ours.namespaces, timeout=ours.api_timeout_seconds)
-    peering = parts.peering
     parts.retention = Retention(
         parts.kube, parts.informers["runs"], parts.informers["namespaces"], parts.informers["requests"],
         default_ttl=ours.retention_ttl_seconds, deletes_per_second=ours.retention_deletes_per_second,
         workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
-        paused=peering.paused if peering is not None else lambda: False)
+        paused=parts.paused)
     if ours.archive_dsn is not None:  # the record is written before each delete (docs/operations.md#the-archive)
         retention = parts.retention
         parts.retention.archive = Archiver(
@@ -147,6 +180,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
     parts = runtime.built(memo)
     if parts is None:
         return
+    if parts.leader is not None:  # first: no write leaves from here on, and the standby starts at once
+        parts.leader.release()
     parts.stopping.set()
     operating = parts.operating()
     operating.workers.stop_all()
@@ -166,7 +201,7 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def main(namespaces: tuple[str, ...], kubeconfig: str | None, metrics_port: int | None, verbose: bool) -> None:
     ours = common.settings_from_flags(namespaces, kubeconfig, metrics_port, verbose)
     kopf.run(clusterwide=not ours.namespaces, namespaces=ours.namespaces,
-             standalone=ours.peering is None, liveness_endpoint=common.liveness_endpoint(ours),
+             standalone=True, liveness_endpoint=common.liveness_endpoint(ours),
              identity=common.identity(), memo=kopf.Memo({runtime.SETTINGS_KEY: ours}))
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ class Retention:
     RollbackRequests (values from :func:`request_facts`). ``default_ttl``: seconds, None to keep
     forever. ``archive(facts, steps)``: writes the Run's record before the delete and raises when
     it could not (None: no archive). ``reconciling``: whether the operator may act now;
-    ``paused``: true while kopf's peering pauses this replica. ``metrics``: the operator's
+    ``paused``: true while this replica does not hold the Lease. ``metrics``: the operator's
     :class:`reversi.metrics.Metrics` or None."""
 
     def __init__(self, kube: Kube, runs: Informer[RunKey, rules.RunFacts], namespaces: Informer[str, str],

@@ -23,8 +23,8 @@ from ..adapters.stepwatch import RunJournals
 from ..models.run import RunSpec
 from ..settings import OperatorSettings
 
-if TYPE_CHECKING:  # types only: the start-up handler builds them (build's ``operating`` and ``peering``)
-    from .peering import Peering
+if TYPE_CHECKING:  # types only: the start-up handler builds them (build's ``operating`` and ``leader``)
+    from .leader import Leader
     from .reconciler import Reconciler
     from .runs import RunStatusWriter
     from .workers import Workers
@@ -91,14 +91,25 @@ class Parts:
     informers: dict[str, Any] = field(default_factory=dict)
     #: the retention controller (``reversi.handlers.retention.Retention``; ``reversi-operator`` only)
     retention: Any = None
-    #: whether kopf's peering lets this replica work (``reversi.handlers.peering.Peering``;
-    #: ``reversi-operator`` only: its start-up handler builds it with the parts, before the workers)
-    peering: Peering | None = None
+    #: this replica's candidate for the Lease (``reversi.handlers.leader.Leader``; ``reversi-operator``
+    #: only: its start-up handler builds it with the parts, before the workers). None: no election
+    #: (the admission server, unit tests): the process always acts
+    leader: Leader | None = None
+
+    def acting(self) -> bool:
+        """Whether this replica holds the Lease and may act now (docs/operations.md#leader-election);
+        always True without a leader election."""
+        return self.leader is None or self.leader.acting()
+
+    def paused(self) -> bool:
+        """The opposite of :meth:`acting`: the work queues start no pass while it is true."""
+        return not self.acting()
 
     def reconciling(self) -> bool:
         """Whether the operator may write status: only after a schema check found the installed
-        CRDs current (``reversi.handlers.schema``); older CRDs would prune what it writes."""
-        return self.schema is not None and self.schema.ok
+        CRDs current (``reversi.handlers.schema``; older CRDs would prune what it writes), and only
+        while this replica holds the Lease (:meth:`acting`)."""
+        return self.schema is not None and self.schema.ok and self.acting()
 
     def operating(self) -> Operating:
         """The reconciler, the workers and the Run status writer of ``reversi-operator``. Raises
@@ -109,14 +120,14 @@ class Parts:
 
 
 def build(settings: OperatorSettings, kube: Kube, metrics: Any = None,
-          operating: Callable[[Parts], Operating] | None = None, peering: Peering | None = None) -> Parts:
+          operating: Callable[[Parts], Operating] | None = None, leader: Leader | None = None) -> Parts:
     """``reversi-operator``'s parts, with a run informer set for the journals. ``operating``
     builds the reconciler, the workers and the Run status writer from the parts (the start-up
     handler passes it: this module never imports them, so nothing they import reaches back up to
-    them); ``peering`` (the start-up handler's) is on the parts before ``operating`` runs, so the
+    them); ``leader`` (the start-up handler's) is on the parts before ``operating`` runs, so the
     workers it starts follow it."""
     built = Parts(settings, kube, metrics,
-                  journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds), peering=peering)
+                  journals=RunJournals(kube.custom, idle_seconds=settings.journal_idle_seconds), leader=leader)
     if operating is not None:
         built.operating_parts = operating(built)
     return built

@@ -42,7 +42,7 @@ def check_now(parts: runtime.Parts) -> schema.SchemaCheck:
     if not result.ok:
         if before is None or before.problems != result.problems:
             log.error("refusing to reconcile: %s", result.summary())
-            by_name = {crd["metadata"]["name"]: crd for crd in crds}
+            by_name = {crd["metadata"]["name"]: crd for crd in crds} if parts.acting() else {}
             for problem in result.problems:
                 name = problem.split(" ", 1)[0]
                 if name in by_name:
@@ -52,10 +52,11 @@ def check_now(parts: runtime.Parts) -> schema.SchemaCheck:
         log.info("%s", result.summary())
     elif not before.ok:
         log.info("the CRDs were upgraded: %s; reconciling again", result.summary())
-        for crd in crds:
-            _crd_event(parts.kube, crd, cond.SCHEMA_CURRENT, f"{result.summary()}; the operator reconciles again",
-                       False)
-        resync(parts)
+        if parts.acting():  # a standby takes everything up when it gets the Lease (reversi.handlers.leader)
+            for crd in crds:
+                _crd_event(parts.kube, crd, cond.SCHEMA_CURRENT,
+                           f"{result.summary()}; the operator reconciles again", False)
+            resync(parts)
     return result
 
 

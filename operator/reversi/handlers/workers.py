@@ -10,7 +10,9 @@ passes at once, and a burst of events for one request makes one pass.
 A pass that raises is retried with the queue's backoff per key (``tick * 2**failures``, at most
 30 s); during the backoff an event does not bring the pass forward (the request's own status
 write would), and after three failures in a row the request says so (``report_error``). While
-kopf's peering pauses the operator (a standby replica), no pass starts (``paused``).
+this replica does not hold the Lease (a standby: docs/operations.md#leader-election), no pass
+starts (``paused``); a pass whose write the fence refused (the Lease was lost mid-pass) is no
+failure: it is queued again and runs if this replica holds the Lease again.
 
 Workers are plain threads rather than kopf daemons because kopf puts a finalizer on objects with
 daemons, and a finalizer would keep requests (and their namespaces) from being deleted whenever
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from kubernetes.client.rest import ApiException
 
 from ..adapters.kube import api_message
+from ..adapters.lease import NotLeading
 from ..workqueue import Backoff, WorkQueue
 from .reconciler import PassMemory, Reconciler
 
@@ -48,7 +51,7 @@ def _describe(err: Exception) -> str:
 class Workers:
     """The rollback work queue and its pool (see the module docstring). ``tick_seconds``: the
     backoff's base; ``size``: threads in the pool (``settings.workers``); ``paused``: true while no
-    pass may start (kopf's peering pause)."""
+    pass may start (this replica does not hold the Lease)."""
 
     def __init__(self, reconciler: Reconciler, tick_seconds: float, size: int = 4,
                  paused: Callable[[], bool] = lambda: False):
@@ -96,7 +99,11 @@ class Workers:
         namespace, name = key.split("/", 1)
         with self._lock:
             memory = self._memory.setdefault(key, PassMemory())
-        delay = self.reconciler.reconcile(namespace, name, memory)
+        try:
+            delay = self.reconciler.reconcile(namespace, name, memory)
+        except NotLeading as err:
+            log.info("RollbackRequest %s: pass stopped, %s", key, err)
+            return self.reconciler.settings.tick_seconds
         if delay is None:
             self._forget_memory(key)
         return delay
