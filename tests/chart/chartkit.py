@@ -130,15 +130,28 @@ class Release:
         self.helm_cmd("uninstall", self.name, "--namespace", self.namespace, "--wait", "--timeout", "120s",
                       check=check)
 
-    def pod(self) -> dict:
+    def operator_pods(self) -> list[dict]:
+        """The operator's pods (every replica), not being deleted."""
         out = self.kubectl_cmd("get", "pods", "-n", self.namespace, "-o", "json", "-l",
                                f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=operator")
-        pods = [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
-        assert len(pods) == 1, f"expected one operator pod, found {[p['metadata']['name'] for p in pods]}"
-        return pods[0]
+        return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def pod(self) -> dict:
+        """The operator pod at work: the only one, or the one named by the release's Lease
+        (docs/operations.md#leader-election); waits up to 60 s for a replica to hold it."""
+        def at_work() -> dict | None:
+            pods = self.operator_pods()
+            if len(pods) == 1:
+                return pods[0]
+            holder = self.kubectl_cmd("get", "lease", "-n", self.namespace, f"{self.fullname}-operator", "-o",
+                                      "jsonpath={.spec.holderIdentity}", check=False).stdout.strip()
+            return next((p for p in pods if p["metadata"]["name"] == holder), None)
+        return wait_for(at_work, timeout=60, what=f"an operator pod of {self.name} holding its Lease")
 
     def logs(self) -> str:
-        return self.kubectl_cmd("logs", "-n", self.namespace, self.pod()["metadata"]["name"], check=False).stdout
+        """The logs of every operator replica, one after the other (the one at work and the standbys)."""
+        return "\n".join(self.kubectl_cmd("logs", "-n", self.namespace, p["metadata"]["name"], check=False).stdout
+                         for p in self.operator_pods())
 
     def admission_pods(self) -> list[dict]:
         """The admission server's pods (reversi-admission), not being deleted."""

@@ -40,6 +40,7 @@ def _old_chart(tmp_path: Path) -> Path:
     old = tmp_path / "reversi"
     shutil.copytree(CHART, old)
     shutil.rmtree(old / "templates" / "crds")
+    (old / "crds").mkdir(exist_ok=True)
     for info in ALL_CRDS:
         crd = crdgen.crd_for(info)
         del crd["metadata"]["annotations"]
