@@ -387,6 +387,50 @@ def test_a_rolling_upgrade_of_the_release_refuses_no_call_an_agent_records(shop,
     assert len(charges) == len(recorded) == len([s for s in steps if s["spec"].get("outcome") == "succeeded"])
 
 
+def _lease_holder(real_api) -> str | None:
+    """The operator pod that holds the release's Lease (its ``holderIdentity``), or None."""
+    lease = client.CoordinationV1Api(real_api).read_namespaced_lease(f"{on_real_node.RELEASE}-operator",
+                                                                     on_real_node.SYSTEM_NS)
+    return lease.spec.holder_identity or None
+
+
+def test_the_charts_standby_operator_takes_over_a_rollback_whose_leader_pod_is_killed(shop, real_api):
+    """The chart's two operator replicas on the real node: the pod holding the Lease is deleted
+    with a grace period of 0 (the kubelet stops it at once; the operator releases its Lease as it
+    stops) while a two-step rollback at parallelism 1 waits on its first refund; the other replica
+    takes the Lease and finishes the rollback, and the downstream made each refund exactly once
+    (docs/operations.md#leader-election). A SIGKILLed holder is the local control plane's case
+    (tests/integration/test_leader_election.py)."""
+    from reversi.sdk import Recorder
+
+    shop.manifest([shop.runner()])
+    rec = Recorder.open(shop.namespace, "order-9", manifest="tools", api=real_api)
+    charges = [rec.call("payments.create_charge", {"order_id": order, "amount": 300, "customer": "cus_9"},
+                        lambda a: shop.downstream.create_charge(a["order_id"], a["amount"], a["customer"],
+                                                                idempotency_key=a["order_id"]))
+               for order in ("o-9a", "o-9b")]
+    # the first refund happens downstream and is answered 5 s later: the kill lands mid-call
+    shop.downstream.inject_fault("/payments/refunds", "timeout", times=1, delay_s=5)
+    name = shop.roll_back("order-9", parallelism=1)
+    wait_for(lambda: shop.pods(**{"reversi.dev/role": "compensator"}) or None, timeout=90,
+             what="the rollback's first compensator pod")
+    holder = wait_for(lambda: _lease_holder(real_api), timeout=30, what="a Lease holder")
+    standby = {p.metadata.name for p in client.CoreV1Api(real_api).list_namespaced_pod(
+        on_real_node.SYSTEM_NS, label_selector="app.kubernetes.io/component=operator").items} - {holder}
+    assert standby, "the chart runs one operator replica: no standby to take over"
+    killed = time.monotonic()
+    client.CoreV1Api(real_api).delete_namespaced_pod(holder, on_real_node.SYSTEM_NS, grace_period_seconds=0)
+    new = wait_for(lambda: (h := _lease_holder(real_api)) and h != holder and h, timeout=60,
+                   what="another replica to take the Lease")
+    took = time.monotonic() - killed
+    done = shop.wait_final(name, timeout=240)
+    print(f"real-node failover: {holder} killed, {new} holds the Lease {took:.1f} s later")
+    assert new in standby, (new, standby)
+    assert done["status"]["phase"] == "Succeeded", describe(shop, name)
+    for charge in charges:
+        assert len(shop.refunds(charge["id"])) == 1, shop.downstream.state()["refunds"]
+
+
 #: rollbacks of the real node's chaos case: ``make test`` runs one (containerd, the fault no other
 #: case covers), ``make chaos`` many (REVERSI_NODE_CHAOS_ROLLBACKS), every fault in turn, then at random
 NODE_CHAOS_ROLLBACKS = int(os.environ.get("REVERSI_NODE_CHAOS_ROLLBACKS", "1"))
