@@ -6,13 +6,15 @@ Calls (step: tool): 0 payments.get_customer (read), 1 payments.create_charge, 2 
 (dependsOn step 1: the mug is held for this charge), 3 payments.capture (requires the charge; its
 undo needs approval), 4 inventory.reserve of a poster (times out: the effect is unknown, so the
 step is recorded uncertain), 5 email.send (irreversible), 6 inventory.get_stock (read),
-7 payments.create_charge of the shipping fee. Prints one line per call. The calls run inside a
-recovery boundary (``Recorder.boundary``): if the agent crashes, what it did is rolled back.
+7 payments.create_charge of the shipping fee. Prints one line per call.
 
 When a halt refuses a call, or the shop refuses one (an order id used before, no stock), the agent
-stops with one line that says so (exit 1) and leaves the run as it is for on call to decide (no
-rollback: that is not a crash); a poster out of stock is recorded as failed and the agent goes
-on. A run refused before its first call is not left behind empty.
+stops with one line that says so (exit 1) and leaves the run as it is; a poster out of stock is
+recorded as failed and the agent goes on. Anything else that stops it is one line too, naming the
+log file that holds the traceback. The agent never rolls its own run back: it holds only the rights
+of an agent that records (the chart's ``<release>-record`` role, docs/operations.md#an-agents-rights),
+and the rollback of a failed run belongs to the on-call engineer (``kubectl reversi rollback``),
+who sees what the agent did before deciding what to undo.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demo.downstream.client import Client, DownstreamError
-from reversi.adapters.journal import list_objects
-from reversi.sdk import Boundary, Halted, RecordingRefused, Recorder
+from reversi.sdk import Halted, RecordingRefused, Recorder
 
 
 def main() -> int:
@@ -36,42 +40,50 @@ def main() -> int:
     p.add_argument("--downstream", required=True)
     p.add_argument("--kubeconfig", default=None)
     p.add_argument("--order", default="o-4711", help="order id (use a new one for each run: the shop remembers keys)")
+    p.add_argument("--log", type=Path, default=None,
+                   help="where a failure's traceback goes (default: reversi-agent-RUN.log in the temp folder)")
     args = p.parse_args()
-
-    shop = Client(args.downstream, timeout=5)
-    # an HTTP error answer means the shop refused the call: nothing happened (failed); anything
-    # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain).
-    # The boundary: should the checkout itself crash, the calls it made are rolled back at once
-    # (and the crash re-raised, or RollbackIncomplete when not everything could be undone). A halt
-    # or a refusal is not a crash: the agent stops and leaves the run for on call to decide.
-    with Recorder.boundary(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
-                           scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
-                           failed_errors=(DownstreamError,)) as rec:
-        try:
-            return checkout(rec, shop, args.order)
-        except Halted as err:
-            print(f"  agent  halted, no further calls: {err}", flush=True)
-        except RecordingRefused as err:
-            print(f"  agent  the API server refused to record the next call: {err}", flush=True)
-        except DownstreamError as err:
-            print(f"  agent  the shop refused a call ({err}), recorded as failed; use a new --order for a new run",
-                  flush=True)
-        if not list_objects(rec.custom, args.namespace, args.run):
-            forget_empty_run(args, rec)
+    log = args.log or Path(tempfile.gettempdir()) / f"reversi-agent-{args.run}.log"
+    try:
+        return record(args)
+    except Exception as err:  # noqa: BLE001 - one line for a person, the traceback for the log
+        log.write_text(traceback.format_exc())
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"  agent  failed: {type(err).__name__}: {first} (traceback in {log}); the run is left as it is "
+              f"for on call: kubectl reversi describe run {args.run} -n {args.namespace}", flush=True)
         return 1
 
 
-def forget_empty_run(args: argparse.Namespace, rec: Recorder) -> None:
-    """A run refused before its first call holds nothing: delete it, so the name can be used again."""
+def record(args: argparse.Namespace) -> int:
+    """Open the run and make the calls; 0 when all were made, 1 when a refusal stopped them."""
+    shop = Client(args.downstream, timeout=5)
+    # an HTTP error answer means the shop refused the call: nothing happened (failed); anything
+    # else going wrong (a timeout, a dropped connection) leaves the effect unknown (uncertain).
     try:
-        rec.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", args.namespace, "runs", args.run)
-        print(f"  agent  Run {args.namespace}/{args.run} recorded no call and was removed", flush=True)
-    except Exception as err:  # noqa: BLE001 - no permission to delete: say so, leave it
-        print(f"  agent  Run {args.namespace}/{args.run} recorded no call; delete it with kubectl delete run "
-              f"{args.run} -n {args.namespace} ({type(err).__name__})", flush=True)
+        rec = Recorder.open(args.namespace, args.run, manifest=args.manifest, kubeconfig=args.kubeconfig,
+                            scope={"actor": "checkout-agent", "tenant": "acme", "environment": "prod"},
+                            failed_errors=(DownstreamError,))
+    except RecordingRefused as err:
+        print(f"  agent  the API server refused to open the run: {err}", flush=True)
+        return 1
+    left = (f"the run is left for on call (kubectl reversi describe run {args.run} -n {args.namespace}; "
+            "its rollback is theirs)")
+    try:
+        return checkout(rec, shop, args.order)
+    except Halted as err:
+        print(f"  agent  halted, no further calls: {err}; {left}", flush=True)
+    except RecordingRefused as err:
+        print(f"  agent  the API server refused to record the next call: {err}; {left}", flush=True)
+    except DownstreamError as err:
+        print(f"  agent  the shop refused a call ({err}), recorded as failed; use a new --order for a new run",
+              flush=True)
+    if rec.steps_recorded == 0:
+        print(f"  agent  Run {args.namespace}/{args.run} recorded no call: delete it to use the name again "
+              f"(kubectl delete run {args.run} -n {args.namespace}; an agent may not delete runs)", flush=True)
+    return 1
 
 
-def checkout(rec: Boundary, shop: Client, order: str) -> int:
+def checkout(rec: Recorder, shop: Client, order: str) -> int:
     """The agent's eight calls, recorded through ``rec``."""
     def say(step: int, text: str) -> None:
         print(f"  agent  step {step}: {text}", flush=True)

@@ -49,6 +49,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
+from reversi.rbac import RECORD  # noqa: E402
 from reversi.adapters.journal import list_objects  # noqa: E402
 from reversi_devcluster import build, images  # noqa: E402
 from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
@@ -66,11 +67,9 @@ NS = "reversi-demo-mcp"
 RUN = "order-4711"
 GATEWAY_USER = "reversi-gateway"
 ROLES = {
-    "checkout-agent": [
-        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
-        {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "create", "patch"]},
-        {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
-    ],
+    # the gateway records as the agent (impersonation): the least rights of an agent, written once
+    # in operator/reversi/rbac.py, as the chart's <release>-record role
+    "checkout-agent": [dict(rule) for rule in RECORD],
     "oncall": [
         {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [G], "resources": ["rollbackrequests"], "verbs": ["get", "list", "watch", "create"]},

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import urllib.request
 from pathlib import Path
 from string import Template
@@ -55,6 +56,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
+from reversi.rbac import RECORD  # noqa: E402
 from reversi.adapters.journal import list_objects  # noqa: E402
 from reversi_devcluster import build, images  # noqa: E402
 from reversi_devcluster.cluster import Cluster, ClusterError, ClusterSettings  # noqa: E402
@@ -72,12 +74,10 @@ G, V = "reversi.dev", "v1alpha1"
 NS = "reversi-demo"
 RUN = "order-4711"
 ROLES = {
-    # the agent opens its Run and records each call as a RunStep (create, then patch the outcome)
-    "checkout-agent": [
-        {"apiGroups": [G], "resources": ["runs"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
-        {"apiGroups": [G], "resources": ["runsteps"], "verbs": ["get", "create", "patch"]},
-        {"apiGroups": [G], "resources": ["toolmanifests"], "verbs": ["get", "list", "watch"]},
-    ],
+    # the agent records its run and nothing more: the least rights of an agent, written once in
+    # operator/reversi/rbac.py (the chart's <release>-record role is generated from the same
+    # rules). It may not roll its run back: a failed run is the on-call engineer's to undo.
+    "checkout-agent": [dict(rule) for rule in RECORD],
     # on call reads runs and their steps (plan, describe, export) and settles steps (patch a
     # RunStep's spec.resolution); rolling back and approving are rights on rollbackrequests
     "oncall": [
@@ -507,11 +507,28 @@ def main() -> int:
         print(f"\nOn {'a real node (kubelet, containerd)' if demo.real else 'the node agent'}, in "
               f"{on_real_node.clock(time.monotonic() - started)} (setting up: {on_real_node.clock(set_up)}).")
         return verdict
-    except (ClusterError, build.BuildError, images.ImageError, RuntimeError, ApiException) as err:
+    except (ClusterError, build.BuildError, images.ImageError, RuntimeError) as err:
         print(f"\ndemo failed: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - an API refusal or a bug: one line here, the traceback in a log
+        log = Path(tempfile.gettempdir()) / "reversi-demo-failure.log"
+        log.write_text(traceback.format_exc())
+        print(f"\ndemo failed: {one_line(err)} (traceback in {log})", file=sys.stderr)
         return 2
     finally:
         demo.teardown()
+
+
+def one_line(err: BaseException) -> str:
+    """``err`` as one line: an API refusal as its status and the server's message, else its first line."""
+    if isinstance(err, ApiException):
+        try:
+            message = json.loads(err.body or "{}").get("message") or err.reason
+        except ValueError:
+            message = err.reason
+        return f"the API server answered {err.status}: {message}"
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 if __name__ == "__main__":

@@ -146,6 +146,26 @@ class JournalFull(RecordingRefused):
     (docs/operations.md#backpressure-a-ceiling-per-namespace)."""
 
 
+class NotPermitted(RecordingRefused):
+    """RBAC refused the identity a verb on a resource the SDK needs (``... is forbidden: User
+    "x" cannot create resource "leases" ...``): no call was made. The message names the role to
+    grant (docs/operations.md#an-agents-rights)."""
+
+
+#: what an RBAC refusal adds: what to grant (the rules are reversi.rbac.RECORD and RECOVER)
+RECORD_ADVICE = ("grant the identity the rights of an agent that records (the chart's ClusterRole <release>-record, "
+                 "rules in docs/operations.md#an-agents-rights)")
+RECOVER_ADVICE = ("this identity records but may not roll back: the run's rollback belongs to a person who may "
+                  "(kubectl reversi rollback RUN -n NAMESPACE), or grant the identity the chart's ClusterRole "
+                  "<release>-recover (docs/operations.md#an-agents-rights)")
+
+
+def _rbac_refused(err: ApiException, message: str) -> bool:
+    """Whether ``err`` is the authorizer's refusal (a 403 ``cannot <verb> resource``), not an
+    admission rule's."""
+    return err.status == 403 and " cannot " in message and " resource " in message
+
+
 #: what a refusal by a ResourceQuota adds: what to do about it
 JOURNAL_FULL_ADVICE = (
     "the namespace's ResourceQuota on Reversi's journal is used up and no call was made: wait for retention to "
@@ -163,7 +183,9 @@ _KINDS: tuple[tuple[str, type[RecordingRefused]], ...] = (
 )
 
 
-def _refusal(err: ApiException, what: str) -> RecordingRefused:
+def _refusal(err: ApiException, what: str, *, advice: str = RECORD_ADVICE) -> RecordingRefused:
+    """The :class:`RecordingRefused` kind for the API server's refusal ``err`` of ``what``, its
+    message the server's; an RBAC refusal (:class:`NotPermitted`) ends with ``advice``."""
     try:
         body = json.loads(err.body or "{}")
         message, reason = body.get("message", err.reason), body.get("reason", "")
@@ -173,6 +195,8 @@ def _refusal(err: ApiException, what: str) -> RecordingRefused:
         return RecordingRefused(f"{what} refused: Reversi's admission server is unreachable (no reversi-admission "
                                 f"replica answered; the write never landed and the call was not made): {message}",
                                 reason="AdmissionUnreachable", status=err.status)
+    if _rbac_refused(err, message):
+        return NotPermitted(f"{what} refused: {message}; {advice}", reason=reason, status=err.status)
     if "exceeded quota:" in message:
         return JournalFull(f"{what} refused: {message}; {JOURNAL_FULL_ADVICE}", reason=reason, status=err.status)
     kind = next((k for marker, k in _KINDS if marker in message), RecordingRefused)
@@ -242,6 +266,8 @@ class Recorder:
         #: how often another writer took the index this recorder was about to use (it then took
         #: the next free one): two writers never share an index
         self.index_conflicts = 0
+        #: how many steps this recorder has recorded (RunSteps it created)
+        self.steps_recorded = 0
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -496,6 +522,7 @@ class Recorder:
                     self.closed_by = refused.request or self.closed_by
                 raise refused from err
             self._next = index + 1
+            self.steps_recorded += 1
             step = Step(index, tool, dict(args))
             if claim is not None:
                 step.extra["claim"] = claim
@@ -618,7 +645,7 @@ class Recorder:
             created = calls.create(self.custom, "rollbackrequests", body, self.namespace)
             assert created is not None  # without exists_ok a 409 raises
         except ApiException as err:
-            raise _refusal(err, f"rolling back Run {self.namespace}/{self.run}") from err
+            raise _refusal(err, f"rolling back Run {self.namespace}/{self.run}", advice=RECOVER_ADVICE) from err
         name = created["metadata"]["name"]
         self.closed_by = name  # no later call of this recorder is made, whatever the request's fate
         return self.wait_rollback(name, timeout=timeout, poll=poll)
@@ -634,7 +661,8 @@ class Recorder:
                 obj = calls.read(self.custom, "rollbackrequests", request, self.namespace)
             except ApiException as err:
                 if err.status != 404 or time.monotonic() >= deadline:
-                    raise _refusal(err, f"reading RollbackRequest {self.namespace}/{request}") from err
+                    raise _refusal(err, f"reading RollbackRequest {self.namespace}/{request}",
+                                   advice=RECOVER_ADVICE) from err
                 obj = {"status": {}}
             status = obj.get("status") or {}
             final = status.get("phase") in ("Succeeded", "Incomplete", "Failed")

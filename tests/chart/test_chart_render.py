@@ -74,6 +74,8 @@ def test_default_render_has_the_expected_objects(render):
         ("ClusterRole", "rv-reversi-view"), ("ClusterRole", "rv-reversi-edit"), ("ClusterRole", "rv-reversi-approve"),
         ("ClusterRole", "rv-reversi-acknowledge"),
         ("ClusterRole", "rv-reversi-force"),
+        # the agents' roles (docs/operations.md#an-agents-rights)
+        ("ClusterRole", "rv-reversi-record"), ("ClusterRole", "rv-reversi-recover"),
         ("Service", "rv-reversi"), ("Service", "rv-reversi-operator"), ("Deployment", "rv-reversi"),
         # leader election of the operator's two replicas (docs/operations.md#leader-election)
         ("PodDisruptionBudget", "rv-reversi"), ("Role", "rv-reversi-leader-election"),

@@ -17,7 +17,8 @@ from kubernetes.client.rest import ApiException
 from reversi.adapters.journal import step_body
 from reversi_devcluster import build
 from reversi.models.runstep import LABEL_FORWARD_KEY, LABEL_RUN, step_name
-from reversi.sdk import DuplicateCall, Halted, NotYourRun, Recorder, RecordingRefused
+from reversi.rbac import RECORD
+from reversi.sdk import DuplicateCall, Halted, NotPermitted, NotYourRun, Recorder, RecordingRefused
 from tests.helpers import users_with_roles, wait_for, wait_for_role
 
 pytestmark = pytest.mark.cluster
@@ -102,6 +103,31 @@ def _call(rec, tool="payments.get_customer"):
     made = []
     rec.call(tool, {"id": "cus_9"}, lambda a: made.append(a) or {"id": "cus_9"})
     return bool(made)
+
+
+# ------------------------------------------------------------------ an agent's least rights
+
+def test_an_agent_with_only_the_record_rights_records_and_may_not_roll_back(rv, cluster, admin_api, namespace):
+    """The least rights of an agent (reversi.rbac.RECORD, the chart's <release>-record;
+    docs/operations.md#an-agents-rights) open a run and record a keyed call (its claim is a
+    Lease) and a plain one through the SDK. They list nothing and delete nothing, and the SDK's
+    refusal of the agent's own rollback says whose it is."""
+    rv.apply_manifest()
+    least = users_with_roles(cluster, admin_api, namespace, {"least-agent": [dict(r) for r in RECORD]})["least-agent"]
+    rec = _recorder(least, namespace, "least")
+    rec.call("payments.create_charge", {"order_id": "o-least", "amount": 1, "customer": "c"}, lambda a: {"id": "ch"})
+    assert _call(rec) is True
+    steps = rv.custom.list_namespaced_custom_object(G, V, namespace, "runsteps", label_selector=f"{LABEL_RUN}=least")
+    assert [(s["spec"]["tool"], s["spec"]["outcome"]) for s in steps["items"]] == [
+        ("payments.create_charge", "succeeded"), ("payments.get_customer", "succeeded")]
+    with pytest.raises(NotPermitted) as err:
+        rec.rollback("the agent failed")
+    assert "<release>-recover" in str(err.value) and "kubectl reversi rollback" in str(err.value)
+    for attempt in (lambda: _custom(least).list_namespaced_custom_object(G, V, namespace, "runsteps"),
+                    lambda: _custom(least).delete_namespaced_custom_object(G, V, namespace, "runs", "least")):
+        with pytest.raises(ApiException) as refused:
+            attempt()
+        assert refused.value.status == 403
 
 
 # ------------------------------------------------------------------------------ rule 9: halts
