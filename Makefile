@@ -11,7 +11,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal bench-failover chaos-failover
+.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -35,8 +35,14 @@ lint: install
 	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())" --no-cache
 	$(PYTHON) -m flake8 operator
 
+# the README's test command: unit tests and the integration tests on the local control plane with
+# the node agent; make e2e: the real node, every chart release and upgrade, chaos, failover and live
+# Prometheus (the tier is E2E_MODULES in tests/conftest.py; docs/development.md#tests)
 test: build
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e"
+
+e2e: build
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m e2e
 
 # the long variants: runs of 5,000 steps, a rollback of 2,000 (recording is sequential per run: many minutes), and
 # 25 races of an agent recording while a rollback takes the lock (make test makes 3 of each)
@@ -53,7 +59,7 @@ fuzz: build
 # chaos: 100 rollbacks while the operator is SIGKILLed, kube-apiserver and etcd restarted, the node agent
 # lost and every watch cut; then 12 on the real node while containerd or the kubelet is SIGKILLed or the
 # compensator evicted (skipped where the machine runs no real node); invariants checked against the
-# downstream (make test runs 8 and 1). Replay a run with REVERSI_CHAOS_SEED=<the seed it printed>.
+# downstream (make e2e runs 8 and 1). Replay a run with REVERSI_CHAOS_SEED=<the seed it printed>.
 chaos: build
 	REVERSI_CHAOS_ROLLBACKS=100 $(PYTHON) -m pytest -q -s tests/integration/test_chaos.py
 	REVERSI_NODE_CHAOS_ROLLBACKS=12 $(PYTHON) -m pytest -q -s tests/e2e/test_real_node.py -k own_faults
@@ -73,7 +79,7 @@ bench-rollback: build
 	$(PYTHON) benchmarks/rollback_bench.py $(if $(ONLY),--only $(ONLY),)
 
 # 20 failovers of the operator's Lease holder (SIGKILL, SIGTERM, SIGSTOP past the lease then SIGCONT) at random
-# moments during rollbacks: no compensation made twice, no write by a stopped replica (make test makes 2)
+# moments during rollbacks: no compensation made twice, no write by a stopped replica (make e2e makes 2)
 chaos-failover: build
 	REVERSI_FAILOVER_CHAOS=20 $(PYTHON) -m pytest -q -s tests/integration/test_failover_chaos.py
 

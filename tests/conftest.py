@@ -37,6 +37,25 @@ WORKER_PORTS = {
     "REVERSI_TEST_CHART_HEALTH_PORT": 28181,
 }
 
+#: The e2e tier (make e2e; docs/development.md#tests): the real node, every chart release and
+#: upgrade, chaos, failover and live Prometheus. Every other test is in make test. Paths from the
+#: repository's root.
+E2E_MODULES = frozenset({
+    "tests/e2e/test_real_node.py",
+    "tests/chart/test_chart_cluster.py", "tests/chart/test_chart_upgrade.py", "tests/chart/test_chart_variants.py",
+    "tests/integration/test_chaos.py", "tests/integration/test_failover_chaos.py",
+    "tests/integration/test_leader_election.py", "tests/integration/test_prometheus_alerts.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the e2e tier's tests ``e2e`` (make test deselects them with ``-m "not e2e"``)."""
+    root = config.rootpath
+    for item in items:
+        if item.path.relative_to(root).as_posix() in E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
+
+
 # The properties judge results, not speed: on a loaded 2-core CI machine an example that takes more
 # than Hypothesis' default 200 ms deadline is no failure of the rule it checks.
 hypothesis_settings.register_profile("reversi", deadline=None)
