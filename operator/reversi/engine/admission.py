@@ -54,12 +54,6 @@ class HaltView:
     scope: HaltScope | ClusterHaltScope | None
 
 
-def new_steps(old: RunSpec | None, new: RunSpec) -> list[Step]:
-    """Steps in ``new`` whose index ``old`` does not have (all of them on create)."""
-    known = {s.index for s in old.steps} if old else set()
-    return [s for s in new.steps if s.index not in known]
-
-
 def steps_changed(old: RunSpec, new: RunSpec) -> bool:
     """Whether the journal changed at all (a step added, or an outcome or result set)."""
     if len(old.steps) != len(new.steps):
@@ -149,26 +143,6 @@ def no_tool_message(pattern: str, reach: str, count: int) -> str:
              else f"no tool: there is no ToolManifest with tools {reach}")
     return (f"scope.tool {pattern!r} matches {which}; check its spelling "
             "(the halt is in force and will refuse such a tool once a manifest names it)")
-
-
-def check_append_only(old: RunSpec, new: RunSpec) -> Refusal | None:
-    """What is recorded never changes or disappears: steps keep their places, shared snapshots and
-    resolutions stay as they were (docs/concepts.md#the-journal; CEL checks each entry by key, this checks that no
-    entry was swapped out and back in)."""
-    for position, step in enumerate(old.steps):
-        if position >= len(new.steps) or new.steps[position].index != step.index:
-            return Refusal(INVALID, f"steps are append-only: step {step.index} must stay at position {position}")
-    snapshots = {s.id: s for s in new.snapshots}
-    for snap in old.snapshots:
-        if snapshots.get(snap.id) != snap:
-            return Refusal(INVALID, f"spec.snapshots: snapshot {snap.id} was changed or removed; recorded "
-                           "snapshots never change (add a new one for a new manifest entry)")
-    resolutions = {r.step: r for r in new.resolutions}
-    for res in old.resolutions:
-        if resolutions.get(res.step) != res:
-            return Refusal(INVALID, f"the resolution of step {res.step} was changed or removed; a resolution is "
-                           "part of the record and never changes")
-    return None
 
 
 def check_principal(old: RunSpec, new: RunSpec, user: str, run: str) -> Refusal | None:
@@ -346,12 +320,6 @@ def _check_named_steps(spec: RunSpec, steps: list[int], what: str, applies: Call
         if entry is None or entry.compensation is None or not applies(entry.compensation):
             return Refusal(INVALID, f"{what} of step {index}: {otherwise}")
     return None
-
-
-def snapshot_for(manifest: ToolManifestSpec | None, tool: str) -> dict[str, Any] | None:
-    """The manifest entry to copy into a new step (a snapshot taken when recorded: docs/concepts.md#vocabulary)."""
-    entry = manifest.tool(tool) if manifest else None
-    return entry.to_wire() if entry is not None else None
 
 
 def _entry(spec: RunSpec, step: Step, manifest: ToolManifestSpec | None) -> ToolSpec | None:
