@@ -667,3 +667,26 @@ def test_schema_is_strict_at_every_level():
                 covered(value, node["properties"][key], f"{path}{key}.")
 
     covered(defaults, schema, "")
+
+
+# ------------------------------------------------------------------------ Kubernetes versions
+
+def test_an_older_cluster_is_refused_in_one_line_that_names_the_version_needed(helm):
+    """The chart renders admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, served from
+    Kubernetes 1.36: its kubeVersion says so, and Helm refuses 1.35 in one line naming the range
+    (docs/operations.md#install-with-helm)."""
+    proc = run([helm, "template", "rv", CHART, "--kube-version", "1.35.4"], check=False)
+    assert proc.returncode != 0
+    assert "chart requires kubeVersion: >=1.36.0-0 which is incompatible with Kubernetes v1.35.4" in proc.stderr
+    rendered = run([helm, "template", "rv", CHART, "--kube-version", "1.36.0"]).stdout
+    assert "kind: MutatingAdmissionPolicy" in rendered and "apiVersion: admissionregistration.k8s.io/v1\n" in rendered
+
+
+def test_the_kind_cluster_and_the_docs_name_the_version_the_chart_needs():
+    """kind-config.yaml's node image and the docs' requirement agree with Chart.yaml's kubeVersion."""
+    need = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    minor = need.removeprefix(">=").split(".")[1]
+    nodes = yaml.safe_load((REPO / "kind-config.yaml").read_text())["nodes"]
+    assert {n["image"].split(":")[1].split("@")[0].rsplit(".", 1)[0] for n in nodes} == {f"v1.{minor}"}
+    assert f"Kubernetes 1.{minor} or newer" in (REPO / "docs/operations.md").read_text()
+    assert f"Requires Kubernetes 1.{minor}+" in (CHART / "README.md").read_text()
