@@ -61,7 +61,7 @@ from kubernetes.client.rest import ApiException
 
 from .adapters import apicalls as calls
 from .adapters import claims
-from .adapters.journal import list_objects, step_body
+from .adapters.journal import list_objects, run_at_open, step_body
 from .engine.keys import canonical_json, forward_key
 from .engine.templates import MissingValue
 from .models.run import PinnedManifest
@@ -338,16 +338,7 @@ class Recorder:
         if self._pinned is None:
             self._at_open = None
             return
-        at_open: dict[str, Any] = {"uid": self._uid, "mode": self._mode, "recovery": spec.get("recovery", "bestEffort"),
-                                   "manifestRevision": self._pinned.revision}
-        if spec.get("principal"):
-            at_open["principal"] = spec["principal"]
-        if spec.get("scope"):
-            at_open["scope"] = dict(spec["scope"])
-        ancestors = self._ancestors((spec.get("parentRef") or {}).get("name"))
-        if ancestors:
-            at_open["ancestors"] = ancestors
-        self._at_open = at_open
+        self._at_open = run_at_open(obj, self._ancestors((spec.get("parentRef") or {}).get("name")))
 
     def _ancestors(self, parent: str | None) -> list[dict[str, Any]]:
         """The run's ancestors from its parent up (nested runs: at most 8), each ``{name,

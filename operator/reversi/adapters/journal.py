@@ -58,6 +58,27 @@ def step_body(namespace: str, run: str, spec: dict[str, Any], *, owner_uid: str 
             "spec": {"runRef": {"name": run}, **spec}}
 
 
+def run_at_open(run_obj: dict[str, Any], ancestors: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """What a recorded call carries of its Run as read at open (``spec.runAtOpen``): the Run's
+    uid, mode, recovery, pinned manifest revision, principal and scope, and ``ancestors`` (each
+    ``{name, scope?}``, from the parent up; nested runs). The API server's policies stamp and check
+    a step by it (docs/concepts.md#the-recorded-calls-contract-rule-by-rule). None for a Run with
+    no pinned manifest (opened before its ToolManifest existed)."""
+    spec = run_obj.get("spec") or {}
+    pin = spec.get("pinnedManifest")
+    if not isinstance(pin, dict) or "revision" not in pin:
+        return None
+    out: dict[str, Any] = {"uid": run_obj["metadata"]["uid"], "mode": spec.get("mode", "enforce"),
+                           "recovery": spec.get("recovery", "bestEffort"), "manifestRevision": pin["revision"]}
+    if spec.get("principal"):
+        out["principal"] = spec["principal"]
+    if spec.get("scope"):
+        out["scope"] = dict(spec["scope"])
+    if ancestors:
+        out["ancestors"] = ancestors
+    return out
+
+
 def owner_reference(run: str, uid: str) -> dict[str, Any]:
     """The owner reference of a RunStep to its Run (garbage collection deletes steps with the Run)."""
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "name": run, "uid": uid,
