@@ -4,6 +4,7 @@
     python benchmarks/devcluster_bench.py --cold     # also a cold build of kubernetes + etcd
     python benchmarks/devcluster_bench.py --cold-all # also a cold build of all make build builds, images too
     python benchmarks/devcluster_bench.py --nodes    # the node agent next to the real node: up, Jobs, down
+    python benchmarks/devcluster_bench.py --job-batch 1s,100ms --jobs 20   # Jobs on the node agent, per batch period
 
 Warm start: from ``up`` to a Ready node (and the default service account), with binaries in
 the cache, on a cluster in a temporary folder and its own ports, so a running cluster is left
@@ -13,7 +14,10 @@ alone. Cold build: kubernetes and etcd built into an empty cache with an empty G
 Ready node; the real node also imports the images into its fresh containerd), then Jobs created one
 after the other, each timed from its create to its ``Complete`` condition (a Python one-liner: the
 demo image's ``python`` on the real node, this machine's on the node agent), then ``down``. The real
-node needs a machine that can run it and no other real node running. Prints one line per figure.
+node needs a machine that can run it and no other real node running. ``--job-batch``: the same Jobs
+on the node agent, in a cluster per Job controller batching period (``job_sync_batch_period``:
+upstream's 1s against the local control plane's 100ms), with each median's ratio to the first.
+Prints one line per figure, and the machine's load.
 """
 
 from __future__ import annotations
@@ -121,6 +125,33 @@ def nodes(jobs: int) -> None:
         print(f"Job create to Complete, real node / node agent: {figures['real node'] / figures['node agent']:.2f}x")
 
 
+def job_batches(periods: list[str], jobs: int) -> None:
+    """Job create to Complete on the node agent, in a fresh cluster per Job controller batching
+    period: one line each, with its median's ratio to the first period's."""
+    from kubernetes import client, config
+
+    from reversi_devcluster import images
+
+    first = None
+    for period in periods:
+        with tempfile.TemporaryDirectory(prefix="reversi-bench-batch-") as tmp:
+            cluster = Cluster(ClusterSettings(cluster_dir=Path(tmp), apiserver_port=36443, etcd_port=32379,
+                                              etcd_peer_port=32380, kubelet_port=40250,
+                                              job_sync_batch_period=period))
+            cluster.up(log=lambda *_: None)
+            try:
+                api = config.new_client_from_config(config_file=str(cluster.paths.admin_kubeconfig))
+                client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
+                times = job_seconds(api, "bench", images.DEMO_IMAGE, jobs)
+            finally:
+                cluster.down(quiet=True)
+        median = statistics.median(times)
+        first = first or median
+        print(f"node agent, Job controller batching {period}: Job create to Complete median {median:.2f}s over "
+              f"{jobs} Jobs ({median / first:.2f}x the first; runs: {', '.join(f'{t:.2f}' for t in times)}); "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
@@ -128,8 +159,13 @@ def main() -> None:
     p.add_argument("--cold-all", action="store_true",
                    help="also measure a cold build of everything make build builds, images included (tens of minutes)")
     p.add_argument("--nodes", action="store_true", help="the node agent next to the real node (up, Jobs, down)")
-    p.add_argument("--jobs", type=int, default=7, help="Jobs per node with --nodes")
+    p.add_argument("--jobs", type=int, default=7, help="Jobs per node with --nodes or --job-batch")
+    p.add_argument("--job-batch", default=None, metavar="PERIODS",
+                   help="comma-separated Job controller batching periods to compare on the node agent (e.g. 1s,100ms)")
     args = p.parse_args()
+    if args.job_batch:
+        job_batches(args.job_batch.split(","), args.jobs)
+        return
     if args.nodes:
         nodes(args.jobs)
         return

@@ -83,6 +83,8 @@ def components() -> dict[str, Component]:
         "kubernetes": Component(
             "kubernetes", pins["kubernetes"]["version"], tuple(pins["kubernetes"]["commands"])
         ),
+        "controller-manager": Component("controller-manager", pins["kubernetes"]["version"],
+                                        ("kube-controller-manager",)),
         "etcd": Component("etcd", pins["etcd"]["version"], ("etcd",)),
         "helm": Component("helm", pins["helm"]["version"], ("helm",)),
         "prometheus": Component("prometheus", pins["prometheus"]["version"], ("promtool", "prometheus")),
@@ -96,6 +98,9 @@ def components() -> dict[str, Component]:
         "cri-tools": Component("cri-tools", pins["cri-tools"]["version"], ("crictl",)),
         "coredns": Component("coredns", pins["coredns"]["version"], ("coredns",)),
     }
+
+#: what the local control plane is built from (``reversi-devcluster build`` with no names)
+CONTROL_PLANE_COMPONENTS = ("kubernetes", "controller-manager", "etcd")
 
 #: what the real node needs besides the control plane (``reversi-devcluster up --real-node``)
 NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins", "cri-tools", "coredns")
@@ -195,8 +200,44 @@ def _staging_replaces(k8s_version: str, staging_version: str, workdir: Path, log
     return [f"replace {n} => {n} {staging_version}" for n in names]
 
 
-def _build_kubernetes(comp: Component, pins: dict) -> None:
-    """Commands of k8s.io/kubernetes (the control plane's, or the node's: ``comp.binaries``)."""
+#: The ``main`` of the local control plane's kube-controller-manager: upstream's own main
+#: (cmd/kube-controller-manager/controller-manager.go) that first sets the Job controller's batching
+#: of pod events (``SyncJobBatchPeriod``, exported by upstream for its tests, which set it to 100ms)
+#: from ``REVERSI_JOB_SYNC_BATCH_PERIOD``. The Job controller, its syncs and the pods' life cycle are
+#: upstream's; only how long it waits to gather pod events before a sync changes.
+CONTROLLER_MANAGER_MAIN = """package main
+
+import (
+\t"fmt"
+\t"os"
+\t"time"
+\t_ "time/tzdata"
+
+\t"k8s.io/component-base/cli"
+\t_ "k8s.io/component-base/logs/json/register"
+\t_ "k8s.io/component-base/metrics/prometheus/clientgo"
+\t_ "k8s.io/component-base/metrics/prometheus/version"
+\t"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+\t"k8s.io/kubernetes/pkg/controller/job"
+)
+
+func main() {
+\tif period := os.Getenv("REVERSI_JOB_SYNC_BATCH_PERIOD"); period != "" {
+\t\td, err := time.ParseDuration(period)
+\t\tif err != nil || d <= 0 {
+\t\t\tfmt.Fprintf(os.Stderr, "REVERSI_JOB_SYNC_BATCH_PERIOD=%q: want a positive Go duration such as 100ms\\n", period)
+\t\t\tos.Exit(2)
+\t\t}
+\t\tjob.SyncJobBatchPeriod = d
+\t}
+\tos.Exit(cli.Run(app.NewControllerManagerCommand()))
+}
+"""
+
+
+def _build_kubernetes(comp: Component, pins: dict, main: str | None = None) -> None:
+    """Commands of k8s.io/kubernetes (the control plane's, or the node's: ``comp.binaries``), or
+    with ``main`` the one binary of ``comp`` from that Go source (:data:`CONTROLLER_MANAGER_MAIN`)."""
     k = pins["kubernetes"]
     src = comp.root / "src"
     src.mkdir(parents=True, exist_ok=True)
@@ -207,16 +248,23 @@ def _build_kubernetes(comp: Component, pins: dict) -> None:
         + "\n".join(replaces)
         + f"\n\nrequire k8s.io/kubernetes {k['version']}\n"
     )
-    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in comp.binaries]
-    _run(["go", "get", "-tool", *[f"{p}@{k['version']}" for p in pkgs]], src, comp.log,
-         "kubernetes (resolve modules)")
+    if main is None:
+        pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in comp.binaries]
+        _run(["go", "get", "-tool", *[f"{p}@{k['version']}" for p in pkgs]], src, comp.log,
+             f"{comp.name} (resolve modules)")
+        out = str(comp.bindir) + "/"
+    else:
+        (src / "main.go").write_text(main)
+        _run(["go", "get", f"k8s.io/kubernetes@{k['version']}"], src, comp.log, f"{comp.name} (resolve modules)")
+        _run(["go", "mod", "tidy"], src, comp.log, f"{comp.name} (tidy)")
+        pkgs, out = ["."], str(comp.path(comp.binaries[0]))
     comp.bindir.mkdir(parents=True, exist_ok=True)
     _run(
         ["go", "build", "-v", "-trimpath", "-tags", ",".join(k["build_tags"]),
          "-ldflags", f"-s -w -X k8s.io/component-base/version.gitVersion={k['version']}"
          f" -X k8s.io/client-go/pkg/version.gitVersion={k['version']}",
-         "-o", str(comp.bindir) + "/", *pkgs],
-        src, comp.log, f"kubernetes {k['version']}",
+         "-o", out, *pkgs],
+        src, comp.log, f"{comp.name} {k['version']}",
     )
 
 
@@ -382,6 +430,8 @@ def _build_one(name: str, comp: Component, pins: dict) -> None:
     """Build component ``name`` (its recipe by name)."""
     if name == "kubernetes":
         _build_kubernetes(comp, pins)
+    elif name == "controller-manager":
+        _build_kubernetes(comp, pins, main=CONTROLLER_MANAGER_MAIN)
     elif name == "etcd":
         _build_etcd(comp, pins)
     elif name == "helm":
@@ -410,14 +460,14 @@ def _build_one(name: str, comp: Component, pins: dict) -> None:
 
 
 def build(names: list[str] | None = None, force: bool = False) -> dict[str, Component]:
-    """Build the named components (default: kubernetes and etcd), skipping built ones.
+    """Build the named components (default: the control plane's), skipping built ones.
 
     Returns the components by name. Raises :class:`BuildError` naming the component and its
     build log when a build fails.
     """
     pins = load_pins()
     comps = components()
-    wanted = names or ["kubernetes", "etcd"]
+    wanted = names or list(CONTROL_PLANE_COMPONENTS)
     for name in wanted:
         comp = comps[name]
         if comp.is_built() and not force:

@@ -41,14 +41,13 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("components", nargs=-1,
-                type=click.Choice(["kubernetes", "etcd", "helm", "prometheus", "cli-utils", "node", "containerd",
-                                  "runc", "cni-plugins", "cri-tools", "coredns"]))
+                type=click.Choice(list(build_mod.components())))
 @click.option("--all", "all_", is_flag=True,
               help="Also build helm, promtool, the kstatus checker (cli-utils) and the real node's parts.")
 @click.option("--force", is_flag=True, help="Rebuild even if the binaries exist.")
 def build(components: tuple[str, ...], all_: bool, force: bool) -> None:
-    """Build the pinned binaries that are missing from the cache (default: kubernetes, etcd)."""
-    names = list(components) or ["kubernetes", "etcd"] + (
+    """Build the pinned binaries that are missing from the cache (default: kubernetes, controller-manager, etcd)."""
+    names = list(components) or list(build_mod.CONTROL_PLANE_COMPONENTS) + (
         ["helm", "prometheus", "cli-utils", *build_mod.NODE_COMPONENTS] if all_ else [])
     try:
         comps = build_mod.build(names, force=force)

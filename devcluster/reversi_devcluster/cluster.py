@@ -79,6 +79,11 @@ class ClusterSettings(BaseSettings):
     node_bridge: str = Field("reversi0", min_length=1, max_length=15, pattern=r"^[A-Za-z0-9_.-]+$",
                              description="The real node's pod bridge (a Linux interface name: at most 15 characters).")
     node_pod_cidr: str = Field("10.244.0.0/24", description="The real node's pod addresses.")
+    job_sync_batch_period: str = Field(
+        "100ms", pattern=r"^[0-9]+(\.[0-9]+)?(ns|us|ms|s)$",
+        description="How long the Job controller gathers pod events before it syncs a Job (a Go duration; "
+                    "upstream's default is 1s, its own integration tests use 100ms): a Job's create to Complete "
+                    "takes about three of these, docs/development.md#components.")
     apiserver_extra_args: list[str] = Field(
         default_factory=list, description="Extra kube-apiserver flags (JSON list), e.g. feature gates.")
 
@@ -226,7 +231,7 @@ class Cluster:
             raise ClusterError(f"a real node of the cluster in {other} runs on this machine, and there can be one: "
                                f"stop it first (REVERSI_CLUSTER_DIR={other} reversi-devcluster down)")
         self.down(quiet=True)
-        build.build(["kubernetes", "etcd"])
+        build.build(list(build.CONTROL_PLANE_COMPONENTS))
         if self.settings.real_node:
             self.real.build(log=log)
         for p in (self.paths.logs, self.paths.pids, self.paths.node, self.paths.kubeconfigs):
@@ -455,7 +460,7 @@ class Cluster:
             return self._apiserver_cmd(certs), None
         if comp == "kube-controller-manager":
             kcm = self.kubeconfig_for("system:kube-controller-manager", name="controller-manager")
-            return self._kcm_cmd(certs, kcm), None
+            return self._kcm_cmd(certs, kcm), {"REVERSI_JOB_SYNC_BATCH_PERIOD": s.job_sync_batch_period}
         if comp in realnode.COMPONENTS:
             return self.real.command(comp, _host_ip()), None
         node = self.kubeconfig_for(
@@ -535,7 +540,7 @@ class Cluster:
 
     def _kcm_cmd(self, c: dict[str, pki.KeyPair], kubeconfig: Path) -> list[str]:
         return [
-            str(build.binary("kubernetes", "kube-controller-manager")),
+            str(build.binary("controller-manager")),
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
