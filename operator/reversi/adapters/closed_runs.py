@@ -21,6 +21,10 @@ from .policies import CLOSED_RUNS
 #: the tool name of the lock's probe (a dry run: never stored, never called)
 PROBE_TOOL = "reversi.dev/lock-probe"
 
+#: what the lock policy's refusal says (:func:`reversi.adapters.policies.lock_policy`): the run is
+#: being rolled back (its entry names the request holding it) or was (the request released it)
+LOCKED = ("run is being rolled back by RollbackRequest ", "run was rolled back by RollbackRequest ")
+
 
 def entry(uid: str, request: str, ended: bool = False) -> str:
     """The ConfigMap value of a locked run: ``<run uid> <RollbackRequest>`` (and ``ended`` once
@@ -85,13 +89,13 @@ def probe_body(namespace: str, run: str, uid: str) -> dict[str, Any]:
 
 def probe(custom: client.CustomObjectsApi, namespace: str, run: str, uid: str) -> bool:
     """Whether the API server refuses a new step of run ``run`` because it is closed: a dry-run
-    create of :func:`probe_body` (nothing is stored) refused with ``run was rolled back by``.
-    Raises ``ApiException`` for an answer that is neither."""
+    create of :func:`probe_body` (nothing is stored) refused by the lock (:data:`LOCKED`: the run
+    is being, or was, rolled back). Raises ``ApiException`` for an answer that is neither."""
     try:
         calls.call(custom.create_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, "runsteps",
                    probe_body(namespace, run, uid), dry_run="All", repeat="always")
     except ApiException as err:
-        if err.status == 403 and "run was rolled back by" in str(err.body or ""):
+        if err.status == 403 and any(marker in str(err.body or "") for marker in LOCKED):
             return True
         if err.status in (403, 409, 422):
             return False  # refused by something else (a halt), or the name exists: not known to be in force

@@ -427,12 +427,14 @@ class Reconciler(TreeRollback):
 
     def _lock_in_force(self, loaded: Loaded, memory: PassMemory) -> bool:
         """Whether the Run's lock is in force at the API server (rule 11): its entry in the
-        namespace's closed runs is written (again: idempotent) and a dry run of the run's next
-        step is refused (:func:`reversi.adapters.closed_runs.probe`). After
+        namespace's closed runs is written (taking the lock wrote it; written once more by the first
+        probe of this process, for a lock taken by a process that stopped before it wrote the entry)
+        and a dry run of the run's next step is refused (:func:`reversi.adapters.closed_runs.probe`). After
         ``LOCK_PROBE_DEADLINE`` seconds of probes that are not refused (a halt refused the
         probe, or the policy is not installed) the request goes on, and the count before it ends
         finds any step recorded after the lock. Raises ``ApiException``."""
-        closed_runs.close(self.kube.core, loaded.ns, loaded.run_name, loaded.run_uid, loaded.name)
+        if memory.lock_probed_since is None:
+            closed_runs.close(self.kube.core, loaded.ns, loaded.run_name, loaded.run_uid, loaded.name)
         if closed_runs.probe(self.kube.custom, loaded.ns, loaded.run_name, loaded.run_uid):
             memory.lock_probed_since = None
             return True

@@ -1,0 +1,49 @@
+"""The rollback lock's probe (docs/concepts.md#admission): a dry run of the run's next step is
+proof that the lock is in force only when the lock refuses it, while the rollback holds the run
+and after it released it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from reversi.adapters import closed_runs
+
+
+class Answers:
+    """A stand-in for ``CustomObjectsApi.create_namespaced_custom_object`` that answers the
+    probe's dry run with one refusal (or admits it), recording what it was sent."""
+
+    def __init__(self, status: int | None, message: str = ""):
+        self.status, self.message, self.sent = status, message, []
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
+        self.sent.append((plural, body, kwargs))
+        if self.status is None:
+            return body
+        err = ApiException(status=self.status, reason="Forbidden")
+        err.body = json.dumps({"kind": "Status", "message": self.message})
+        raise err
+
+
+@pytest.mark.parametrize("message", [
+    "admission webhook denied: Run shop/r: run is being rolled back by RollbackRequest undo-1; it takes no new steps",
+    "Run shop/r: run was rolled back by RollbackRequest undo-1; it takes no new steps: record further calls in a new Run",
+])
+def test_the_lock_in_force_is_proven_while_the_rollback_holds_the_run_and_after(message):
+    api = Answers(403, message)
+    assert closed_runs.probe(api, "shop", "r", "uid-1") is True
+    ((plural, body, kwargs),) = api.sent
+    assert plural == "runsteps" and kwargs.get("dry_run") == "All"
+    assert body["spec"]["runAtOpen"]["uid"] == "uid-1" and body["spec"]["tool"] == closed_runs.PROBE_TOOL
+
+
+@pytest.mark.parametrize("status, message", [
+    (None, ""),                                                                    # admitted: not in force yet
+    (403, "kill switch: maintenance (Halt shop/stop refuses step 99999, reversi.dev/lock-probe)"),  # a halt
+    (422, "RunStep shop/r-99999: step 99999 of Run shop/r must be named ..."),
+])
+def test_any_other_answer_is_no_proof(status, message):
+    assert closed_runs.probe(Answers(status, message), "shop", "r", "uid-1") is False
