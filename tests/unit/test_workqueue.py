@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reversi.workqueue import Backoff, Schedule, WorkQueue
@@ -289,6 +289,7 @@ OPS = st.one_of(
 
 
 @given(st.lists(OPS, max_size=80))
+@example([("add", "a", 0.0), ("take",), ("forget", "a"), ("finish", 0, "raise"), ("add", "a", 0.0)])
 def test_every_key_asked_for_is_processed_after_its_last_ask_by_one_worker_at_a_time(ops):
     """Two workers on a fake clock, with asks, passes that end (requeue or not) or raise, and
     forgets in any order, then drained: no key is taken while it runs or while it backs off; a
@@ -300,6 +301,7 @@ def test_every_key_asked_for_is_processed_after_its_last_ask_by_one_worker_at_a_
     last_ask: dict[str, int] = {}  # key -> seq of its last ask (dropped when forgotten)
     quiet_until: dict[str, float] = {}  # debounced (its last ask), not running then: not taken before
     backoff_until: dict[str, float] = {}  # its pass raised: not taken before
+    forgotten: set[str] = set()  # forgotten while its pass ran: that pass's failure holds nothing back
     takes: list[tuple[str, int]] = []
 
     def take() -> None:
@@ -318,10 +320,13 @@ def test_every_key_asked_for_is_processed_after_its_last_ask_by_one_worker_at_a_
 
     def finish(key: str, outcome: float | str | None) -> None:
         running.remove(key)
+        dropped = key in forgotten
+        forgotten.discard(key)
         if outcome == "raise":
             retry = schedule.fail(key, now)
             assert retry is not None
-            backoff_until[key] = now + retry[1]
+            if not dropped:  # forget ends a key's backoff, the one its running pass earns too
+                backoff_until[key] = now + retry[1]
             schedule.done(key, now, retry[1], failed=True)
         else:
             assert outcome is None or isinstance(outcome, float)
@@ -349,6 +354,8 @@ def test_every_key_asked_for_is_processed_after_its_last_ask_by_one_worker_at_a_
             schedule.forget(op[1])
             for kept in (last_ask, quiet_until, backoff_until):
                 kept.pop(op[1], None)
+            if op[1] in running:
+                forgotten.add(op[1])
     for _ in range(1000):  # drain: every pass ends without a requeue
         while running:
             finish(running[0], None)
