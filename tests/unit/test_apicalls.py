@@ -98,12 +98,33 @@ def test_a_call_that_may_have_landed_is_not_repeated_when_unsent_only(error: Bas
     assert len(method.calls) == 1
 
 
-@pytest.mark.parametrize("error", [api_error(429), unsent_error(), http.NewConnectionError(None, "refused")],
-                         ids=["429", "max-retry-refused", "refused"])
+NOT_CONFIGURED = ("runsteps.reversi.dev \"r-00000\" is forbidden: ValidatingAdmissionPolicy "
+                  "'reversi.dev-runstep-halts' denied request: failed to configure policy: failed to find "
+                  "resource referenced by paramKind: 'reversi.dev/v1alpha1, Kind=Halt'")
+NOT_SERVED = ("Resource kind reversi.dev/v1alpha1, Kind=RunStep not found. There can be a delay between when "
+              "CustomResourceDefinitions are created and when they are available.")
+
+
+@pytest.mark.parametrize("error", [api_error(429), unsent_error(), http.NewConnectionError(None, "refused"),
+                                   api_error(403, message=NOT_CONFIGURED), api_error(503, message=NOT_SERVED)],
+                         ids=["429", "max-retry-refused", "refused", "policy-param-not-discovered-yet",
+                              "kind-not-served-yet"])
 def test_a_call_that_surely_did_not_land_is_repeated_even_when_unsent_only(error: BaseException) -> None:
     method = Flaky(error)
     assert calls.call(method, repeat="unsent", policy=FAST) == {"ok": True}
     assert len(method.calls) == 2
+
+
+def test_a_policys_own_refusal_is_a_verdict_not_a_kind_not_served_yet() -> None:
+    """Only the API server's "not served yet" answers (an install moments ago) are repeated; a
+    policy's rule refusing the write is final (docs/operations.md#api-calls-timeouts-paging-conflicts-retries)."""
+    lock = api_error(403, message="Run shop/r: run is being rolled back by RollbackRequest u; it takes no new steps")
+    method = Flaky(lock)
+    with pytest.raises(ApiException):
+        calls.call(method, repeat="unsent", policy=FAST)
+    assert len(method.calls) == 1
+    assert calls.not_yet_served(api_error(403, message=NOT_CONFIGURED))
+    assert not calls.not_yet_served(api_error(422, message=NOT_CONFIGURED))
 
 
 def test_every_call_carries_the_request_timeout() -> None:

@@ -30,7 +30,8 @@ class Answers:
 
 @pytest.mark.parametrize("message", [
     "admission webhook denied: Run shop/r: run is being rolled back by RollbackRequest undo-1; it takes no new steps",
-    "Run shop/r: run was rolled back by RollbackRequest undo-1; it takes no new steps: record further calls in a new Run",
+    "Run shop/r: run was rolled back by RollbackRequest undo-1; it takes no new steps: record further calls "
+    "in a new Run",
 ])
 def test_the_lock_in_force_is_proven_while_the_rollback_holds_the_run_and_after(message):
     api = Answers(403, message)

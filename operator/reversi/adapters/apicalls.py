@@ -147,12 +147,31 @@ def admission_unreachable(err: BaseException) -> bool:
     return isinstance(err, ApiException) and err.status == 500 and ADMISSION_UNREACHABLE in api_message(err)
 
 
+#: what the API server says while it cannot yet serve a custom resource it was just given: an
+#: admission policy whose param kind is a CRD it has not discovered yet (its discovery is reset
+#: every 30 s), or the CRD's own kind not yet served. Either refuses the write before it is
+#: stored; a moment later the same write is judged by the policies' rules
+NOT_YET_SERVED = ("failed to configure policy: failed to find resource referenced by paramKind",
+                  "There can be a delay between when CustomResourceDefinitions are created and when they are available")
+
+
+def not_yet_served(err: BaseException) -> bool:
+    """Whether the API server refused a write because it does not serve a kind it was just given
+    yet (:data:`NOT_YET_SERVED`): for up to 30 s after Reversi's CRDs and policies are installed
+    together. Such a write never landed."""
+    if not isinstance(err, ApiException) or err.status not in (403, 503):
+        return False
+    message = api_message(err)
+    return any(marker in message for marker in NOT_YET_SERVED)
+
+
 def unsent(err: BaseException) -> bool:
     """Whether the request surely did not take effect: 429 (refused before it was handled: API
     priority and fairness, max-in-flight), a write refused because an admission webhook could not
-    be reached (:func:`admission_unreachable`), or a connection that was never opened."""
+    be reached (:func:`admission_unreachable`) or because a kind it needs is not served yet
+    (:func:`not_yet_served`), or a connection that was never opened."""
     if isinstance(err, ApiException):
-        return err.status == 429 or admission_unreachable(err)
+        return err.status == 429 or admission_unreachable(err) or not_yet_served(err)
     return isinstance(_cause(err), _UNSENT)
 
 
@@ -160,7 +179,7 @@ def transient(err: BaseException) -> bool:
     """Whether ``err`` may pass if the call is made again: 429, any 5xx, or a connection error
     (refused, reset, timed out). A 5xx or a broken connection may come after a write landed."""
     if isinstance(err, ApiException):
-        return err.status is not None and (err.status == 429 or err.status >= 500)
+        return err.status is not None and (err.status == 429 or err.status >= 500 or not_yet_served(err))
     return isinstance(_cause(err), (http.HTTPError, ConnectionError, TimeoutError))
 
 
@@ -208,8 +227,9 @@ class Policy:
 #: the policy every call uses unless given another
 POLICY = Policy()
 #: the recording writes of the SDK (and so of the gateway): a write refused because no admission
-#: webhook answered (an admission server restarting, a rolling upgrade) never landed, so it is
-#: tried again for up to 30 s; such a gap costs the agent latency, not a failed call
+#: webhook answered (an admission server restarting, a rolling upgrade), or because the API server
+#: does not serve Reversi's kinds yet (an install moments ago), never landed, so it is tried again
+#: for up to 30 s; such a gap costs the agent latency, not a failed call
 RECORDING = Policy(attempts=100, first_wait=0.05, max_wait=1.0, deadline=30.0)
 
 
