@@ -895,7 +895,9 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
     ``steps`` are the run's RunStep objects. Order: a ``run`` record, the steps (by index), the
     resolutions (each RunStep's ``spec.resolution``, with its ``step``), the undo state per step
     (each RunStep's ``status.undo``), then the transitions (Events on the run's RollbackRequests)
-    in time order. Steps leave out their manifest snapshot unless ``with_snapshots``. With
+    in time order. Steps leave out their manifest entry unless ``with_snapshots``: a step's own
+    ``snapshot``, else (a recorded call, which carries ``runAtOpen``) its tool's entry in the Run's
+    pinned manifest, which is what the step is undone by (docs/concepts.md#the-journal). With
     ``inline`` (a Run of Reversi 0.1 whose inline journal, ``spec.steps``, the operator has not
     moved yet) the inline journal is exported the same way; a RunStep wins over an inline step of
     the same index (it is the moved copy).
@@ -908,6 +910,7 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
     resolutions: dict[int, dict[str, Any]] = {}
     undo: dict[int, dict[str, Any]] = {}
     shared = {s.get("id"): s for s in inline_spec.get("snapshots") or []}
+    pinned = {t.get("name"): t for t in (spec.get("pinnedManifest") or {}).get("tools") or [] if isinstance(t, dict)}
     for step in inline_spec.get("steps") or []:  # inline journal (Reversi 0.1)
         calls[step["index"]] = {k: v for k, v in step.items() if k != "snapshot"}
         snap = step.get("snapshot")
@@ -922,7 +925,8 @@ def export_records(run: Mapping[str, Any], steps: Iterable[Mapping[str, Any]], t
         step_spec = obj.get("spec") or {}
         index = step_spec["index"]  # required by the RunStep schema
         calls[index] = {k: v for k, v in step_spec.items() if k not in ("snapshot", "runRef", "resolution")}
-        snapshots[index] = step_spec.get("snapshot")
+        snapshots[index] = step_spec.get("snapshot") or (pinned.get(step_spec.get("tool"))
+                                                          if step_spec.get("runAtOpen") else None)
         if step_spec.get("resolution"):
             resolutions[index] = {"step": index, **step_spec["resolution"]}
         if (obj.get("status") or {}).get("undo"):
