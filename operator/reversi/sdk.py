@@ -38,8 +38,9 @@ seconds, paging, retries of transient errors — 429, 5xx, connection errors —
 the call cannot record anything twice: a step's ``intended`` record is repeated only when it
 surely did not reach the API server, an outcome's write is read back when a repetition finds
 it written). A recording write the API server refused because no admission webhook answered
-(``failed calling webhook``: the admission server restarting, a rolling upgrade) never landed,
-so it is tried again for up to 30 s (:data:`reversi.adapters.apicalls.RECORDING`): such a gap
+(``failed calling webhook``: the admission server restarting, a rolling upgrade), or because the
+API server does not serve Reversi's kinds yet (an install moments ago), never landed, so it is
+tried again for up to 30 s (:data:`reversi.adapters.apicalls.RECORDING`): such a gap
 costs the agent latency, not a failed call. A refusal by a rule is never tried again.
 """
 
@@ -50,6 +51,7 @@ import contextlib
 import datetime as dt
 import inspect
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -160,10 +162,15 @@ RECOVER_ADVICE = ("this identity records but may not roll back: the run's rollba
                   "<release>-recover (docs/operations.md#an-agents-rights)")
 
 
+#: the authorizer's refusal: ``User "x" cannot create resource "leases" in API group ...``
+_RBAC_REFUSAL = re.compile(r'^\S+ is forbidden: User "[^"]*" cannot \S+ resource "[^"]*"')
+
+
 def _rbac_refused(err: ApiException, message: str) -> bool:
-    """Whether ``err`` is the authorizer's refusal (a 403 ``cannot <verb> resource``), not an
-    admission rule's."""
-    return err.status == 403 and " cannot " in message and " resource " in message
+    """Whether ``err`` is the authorizer's refusal (a 403 ``<resource> is forbidden: User "x"
+    cannot <verb> resource "<resource>"``), not an admission rule's (a halt's reason may say
+    anything)."""
+    return err.status == 403 and _RBAC_REFUSAL.match(message) is not None
 
 
 #: what a refusal by a ResourceQuota adds: what to do about it
