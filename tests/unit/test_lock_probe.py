@@ -45,6 +45,9 @@ def test_the_lock_in_force_is_proven_while_the_rollback_holds_the_run_and_after(
     (None, ""),                                                                    # admitted: not in force yet
     (403, "kill switch: maintenance (Halt shop/stop refuses step 99999, reversi.dev/lock-probe)"),  # a halt
     (422, "RunStep shop/r-99999: step 99999 of Run shop/r must be named ..."),
+    # a halt whose reason quotes the lock's words is not the lock, nor is another run's lock
+    (403, "kill switch: until run was rolled back by RollbackRequest x (Halt shop/stop refuses step 99999)"),
+    (403, "Run shop/other: run was rolled back by RollbackRequest x; it takes no new steps"),
 ])
 def test_any_other_answer_is_no_proof(status, message):
     assert closed_runs.probe(Answers(status, message), "shop", "r", "uid-1") is False

@@ -21,8 +21,9 @@ from .policies import CLOSED_RUNS
 #: the tool name of the lock's probe (a dry run: never stored, never called)
 PROBE_TOOL = "reversi.dev/lock-probe"
 
-#: what the lock policy's refusal says (:func:`reversi.adapters.policies.lock_policy`): the run is
-#: being rolled back (its entry names the request holding it) or was (the request released it)
+#: what the lock policy's refusal says after ``Run <namespace>/<run>: ``
+#: (:func:`reversi.adapters.policies.lock_policy`): the run is being rolled back (its entry names
+#: the request holding it) or was (the request released it)
 LOCKED = ("run is being rolled back by RollbackRequest ", "run was rolled back by RollbackRequest ")
 
 
@@ -95,7 +96,8 @@ def probe(custom: client.CustomObjectsApi, namespace: str, run: str, uid: str) -
         calls.call(custom.create_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, "runsteps",
                    probe_body(namespace, run, uid), dry_run="All", repeat="always")
     except ApiException as err:
-        if err.status == 403 and any(marker in str(err.body or "") for marker in LOCKED):
+        body = str(err.body or "")
+        if err.status == 403 and any(f"Run {namespace}/{run}: {marker}" in body for marker in LOCKED):
             return True
         if err.status in (403, 409, 422):
             return False  # refused by something else (a halt), or the name exists: not known to be in force
