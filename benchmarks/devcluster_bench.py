@@ -49,9 +49,12 @@ def warm_start(runs: int) -> list[float]:
 
 
 def cold_build(everything: bool = False) -> list[tuple[str, float]]:
-    """Seconds of each build step into an empty cache with an empty Go build cache: kubernetes and
-    etcd, or with ``everything`` what ``make build`` builds (``build --all``, then the images)."""
-    steps = [["build", "--all"], ["images"]] if everything else [["build", "kubernetes", "etcd"]]
+    """Seconds of each build step into an empty cache with an empty Go build cache: the control
+    plane's components (kubernetes, controller-manager, etcd), or with ``everything`` what ``make
+    build`` builds (``build --all``, then the images)."""
+    from reversi_devcluster.build import CONTROL_PLANE_COMPONENTS
+
+    steps = [["build", "--all"], ["images"]] if everything else [["build", *CONTROL_PLANE_COMPONENTS]]
     figures = []
     with tempfile.TemporaryDirectory(prefix="reversi-cold-") as tmp:
         env = {**os.environ, "REVERSI_CACHE": str(Path(tmp) / "cache"), "GOCACHE": str(Path(tmp) / "gocache")}

@@ -18,6 +18,7 @@ own need neither.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -83,7 +84,8 @@ def components() -> dict[str, Component]:
         "kubernetes": Component(
             "kubernetes", pins["kubernetes"]["version"], tuple(pins["kubernetes"]["commands"])
         ),
-        "controller-manager": Component("controller-manager", pins["kubernetes"]["version"],
+        # its folder names its main's hash: an edit of the main builds a new binary
+        "controller-manager": Component("controller-manager", f"{pins['kubernetes']['version']}-{_main_hash()}",
                                         ("kube-controller-manager",)),
         "etcd": Component("etcd", pins["etcd"]["version"], ("etcd",)),
         "helm": Component("helm", pins["helm"]["version"], ("helm",)),
@@ -104,6 +106,11 @@ CONTROL_PLANE_COMPONENTS = ("kubernetes", "controller-manager", "etcd")
 
 #: what the real node needs besides the control plane (``reversi-devcluster up --real-node``)
 NODE_COMPONENTS = ("node", "containerd", "runc", "cni-plugins", "cri-tools", "coredns")
+
+
+def _main_hash() -> str:
+    """Eight hex digits of :data:`CONTROLLER_MANAGER_MAIN`'s SHA-256."""
+    return hashlib.sha256(CONTROLLER_MANAGER_MAIN.encode()).hexdigest()[:8]
 
 
 def binary(component: str, name: str | None = None) -> Path:

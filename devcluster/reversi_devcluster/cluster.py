@@ -80,7 +80,7 @@ class ClusterSettings(BaseSettings):
                              description="The real node's pod bridge (a Linux interface name: at most 15 characters).")
     node_pod_cidr: str = Field("10.244.0.0/24", description="The real node's pod addresses.")
     job_sync_batch_period: str = Field(
-        "100ms", pattern=r"^[0-9]+(\.[0-9]+)?(ns|us|ms|s)$",
+        "100ms", pattern=r"^(0*[1-9][0-9]*(\.[0-9]+)?|0*\.[0-9]*[1-9][0-9]*)(ns|us|ms|s)$",
         description="How long the Job controller gathers pod events before it syncs a Job (a Go duration; "
                     "upstream's default is 1s, its own integration tests use 100ms): a Job's create to Complete "
                     "takes about three of these, docs/development.md#components.")

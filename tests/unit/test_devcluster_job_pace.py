@@ -18,9 +18,14 @@ def test_the_controller_manager_is_built_from_upstreams_app_with_only_the_batch_
     assert build.components()["controller-manager"].binaries == ("kube-controller-manager",)
 
 
-@pytest.mark.parametrize("period", ["100", "fast", "-1s", "1m"])
+@pytest.mark.parametrize("period", ["100", "fast", "-1s", "1m", "0s", "0ms", "0.0s", "00ms"])
 def test_a_period_that_is_not_a_go_duration_of_seconds_or_less_is_refused_by_name(period):
     with pytest.raises(ValidationError) as err:
         ClusterSettings(job_sync_batch_period=period)
     assert "job_sync_batch_period" in str(err.value)
 
+
+
+@pytest.mark.parametrize("period", ["100ms", "1s", "0.5s", "250ms", "10ms"])
+def test_a_positive_go_duration_is_taken(period):
+    assert ClusterSettings(job_sync_batch_period=period).job_sync_batch_period == period
