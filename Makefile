@@ -1,7 +1,8 @@
 # The two commands a newcomer needs:
 #   make demo   - the main job on real input: local control plane, operator, a run, its rollback
 #                 (make demo KEEP=1 leaves it all running to try it yourself)
-#   make test   - builds what is missing, starts the local control plane, runs every test, stops it
+#   make test   - builds what is missing, starts the local control planes, runs the unit and integration tests, stops them
+#   make e2e    - the e2e tier: the real node, chart releases and upgrades, chaos, failover, live Prometheus
 #   make lint   - ruff, mypy and lint-imports with the rule set in pyproject.toml, and flake8's function length limit
 #                 in .flake8 (seconds; .ci/run runs it before make test)
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP

@@ -13,7 +13,7 @@ address, so the Service's EndpointSlice reaches it and the API server calls the 
 the Service, as on a real cluster.
 
 The release is installed once per module and uninstalled at its end; while it is installed the
-integration tests' ``operator`` process is stopped, when the worker runs it (``make test``'s
+integration tests' ``operator`` process is stopped, when the worker runs it (``make e2e``'s
 workers take test files in any order), so that no request is worked by two operators.
 """
 

@@ -431,7 +431,7 @@ def test_the_charts_standby_operator_takes_over_a_rollback_whose_leader_pod_is_k
         assert len(shop.refunds(charge["id"])) == 1, shop.downstream.state()["refunds"]
 
 
-#: rollbacks of the real node's chaos case: ``make test`` runs one (containerd, the fault no other
+#: rollbacks of the real node's chaos case: ``make e2e`` runs one (containerd, the fault no other
 #: case covers), ``make chaos`` many (REVERSI_NODE_CHAOS_ROLLBACKS), every fault in turn, then at random
 NODE_CHAOS_ROLLBACKS = int(os.environ.get("REVERSI_NODE_CHAOS_ROLLBACKS", "1"))
 NODE_FAULTS = ("containerd", "kubelet", "eviction")

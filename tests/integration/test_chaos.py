@@ -1,7 +1,7 @@
 """Chaos: rollbacks while the operator is SIGKILLed, the control plane restarted, the node agent
 lost and every watch cut, judged against downstream truth (docs/development.md#chaos).
 
-``make test`` runs the short variant (8 rollbacks, every kind of fault at least once); ``make
+``make e2e`` runs the short variant (8 rollbacks, every kind of fault at least once); ``make
 chaos`` runs 100 (``REVERSI_CHAOS_ROLLBACKS``). Every random choice — the runs' shapes, the kind
 of each fault, the gaps between faults and how long a component stays down — comes from one
 seed, printed with a summary table; ``REVERSI_CHAOS_SEED=<seed>`` replays the same runs and the

@@ -5,7 +5,7 @@ system: every charge refunded, no refund made twice, every request Succeeded, an
 replica while it was stopped or after it resumed until the next failover (the objects'
 ``managedFields`` name each replica: tests/integration/test_leader_election.py).
 
-``make test`` makes 2 failovers; ``make chaos-failover`` makes 20 (REVERSI_FAILOVER_CHAOS=20).
+``make e2e`` makes 2 failovers; ``make chaos-failover`` makes 20 (REVERSI_FAILOVER_CHAOS=20).
 Replay a sequence with REVERSI_CHAOS_SEED=<the seed it printed>.
 """
 
