@@ -42,11 +42,14 @@ The rules:
     patch whose repetition the caller would misreport, e.g. the SDK's outcome; an Event):
     retried only when the request surely did not take effect — 429 (the API server refused it
     before handling it), a write refused because no admission webhook could be reached (500
-    "failed calling webhook": refused before storage) or a connection that was never opened.
+    "failed calling webhook": refused before storage), a write refused because the API server
+    does not serve a kind it was just given yet (:func:`not_yet_served`: a 403 or 503 before
+    storage, for up to 30 s after an install) or a connection that was never opened.
     A 5xx, a read timeout or a dropped connection may come after the write landed, so they are
     raised to the caller as before.
 
-  Nothing else is retried: 4xx answers (400, 401, 403, 404, 409, 422) are the server's verdict.
+  Nothing else is retried: 4xx answers (400, 401, 403, 404, 409, 422) are the server's verdict
+  (but for the 403 of :func:`not_yet_served`).
 """
 
 from __future__ import annotations
