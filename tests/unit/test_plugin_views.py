@@ -304,6 +304,24 @@ def test_export_records_order_and_snapshots():
     assert "\n" not in line and json.loads(line) == records[1]
 
 
+def test_export_gives_a_recorded_call_its_tool_entry_in_the_runs_pinned_manifest():
+    """A recorded call carries no snapshot: it is undone by its tool's entry in the Run's pinned
+    manifest (docs/concepts.md#the-journal), which --with-snapshots exports; a step with a
+    snapshot of its own keeps it, and one of a tool the pin lacks (observe mode) has none."""
+    charge, capture = snapshot(tool("pay.charge")), snapshot(tool("pay.capture"))
+    at_open = {"uid": "u", "mode": "observe", "manifestRevision": 3}
+    recorded = [{k: v for k, v in step(i, charge).items() if k != "snapshot"} | {"runAtOpen": at_open}
+                for i in (0, 1)]
+    recorded[1]["tool"] = "pay.unknown"
+    older = step(2, {**capture, "residue": ["kept from when it was recorded"]})
+    run = {"metadata": {"name": "r", "namespace": "shop", "uid": "u"},
+           "spec": {"principal": "agent", "mode": "observe", "manifestRef": {"name": "m"},
+                    "pinnedManifest": {"revision": 3, "tools": [charge, capture]}}}
+    full = list(views.export_records(run, [_runstep(s) for s in (*recorded, older)], [], with_snapshots=True))
+    assert [r.get("snapshot") for r in full[1:]] == [charge, None, older["snapshot"]]
+    assert all("snapshot" not in r for r in views.export_records(run, [_runstep(s) for s in recorded], []))
+
+
 def test_export_of_a_run_of_0_1_not_moved_yet_reads_its_inline_journal():
     charge = snapshot(tool("pay.charge"))
     steps = [step(0, charge), step(1, charge, "uncertain")]
