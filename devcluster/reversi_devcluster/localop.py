@@ -67,8 +67,8 @@ def free_port() -> int:
 
 def remove_webhook_configurations(api: client.ApiClient, name: str = "reversi.dev") -> None:
     """Delete the webhook configurations a local admission server registered (``failurePolicy:
-    Fail``: once it is gone for good, they would refuse every write of Reversi's kinds), and the
-    admission policy registered with them."""
+    Fail``: once it is gone for good, they would refuse every write of Reversi's kinds); the
+    admission policies, which the API server runs itself, stay (:func:`reversi.adapters.webhooks.unregister`)."""
     webhooks.unregister(api, name)
 
 

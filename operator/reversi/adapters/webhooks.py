@@ -260,20 +260,17 @@ def register_lock(api: client.ApiClient, name: str = NAME) -> None:
 
 
 def unregister(api: client.ApiClient, name: str = NAME) -> None:
-    """Delete the local webhook configurations and the policies with their bindings, except the
-    lock's (:func:`reversi.adapters.policies.lock_policy`: see the comment below; without the
-    operator it refuses only steps of runs a rollback closed) (404s are fine)."""
+    """Delete the local webhook configurations (``failurePolicy: Fail``: with no admission server
+    left to answer, they would refuse every write of Reversi's kinds) (404s are fine).
+
+    The admission policies stay, as a chart's stay while it is installed: the API server runs
+    them, with or without an admission server. Deleting and creating them again would open a
+    window of up to 30 s in which the API server refuses every RunStep create ("failed to
+    configure policy": it resolves the halts policies' CRD param kinds again through a discovery
+    it refreshes every 30 s), and the lock's ConfigMap param kind is never resolved again once no
+    binding names it (kubernetes#130887)."""
     adm = client.AdmissionregistrationV1Api(api)
-    named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name),
-             (adm.delete_validating_admission_policy_binding, f"{name}-runstep-outcome"),
-             (adm.delete_validating_admission_policy, f"{name}-runstep-outcome")]
-    for body in reversed(policies.recording_policies(name)):
-        if body["metadata"]["name"] == f"{name}-runstep-lock":
-            # left in place: in Kubernetes 1.36 the API server stops resolving a built-in param kind
-            # (the lock's ConfigMap) for good once no binding names it (kubernetes#130887)
-            continue
-        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in body["kind"]).lstrip("_")
-        named.append((getattr(adm, f"delete_{snake}"), body["metadata"]["name"]))
+    named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name)]
     for delete, obj in named:
         try:
             delete(obj)
