@@ -24,9 +24,11 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
-from reversi.adapters import webhooks
-from reversi.adapters.journal import list_objects, step_body
+from reversi.adapters import apicalls as calls
+from reversi.adapters import closed_runs, webhooks
+from reversi.adapters.journal import list_objects, run_at_open, step_body
 from reversi_devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
 from reversi.models.runstep import step_name
 from tests.helpers import wait_for
@@ -113,6 +115,22 @@ def integration_operator_paused(admin_api: client.ApiClient) -> Iterator[None]:
             op.start()
 
 
+def _recorded_calls_served(api: client.ApiClient) -> bool:
+    """Whether the API server admits a recorded call by its policies yet: a dry run of one (of a
+    run no rollback closed, a tool no halt names) is admitted. For up to 30 s after the CRDs and
+    policies are installed together it is refused as "not served yet"
+    (:func:`reversi.adapters.apicalls.not_yet_served`); any other refusal is raised."""
+    try:
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, "default", "runsteps", closed_runs.probe_body("default", "served-probe", "0"),
+            dry_run="All")
+    except ApiException as err:
+        if calls.not_yet_served(err):
+            return False
+        raise
+    return True
+
+
 @pytest.fixture(scope="session")
 def operator(cluster, crds, admin_api):
     """The operator, running as a real process against the local control plane."""
@@ -125,6 +143,8 @@ def operator(cluster, crds, admin_api):
                          admission_metrics_port=metrics_port + 1)  # and + 2: one per admission replica
     op.start()
     _STARTED.append(op)
+    wait_for(lambda: _recorded_calls_served(admin_api), timeout=90, interval=0.5,
+             what="the API server to serve the recorded call's policies (a new CRD param kind: within 30 s)")
     yield op
     op.stop()
     remove_webhook_configurations(admin_api)
@@ -219,12 +239,24 @@ class RV:
 
     def run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None, mode: str = "enforce") -> dict:
         """Open the Run ``name`` and record ``steps`` as its RunSteps (in order), then settle
-        ``resolutions`` (``{step, status, result?, note}``) on their steps. Returns the Run."""
+        ``resolutions`` (``{step, status, result?, note}``) on their steps. Returns the Run.
+
+        Each step is recorded as the SDK records a call, on the path users take: a recorded call
+        (``spec.runAtOpen``, the Run as read at open) that the API server's policies admit and
+        stamp (docs/concepts.md#the-recorded-calls-contract-rule-by-rule), with its outcome. Only
+        a step that carries a snapshot other than the manifest's entry (a record from an older
+        manifest), or a Run opened with no manifest to pin, crosses the admission webhook."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": name},
                 "spec": {"mode": mode, "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"}}}
         run = self.create("runs", body)
+        at_open = run_at_open(run)
         for step in steps:
-            self.create("runsteps", step_body(self.ns, name, step))
+            spec = dict(step)
+            current = self.snapshot(spec["tool"]) if self.manifest is not None else None
+            if at_open is not None and self.manifest is not None and spec.get("snapshot") == current:
+                spec.pop("snapshot", None)
+                spec["runAtOpen"] = at_open
+            self.create("runsteps", step_body(self.ns, name, spec))
         for res in resolutions or []:
             self.resolve(name, res["step"], **{k: v for k, v in res.items() if k != "step"})
         return run

@@ -50,12 +50,13 @@ def test_a_step_is_a_small_object_named_by_run_and_index_owned_by_the_run(rv):
     run = rv.get("runs", "r")
     assert "steps" not in run["spec"], "the Run carries no steps"
     step = rv.get("runsteps", "r-00001")
-    assert step["metadata"]["labels"][LABEL_RUN] == "r"
-    assert LABEL_FORWARD_KEY in step["metadata"]["labels"], "a tool with a forward key is labelled by it"
+    assert step["metadata"]["labels"] == {LABEL_RUN: "r"}, "the API server labels a recorded call by its run"
     assert LABEL_FORWARD_KEY not in rv.get("runsteps", "r-00000")["metadata"]["labels"]
     owner = step["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("Run", "r", run["metadata"]["uid"])
-    assert step["spec"]["snapshot"]["name"] == "payments.create_charge", "the server stamps the snapshot"
+    assert "snapshot" not in step["spec"], "a recorded call is undone by the Run's pinned manifest"
+    assert step["spec"]["runAtOpen"]["manifestRevision"] == run["spec"]["pinnedManifest"]["revision"]
+    assert "payments.create_charge" in {t["name"] for t in run["spec"]["pinnedManifest"]["tools"]}
     listed = rv.custom.list_namespaced_custom_object(G, V, rv.ns, "runsteps", label_selector=f"{LABEL_RUN}=r")
     assert [s["metadata"]["name"] for s in listed["items"]] == ["r-00000", "r-00001"]
 

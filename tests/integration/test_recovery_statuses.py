@@ -9,7 +9,6 @@ expired, handlerUnavailable and an unforced conflict; one for a forced conflict)
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from reversi.adapters.journal import entry_of
 from tests.helpers import wait_for
 from tests.integration.conftest import manifest_body
 
@@ -101,7 +101,7 @@ def test_expired_step_is_not_attempted(rv):
     charge = rv.charge("o-exp")
     rv.run("r", [rv.step(0, tool["name"], {"order_id": "o-exp", "amount": 700, "customer": "cus_9"}, charge)])
     [recorded] = rv.steps("r")
-    at = dt.datetime.fromisoformat(recorded["spec"]["recordedAt"].replace("Z", "+00:00")).timestamp()
+    at = entry_of(recorded).spec.recorded_at.timestamp()  # a recorded call's time: its creation, the server's clock
     wait_for(lambda: time.time() > at + 2, timeout=10, what="the one-second undo window to pass")
     rv.request("undo", "r")
     req = rv.wait_phase("undo", "Incomplete", "Succeeded")
