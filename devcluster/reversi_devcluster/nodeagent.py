@@ -85,13 +85,26 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(repl, text)
 
 
+def start_ticks(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``: no wall
+    clock, so a clock step cannot move it); raises ``OSError`` if it is gone."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[19])
+
+
 def started_at(pid: int) -> float:
     """When process ``pid`` started (epoch seconds), from /proc; raises ``OSError`` if it is gone."""
-    with open(f"/proc/{pid}/stat") as fh:
-        ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
     with open("/proc/stat") as fh:
         boot = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return boot + start_ticks(pid) / os.sysconf("SC_CLK_TCK")
+
+
+def _ticks_or_zero(pid: int) -> int:
+    """:func:`start_ticks` of ``pid``, or 0 when it is already gone."""
+    try:
+        return start_ticks(pid)
+    except OSError:
+        return 0
 
 
 def host_ip() -> str:
@@ -348,7 +361,8 @@ class PodWorker(threading.Thread):
             r.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True,
                                       env=launcher_env)
-            (self.dir / f"{r.name}.pid").write_text(str(r.proc.pid))
+            # the pid and its start in ticks since boot: together they name this process alone
+            (self.dir / f"{r.name}.pid").write_text(f"{r.proc.pid} {_ticks_or_zero(r.proc.pid)}")
             r.started_at = now()
             r.state = {"running": {"startedAt": r.started_at}}
         self.report()
@@ -910,13 +924,17 @@ class NodeAgent:
                     time.sleep(1)
 
     def kill_stale(self) -> None:
-        """Kill processes left by an earlier agent process (pid files in the state folder) —
-        only when the process started before its pid file was written, so a pid the system has
-        since given to another process is left alone."""
+        """Kill processes left by an earlier agent process (pid files in the state folder: ``<pid>
+        <start ticks>``) — only the process the file names, the pid with that start in ticks since
+        boot, so a pid the system has since given to another process is left alone whatever the
+        wall clock did meanwhile (a file of an older agent holds the pid alone: the process is
+        then taken as its own when it started before the file was written)."""
         for pidfile in (self.state_dir / "pods").glob("*/*.pid"):
             try:
-                pid = int(pidfile.read_text())
-                if started_at(pid) <= pidfile.stat().st_mtime + 1.0:
+                pid, *ticks = (int(x) for x in pidfile.read_text().split())
+                same = (start_ticks(pid) == ticks[0]) if ticks and ticks[0] else \
+                    started_at(pid) <= pidfile.stat().st_mtime + 1.0
+                if same:
                     os.killpg(pid, signal.SIGKILL)
             except (ValueError, OSError):
                 pass

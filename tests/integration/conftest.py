@@ -194,6 +194,10 @@ def manifest_body(downstream_url: str, *, reader: bool = True, expect: dict | No
             "spec": {"runners": runners, "tools": tools}}
 
 
+#: how long RV.create repeats a write refused as not served yet (the API server's discovery: 30 s)
+SERVED = calls.Policy(attempts=100, first_wait=0.1, max_wait=1.0, deadline=40.0)
+
+
 class RV:
     """Test helpers for Reversi objects in one namespace."""
 
@@ -208,7 +212,12 @@ class RV:
         self.started = time.time()
 
     def create(self, plural: str, body: dict) -> dict:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, plural, body)
+        """Create ``body``; a write the API server refused as "not served yet" (the recorded
+        call's policies resolving their param kinds again after a chart release's went: up to 30 s)
+        is repeated, as the SDK repeats it."""
+        created = calls.create(self.custom, plural, body, self.ns, policy=SERVED)
+        assert created is not None
+        return created
 
     def get(self, plural: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, plural, name)
@@ -237,7 +246,8 @@ class RV:
             step["snapshot"] = snap
         return step
 
-    def run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None, mode: str = "enforce") -> dict:
+    def run(self, name: str, steps: list[dict], resolutions: list[dict] | None = None, mode: str = "enforce",
+            recorded: bool = True) -> dict:
         """Open the Run ``name`` and record ``steps`` as its RunSteps (in order), then settle
         ``resolutions`` (``{step, status, result?, note}``) on their steps. Returns the Run.
 
@@ -245,11 +255,12 @@ class RV:
         (``spec.runAtOpen``, the Run as read at open) that the API server's policies admit and
         stamp (docs/concepts.md#the-recorded-calls-contract-rule-by-rule), with its outcome. Only
         a step that carries a snapshot other than the manifest's entry (a record from an older
-        manifest), or a Run opened with no manifest to pin, crosses the admission webhook."""
+        manifest), or a Run opened with no manifest to pin, crosses the admission webhook; so does
+        every step with ``recorded=False`` (a client that sends no ``runAtOpen``)."""
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Run", "metadata": {"name": name},
                 "spec": {"mode": mode, "scope": {"actor": "test-agent"}, "manifestRef": {"name": "payments"}}}
         run = self.create("runs", body)
-        at_open = run_at_open(run)
+        at_open = run_at_open(run) if recorded else None
         for step in steps:
             spec = dict(step)
             current = self.snapshot(spec["tool"]) if self.manifest is not None else None

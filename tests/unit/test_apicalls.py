@@ -124,7 +124,8 @@ def test_a_policys_own_refusal_is_a_verdict_not_a_kind_not_served_yet() -> None:
         calls.call(method, repeat="unsent", policy=FAST)
     assert len(method.calls) == 1
     assert calls.not_yet_served(api_error(403, message=NOT_CONFIGURED))
-    assert not calls.not_yet_served(api_error(422, message=NOT_CONFIGURED))
+    assert calls.not_yet_served(api_error(422, message=NOT_CONFIGURED))  # as a 422 too
+    assert not calls.not_yet_served(api_error(404, message=NOT_CONFIGURED))
 
 
 def test_every_call_carries_the_request_timeout() -> None:

@@ -43,7 +43,7 @@ The rules:
     retried only when the request surely did not take effect — 429 (the API server refused it
     before handling it), a write refused because no admission webhook could be reached (500
     "failed calling webhook": refused before storage), a write refused because the API server
-    does not serve a kind it was just given yet (:func:`not_yet_served`: a 403 or 503 before
+    does not serve a kind it was just given yet (:func:`not_yet_served`: a 403, 422 or 503 before
     storage, for up to 30 s after an install) or a connection that was never opened.
     A 5xx, a read timeout or a dropped connection may come after the write landed, so they are
     raised to the caller as before.
@@ -162,7 +162,7 @@ def not_yet_served(err: BaseException) -> bool:
     """Whether the API server refused a write because it does not serve a kind it was just given
     yet (:data:`NOT_YET_SERVED`): for up to 30 s after Reversi's CRDs and policies are installed
     together. Such a write never landed."""
-    if not isinstance(err, ApiException) or err.status not in (403, 503):
+    if not isinstance(err, ApiException) or err.status not in (403, 422, 503):
         return False
     message = api_message(err)
     return any(marker in message for marker in NOT_YET_SERVED)
