@@ -71,18 +71,6 @@ from . import runtime
 log = logging.getLogger("reversi.admission")
 G, V = "reversi.dev", "v1alpha1"
 
-#: Webhook ids: also the URL paths (``/<id>``) the chart's webhook configurations point at.
-WEBHOOKS = {
-    "mutate-run": ("runs", "mutating"),
-    "mutate-rollbackrequest": ("rollbackrequests", "mutating"),
-    "validate-run": ("runs", "validating"),
-    "mutate-runstep": ("runsteps", "mutating"),
-    "validate-runstep": ("runsteps", "validating"),
-    "validate-rollbackrequest": ("rollbackrequests", "validating"),
-    "validate-toolmanifest": ("toolmanifests", "validating"),
-    "validate-halt": ("halts", "validating"),
-    "validate-clusterhalt": ("clusterhalts", "validating"),
-}
 OPS: list[kopf.Operation] = ["CREATE", "UPDATE"]
 
 

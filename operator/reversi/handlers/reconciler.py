@@ -1108,7 +1108,7 @@ class Reconciler(TreeRollback):
         """The Run does not exist (yet): wait for it, phase ``Pending`` with ``Planned=False``
         reason ``RunNotFound``, up to ``run_wait_seconds`` after the request was created (a GitOps
         apply may create both at once, in any order); the Run's creation wakes the request
-        (:func:`reversi.handlers.rollback.run_event`). Then fail ``RunNotFound``."""
+        (:func:`reversi.handlers.rollback.run_seen`). Then fail ``RunNotFound``."""
         meta = req["metadata"]
         ns, name, gen = meta["namespace"], meta["name"], meta.get("generation", 1)
         limit = self.settings.run_wait_seconds
