@@ -361,3 +361,35 @@ def test_the_recording_policy_bounds_an_admission_gap_by_time_not_attempts():
     with pytest.raises(ApiException):
         calls.call(always_down, repeat="unsent", policy=short)
     assert 5 < len(always_down.calls) < 100, "stopped by the deadline, not by the attempts"
+
+
+class Discovery:
+    """A stand-in for ``CustomObjectsApi.get_api_resources``: serves ``served`` (group/version ->
+    resource names) from the ``after``-th call on; before that the API server is down."""
+
+    def __init__(self, served: dict[str, list[str]], after: int = 0):
+        self.served, self.after, self.asked = served, after, 0
+
+    def get_api_resources(self, group: str, version: str, **_: Any) -> Any:
+        self.asked += 1
+        if self.asked <= self.after:
+            raise http.NewConnectionError(None, "connection refused")
+        names = self.served.get(f"{group}/{version}")
+        if names is None:
+            raise api_error(404)
+        return SimpleNamespace(resources=[SimpleNamespace(name=n) for n in names])
+
+
+WATCHED = (("batch", "v1", "jobs"), ("reversi.dev", "v1alpha1", "rollbackrequests"))
+
+
+def test_the_operator_starts_its_watches_only_once_the_api_server_serves_what_it_watches() -> None:
+    """kopf resolves the kinds it watches once, at start (docs/operations.md): a start while the API
+    server is down or its discovery incomplete waits until every watched kind is served."""
+    late = Discovery({"batch/v1": ["jobs"], "reversi.dev/v1alpha1": ["runs", "rollbackrequests"]}, after=3)
+    assert calls.wait_until_served(late, 10, WATCHED) == []
+    assert late.asked > 3
+    incomplete = Discovery({"batch/v1": ["jobs"], "reversi.dev/v1alpha1": ["runs"]})
+    assert calls.wait_until_served(incomplete, 0.6, WATCHED) == ["rollbackrequests.reversi.dev/v1alpha1"]
+    assert calls.wait_until_served(Discovery({"batch/v1": ["jobs"]}), 0.1, WATCHED) == [
+        "rollbackrequests.reversi.dev/v1alpha1"]

@@ -236,6 +236,40 @@ POLICY = Policy()
 RECORDING = Policy(attempts=100, first_wait=0.05, max_wait=1.0, deadline=30.0)
 
 
+#: what the operator watches, by API group and version, with a resource of each that discovery must
+#: list: the kinds kopf resolves once at its start (:func:`wait_until_served`)
+WATCHED: tuple[tuple[str, str, str], ...] = (
+    ("apiextensions.k8s.io", "v1", "customresourcedefinitions"), ("batch", "v1", "jobs"),
+    (GROUP, VERSION, "rollbackrequests"), (GROUP, VERSION, "halts"), (GROUP, VERSION, "toolmanifests"))
+
+
+def wait_until_served(custom: client.CustomObjectsApi, seconds: float,
+                      watched: tuple[tuple[str, str, str], ...] = WATCHED) -> list[str]:
+    """Wait up to ``seconds`` until the API server's discovery lists each ``(group, version,
+    resource)`` of ``watched``; returns those still missing then (empty: all served). kopf
+    resolves the resources it watches once, at its start, and again only on a CRD's event, which
+    it cannot watch if the CRDs' own kind was not resolved: a start while the API server is down,
+    or its discovery is still incomplete a moment after a restart, would otherwise leave the
+    operator watching nothing until it restarts."""
+    def missing() -> list[str]:
+        out = []
+        for group, version, resource in watched:
+            try:
+                found = call(custom.get_api_resources, group, version, policy=Policy(attempts=1), timeout=5)
+                names = {r.name for r in found.resources or []}
+            except (ApiException, http.HTTPError, OSError):
+                names = set()
+            if resource not in names:
+                out.append(f"{resource}.{group}/{version}")
+        return out
+
+    try:
+        return tenacity.Retrying(stop=tenacity.stop_after_delay(seconds), wait=tenacity.wait_fixed(0.5),
+                                 retry=tenacity.retry_if_result(bool), reraise=True)(missing)
+    except tenacity.RetryError as err:
+        return err.last_attempt.result()
+
+
 def _describe(state: tenacity.RetryCallState) -> str:
     err = state.outcome.exception() if state.outcome else None
     if isinstance(err, ApiException):

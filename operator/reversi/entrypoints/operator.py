@@ -24,6 +24,7 @@ from typing import Any
 import click
 import kopf
 
+from ..adapters import apicalls as calls
 from ..adapters.kube import Kube
 from ..adapters.journal import MOVE_WORKERS
 from ..adapters.lease import LeaseLock
@@ -81,6 +82,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         _start_retention(parts)
         threading.Thread(target=metrics.refresh_forever, args=(kube, ours.gauge_refresh_seconds, parts.stopping),
                          daemon=True, name="metrics-refresh").start()
+    # kopf resolves what it watches once, after this activity: not before the API server serves it
+    while missing := calls.wait_until_served(parts.kube.custom, 30):
+        log.warning("the API server does not serve %s yet; kopf resolves the kinds it watches once, at its start: "
+                    "waiting (are Reversi's CRDs installed? kubectl get crd | grep reversi.dev)", ", ".join(missing))
+        if parts.stopping.is_set():
+            break
     # before any handler writes: refuse to reconcile against CRDs older than this operator. While
     # the API server cannot answer, nothing reconciles (parts.schema stays unset) and the check is
     # made again on the CRDs' watch events, which kopf lists as soon as it reaches the API server
