@@ -26,6 +26,7 @@ from typing import Any
 import click
 import kopf
 
+from ..adapters import apicalls as calls
 from ..adapters import webhooks
 from ..adapters.kube import Kube
 from ..handlers import admission as _admission  # noqa: F401 - registers the webhooks and the manifest index
@@ -82,6 +83,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
     memo[runtime.MEMO_KEY] = runtime.build_admission(ours, kube, metrics)  # every webhook's memo.parts
+    # kopf resolves the kinds it watches (the ToolManifests' index) once, after this activity
+    while missing := calls.wait_until_served(kube.custom, 30, WATCHED):
+        log.warning("the API server does not serve %s yet; kopf resolves the kinds it watches once, at its start: "
+                    "waiting (are Reversi's CRDs installed?)", ", ".join(missing))
+
+
+#: what the admission server watches (kopf's index of ToolManifests), for :func:`calls.wait_until_served`
+WATCHED = (("apiextensions.k8s.io", "v1", "customresourcedefinitions"), (calls.GROUP, calls.VERSION, "toolmanifests"))
 
 
 kopf.on.login()(common.login)
