@@ -12,7 +12,7 @@ When a halt refuses a call, or the shop refuses one (an order id used before, no
 stops with one line that says so (exit 1) and leaves the run as it is; a poster out of stock is
 recorded as failed and the agent goes on. Anything else that stops it is one line too, naming the
 log file that holds the traceback. The agent never rolls its own run back: it holds only the rights
-of an agent that records (the chart's ``<release>-record`` role, docs/operations.md#an-agents-rights),
+of an agent that records (the chart's ``<fullname>-record`` role, docs/operations.md#an-agents-rights),
 and the rollback of a failed run belongs to the on-call engineer (``kubectl reversi rollback``),
 who sees what the agent did before deciding what to undo.
 """

@@ -68,7 +68,7 @@ RUN = "order-4711"
 GATEWAY_USER = "reversi-gateway"
 ROLES = {
     # the gateway records as the agent (impersonation): the least rights of an agent, written once
-    # in operator/reversi/rbac.py, as the chart's <release>-record role
+    # in operator/reversi/rbac.py, as the chart's <fullname>-record role
     "checkout-agent": [dict(rule) for rule in RECORD],
     "oncall": [
         {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get", "list", "watch"]},

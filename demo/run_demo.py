@@ -75,7 +75,7 @@ NS = "reversi-demo"
 RUN = "order-4711"
 ROLES = {
     # the agent records its run and nothing more: the least rights of an agent, written once in
-    # operator/reversi/rbac.py (the chart's <release>-record role is generated from the same
+    # operator/reversi/rbac.py (the chart's <fullname>-record role is generated from the same
     # rules). It may not roll its run back: a failed run is the on-call engineer's to undo.
     "checkout-agent": [dict(rule) for rule in RECORD],
     # on call reads runs and their steps (plan, describe, export) and settles steps (patch a

@@ -155,11 +155,11 @@ class NotPermitted(RecordingRefused):
 
 
 #: what an RBAC refusal adds: what to grant (the rules are reversi.rbac.RECORD and RECOVER)
-RECORD_ADVICE = ("grant the identity the rights of an agent that records (the chart's ClusterRole <release>-record, "
-                 "rules in docs/operations.md#an-agents-rights)")
+RECORD_ADVICE = ("grant the identity the rights of an agent that records (the chart's ClusterRole <fullname>-record, "
+                 "reversi-record for a release named reversi; rules in docs/operations.md#an-agents-rights)")
 RECOVER_ADVICE = ("this identity records but may not roll back: the run's rollback belongs to a person who may "
                   "(kubectl reversi rollback RUN -n NAMESPACE), or grant the identity the chart's ClusterRole "
-                  "<release>-recover (docs/operations.md#an-agents-rights)")
+                  "<fullname>-recover (docs/operations.md#an-agents-rights)")
 
 
 #: the authorizer's refusal: ``User "x" cannot create resource "leases" in API group ...``

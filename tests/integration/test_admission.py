@@ -108,7 +108,7 @@ def _call(rec, tool="payments.get_customer"):
 # ------------------------------------------------------------------ an agent's least rights
 
 def test_an_agent_with_only_the_record_rights_records_and_may_not_roll_back(rv, cluster, admin_api, namespace):
-    """The least rights of an agent (reversi.rbac.RECORD, the chart's <release>-record;
+    """The least rights of an agent (reversi.rbac.RECORD, the chart's <fullname>-record;
     docs/operations.md#an-agents-rights) open a run and record a keyed call (its claim is a
     Lease) and a plain one through the SDK. They list nothing and delete nothing, and the SDK's
     refusal of the agent's own rollback says whose it is."""
@@ -122,7 +122,7 @@ def test_an_agent_with_only_the_record_rights_records_and_may_not_roll_back(rv, 
         ("payments.create_charge", "succeeded"), ("payments.get_customer", "succeeded")]
     with pytest.raises(NotPermitted) as err:
         rec.rollback("the agent failed")
-    assert "<release>-recover" in str(err.value) and "kubectl reversi rollback" in str(err.value)
+    assert "<fullname>-recover" in str(err.value) and "kubectl reversi rollback" in str(err.value)
     for attempt in (lambda: _custom(least).list_namespaced_custom_object(G, V, namespace, "runsteps"),
                     lambda: _custom(least).delete_namespaced_custom_object(G, V, namespace, "runs", "least")):
         with pytest.raises(ApiException) as refused:

@@ -71,17 +71,17 @@ def _forbidden(message: str):
 
 
 def test_an_rbac_refusal_names_the_role_to_grant_and_a_rule_refusal_stays_what_it_is():
-    """The SDK tells the authorizer's refusal (NotPermitted: grant <release>-record, or for a
-    rollback from code <release>-recover) from an admission rule's, whatever a halt's reason says."""
+    """The SDK tells the authorizer's refusal (NotPermitted: grant <fullname>-record, or for a
+    rollback from code <fullname>-recover) from an admission rule's, whatever a halt's reason says."""
     from reversi import sdk
 
     rbac_message = ('leases.coordination.k8s.io is forbidden: User "checkout-agent" cannot create resource "leases" '
                     'in API group "coordination.k8s.io" in the namespace "shop"')
     refused = sdk._refusal(_forbidden(rbac_message), "claiming the key")
-    assert isinstance(refused, sdk.NotPermitted) and "<release>-record" in str(refused)
+    assert isinstance(refused, sdk.NotPermitted) and "<fullname>-record" in str(refused)
     rollback = sdk._refusal(_forbidden(rbac_message.replace("leases", "rollbackrequests")), "rolling back",
                             advice=sdk.RECOVER_ADVICE)
-    assert "<release>-recover" in str(rollback) and "kubectl reversi rollback" in str(rollback)
+    assert "<fullname>-recover" in str(rollback) and "kubectl reversi rollback" in str(rollback)
     halt = sdk._refusal(_forbidden("kill switch: agents cannot touch resource quotas today (Halt shop/stop refuses "
                                    "step 3, payments.refund; deleting the halt lifts it)"), "recording")
     assert type(halt) is sdk.Halted

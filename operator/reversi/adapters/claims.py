@@ -12,7 +12,7 @@ cheapest object for it: small, with a holder field meant for exactly this, acted
 controller unless someone runs leader election under that name, never mounted into pods (a
 ConfigMap can be) and holding nothing secret; agents need ``create``, ``get``, ``patch`` and
 ``delete`` on ``leases`` in their namespace (:data:`reversi.rbac.RECORD`, the chart's
-``<release>-record`` role).
+``<fullname>-record`` role).
 
 A claim is released when its call no longer stands: the recorder deletes it when it records the
 call ``failed``, and a later claimant deletes a claim whose step is settled ``failed``, was
