@@ -116,6 +116,8 @@ def _leader(ours: Any, metrics: Metrics) -> Leader:
 def _took_over(parts: runtime.Parts) -> None:
     """This replica now holds the Lease: take up every object again (a standby's handlers did
     nothing, and kopf does not replay what it has seen) and post what the schema check found."""
+    if parts.operating_parts is not None:
+        parts.operating_parts.workers.forget_memories()  # remembered before it lost the Lease: maybe stale
     try:
         if parts.schema is not None and not parts.schema.ok:
             parts.schema = None  # checked again: the Events SchemaOutdated are posted by the holder

@@ -89,6 +89,13 @@ class Workers:
     def stop_all(self) -> None:
         self.queue.stop()
 
+    def forget_memories(self) -> None:
+        """Forget what every request's passes kept: this replica (re)gained the Lease, and what it
+        remembers from before (undo entries it wrote, a pin's time, a probe's start) may be older
+        than what the replica that held the Lease meanwhile wrote (docs/operations.md#leader-election)."""
+        with self._lock:
+            self._memory.clear()
+
     def _forget_memory(self, key: str) -> None:
         with self._lock:
             self._memory.pop(key, None)
