@@ -107,6 +107,18 @@ def _ticks_or_zero(pid: int) -> int:
         return 0
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of process group ``pgid`` exists and has not yet exited (a zombie has)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
 def host_ip() -> str:
     """This machine's primary non-loopback IPv4 address (pods run on the host's network), or
     127.0.0.1 when it has none. EndpointSlices refuse loopback addresses, so Services (e.g. a
@@ -928,7 +940,10 @@ class NodeAgent:
         <start ticks>``) — only the process the file names, the pid with that start in ticks since
         boot, so a pid the system has since given to another process is left alone whatever the
         wall clock did meanwhile (a file of an older agent holds the pid alone: the process is
-        then taken as its own when it started before the file was written)."""
+        then taken as its own when it started before the file was written). Returns once each
+        killed process group has ended (a SIGKILL lands when the process is next scheduled, later on a
+        loaded machine), or after 10 s."""
+        killed = []
         for pidfile in (self.state_dir / "pods").glob("*/*.pid"):
             try:
                 pid, *ticks = (int(x) for x in pidfile.read_text().split())
@@ -936,9 +951,14 @@ class NodeAgent:
                     started_at(pid) <= pidfile.stat().st_mtime + 1.0
                 if same:
                     os.killpg(pid, signal.SIGKILL)
+                    killed.append(pid)
             except (ValueError, OSError):
                 pass
             pidfile.unlink(missing_ok=True)
+        end = time.monotonic() + 10
+        while killed and time.monotonic() < end:
+            killed = [pid for pid in killed if _group_running(pid)]
+            time.sleep(0.05)
 
     def shutdown(self) -> None:
         self.stopping.set()
