@@ -179,6 +179,10 @@ class Metrics:
         self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()
+        self.closed_runs = Gauge(
+            "reversi_closed_run_slice_runs",
+            "Runs a ClosedRunSlice holds (the lock policy's param; at most 3000 each), as the operator last wrote it.",
+            ["namespace", "slice"], registry=r)
         self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
                                      ["namespace"], registry=r)
         self.archive_failures = Counter("reversi_archive_failures",

@@ -10,7 +10,7 @@ import yaml
 from tests.chart.chartkit import CHART, HERE, run
 
 RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
-ALERTS = {"ReversiJournalNearQuota",
+ALERTS = {"ReversiJournalNearQuota", "ReversiClosedRunsNearLimit",
           "ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
           "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
 
@@ -61,3 +61,15 @@ def test_rules_read_only_metrics_the_operator_exposes():
         names = set(re.findall(r"\b(reversi_[a-z_]+|up)\b", rule["expr"]))
         assert names, rule["alert"]
         assert names <= exposed | {"up"}, f"{rule['alert']} reads unknown metrics {names - exposed - {'up'}}"
+
+
+def test_the_closed_runs_alert_knows_the_slices_limit():
+    """ReversiClosedRunsNearLimit divides by a slice's capacity and names the slices per namespace
+    as the model declares them (docs/operations.md#reversiclosedrunsnearlimit)."""
+    from reversi.models.closedrunslice import SLICE_CAPACITY, SLICES
+
+    rules = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+    rule = rules["ReversiClosedRunsNearLimit"]
+    assert f"/ {SLICE_CAPACITY} > 0.8" in rule["expr"]
+    assert f"of the {SLICE_CAPACITY} closed runs" in rule["annotations"]["description"]
+    assert f"({SLICES} slices per namespace" in rule["annotations"]["description"]

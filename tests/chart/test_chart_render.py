@@ -54,7 +54,7 @@ def test_chart_crds_are_the_generated_crds(render):
 def test_crds_can_be_left_out_or_left_to_helm_uninstall(render):
     assert not [o for o in render({"crds": {"enabled": False}}) if o["kind"] == "CustomResourceDefinition"]
     unkept = [o for o in render({"crds": {"keep": False}}) if o["kind"] == "CustomResourceDefinition"]
-    assert len(unkept) == 6 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
+    assert len(unkept) == 7 and all("helm.sh/resource-policy" not in o["metadata"]["annotations"] for o in unkept)
 
 
 def test_chart_has_no_crds_folder():
@@ -94,7 +94,7 @@ def test_default_render_has_the_expected_objects(render):
         *[(kind, f"rv-reversi-runstep-{what}") for what in ("record", "halts", "clusterhalts", "lock")
           for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")],
         *[("CustomResourceDefinition", f"{plural}.reversi.dev") for plural in (
-            "runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")],
+            "runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts", "closedrunslices")],
     ])
 
 
@@ -244,8 +244,8 @@ def test_rbac_has_no_wildcards(render, values):
         assert "nonResourceURLs" not in rule
         if "resourceNames" in rule:  # narrows a rule to named objects: only for verbs that name one object
             # (list and watch name it with a field selector metadata.name, which RBAC matches: the Lease's watch)
-            assert "*" not in rule["resourceNames"] and set(rule["verbs"]) <= {"get", "patch", "update", "list",
-                                                                                "watch"}, rule
+            assert "*" not in rule["resourceNames"] and set(rule["verbs"]) <= {"get", "patch", "update", "delete",
+                                                                                "list", "watch"}, rule
 
 
 def _grants(objs: list[dict]) -> set[tuple[str, str, str]]:
@@ -261,9 +261,10 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     needed |= {("reversi.dev", f"{k}/status", "patch") for k in kinds}
     # moving the inline journal of a 0.1 Run; the lock's dry-run probe
     needed |= {("reversi.dev", "runsteps", "create")}
-    # a rollback's lock as the API server enforces it: the namespace's ConfigMap reversi-closed-runs (get and patch
-    # are narrowed to that name by test_rbac_has_no_wildcards' resourceNames rule)
-    needed |= {("", "configmaps", "create"), ("", "configmaps", "get"), ("", "configmaps", "patch")}
+    # a rollback's lock as the API server enforces it: the namespace's ClosedRunSlices; the ConfigMap of an
+    # earlier version, moved to them and deleted (narrowed to its name below)
+    needed |= {("reversi.dev", "closedrunslices", v) for v in ("get", "create", "patch")}
+    needed |= {("", "configmaps", "get"), ("", "configmaps", "delete")}
     # retention: an expired Run is deleted (its steps go with it), each namespace's setting is watched
     needed |= {("reversi.dev", "runs", "delete"), ("", "namespaces", "get"), ("", "namespaces", "list"),
                ("", "namespaces", "watch"), ("", "resourcequotas", "get"), ("", "resourcequotas", "list")}
@@ -278,8 +279,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
-    for rule in _operator_rules(render()):  # the operator reads and changes no ConfigMap but the closed runs
-        if "configmaps" in rule["resources"] and set(rule["verbs"]) & {"get", "patch"}:
+    for rule in _operator_rules(render()):  # the operator reads and deletes no ConfigMap but the earlier lock's
+        if "configmaps" in rule["resources"]:
             assert rule.get("resourceNames") == ["reversi-closed-runs"], rule
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
              ("reversi.dev", "runsteps", "delete"), ("reversi.dev", "rollbackrequests", "delete"),
@@ -388,6 +389,8 @@ def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):
     for role in (view, edit):
         resources = {r for rule in role["rules"] for r in rule["resources"]}
         assert "clusterhalts" not in resources and not any("/" in r for r in resources)
+        # whoever may change a ClosedRunSlice reopens closed runs to new steps: the operator's alone
+        assert "closedrunslices" not in resources
         assert all("approve" not in rule["verbs"] for rule in role["rules"])
     assert not [o for o in render({"rbac": {"userRoles": False}}) if o["metadata"]["name"].endswith("-approve")]
 
@@ -445,6 +448,18 @@ def test_webhooks_and_the_outcome_policy_are_the_local_control_planes(render):
     assert set(rendered) == {(o["kind"], o["metadata"]["name"]) for o in ours}
     for want in ours:
         assert rendered[(want["kind"], want["metadata"]["name"])]["spec"] == want["spec"], want["metadata"]["name"]
+
+
+def test_no_policy_rests_on_a_configmap_param_and_the_lock_on_every_closed_run_slice(render):
+    """The lock's params are the namespace's ClosedRunSlices, all of them (a selector, not one name);
+    no policy takes a built-in param kind (docs/concepts.md#admission)."""
+    objs = render()
+    for policy in (o for o in objs if o["kind"].endswith("AdmissionPolicy")):
+        assert (policy["spec"].get("paramKind") or {}).get("kind") != "ConfigMap", policy["metadata"]["name"]
+    lock = find(objs, "ValidatingAdmissionPolicy", "rv-reversi-runstep-lock")
+    assert lock["spec"]["paramKind"] == {"apiVersion": "reversi.dev/v1alpha1", "kind": "ClosedRunSlice"}
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "rv-reversi-runstep-lock")
+    assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
 
 
 def test_webhooks_match_the_operators_admission_handlers(render):
@@ -571,7 +586,8 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         "disabled": ["ReversiUnverifiedUndo"]}}})
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
-                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated", "ReversiJournalNearQuota"}
+                          "ReversiAdmissionDown", "ReversiCRDSchemaOutdated", "ReversiJournalNearQuota",
+                          "ReversiClosedRunsNearLimit"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
     assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert 'job="reversi-prod-admission"' in rules["ReversiAdmissionDown"]["expr"]

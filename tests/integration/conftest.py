@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from reversi.adapters import apicalls as calls
-from reversi.adapters import closed_runs, webhooks
+from reversi.adapters import closed_runs
 from reversi.adapters.journal import list_objects, run_at_open, step_body
 from reversi_devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations
 from reversi.models.runstep import step_name
@@ -40,13 +40,8 @@ GROUP, VERSION = "reversi.dev", "v1alpha1"
 
 @pytest.fixture(scope="session")
 def crds(cluster, admin_api):
-    """Apply ``crds/*.yaml`` and wait until every CRD is Established; register the rollback lock's
-    policy and binding first of all (a chart release's binding of the same ConfigMap param kind,
-    deleted at its uninstall, would otherwise be the API server's last one for a moment, and the
-    API server then never enforces the lock again: docs/operations.md#admission-where-each-rule-is-enforced)."""
-    names = apply_crds(admin_api)
-    webhooks.register_lock(admin_api)
-    return names
+    """Apply ``crds/*.yaml`` and wait until every CRD is Established."""
+    return apply_crds(admin_api)
 
 
 class Downstream:

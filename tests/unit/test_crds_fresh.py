@@ -99,8 +99,12 @@ def test_printer_columns():
 def test_schema_is_structural_and_bounded_where_cel_looks(kind):
     schema = _crds()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node, under_rules in _walk(schema):
-        for forbidden in ("anyOf", "oneOf", "allOf", "$ref", "title", "additionalProperties"):
+        for forbidden in ("anyOf", "oneOf", "allOf", "$ref", "title"):
             assert forbidden not in node, f"{kind}{path}: {forbidden}"
+        if "additionalProperties" in node:  # a map: its values typed and bounded, its size too
+            values = node["additionalProperties"]
+            assert isinstance(values, dict) and values.get("type") and "properties" not in node, f"{kind}{path}"
+            assert "maxProperties" in node and (values["type"] != "string" or "maxLength" in values), f"{kind}{path}"
         assert node.get("type") or node.get("x-kubernetes-preserve-unknown-fields"), f"{kind}{path}: no type"
         assert node.get("description") or path.count(".") <= 1 or path.endswith("[]"), f"{kind}{path}: no description"
         if under_rules and node.get("type") == "array":

@@ -17,9 +17,9 @@ no ``snapshot`` or ``recordedAt`` is the **recorded call**: it crosses no webhoo
   params, so a halt is in force within the API server's informer lag, with no operator and no
   admission replica running), matched on the tool and on the run's and its ancestors' scopes as
   the step carries them;
-- refuses a step of a run that a rollback has locked (:func:`lock_policy`: the param is the
-  namespace's ConfigMap :data:`CLOSED_RUNS`, one entry per locked run, written by the operator
-  when it takes the lock; one map lookup per create, whatever the number of closed runs).
+- refuses a step of a run that a rollback has locked (:func:`lock_policy`: the params are the
+  namespace's ClosedRunSlices, one entry per locked run, written by the operator when it takes the
+  lock; one map lookup per slice, whatever the number of closed runs).
 
 Every other RunStep create (a client that sends no ``runAtOpen``, the operator's move of a
 Reversi 0.1 journal) crosses ``mutate-runstep`` as before, which checks it against the Run.
@@ -37,11 +37,6 @@ ADM = "admissionregistration.k8s.io/v1"
 #: CEL: a RunStep create that is a recorded call (checked by the policies, not by a webhook)
 RECORDED_CALL = ("request.operation == 'CREATE' && has(object.spec.runAtOpen) && "
                  "!has(object.spec.snapshot) && !has(object.spec.recordedAt)")
-
-#: The ConfigMap, in each namespace that has a locked run, whose ``data`` maps each run a rollback
-#: has locked to ``<run uid> <RollbackRequest>`` (``... ended`` once that request released it: the
-#: run stays closed): the lock policy's param (written by the operator only; docs/operations.md#rbac).
-CLOSED_RUNS = "reversi-closed-runs"
 
 #: ceiling of a recorded call's ``args`` as CEL measures them (as for the outcome's result)
 ARGS_CEILING_BYTES = 2 * MAX_CALL_BYTES
@@ -193,20 +188,21 @@ def record_policy(name: str) -> dict[str, Any]:
 
 
 def lock_policy(name: str) -> dict[str, Any]:
-    """The ValidatingAdmissionPolicy of rule 11 on a recorded call: its param is the namespace's
-    ConfigMap :data:`CLOSED_RUNS` (none: no run of the namespace is locked), and a step of a run
-    whose entry names the uid the step carries is refused (a Run re-created under the same name
-    is another run, open). One map lookup per create, whatever the number of closed runs."""
-    entry = "params.data[object.spec.runRef.name]"
+    """The ValidatingAdmissionPolicy of rule 11 on a recorded call: its params are the namespace's
+    ClosedRunSlices (:mod:`reversi.models.closedrunslice`; none: no run of the namespace is locked),
+    and a step of a run whose entry names the uid the step carries is refused (a Run re-created
+    under the same name is another run, open). One map lookup per slice, whatever the number of
+    closed runs."""
+    entry = "params.spec.runs[object.spec.runRef.name]"
     return {
         "apiVersion": ADM, "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name},
         "spec": {
             "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ClosedRunSlice"},
             "matchConstraints": _runstep_creates(),
             "matchConditions": [{"name": "recorded-call", "expression": RECORDED_CALL}],
             "validations": [{
-                "expression": f"!has(params.data) || !(object.spec.runRef.name in params.data) || "
+                "expression": "!has(params.spec.runs) || !(object.spec.runRef.name in params.spec.runs) || "
                               f"{entry}.split(' ')[0] != object.spec.runAtOpen.uid",
                 "reason": "Forbidden",
                 "messageExpression": "'Run ' + object.metadata.namespace + '/' + object.spec.runRef.name + ': run "
@@ -267,7 +263,7 @@ def recording_policies(prefix: str) -> list[dict[str, Any]]:
         policy = f"{prefix}-runstep-{suffix}"
         out += [halt_policy(kind, policy), binding(vapb, policy, {"selector": {}})]
     lock = f"{prefix}-runstep-lock"
-    out += [lock_policy(lock), binding(vapb, lock, {"name": CLOSED_RUNS})]
+    out += [lock_policy(lock), binding(vapb, lock, {"selector": {}})]
     return out
 
 

@@ -247,18 +247,6 @@ def register_policies(api: client.ApiClient) -> None:
         _apply(*_verbs(adm, body["kind"]), body)
 
 
-def register_lock(api: client.ApiClient, name: str = NAME) -> None:
-    """Create or replace the lock's policy and binding alone (:func:`reversi.adapters.policies.lock_policy`,
-    named ``<name>-runstep-lock``): what :func:`unregister` leaves in place, registered before any
-    other binding of a ConfigMap param comes and goes (kubernetes#130887: an API server whose last
-    such binding is deleted never resolves the param again, and the lock then refuses nothing).
-    Raises ``ApiException``."""
-    adm = client.AdmissionregistrationV1Api(api)
-    for body in policies.recording_policies(name):
-        if body["metadata"]["name"] == f"{name}-runstep-lock":
-            _apply(*_verbs(adm, body["kind"]), body)
-
-
 def unregister(api: client.ApiClient, name: str = NAME) -> None:
     """Delete the local webhook configurations (``failurePolicy: Fail``: with no admission server
     left to answer, they would refuse every write of Reversi's kinds) (404s are fine).
@@ -267,8 +255,7 @@ def unregister(api: client.ApiClient, name: str = NAME) -> None:
     them, with or without an admission server. Deleting and creating them again would open a
     window of up to 30 s in which the API server refuses every RunStep create ("failed to
     configure policy": it resolves the halts policies' CRD param kinds again through a discovery
-    it refreshes every 30 s), and the lock's ConfigMap param kind is never resolved again once no
-    binding names it (kubernetes#130887)."""
+    it refreshes every 30 s)."""
     adm = client.AdmissionregistrationV1Api(api)
     named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name)]
     for delete, obj in named:

@@ -426,15 +426,16 @@ class Reconciler(TreeRollback):
         return Held(cancelling=spec.cancel, tree=tree, floor=tree.floor if tree is not None else 0)
 
     def _lock_in_force(self, loaded: Loaded, memory: PassMemory) -> bool:
-        """Whether the Run's lock is in force at the API server (rule 11): its entry in the
-        namespace's closed runs is written (taking the lock wrote it; written once more by the first
+        """Whether the Run's lock is in force at the API server (rule 11): its entry in its
+        ClosedRunSlice is written (taking the lock wrote it; written once more by the first
         probe of this process, for a lock taken by a process that stopped before it wrote the entry)
         and a dry run of the run's next step is refused (:func:`reversi.adapters.closed_runs.probe`). After
         ``LOCK_PROBE_DEADLINE`` seconds of probes that are not refused (a halt refused the
         probe, or the policy is not installed) the request goes on, and the count before it ends
         finds any step recorded after the lock. Raises ``ApiException``."""
-        if memory.lock_probed_since is None:
-            closed_runs.close(self.kube.core, loaded.ns, loaded.run_name, loaded.run_uid, loaded.name)
+        if memory.lock_probed_since is None and \
+                not self._close(loaded.ns, loaded.run_name, loaded.run_uid, loaded.name):
+            return True  # its slice is full: no policy can refuse its steps (the count before the end finds them)
         if closed_runs.probe(self.kube.custom, loaded.ns, loaded.run_name, loaded.run_uid):
             memory.lock_probed_since = None
             return True
@@ -817,8 +818,21 @@ class Reconciler(TreeRollback):
         except Conflict:
             return False  # someone else changed the run: look again next pass
         # the API server's lock policy refuses the run's recorded calls from now on (its informer lag)
-        closed_runs.close(self.kube.core, ns, run_obj["metadata"]["name"], run_obj["metadata"]["uid"],
-                          run_status.get("closedBy") or name)
+        self._close(ns, run_obj["metadata"]["name"], run_obj["metadata"]["uid"], run_status.get("closedBy") or name)
+        return True
+
+    def _close(self, ns: str, run: str, uid: str, request: str, ended: bool = False) -> bool:
+        """Write Run ``run``'s entry in its ClosedRunSlice (:func:`reversi.adapters.closed_runs.close`)
+        and export how many runs the slice holds; False (logged) when the slice is full: the API
+        server then cannot refuse the run's steps, and the count before the request ends finds
+        any recorded after the lock. Raises ``ApiException``."""
+        try:
+            held = closed_runs.close(self.kube.custom, ns, run, uid, request, ended=ended)
+        except closed_runs.SliceFull as err:
+            log.warning("Run %s/%s: %s", ns, run, err)
+            return False
+        if self.metrics:
+            self.metrics.closed_runs.labels(ns, closed_runs.slice_name(run)).set(held)
         return True
 
     def _release(self, ns: str, run_name: str, name: str, complete: bool, deleted: bool = False, *,
@@ -856,7 +870,7 @@ class Reconciler(TreeRollback):
             return
         if not settling:  # the run stays closed (rule 11): its entry now says the rollback ended, for the refusal
             closed_by = (run_obj.get("status") or {}).get("closedBy") or name
-            closed_runs.close(self.kube.core, ns, run_name, run_obj["metadata"]["uid"], closed_by, ended=True)
+            self._close(ns, run_name, run_obj["metadata"]["uid"], closed_by, ended=True)
 
     def _journal_now(self, run_obj: dict) -> tuple[dict[int, StepUndo], dict[int, str]] | None:
         """``(undo by step, tool by step)`` of a run's journal as it is now (its informer, else a

@@ -86,9 +86,46 @@ def _check_lock(operating: runtime.Operating, namespace: str, name: str, holder:
 
 def _forget_closed(kube: Kube, namespace: str, name: str, uid: str) -> None:
     try:
-        closed_runs.forget(kube.core, namespace, name, uid)
+        closed_runs.forget(kube.custom, namespace, name, uid)
     except ApiException as err:  # an entry left behind names a uid no Run has: it refuses nothing
         log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err.reason)
+
+
+class CarryOver:
+    """The namespaces whose closed runs this process has moved out of the ConfigMap of an earlier
+    version into ClosedRunSlices (:func:`reversi.adapters.closed_runs.carry_over`): once per
+    namespace that has a closed Run, at the first event of such a Run."""
+
+    def __init__(self) -> None:
+        self._done: set[str] = set()
+        self._lock = threading.Lock()
+
+    def needed(self, namespace: str) -> bool:
+        """Whether ``namespace`` is still to be done; it is then taken (:meth:`failed` gives it back)."""
+        with self._lock:
+            if namespace in self._done:
+                return False
+            self._done.add(namespace)
+            return True
+
+    def failed(self, namespace: str) -> None:
+        with self._lock:
+            self._done.discard(namespace)
+
+
+CARRIED = CarryOver()
+
+
+def _carry_over(kube: Kube, namespace: str) -> None:
+    try:
+        moved = closed_runs.carry_over(kube.core, kube.custom, namespace)
+    except (ApiException, closed_runs.SliceFull) as err:  # tried again at the next event of a closed Run
+        CARRIED.failed(namespace)
+        log.warning("namespace %s: closed runs not moved to ClosedRunSlices: %s", namespace, err)
+        return
+    if moved:
+        log.info("namespace %s: %d closed runs moved from ConfigMap %s to ClosedRunSlices", namespace, moved,
+                 closed_runs.EARLIER_CONFIGMAP)
 
 
 def _write(kube: Kube, reconciling: Callable[[], bool], key: RunKey, body: dict) -> None:
@@ -218,6 +255,11 @@ def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name
         return
     operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}
+    if status.get("closedBy") and CARRIED.needed(namespace):  # once per namespace with a closed run
+        if slow is not None:
+            slow.submit(_carry_over, parts.kube, namespace)
+        else:
+            _carry_over(parts.kube, namespace)
     holder = status.get("activeRequest")
     if holder:  # a lock held by a request deleted while the operator was down is released (rule 14)
         if slow is not None:

@@ -11,6 +11,7 @@ from .common import (
     ReversiModel,
     StatusModel,
 )
+from .closedrunslice import CRD as CLOSED_RUN_SLICE_CRD
 from .halt import (
     CLUSTER_HALT_CRD,
     HALT_CRD,
@@ -55,7 +56,8 @@ from .toolmanifest import (
     Verification,
 )
 
-ALL_CRDS = (TOOL_MANIFEST_CRD, RUN_CRD, RUN_STEP_CRD, ROLLBACK_REQUEST_CRD, HALT_CRD, CLUSTER_HALT_CRD)
+ALL_CRDS = (TOOL_MANIFEST_CRD, RUN_CRD, RUN_STEP_CRD, ROLLBACK_REQUEST_CRD, HALT_CRD, CLUSTER_HALT_CRD,
+            CLOSED_RUN_SLICE_CRD)
 
 __all__ = [
     "ALL_CRDS",

@@ -77,7 +77,9 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    scope, ancestors; immutable, never added or removed); a step's recordedAt can no more be added than changed;
 #:    RollbackRequest.status.report.foreign (steps not part of the run's record, with the rule each broke) and
 #:    report.missing (indices no step has).
-SCHEMA_VERSION = 10
+#: 11: ClosedRunSlice (the lock policy's params: the runs a rollback has closed, sliced by a hash of the run's
+#:     name), in place of the ConfigMap reversi-closed-runs.
+SCHEMA_VERSION = 11
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 
 
