@@ -368,6 +368,28 @@ def test_a_run_deleted_and_recreated_mid_rollback_is_never_reported_undone_by_th
     assert all(rv.downstream.get(f"/payments/charges/{c['id']}")["refunded"] for c in new)
 
 
+def test_a_run_found_then_deleted_while_its_request_waits_fails_the_request_at_once(rv):
+    """A request that found its Run (here: waiting for another request to release it) does not wait
+    for a Run deleted since as for one not created yet: RunNotFound at once, saying it was deleted.
+    (A Run never found is waited for up to REVERSI_RUN_WAIT_SECONDS: 8 s in these tests, 300 s by
+    default.)"""
+    rv.apply_manifest()
+    charge = rv.charge("o-w")
+    rv.run("r", [rv.step(0, "payments.create_charge", {"order_id": "o-w", "amount": 700, "customer": "cus_9"},
+                         charge)])
+    rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "timeout", "times": 1,
+                                    "delay_s": 20})
+    rv.request("first", "r", retries=0)
+    wait_for(lambda: _jobs(rv, "compensator", 0), timeout=60, what="the first request's (slow) compensator")
+    rv.request("second", "r")
+    rv.wait_phase("second", "Waiting", timeout=60)
+    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runs", "r")
+    req = rv.wait_phase("second", "Failed", timeout=60)
+    invalid = next(x for x in req["status"]["conditions"] if x["type"] == "Invalid")
+    assert invalid["reason"] == "RunNotFound", invalid
+    assert "was deleted after this request found it" in invalid["message"], invalid
+
+
 def _exists(rv, plural: str, name: str) -> bool:
     from kubernetes.client.rest import ApiException
 

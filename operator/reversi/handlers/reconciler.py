@@ -106,6 +106,9 @@ class PassMemory:
     #: since when (``time.monotonic()``) this process waits for the lock to be in force at the API
     #: server (its dry-run probe refused), before it pins the steps
     lock_probed_since: float | None = None
+    #: the uid of the Run this process found for the request: a Run seen and then deleted is not
+    #: waited for as one not created yet (``RunNotFound`` at once)
+    run_uid: str | None = None
     #: since when (``time.monotonic()``) the request's status has steps under way that are not
     #: written yet (see :func:`only_under_way`); None: the stored status is up to date
     unwritten_since: float | None = None
@@ -314,7 +317,13 @@ class Reconciler(TreeRollback):
                                  f"{ref}: spec is invalid: {_first_error(err)}; fix the spec") from err
         run_obj = self._run_of(req, spec)
         if run_obj is None:
+            if not spec.cancel and (memory.run_uid or (req.get("status") or {}).get("startTime")):
+                raise CannotCarryOut(cond.RUN_NOT_FOUND,
+                    f"{ref}: Run {ns}/{spec.run_ref.name} was deleted after this request found it, before it "
+                    "undid anything; look at what the Run's calls left, and create a new request for a Run that "
+                    "exists")
             return Next(self._no_run(req, spec))
+        memory.run_uid = run_obj["metadata"]["uid"]
         settle = self._run_settling(req, run_obj)
         if settle:
             return Next(settle)
@@ -1119,7 +1128,8 @@ class Reconciler(TreeRollback):
         raise AssertionError(f"the {e.role} call of step {e.step} is not in the calls of its slice")
 
     def _run_missing(self, req: dict, run: str) -> float:
-        """The Run does not exist (yet): wait for it, phase ``Pending`` with ``Planned=False``
+        """The Run does not exist (yet), and the request never found it (one it found and that was
+        deleted since fails at once, :meth:`_load`): wait for it, phase ``Pending`` with ``Planned=False``
         reason ``RunNotFound``, up to ``run_wait_seconds`` after the request was created (a GitOps
         apply may create both at once, in any order); the Run's creation wakes the request
         (:func:`reversi.handlers.rollback.run_seen`). Then fail ``RunNotFound``."""

@@ -89,7 +89,8 @@ def run_seen(parts: runtime.Parts, type: str, body: dict, slow: Executor) -> Non
     if type != "DELETED":  # a request may wait for this Run to be created (phase Pending, RunNotFound)
         for request in reconciler.waiting_for(meta.get("namespace", ""), meta.get("name", "")):
             workers.ensure(meta["namespace"], request)
-    if not (body.get("status") or {}).get("activeRequest"):  # the lock is free: wake the requests waiting for it
+    if type == "DELETED" or not (body.get("status") or {}).get("activeRequest"):
+        # the lock is free, or the Run is gone: wake the requests waiting for its lock
         for request in reconciler.lock_released(meta.get("namespace", ""), meta.get("name", "")):
             workers.ensure(meta["namespace"], request)
     if type == "DELETED" or jr.inline_moved(dict(body)) or meta.get("deletionTimestamp"):
