@@ -379,7 +379,7 @@ def test_a_run_found_then_deleted_while_its_request_waits_fails_the_request_at_o
                          charge)])
     rv.downstream.post("/_faults", {"path_prefix": "/payments/refunds", "mode": "timeout", "times": 1,
                                     "delay_s": 20})
-    rv.request("first", "r", retries=0)
+    rv.request("first", "r", retries=1)
     wait_for(lambda: _jobs(rv, "compensator", 0), timeout=60, what="the first request's (slow) compensator")
     rv.request("second", "r")
     rv.wait_phase("second", "Waiting", timeout=60)

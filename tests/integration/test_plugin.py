@@ -682,7 +682,8 @@ def test_version_shows_the_plugins_and_each_crds_schema_version(cluster, crds):
     answer = json.loads(proc.stdout)
     assert answer["schemaVersion"] == SCHEMA_VERSION and answer["current"] is True and answer["problems"] == []
     assert set(answer["crds"]) == {f"{p}.reversi.dev" for p in
-                                   ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts")}
+                                   ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts",
+                                    "closedrunslices")}
     assert set(answer["crds"].values()) == {SCHEMA_VERSION}
     text = kr(cluster, "version")
     assert text.returncode == 0 and f"operator schema version {SCHEMA_VERSION}" in text.stdout
