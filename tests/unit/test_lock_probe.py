@@ -51,3 +51,17 @@ def test_the_lock_in_force_is_proven_while_the_rollback_holds_the_run_and_after(
 ])
 def test_any_other_answer_is_no_proof(status, message):
     assert closed_runs.probe(Answers(status, message), "shop", "r", "uid-1") is False
+
+
+def test_a_runs_slice_is_a_stable_hash_of_its_name_among_sixteen():
+    """A run's ClosedRunSlice is found from its name alone, the same in every process and version
+    (docs/operations.md#the-locks-param-closedrunslices), and names spread over every slice."""
+    import zlib
+
+    from reversi.models.closedrunslice import SLICES
+
+    assert closed_runs.slice_name("order-4711") == f"reversi-closed-runs-{zlib.crc32(b'order-4711') % 16:02d}"
+    names = {closed_runs.slice_name(f"run-{i}") for i in range(2000)}
+    assert names == {f"reversi-closed-runs-{n:02d}" for n in range(SLICES)}
+    assert closed_runs.entry("u-1", "undo") == "u-1 undo" and closed_runs.entry("u-1", "undo", ended=True) == \
+        "u-1 undo ended"
