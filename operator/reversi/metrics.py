@@ -1,7 +1,10 @@
 """Prometheus metrics of the operator (docs/operations.md#metrics), prefix ``reversi_``.
 
 Labels are ``namespace`` and ``tool`` (and a small closed set such as ``verdict``, ``bucket``,
-``reason``) — never a run or step name, so cardinality stays bounded.
+``reason``) — never a run or step name, so cardinality stays bounded. The exception is the two
+gauges of a RollbackRequest that waits for a person (failed, or awaiting approval): they carry
+``request`` and ``run`` so that an alert leads straight to them, and a series exists only while
+such a request does (as kube-state-metrics exports one series per object).
 
 =========================================== ======= ==========================================
 metric                                      type    meaning
@@ -39,6 +42,13 @@ reversi_journal_runs                        gauge   Runs each namespace holds
 reversi_journal_quota_steps                 gauge   the ceiling a ResourceQuota puts on a
                                                     namespace's RunSteps (count/runsteps.reversi.dev;
                                                     the lowest, when several do)
+reversi_rollback_request_failed             gauge   1 for each RollbackRequest in phase Failed
+                                                    (it cannot be carried out), with ``request``,
+                                                    ``run`` and ``reason``, while it exists
+reversi_rollback_request_awaiting_approval_since_seconds
+                                            gauge   when each RollbackRequest waiting for approval
+                                                    began to wait (Unix seconds), with
+                                                    ``request`` and ``run``, while it waits
 reversi_crd_schema_outdated                 gauge   1 while an installed CRD is missing or older
                                                     than the operator (it then reconciles
                                                     nothing), else 0
@@ -60,6 +70,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from datetime import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +79,7 @@ from kubernetes.utils import parse_quantity
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from .engine import acknowledgement, standing
+from .models.rollbackrequest import TERMINAL_PHASES
 
 log = logging.getLogger("reversi.metrics")
 
@@ -179,10 +192,7 @@ class Metrics:
         self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()
-        self.closed_runs = Gauge(
-            "reversi_closed_run_slice_runs",
-            "Runs a ClosedRunSlice holds (the lock policy's param; at most 3000 each), as the operator last wrote it.",
-            ["namespace", "slice"], registry=r)
+        self._person_gauges(r)
         self.runs_archived = Counter("reversi_runs_archived", "Runs written to the archive (before their delete).",
                                      ["namespace"], registry=r)
         self.archive_failures = Counter("reversi_archive_failures",
@@ -207,6 +217,24 @@ class Metrics:
         self._known_standing: set[tuple[str, str, str]] = set()  # label sets ever exported: zeroed, never removed
         self._lock = threading.Lock()
 
+    def _person_gauges(self, r: CollectorRegistry) -> None:
+        """The gauges of what waits for a person: a full ClosedRunSlice, a failed request, a
+        request awaiting approval."""
+        self.closed_runs = Gauge(
+            "reversi_closed_run_slice_runs",
+            "Runs a ClosedRunSlice holds (the lock policy's param; at most 3000 each), as the operator last wrote it.",
+            ["namespace", "slice"], registry=r)
+        self.request_failed = Gauge(
+            "reversi_rollback_request_failed",
+            "1 for each RollbackRequest in phase Failed (it cannot be carried out; reason says why), while it exists.",
+            ["namespace", "request", "run", "reason"], registry=r)
+        self.awaiting_approval = Gauge(
+            "reversi_rollback_request_awaiting_approval_since_seconds",
+            "When each RollbackRequest waiting for approval began to wait (Unix seconds), while it waits.",
+            ["namespace", "request", "run"], registry=r)
+        #: (namespace, request) -> the series exported for it: (gauge, label values)
+        self._request_series: dict[tuple[str, str], list[tuple[Gauge, tuple[str, ...]]]] = {}
+
     # ----- events from the reconciler ------------------------------------------------------
 
     def leader_changed(self, identity: str, leading: bool) -> None:
@@ -223,6 +251,21 @@ class Metrics:
             for item in getattr(report, bucket):
                 step = item if isinstance(item, int) else item.step
                 self.steps.labels(namespace, plan.actions[step].tool, bucket).inc()
+
+    def request_observed(self, namespace: str, name: str, body: dict | None) -> None:
+        """Keep the series of RollbackRequest ``name`` (``body``: the object; None when it was
+        deleted) from one watch event: ``reversi_rollback_request_failed`` while it is Failed,
+        ``..._awaiting_approval_since_seconds`` while it awaits approval (:func:`request_series`);
+        its earlier series go."""
+        series = [] if body is None else request_series(self, body)
+        with self._lock:
+            for gauge, labels in self._request_series.pop((namespace, name), []):
+                if (gauge, labels) not in {(g, lv) for g, lv, _ in series}:
+                    gauge.remove(*labels)
+            for gauge, labels, value in series:
+                gauge.labels(*labels).set(value)
+            if series:
+                self._request_series[(namespace, name)] = [(g, lv) for g, lv, _ in series]
 
     def run_deleted(self, namespace: str, reason: str) -> None:
         """Count a Run the operator deleted (``reason``: ``expired``, by retention)."""
@@ -439,3 +482,29 @@ class AdmissionMetrics:
         """Serve ``/metrics`` on ``port`` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)
         log.info("metrics on %s:%d/metrics", addr, port)
+
+
+def request_series(metrics: Metrics, body: dict) -> list[tuple[Gauge, tuple[str, ...], float]]:
+    """The series a RollbackRequest waiting for a person exports, as ``(gauge, label values,
+    value)``: phase ``Failed``: ``request_failed`` 1 with the ``Invalid`` condition's reason;
+    condition ``AwaitingApproval=True``: ``awaiting_approval`` at its lastTransitionTime (Unix
+    seconds; the time it was read when it has none). Anything else: none."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    ns, name = meta.get("namespace") or "", meta.get("name") or ""
+    run = str(((body.get("spec") or {}).get("runRef") or {}).get("name") or "")
+    conds = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, dict)}
+    if status.get("phase") == "Failed":
+        reason = (conds.get("Invalid") or {}).get("reason") or "Unknown"
+        return [(metrics.request_failed, (ns, name, run, str(reason)), 1.0)]
+    waiting = conds.get("AwaitingApproval") or {}
+    if waiting.get("status") == "True" and status.get("phase") not in TERMINAL_PHASES:
+        return [(metrics.awaiting_approval, (ns, name, run), _epoch_seconds(waiting.get("lastTransitionTime")))]
+    return []
+
+
+def _epoch_seconds(stamp: Any) -> float:
+    """An RFC 3339 time (``2026-12-07T15:00:00Z``) in Unix seconds; now when it is not one."""
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()

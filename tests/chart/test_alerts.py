@@ -10,7 +10,8 @@ import yaml
 from tests.chart.chartkit import CHART, HERE, run
 
 RULES = CHART / "files" / "alerts" / "reversi.rules.yaml"
-ALERTS = {"ReversiJournalNearQuota", "ReversiClosedRunsNearLimit",
+ALERTS = {"ReversiJournalNearQuota", "ReversiClosedRunsNearLimit", "ReversiRollbackRequestFailed",
+          "ReversiRollbackAwaitingApproval", "ReversiArchiveFailing",
           "ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiUnverifiedUndo", "ReversiOperatorDown",
           "ReversiAdmissionDown", "ReversiCRDSchemaOutdated"}
 

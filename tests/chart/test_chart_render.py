@@ -587,7 +587,8 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
     rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"ReversiRollbackIncomplete", "ReversiCompensationFailed", "ReversiOperatorDown",
                           "ReversiAdmissionDown", "ReversiCRDSchemaOutdated", "ReversiJournalNearQuota",
-                          "ReversiClosedRunsNearLimit"}
+                          "ReversiClosedRunsNearLimit", "ReversiRollbackRequestFailed",
+                          "ReversiRollbackAwaitingApproval", "ReversiArchiveFailing"}
     assert 'job="reversi-prod"' in rules["ReversiOperatorDown"]["expr"]
     assert 'job="reversi-prod"' in rules["ReversiCRDSchemaOutdated"]["expr"]
     assert 'job="reversi-prod-admission"' in rules["ReversiAdmissionDown"]["expr"]
@@ -596,6 +597,11 @@ def test_prometheus_rule_follows_job_name_alert_labels_and_disabled(render):
         assert rule["labels"]["team"] == "payments"
     # a rule's own severity stays: alertLabels only add
     assert rules["ReversiOperatorDown"]["labels"]["severity"] == "critical"
+    # the approval wait is a value: an hour unless set
+    assert 'job="reversi-prod"}) > 3600' in rules["ReversiRollbackAwaitingApproval"]["expr"]
+    objs = render({"metrics": {"prometheusRule": {"enabled": True, "approvalWaitSeconds": 900}}})
+    rules = {r["alert"]: r for g in find(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert rules["ReversiRollbackAwaitingApproval"]["expr"].rstrip().endswith("}) > 900")
 
 
 def test_dashboard_config_map_holds_the_dashboard(render):

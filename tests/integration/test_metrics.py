@@ -141,3 +141,16 @@ def test_an_acknowledged_run_no_longer_counts_as_incomplete(rv, operator):
         "reversi.dev/acknowledged": "oncall: apologised to the customer for the email"}}})
     wait_for(lambda: value(scrape(operator.metrics_port), "reversi_incomplete_rollbacks", namespace=rv.ns) == 0,
              timeout=10, what="the acknowledged run left out (from the Run's watch event, not the 30 s resync)")
+
+
+def test_a_failed_request_is_exported_with_its_run_and_reason_until_it_is_deleted(rv, operator):
+    """reversi_rollback_request_failed leads an alert straight to the request and its run
+    (docs/operations.md#reversirollbackrequestfailed); the series goes with the request."""
+    rv.request("lost", "no-such-run")  # never created: RunNotFound once REVERSI_RUN_WAIT_SECONDS passed
+    rv.wait_phase("lost", "Failed", timeout=60)
+    labels = {"namespace": rv.ns, "request": "lost", "run": "no-such-run", "reason": "RunNotFound"}
+    wait_for(lambda: value(scrape(operator.metrics_port), "reversi_rollback_request_failed", **labels) == 1,
+             what="the failed request exported")
+    rv.custom.delete_namespaced_custom_object("reversi.dev", "v1alpha1", rv.ns, "rollbackrequests", "lost")
+    wait_for(lambda: ("reversi_rollback_request_failed", frozenset(labels.items()))
+             not in scrape(operator.metrics_port), what="the series gone with the request")

@@ -29,6 +29,8 @@ def rollback_request_event(type: str, body: kopf.Body, namespace: str | None, na
     assert namespace is not None  # RollbackRequests are namespaced
     parts = runtime.parts(memo)
     ix.capture(parts, kwargs)
+    if parts.metrics is not None:  # every replica: a new leader's series are already right
+        parts.metrics.request_observed(namespace, name, None if type == "DELETED" else dict(body))
     reconciler, workers, _ = parts.operating()
     if type == "DELETED":
         workers.stop(namespace, name)
