@@ -281,3 +281,16 @@ def test_an_incomplete_request_says_how_to_accept_its_residue_until_it_is_accept
     assert any("kubectl reversi acknowledge r --note TEXT -n shop" in line for line in lines), lines
     run["spec"]["acknowledgement"] = {"note": "told them", "actor": "lead", "request": "undo"}
     assert not any("acknowledge" in line for line in next_steps(request, run))
+
+
+def test_version_client_reads_no_cluster(capsys, tmp_path, monkeypatch):
+    """``version --client`` answers with no cluster at all (no kubeconfig: nothing is read)."""
+    import json
+
+    from reversi.models.common import SCHEMA_VERSION
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    code, out, err = run(capsys, "version", "--client")
+    assert code == 0 and err == "" and f"operator schema version {SCHEMA_VERSION}" in out
+    code, out, _ = run(capsys, "version", "--client", "--json")
+    assert code == 0 and json.loads(out)["schemaVersion"] == SCHEMA_VERSION

@@ -1066,18 +1066,25 @@ def _looks_like_uid(text: str) -> bool:
 @cli.command(help="This plugin's version and schema version, and the schema version of each installed CRD. "
                   "Exit 2 when an installed CRD is missing or older (the operator then reconciles nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--client", "client_only", is_flag=True,
+              help="Only this plugin's version and schema version: no cluster is read.")
 @global_options
-def version(as_json: bool) -> int:
+def version(as_json: bool, client_only: bool) -> int:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as package_version
 
     from .. import schema
     from ..adapters.kube import read_crds
+    from ..models.common import SCHEMA_VERSION
 
     try:
         mine = package_version("reversi")
     except PackageNotFoundError:
         mine = "unknown"
+    if client_only:
+        out(json.dumps({"version": mine, "schemaVersion": SCHEMA_VERSION}, indent=2) if as_json
+            else f"kubectl-reversi {mine}, operator schema version {SCHEMA_VERSION}")
+        return 0
     c = conn()
     try:
         result = schema.check(read_crds(c.api, schema.CRD_NAMES))
