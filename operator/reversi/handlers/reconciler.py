@@ -106,6 +106,8 @@ class PassMemory:
     #: since when (``time.monotonic()``) this process waits for the lock to be in force at the API
     #: server (its dry-run probe refused), before it pins the steps
     lock_probed_since: float | None = None
+    #: whether this process took the request's lock itself, and so wrote its run's entry
+    lock_entry_written: bool = False
     #: the uid of the Run this process found for the request: a Run seen and then deleted is not
     #: waited for as one not created yet (``RunNotFound`` at once)
     run_uid: str | None = None
@@ -422,6 +424,8 @@ class Reconciler(TreeRollback):
             self._wait_for_lock(loaded.ns, held_run or loaded.run_name, loaded.name)  # its release wakes it
             # later passes check the lock before planning (_still_waiting); no holder: the Run changed under us
             return Next(WAIT_SECONDS if holder else self.settings.tick_seconds)
+        if not idle and not holding:
+            memory.lock_entry_written = True  # _lock_tree took the lock now, and wrote the run's entry
         if status.get("runSteps") is None and not idle:
             if not self._lock_in_force(loaded, memory):
                 return Next(LOCK_PROBE_SECONDS)  # the API server does not refuse the run's steps yet
@@ -436,13 +440,14 @@ class Reconciler(TreeRollback):
 
     def _lock_in_force(self, loaded: Loaded, memory: PassMemory) -> bool:
         """Whether the Run's lock is in force at the API server (rule 11): its entry in its
-        ClosedRunSlice is written (taking the lock wrote it; written once more by the first
-        probe of this process, for a lock taken by a process that stopped before it wrote the entry)
+        ClosedRunSlice is written (taking the lock wrote it; a process that did not take the lock
+        itself writes it once more before its first probe, for a lock taken by a process that
+        stopped before it wrote the entry)
         and a dry run of the run's next step is refused (:func:`reversi.adapters.closed_runs.probe`). After
         ``LOCK_PROBE_DEADLINE`` seconds of probes that are not refused (a halt refused the
         probe, or the policy is not installed) the request goes on, and the count before it ends
         finds any step recorded after the lock. Raises ``ApiException``."""
-        if memory.lock_probed_since is None and \
+        if memory.lock_probed_since is None and not memory.lock_entry_written and \
                 not self._close(loaded.ns, loaded.run_name, loaded.run_uid, loaded.name):
             return True  # its slice is full: no policy can refuse its steps (the count before the end finds them)
         if closed_runs.probe(self.kube.custom, loaded.ns, loaded.run_name, loaded.run_uid):
