@@ -12,7 +12,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-gateway bench-rollback bench-journal bench-failover chaos-failover
+.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -106,6 +106,9 @@ demo: install
 
 demo-mcp: install
 	$(PYTHON) demo/mcp_demo.py
+
+bench-sdk: build
+	$(PYTHON) benchmarks/sdk_overhead_bench.py
 
 bench-gateway: install
 	reversi-devcluster build
