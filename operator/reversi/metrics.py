@@ -222,7 +222,7 @@ class Metrics:
         request awaiting approval."""
         self.closed_runs = Gauge(
             "reversi_closed_run_slice_runs",
-            "Runs a ClosedRunSlice holds (the lock policy's param; at most 3000 each), as the operator last wrote it.",
+            "Runs a ClosedRunSlice holds (the lock policy's param; at most 2000 each), as the operator last wrote it.",
             ["namespace", "slice"], registry=r)
         self.request_failed = Gauge(
             "reversi_rollback_request_failed",

@@ -82,11 +82,15 @@ def test_a_full_slice_is_refused_by_name_and_an_earlier_configmap_is_carried_ove
     held = custom.get_namespaced_custom_object("reversi.dev", "v1alpha1", "default", closed_runs.PLURAL, name)
     assert len(held["spec"]["runs"]) == SLICE_CAPACITY and "one-too-many" not in held["spec"]["runs"]
 
-    # the ConfigMap of an earlier version: its entries move to the slices, and it goes
+    # the ConfigMap of an earlier version: its entries move to the slices, and it goes; a run the
+    # slices already hold (a Run of that name created again and closed since) keeps its newer entry
+    closed_runs.close(custom, "default", "renewed-run", "uid-renewed", "undo-renewed")
     core.create_namespaced_config_map("default", {"metadata": {"name": closed_runs.EARLIER_CONFIGMAP}, "data": {
-        "old-run": "uid-old undo-old ended", "older-run": "uid-older undo-older"}})
+        "old-run": "uid-old undo-old ended", "older-run": "uid-older undo-older",
+        "renewed-run": "uid-stale undo-stale ended"}})
     assert closed_runs.carry_over(core, custom, "default") == 2
     assert closed_runs.carry_over(core, custom, "default") == 0, "the ConfigMap is deleted once moved"
     wait_for(lambda: _probe(custom, "old-run", "uid-old"), timeout=30, what="the carried-over lock in force")
     assert _probe(custom, "older-run", "uid-older")
     assert _probe(custom, "old-run", "uid-of-a-new-run-of-that-name") is False
+    assert _probe(custom, "renewed-run", "uid-renewed") and _probe(custom, "renewed-run", "uid-stale") is False

@@ -81,7 +81,7 @@ def _patch(custom: client.CustomObjectsApi, namespace: str, name: str, patch: di
         return calls.call(custom.patch_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, PLURAL,
                           name, patch)
     except ApiException as err:
-        if err.status == 422 and "spec.runs" in str(err.body or ""):
+        if (err.status == 422 and "spec.runs" in str(err.body or "")) or err.status == 413:
             raise SliceFull(f"ClosedRunSlice {namespace}/{name} holds {SLICE_CAPACITY} closed runs already, its "
                             "limit: the API server cannot enforce this run's lock (deleting old Runs, as retention "
                             "does, frees their entries)") from err
@@ -92,28 +92,30 @@ def _held(obj: Any) -> int:
     return len(((obj or {}).get("spec") or {}).get("runs") or {})
 
 
-def forget(custom: client.CustomObjectsApi, namespace: str, run: str, uid: str) -> None:
+def forget(custom: client.CustomObjectsApi, namespace: str, run: str, uid: str) -> int | None:
     """Remove the entry of run ``run`` when it names ``uid`` (the Run was deleted; an entry of a
-    Run re-created since under the same name is kept). Raises ``ApiException``."""
+    Run re-created since under the same name is kept); returns how many runs the slice holds
+    after the removal (None: nothing was removed). Raises ``ApiException``."""
     name = slice_name(run)
     try:
         current = calls.call(custom.get_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, PLURAL,
                              name)
     except ApiException as err:
         if err.status == 404:
-            return
+            return None
         raise
     value = ((current.get("spec") or {}).get("runs") or {}).get(run)
     if value is None or value.split(" ", 1)[0] != uid:
-        return
+        return None
     path = "/spec/runs/" + run.replace("~", "~0").replace("/", "~1")
     ops = [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]
     try:
-        calls.call(custom.patch_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, PLURAL, name, ops,
-                   _content_type=calls.JSON_PATCH)
+        return _held(calls.call(custom.patch_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace, PLURAL,
+                                name, ops, _content_type=calls.JSON_PATCH))
     except ApiException as err:
         if err.status not in (404, 422):  # gone, or changed since (422: the test failed)
             raise
+    return None
 
 
 #: the ConfigMap that held a namespace's closed runs before ClosedRunSlices (``data``: run name ->
@@ -124,20 +126,33 @@ EARLIER_CONFIGMAP = "reversi-closed-runs"
 def carry_over(core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str) -> int:
     """Move the entries of the namespace's :data:`EARLIER_CONFIGMAP` (written by an operator of an
     earlier version) into its ClosedRunSlices, then delete the ConfigMap; returns how many entries
-    moved (0: no such ConfigMap). Idempotent: an interrupted move is done again, whole. Raises
-    :class:`SliceFull` and ``ApiException``."""
+    moved (0: no such ConfigMap). A run the slices already hold keeps its newer entry; one whose
+    slice is full is left out. Idempotent: an interrupted move is done again. Raises
+    ``ApiException``."""
     try:
         earlier = calls.call(core.read_namespaced_config_map, EARLIER_CONFIGMAP, namespace)
     except ApiException as err:
         if err.status == 404:
             return 0
         raise
-    moved = 0
+    moved, held = 0, {}  # held: slice name -> its runs (read once), so a newer entry is never overwritten
     for run, value in sorted((earlier.data or {}).items()):
         uid, _, rest = value.partition(" ")
         request, _, ended = rest.partition(" ")
-        if uid and request:
-            close(custom, namespace, run, uid, request, ended=ended == "ended")
+        name = slice_name(run)
+        if name not in held:
+            try:
+                held[name] = (calls.call(custom.get_namespaced_custom_object, calls.GROUP, calls.VERSION, namespace,
+                                         PLURAL, name).get("spec") or {}).get("runs") or {}
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                held[name] = {}
+        if uid and request and run not in held[name]:
+            try:
+                close(custom, namespace, run, uid, request, ended=ended == "ended")
+            except SliceFull:
+                continue  # its run stays open to the policy; the count before a request ends finds its steps
             moved += 1
     try:
         calls.call(core.delete_namespaced_config_map, EARLIER_CONFIGMAP, namespace,

@@ -325,6 +325,10 @@ class Reconciler(TreeRollback):
                     "undid anything; look at what the Run's calls left, and create a new request for a Run that "
                     "exists")
             return Next(self._no_run(req, spec))
+        if memory.run_uid not in (None, run_obj["metadata"]["uid"]) and not spec.cancel:
+            raise CannotCarryOut(cond.RUN_NOT_FOUND,
+                f"{ref}: Run {ns}/{spec.run_ref.name} was deleted and created again after this request found it; "
+                "nothing this request did applies to the new Run: create a new request for it")
         memory.run_uid = run_obj["metadata"]["uid"]
         settle = self._run_settling(req, run_obj)
         if settle:

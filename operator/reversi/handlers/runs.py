@@ -24,7 +24,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from kubernetes.client.rest import ApiException
 
 from .. import conditions as cond
 from ..adapters import closed_runs
@@ -84,11 +83,14 @@ def _check_lock(operating: runtime.Operating, namespace: str, name: str, holder:
         log.warning("Run %s/%s: lock of RollbackRequest %s not checked: %s", namespace, name, holder, err)
 
 
-def _forget_closed(kube: Kube, namespace: str, name: str, uid: str) -> None:
+def _forget_closed(parts: runtime.Parts, namespace: str, name: str, uid: str) -> None:
     try:
-        closed_runs.forget(kube.custom, namespace, name, uid)
-    except ApiException as err:  # an entry left behind names a uid no Run has: it refuses nothing
-        log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err.reason)
+        held = closed_runs.forget(parts.kube.custom, namespace, name, uid)
+    except Exception as err:  # noqa: BLE001 - an entry left behind names a uid no Run has: it refuses nothing
+        log.warning("Run %s/%s: its closed-runs entry not removed: %s", namespace, name, err)
+        return
+    if held is not None and parts.metrics is not None:
+        parts.metrics.closed_runs.labels(namespace, closed_runs.slice_name(name)).set(held)
 
 
 class CarryOver:
@@ -119,7 +121,7 @@ CARRIED = CarryOver()
 def _carry_over(kube: Kube, namespace: str) -> None:
     try:
         moved = closed_runs.carry_over(kube.core, kube.custom, namespace)
-    except (ApiException, closed_runs.SliceFull) as err:  # tried again at the next event of a closed Run
+    except Exception as err:  # noqa: BLE001 - tried again at the next event of a closed Run
         CARRIED.failed(namespace)
         log.warning("namespace %s: closed runs not moved to ClosedRunSlices: %s", namespace, err)
         return
@@ -249,9 +251,9 @@ def run_changed(parts: runtime.Parts, type: str, body: Any, namespace: str, name
         if (body.get("status") or {}).get("closedBy"):
             uid = body["metadata"]["uid"]
             if slow is not None:
-                slow.submit(_forget_closed, parts.kube, namespace, name, uid)
+                slow.submit(_forget_closed, parts, namespace, name, uid)
             else:
-                _forget_closed(parts.kube, namespace, name, uid)
+                _forget_closed(parts, namespace, name, uid)
         return
     operating = parts.operating()
     meta, status = body["metadata"], body.get("status") or {}

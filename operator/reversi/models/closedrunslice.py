@@ -18,13 +18,16 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .common import MAX_NAME, CrdInfo, ReversiModel, StatusModel
+from .common import MAX_NAME, CrdInfo, ReversiModel, StatusModel, rule
+from .runstep import MAX_RUN_NAME
 
 #: slices per namespace: a run's slice is a hash of its name modulo this
 SLICES = 16
-#: runs one slice holds at most (its schema's ``maxProperties``): with entries of at most
-#: :data:`MAX_ENTRY` characters and run names of at most 63, a slice stays under 1.2 MB
-SLICE_CAPACITY = 3000
+#: runs one slice holds at most (its schema's ``maxProperties``): with run names of at most
+#: :data:`~reversi.models.runstep.MAX_RUN_NAME` characters, entries of at most :data:`MAX_ENTRY`
+#: and the API server's managedFields (one item per run, about 30 bytes besides the name), a
+#: slice stays under 0.9 MB, well within etcd's 1.5 MiB
+SLICE_CAPACITY = 2000
 #: longest entry: a uid (36), a space, a RollbackRequest's name, `` ended``
 MAX_ENTRY = 36 + 1 + MAX_NAME + 6
 
@@ -35,7 +38,8 @@ class ClosedRunSliceSpec(ReversiModel):
     """The runs of this slice that a rollback has closed."""
 
     runs: dict[str, Entry] = Field(
-        default_factory=dict, json_schema_extra={"maxProperties": SLICE_CAPACITY},
+        default_factory=dict, json_schema_extra={"maxProperties": SLICE_CAPACITY, "x-kubernetes-validations": [
+            rule(f"self.all(run, size(run) <= {MAX_RUN_NAME})", f"a run name is at most {MAX_RUN_NAME} characters")]},
         description=f"Run name -> '<run uid> <RollbackRequest>' ('... ended' once the request released the lock); "
                     f"at most {SLICE_CAPACITY} runs.")
 
