@@ -22,3 +22,20 @@ def test_with_the_extra_another_missing_module_is_raised():
     error = ModuleNotFoundError("No module named 'nowhere'", name="nowhere")
     with pytest.raises(ModuleNotFoundError):
         gw._missing_extra("reversi-mcp-runner", error)
+
+
+def test_every_gateway_flag_has_help_from_its_setting(capsys):
+    """``reversi-gateway --help`` documents every flag (its setting's description, default and
+    environment variable) in plain text."""
+    from reversi.gateway.main import parse
+    from reversi.gateway.settings import GatewaySettings
+
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text
+    for name in GatewaySettings.model_fields:
+        if name == "token_cache_seconds":  # a setting with no flag (environment only)
+            continue
+        assert f"$REVERSI_GATEWAY_{name.upper()}" in text, name
+    assert "(default: 8090)" in text

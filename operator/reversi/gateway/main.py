@@ -30,8 +30,25 @@ from .settings import GatewaySettings
 from .upstream import Upstream
 
 
+def _help_from_settings(p: argparse.ArgumentParser) -> None:
+    """Give each flag of a setting (:class:`~reversi.gateway.settings.GatewaySettings`) its
+    description and default (unless it has a help of its own) and its environment variable."""
+    fields = GatewaySettings.model_fields
+    for action in p._actions:
+        field = fields.get(action.dest)
+        if field is None:
+            continue
+        default = "" if field.is_required() or field.default in (None, False) or field.default_factory else \
+            f" (default: {field.default})"
+        text = action.help or f"{field.description}{default}"
+        action.help = f"{text} [${'REVERSI_GATEWAY_' + action.dest.upper()}]"
+
+
 def parse(argv: list[str] | None) -> GatewaySettings:
-    p = argparse.ArgumentParser(prog="reversi-gateway", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="reversi-gateway", description=__doc__.split("\n\n")[0].replace("``", ""),
+                                epilog="Every flag is also an environment variable REVERSI_GATEWAY_<FLAG>. Over HTTP, "
+                                       "the first line on stdout is 'listening on http://HOST:PORT/PATH'. Exit status "
+                                       "2: bad settings (the message names the flag).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--upstream-url")
     p.add_argument("--upstream-command", nargs=argparse.REMAINDER,
@@ -56,7 +73,8 @@ def parse(argv: list[str] | None) -> GatewaySettings:
     p.add_argument("--operator-tools", action="store_true", default=None)
     p.add_argument("--call-timeout-seconds", type=float)
     p.add_argument("--connect-timeout-seconds", type=float)
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="Python logging level (default: INFO).")
+    _help_from_settings(p)
     ns = p.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

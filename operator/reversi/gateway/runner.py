@@ -157,7 +157,7 @@ def fail(code: int, line: str, env: dict[str, str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        print(__doc__, file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
+        print(__doc__.replace("``", ""), file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
         return 0 if argv[0] in ("-h", "--help") else 2
     env = dict(os.environ)
     try:
