@@ -279,8 +279,14 @@ class Cluster:
 
     def _reuse(self, log) -> None:
         """``up`` of a running cluster: on a real node, pods started from now on run this
-        checkout's images, and the cluster DNS is there."""
+        checkout's images, and the cluster DNS is there; else a node agent started from another
+        checkout (its ``PYTHONPATH``) is restarted, so that containers run this checkout's code."""
         log(f"control plane already running at {self.server}")
+        if not self.settings.real_node and "node-agent" in self.components:
+            running = _environ_of(self.paths.pid("node-agent")).get("PYTHONPATH")
+            if running is not None and running != nodeagent.python_path():
+                log(f"the node agent runs {running}, not this checkout: restarting it")
+                self.restart(["node-agent"], kill=False, log=log)
         if self.settings.real_node:
             self.real.build(log=log)
             self.real.load_images(log=log)
@@ -706,3 +712,13 @@ def _read_from(path: Path, offset: int) -> bytes:
 def _tail(path: Path, lines: int = 20) -> str:
     text = build.log_tail(path, lines)
     return "--- last lines ---\n" + text if text else ""
+
+
+def _environ_of(pid_file: Path) -> dict[str, str]:
+    """The environment of the process a pid file names ({} when it cannot be read)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)

@@ -216,3 +216,24 @@ def _alive_pid(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_up_of_a_running_cluster_restarts_a_node_agent_of_another_checkout(tmp_path, cluster, monkeypatch):
+    """A cluster left running by another checkout (its node agent's PYTHONPATH) is reused, but its
+    node agent is restarted, so containers run this checkout's code; one of this checkout is kept."""
+    from reversi_devcluster import nodeagent
+
+    c = _second_cluster(tmp_path)
+    c.up(log=lambda *_: None)
+    try:
+        pid = c.paths.pid("node-agent").read_text().split()[0]
+        c.up(log=lambda *_: None)
+        assert c.paths.pid("node-agent").read_text().split()[0] == pid, "the same checkout's agent is kept"
+        monkeypatch.setattr(nodeagent, "python_path", lambda: str(tmp_path / "another-checkout"))
+        said = []
+        c.up(log=said.append)
+        assert c.paths.pid("node-agent").read_text().split()[0] != pid
+        assert any("not this checkout: restarting it" in line for line in said), said
+        c.up(log=lambda *_: None)  # now it runs "another-checkout": kept
+    finally:
+        c.down(quiet=True)
