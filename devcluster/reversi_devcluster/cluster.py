@@ -415,8 +415,12 @@ class Cluster:
             since = time.time()
             offset = self.paths.log(comp).stat().st_size if self.paths.log(comp).exists() else 0
             self._wait_ports_free(comp)  # a killed predecessor's sockets may outlive it for a moment
+            before = self._node_boot_id() if comp == "node-agent" else None
             self._start(comp, *self._command(comp, certs))
-            self._wait(comp, self._ready_check(comp, first=False, since=since, log_offset=offset))
+            ready = self._ready_check(comp, first=False, since=since, log_offset=offset)
+            if comp == "node-agent":  # the node's Ready heartbeat of the agent just started, not of the killed one
+                ready = (lambda check, old: lambda: check() and self._node_boot_id() != old)(ready, before)
+            self._wait(comp, ready)
             log(f"started {comp} (pid {self.paths.pid(comp).read_text().strip()})")
             started.append(comp)
         return started
@@ -631,6 +635,16 @@ class Cluster:
         conds = json.loads(body).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True"
                    and _epoch(c.get("lastHeartbeatTime")) >= int(since) for c in conds)
+
+    def _node_boot_id(self) -> str | None:
+        """The node's ``status.nodeInfo.bootID`` (one per node agent process), or None."""
+        try:
+            code, body = self._get(f"/api/v1/nodes/{NODE_NAME}")
+        except OSError:  # the API server is not answering (yet)
+            return None
+        if code != 200:
+            return None
+        return (json.loads(body).get("status", {}).get("nodeInfo") or {}).get("bootID")
 
     def _default_serviceaccount_exists(self) -> bool:
         return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200

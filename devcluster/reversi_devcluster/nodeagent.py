@@ -696,6 +696,9 @@ class NodeAgent:
         self.apiserver_port = apiserver_port
         self.package_root = python_path()
         self.pod_ip = host_ip()
+        #: this process's boot id (``status.nodeInfo.bootID``, as a kubelet's changes with each boot):
+        #: whoever restarts the agent knows the new one is up once the node shows another id
+        self.boot_id = f"reversi-{os.getpid()}-{time.time_ns()}"
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()
         self.finished_workers: dict[tuple[str, str], PodWorker] = {}
@@ -738,7 +741,7 @@ class NodeAgent:
             "capacity": {"cpu": "2", "memory": "24Gi", "pods": "500"},
             "allocatable": {"cpu": "2", "memory": "24Gi", "pods": "500"},
             "nodeInfo": {
-                "machineID": "reversi", "systemUUID": "reversi", "bootID": "reversi",
+                "machineID": "reversi", "systemUUID": "reversi", "bootID": self.boot_id,
                 "kernelVersion": os.uname().release, "osImage": "reversi node agent",
                 "containerRuntimeVersion": "reversi://local-process",
                 "kubeletVersion": "v0.0.0-reversi", "kubeProxyVersion": "",
