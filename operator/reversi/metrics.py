@@ -238,8 +238,12 @@ class Metrics:
     # ----- events from the reconciler ------------------------------------------------------
 
     def leader_changed(self, identity: str, leading: bool) -> None:
-        """This replica (``identity``) started (True) or stopped acting as the Lease's holder."""
+        """This replica (``identity``) started (True) or stopped acting as the Lease's holder. A
+        replica that stops acting stops exporting what only the acting one writes (how many runs
+        each ClosedRunSlice holds): the new holder's values are the ones that count."""
         self.leader.labels(identity=identity).set(1 if leading else 0)
+        if not leading:
+            self.closed_runs.clear()
 
     def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
         """Count a finished request and, with its report and plan, each step by bucket and tool.

@@ -49,3 +49,14 @@ def test_a_request_at_work_or_done_exports_nothing():
     for phase in ("Pending", "Running", "Succeeded", "Incomplete", "Planned"):
         m.request_observed("shop", "undo-1", _request(phase))
     assert _samples(m, FAILED) == {} and _samples(m, WAITING) == {}
+
+
+def test_a_replica_that_stops_acting_stops_exporting_the_slices_it_wrote():
+    """reversi_closed_run_slice_runs comes from the acting replica's writes: a standby's old values
+    would keep ReversiClosedRunsNearLimit firing after the new holder's writes lowered them."""
+    m = Metrics()
+    m.closed_runs.labels("shop", "reversi-closed-runs-03").set(1900)
+    m.leader_changed("operator-a", True)
+    assert _samples(m, "reversi_closed_run_slice_runs")
+    m.leader_changed("operator-a", False)
+    assert _samples(m, "reversi_closed_run_slice_runs") == {}
