@@ -150,10 +150,13 @@ def test_sigterm_hands_the_lease_over_at_once_and_a_holder_stopped_past_its_leas
     late = [w for w in _writes(rv, a.identity) if w[2] > stopped.replace(microsecond=0) + dt.timedelta(seconds=1)]
     assert not late, f"replica a wrote after it was stopped past its lease: {late}"
     wait_for(lambda: _leader_gauge(a) == 0.0, timeout=10, what="reversi_leader 0 on the resumed replica")
-    # a graceful stop of the holder: the Lease is released, and the standby holds it within ~3 s
+    # a graceful stop of the holder: it waits up to 2 s for its writes in flight, then releases the
+    # Lease, and the standby (watching it) takes it at once: seconds in all, where a Lease that was
+    # not released would make it wait for the 15 s lease to expire (4.1 s measured once on a loaded
+    # machine, against 3 s before; docs/operations.md#leader-election)
     termed = time.monotonic()
     os.killpg(b.proc.pid, signal.SIGTERM)
     wait_for(lambda: _holder(rv) == a.identity, timeout=10, interval=0.05, what="replica a to take the released Lease")
     took = time.monotonic() - termed
-    assert took < 3, f"the standby took the released Lease after {took:.1f}s"
+    assert took < 7, f"the standby took the released Lease after {took:.1f}s"
     b.proc.wait(timeout=15)
