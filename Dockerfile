@@ -22,7 +22,10 @@ RUN test -f README.md || echo "Reversi" > README.md \
  && mkdir -p operator/reversi && touch operator/reversi/__init__.py \
  && pip wheel --wheel-dir /wheels ".[gateway,archive]" && rm /wheels/reversi-*.whl
 COPY operator ./operator
-RUN pip wheel --no-deps --wheel-dir /wheels .
+# the context's digest (below) here too: buildah's bind mount of a stage built wholly from its layer
+# cache is empty, so an edit of the runtime stage alone must build this last step again
+ARG SOURCE_DIGEST=""
+RUN echo "context ${SOURCE_DIGEST}" && pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- runtime ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -37,7 +40,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels "reversi[gateway,archive]" \
  && python -c "import reversi, kopf, kubernetes" \
- && command -v reversi-operator reversi-gateway reversi-mcp-runner \
+ && command -v reversi-operator reversi-gateway reversi-mcp-runner reversi-kube-runner \
  && useradd --system --uid 65532 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin reversi
 USER 65532:65532
 EXPOSE 8080 9443
