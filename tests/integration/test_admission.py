@@ -140,19 +140,13 @@ def test_an_agent_with_only_the_record_rights_records_and_may_not_roll_back(rv, 
 
 # ------------------------------------------------------------------------------ rule 9: halts
 
+# The glob semantics of each field are a property of the translation the policy evaluates
+# (tests/unit/test_recording_policy_expressions.py, docs/concepts.md#glob-semantics-of-halt-scopes);
+# on the cluster: the policy reads every field of the scope, and a call must match each one named.
 @pytest.mark.parametrize("scope, matches", [
     (None, True),                                           # no scope halts everything
-    ({"tool": "payments.*"}, True),                         # glob over the tool
-    ({"tool": "payments.get_?ustomer"}, True),              # ? is one character
-    ({"tool": "inventory.*"}, False),
-    ({"actor": "checkout-agent"}, True),
-    ({"actor": "other-agent"}, False),
-    ({"tenant": "ac*"}, True),
-    ({"tenant": "globex"}, False),
-    ({"environment": "prod"}, True),
-    ({"environment": "staging"}, False),
+    ({"tool": "payments.get_?ustomer", "actor": "checkout-*", "tenant": "ac*", "environment": "prod"}, True),
     ({"tool": "payments.*", "actor": "checkout-agent", "environment": "staging"}, False),  # every field must match
-    ({"tool": "*", "actor": "*", "tenant": "*", "environment": "*"}, True),
 ])
 def test_rule9_halt_scope_matching(rv, users, admin_api, namespace, scope, matches):
     rv.apply_manifest()
