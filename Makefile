@@ -12,7 +12,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-gateway bench-rollback bench-journal bench-failover chaos-failover
+.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-kube bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -109,6 +109,10 @@ demo-mcp: install
 
 bench-sdk: build
 	$(PYTHON) benchmarks/sdk_overhead_bench.py
+
+# an agent's write to a ConfigMap recorded by rec.kube against the same write unrecorded: median over 200 each
+bench-kube: build
+	$(PYTHON) benchmarks/kube_record_bench.py
 
 bench-gateway: install
 	reversi-devcluster build

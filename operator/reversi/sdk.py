@@ -64,6 +64,8 @@ from kubernetes.client.rest import ApiException
 from .adapters import apicalls as calls
 from .adapters import claims
 from .adapters.journal import list_objects, run_at_open, step_body
+from .adapters.kube_objects import Objects
+from .engine import kube as kube_rules
 from .engine.keys import canonical_json, forward_key
 from .engine.templates import MissingValue
 from .models.run import PinnedManifest
@@ -275,6 +277,7 @@ class Recorder:
         self.index_conflicts = 0
         #: how many steps this recorder has recorded (RunSteps it created)
         self.steps_recorded = 0
+        self._kube: KubeCalls | None = None
 
     # ----- opening ------------------------------------------------------------------------
 
@@ -619,6 +622,14 @@ class Recorder:
         with self.step(tool, args, depends_on) as s:
             s.result = fn(dict(args))
         return s.result
+
+    @property
+    def kube(self) -> KubeCalls:
+        """Writes to namespaced Kubernetes objects, each recorded with the object's prior and post
+        state, undone by the built-in Kubernetes family (:class:`KubeCalls`)."""
+        if self._kube is None:
+            self._kube = KubeCalls(self)
+        return self._kube
 
 
     # ----- rolling back and settling from code (recovery in code) ---------------------------
@@ -977,6 +988,103 @@ class AsyncBoundary:
     async def __aexit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
         assert self.sync is not None
         return await asyncio.to_thread(self.sync.__exit__, kind, error, tb)
+
+
+#: how often ``rec.kube`` writes again after losing a race to a write that left the prior state as it was
+KUBE_CONFLICT_TRIES = 5
+
+
+class KubeCalls:
+    """``rec.kube``: an agent's writes to namespaced Kubernetes objects, made with the recorder's
+    own credentials and each recorded as one step of the built-in Kubernetes family
+    (docs/concepts.md#built-in-kubernetes-compensation): the object's reference and prior state in
+    ``args`` (read just before the write), its post state, uid and resourceVersion in ``result``.
+
+    Objects are named by a reference ``{"apiVersion", "kind", "namespace", "name"}`` or by an
+    object (a dict with those fields). The Run's manifest needs the family's entries
+    (``kubectl reversi kube-manifest``). A write the API server refuses (4xx, also a lost race on
+    the prior's resourceVersion: :class:`~reversi.adapters.apicalls.Conflict`) is recorded
+    ``failed`` and raised; a timeout or a 5xx is recorded ``uncertain`` and raised. A Secret's
+    content, and a state larger than ``kube_rules.MAX_STATE_BYTES``, never enter the journal:
+    such a write is recorded under an irreversible tool (its residue says why).
+    Raises :class:`reversi.engine.kube.OutOfScope` for a cluster-scoped or unnamed object, before any call.
+    """
+
+    def __init__(self, recorder: Recorder, *, field_manager: str = "reversi-agent"):
+        self.recorder = recorder
+        self.objects = Objects(recorder.api)
+        self.field_manager = field_manager
+
+    def create(self, body: Mapping[str, Any]) -> dict:
+        """Create ``body``; returns the stored object. Undone by a delete (uid precondition)."""
+        return self._record("create", body, lambda prior: self.objects.create(body))
+
+    def apply(self, body: Mapping[str, Any], *, force: bool = False) -> dict:
+        """Server-side apply of ``body`` (field manager ``field_manager``; ``force`` takes fields
+        another manager owns); returns the stored object."""
+        return self._record("apply", body, lambda prior: self.objects.apply(body, self.field_manager, force=force))
+
+    def patch(self, target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict:
+        """A JSON merge patch of ``target`` (a reference or an object), conditioned on the
+        resourceVersion read as its prior state; returns the stored object."""
+        return self._record("patch", target, lambda prior: self.objects.merge_patch(
+            kube_rules.object_ref(target), patch, _resource_version(prior)))
+
+    def scale(self, target: Mapping[str, Any], replicas: int) -> dict:
+        """Set ``spec.replicas`` of ``target`` (a Deployment, StatefulSet, ReplicaSet...)."""
+        return self._record("scale", target, lambda prior: self.objects.merge_patch(
+            kube_rules.object_ref(target), {"spec": {"replicas": int(replicas)}}, _resource_version(prior)))
+
+    def delete(self, target: Mapping[str, Any]) -> None:
+        """Delete ``target``, conditioned on the resourceVersion read as its prior state.
+        Undone by a create of the prior state."""
+        ref = kube_rules.object_ref(target)
+
+        def write(prior: dict | None) -> None:
+            self.objects.delete(ref, resource_version=_resource_version(prior))
+
+        self._record("delete", target, write)
+
+    def _record(self, verb: str, target: Mapping[str, Any], write: Callable[[dict | None], dict | None]) -> Any:
+        ref = kube_rules.object_ref(target)
+        prior = self.objects.get(ref)
+        tool, args = kube_rules.recorded_args(verb, ref, prior, target if verb in ("create", "apply") else None)
+        step = self.recorder.begin(tool, args)
+        try:
+            stored = self._while_prior_holds(ref, prior, write)
+        except ApiException as err:
+            refused = err.status is not None and 400 <= err.status < 500
+            self.recorder.finish(step, "failed" if refused else "uncertain", error=f"{type(err).__name__}: {err}")
+            raise
+        except calls.Conflict as err:
+            self.recorder.finish(step, "failed", error=f"Conflict: {err}")
+            raise
+        except BaseException as err:
+            self.recorder.finish(step, "uncertain", error=f"{type(err).__name__}: {err}")
+            raise
+        self.recorder.finish(step, "succeeded", result=kube_rules.recorded_result(tool, stored))
+        return stored
+
+
+    def _while_prior_holds(self, ref: Mapping[str, Any], prior: dict | None,
+                           write: Callable[[dict | None], dict | None]) -> dict | None:
+        """``write(prior)``, again with the object read anew when it lost a race to a write that
+        left the recorded prior state as it was (a controller's status update moves the
+        resourceVersion, not the state); raises :class:`~reversi.adapters.apicalls.Conflict` when
+        the state itself changed since it was recorded, or after :data:`KUBE_CONFLICT_TRIES`."""
+        for _ in range(KUBE_CONFLICT_TRIES - 1):
+            try:
+                return write(prior)
+            except calls.Conflict:
+                live = self.objects.get(ref)
+                if not kube_rules.matches(kube_rules.user_state(live), kube_rules.user_state(prior)):
+                    raise
+                prior = live
+        return write(prior)
+
+
+def _resource_version(obj: Mapping[str, Any] | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _undoable(spec: ToolSpec | None) -> bool:

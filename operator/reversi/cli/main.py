@@ -1060,6 +1060,35 @@ def _looks_like_uid(text: str) -> bool:
 # -------------------------------------------------------------------------------------- main
 
 
+# ---------------------------------------------------------------------------------- kube-manifest
+
+
+@cli.command("kube-manifest", help="Print a ToolManifest of the built-in Kubernetes family (YAML): the tools "
+                                   "kube.create, kube.apply, kube.patch, kube.scale and kube.delete, undone and read "
+                                   "back by reversi-kube-runner from the operator's image, and the irreversible ones "
+                                   "with their residue. Apply it, then record with rec.kube "
+                                   "(docs/concepts.md#built-in-kubernetes-compensation).")
+@click.option("--name", default="kube", show_default=True, help="The ToolManifest's name.")
+@click.option("--image", required=True, help="The operator's image (the runner runs reversi-kube-runner from it).")
+@click.option("--service-account", required=True,
+              help="The ServiceAccount the runner's Jobs run as: the namespace's owner grants it the rights "
+                   "(docs/operations.md#the-kube-runners-rights).")
+@click.option("--runner", "runner_name", default="kube", show_default=True, help="The runner's name.")
+@global_options
+def kube_manifest(name: str, image: str, service_account: str, runner_name: str) -> int:
+    import yaml
+
+    from ..engine import kube
+
+    namespace = click.get_current_context().meta.get(_META, {}).get("namespace")
+    manifest = {"apiVersion": "reversi.dev/v1alpha1", "kind": "ToolManifest",
+                "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
+                "spec": {"runners": [kube.runner_entry(image, service_account, runner_name)],
+                         "tools": kube.manifest_tools(runner_name)}}
+    out(yaml.safe_dump(manifest, sort_keys=False).rstrip())
+    return 0
+
+
 # --------------------------------------------------------------------------------------- version
 
 

@@ -34,36 +34,16 @@ from typing import Any, cast
 
 import anyio
 
+from ..adapters.job_io import CallError, fail, load_call
 from .calls import META_IDEMPOTENCY_KEY, answer_json
+
+__all__ = ["CallError", "ServerFailure", "call_tool", "fail", "load_call", "main", "request_of", "server_of"]
 
 DEFAULT_TIMEOUT = 30.0
 
 
-class CallError(Exception):
-    """The call or the settings are wrong (exit 2)."""
-
-
 class ServerFailure(Exception):
     """The MCP server refused, failed or did not answer (exit 1)."""
-
-
-def load_call(env: dict[str, str]) -> dict[str, Any]:
-    """The call JSON from ``REVERSI_CALL_FILE`` (or ``REVERSI_CALL``); raises :class:`CallError`."""
-    path = env.get("REVERSI_CALL_FILE")
-    if path and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            raw = f.read()
-    elif env.get("REVERSI_CALL"):
-        raw = env["REVERSI_CALL"]
-    else:
-        raise CallError("no call: set REVERSI_CALL_FILE (a readable file) or REVERSI_CALL")
-    try:
-        call = json.loads(raw)
-    except ValueError as err:
-        raise CallError(f"call is not valid JSON: {err}") from None
-    if not isinstance(call, dict):
-        raise CallError("call must be a JSON object")
-    return call
 
 
 def request_of(call: dict[str, Any], env: dict[str, str]) -> tuple[str, dict[str, Any], dict[str, Any] | None, bool]:
@@ -138,20 +118,6 @@ async def call_tool(server: Any, headers: dict[str, str], tool: str, arguments: 
     if result.is_error:
         raise ServerFailure(f"{tool}: tool error: {' '.join(texts) or 'no message'}")
     return answer_json(result.structured_content, texts)
-
-
-def fail(code: int, line: str, env: dict[str, str]) -> int:
-    """Say why on stderr and in the termination log; return ``code``."""
-    line = " ".join(line.split())
-    print(line, file=sys.stderr)
-    path = env.get("REVERSI_TERMINATION_LOG") or "/dev/termination-log"
-    if "REVERSI_TERMINATION_LOG" in env or os.path.exists(path):
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError:
-            pass
-    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1124,7 +1124,7 @@ class Reconciler(TreeRollback):
                 continue
             gs = guards.get(a.step) or ex.NO_GUARDS
             reads = {"reader": verify_plans.get(a.step), "precheck": gs.precheck, "precondition": gs.precondition}
-            calls = {"compensator": _compensator_call(run_meta, a, steps_by_index[a.step]),
+            calls = {"compensator": _compensator_call(run_meta, a, steps_by_index[a.step], bool(gs.forced_by)),
                      **{role: jobs_mod.reader_call(r.tool, r.args) if r is not None and r.mode == "reader" and r.tool
                         else None for role, r in reads.items()}}
             entries[a.step] = jobs_mod.step_calls(a.step, calls, a.idempotency_key)
@@ -1210,9 +1210,10 @@ def _refusal(err: Exception) -> str:
     return _first_error(err) if isinstance(err, ValidationError) else str(err)
 
 
-def _compensator_call(run_meta: dict, action, step) -> dict:
+def _compensator_call(run_meta: dict, action, step, forced: bool) -> dict:
     return jobs_mod.compensator_call(f"{run_meta['namespace']}/{run_meta['name']}", action.step,
-                                     action.compensation_tool, step.tool, action.args, action.idempotency_key)
+                                     action.compensation_tool, step.tool, action.args, action.idempotency_key,
+                                     forced)
 
 
 def run_gone(status: dict, run_obj: dict | None) -> str | None:

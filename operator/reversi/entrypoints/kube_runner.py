@@ -1,0 +1,146 @@
+"""``reversi-kube-runner``: the compensator and reader of the built-in Kubernetes family
+(docs/concepts.md#built-in-kubernetes-compensation). It runs from the operator's image as the
+ServiceAccount its runner names (the namespace owner grants it the rights: docs/operations.md#the-kube-runners-rights).
+
+Input (environment)
+  REVERSI_CALL_FILE        path of the call JSON (preferred); else REVERSI_CALL, the JSON itself
+  REVERSI_TERMINATION_LOG  where the failure line is written (default /dev/termination-log, if it exists)
+  KUBERNETES_SERVICE_HOST  in a pod: the API server, with the pod's service-account token;
+                           elsewhere the kubeconfig (KUBECONFIG) is used
+
+Call JSON
+  compensator {"tool": "kube.restore", "args": {"ref", "prior", "post"}, "forced"?}: restores the
+              object to its prior state, only while it still equals the post state the recorded call
+              left (a person's change since is never overwritten: exit 1, "changed since" and the
+              differences), unless the undo was forced; a live object that already equals the prior
+              state is left alone (exit 0). A create is undone by a delete with the object's uid as
+              precondition, a delete by a create of the prior state, an update by a write of the prior
+              content conditioned on the live resourceVersion.
+  reader      {"tool": "kube.matches", "arguments": {"ref", "state"}}: prints
+              {"matches": bool, "differences": [...]} for the live object against the state.
+
+Exit codes: 0 success; 1 refused (changed since, a missing right, a lost race) or the API server
+failed; 2 the call or the settings are wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from ..adapters import apicalls
+from ..adapters.job_io import CallError, fail, load_call
+from ..adapters.kube_objects import Objects, UnknownKind
+from ..engine import kube
+
+RESTORE, MATCHES = "kube.restore", "kube.matches"
+
+
+class Refused(Exception):
+    """The undo or the read was refused: changed since, a missing right, a lost race (exit 1)."""
+
+
+def _api() -> client.ApiClient:
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def _arguments(call: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    tool = call.get("tool")
+    arguments = call.get("arguments") if tool == MATCHES else call.get("args")
+    if tool not in (RESTORE, MATCHES):
+        raise CallError(f"reversi-kube-runner runs {RESTORE} (compensator) and {MATCHES} (reader), not {tool!r}")
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("ref"), dict):
+        raise CallError(f"{tool}: arguments must be a JSON object with a \"ref\" object")
+    for key in ("apiVersion", "kind", "namespace", "name"):
+        if not isinstance(arguments["ref"].get(key), str) or not arguments["ref"][key]:
+            raise CallError(f"{tool}: ref.{key} is missing")
+    return tool, arguments
+
+
+def _denied(err: ApiException, verb: str, ref: Mapping[str, Any]) -> Refused:
+    """A refusal that names the verb and the resource when a right is missing, else the server's message."""
+    if err.status == 403:
+        return Refused(f"{verb} {ref['kind']} {ref['namespace']}/{ref['name']} is forbidden to this runner's "
+                       f"service account: grant it {verb} on that resource "
+                       "(docs/operations.md#the-kube-runners-rights)")
+    return Refused(f"{verb} {ref['kind']} {ref['namespace']}/{ref['name']}: {apicalls.api_message(err)}")
+
+
+def restore(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
+    """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`."""
+    ref = args["ref"]
+    try:
+        live = objects.get(ref)
+    except ApiException as err:
+        raise _denied(err, "get", ref) from None
+    decision = kube.decide_restore(args.get("prior") or {}, args.get("post") or {}, live, forced)
+    what = f"{ref['kind']} {ref['namespace']}/{ref['name']}"
+    verb = {"delete": "delete", "create": "create", "replace": "update"}.get(decision.action, "")
+    try:
+        if decision.action == "none":
+            return f"{what} already equals its prior state: nothing to do"
+        if decision.action == "refuse":
+            raise Refused(f"changed since: {what} no longer equals the state the recorded call left, so it is not "
+                          f"restored (force it with spec.force): {'; '.join(decision.differences)}")
+        if decision.action == "delete":
+            objects.delete(ref, uid=decision.uid or "")
+            return f"{what} deleted (uid {decision.uid})"
+        assert decision.body is not None
+        if decision.action == "create":
+            objects.create(decision.body, repeat="always")
+            return f"{what} created again from its prior state"
+        objects.replace(decision.body)
+        return f"{what} restored to its prior content"
+    except apicalls.Conflict as err:
+        raise Refused(f"{what} changed while it was being restored ({err}); the next attempt decides again") from None
+    except ApiException as err:
+        if err.status == 409 and decision.action == "create":  # created meanwhile: the next attempt decides again
+            raise Refused(f"{what} exists again (created by someone else since); the next attempt decides again") \
+                from None
+        raise _denied(err, verb, ref) from None
+
+
+def read(objects: Objects, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The reader's answer for ``{"ref", "state"}`` (:func:`reversi.engine.kube.read_answer`)."""
+    try:
+        live = objects.get(args["ref"])
+    except ApiException as err:
+        raise _denied(err, "get", args["ref"]) from None
+    return kube.read_answer(args.get("state") or {}, live)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        print(__doc__, file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
+        return 0 if argv[0] in ("-h", "--help") else 2
+    env = dict(os.environ)
+    try:
+        call = load_call(env)
+        tool, args = _arguments(call)
+        objects = Objects(_api())
+        if tool == MATCHES:
+            print(json.dumps(read(objects, args)))
+        else:
+            print(restore(objects, args, bool(call.get("forced"))))
+    except (CallError, ValueError, config.ConfigException) as err:
+        return fail(2, str(err), env)
+    except (Refused, UnknownKind) as err:
+        return fail(1, str(err), env)
+    except ApiException as err:
+        return fail(1, f"the API server failed: {apicalls.api_message(err)}", env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The built-in Kubernetes family (docs/concepts.md#built-in-kubernetes-compensation) on the local
+control plane: an agent's writes recorded with ``rec.kube``, undone and read back by
+``reversi-kube-runner`` Jobs that run as the namespace's own ServiceAccount. Every verdict is
+checked against the live objects, never against the report alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from reversi.engine import kube
+from reversi.models.runstep import step_name
+from reversi.sdk import Recorder
+
+G, V = "reversi.dev", "v1alpha1"
+RUNNER_SA = "kube-undo"
+#: the rights the namespace's owner grants the runner: what it restores, nothing cluster-wide
+RUNNER_RULES = [
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
+]
+
+
+@pytest.fixture
+def kube_ns(rv):
+    """``rv`` with the family's ToolManifest ``kube`` and its runner's ServiceAccount and Role."""
+    core, rbac = client.CoreV1Api(rv.api), client.RbacAuthorizationV1Api(rv.api)
+    core.create_namespaced_service_account(rv.ns, {"metadata": {"name": RUNNER_SA}})
+    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": RUNNER_SA}, "rules": RUNNER_RULES})
+    rbac.create_namespaced_role_binding(rv.ns, {
+        "metadata": {"name": RUNNER_SA},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNNER_SA},
+        "subjects": [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": rv.ns}]})
+    # on the node agent the image is ignored: the runner is this checkout's module
+    runner = kube.runner_entry("registry.example/reversi:1", RUNNER_SA,
+                               command=[sys.executable, "-m", "reversi.entrypoints.kube_runner"], deadline_seconds=60)
+    rv.create("toolmanifests", {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "kube"},
+                                "spec": {"runners": [runner], "tools": kube.manifest_tools()}})
+    return rv
+
+
+def _deployment(ns: str, replicas: int) -> dict:
+    labels = {"app": "web"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "web", "image": "registry.example/web:1",
+                                                           "command": ["sleep", "600"]}]}}}}
+
+
+def _configmap(ns: str, name: str, color: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+            "data": {"color": color}}
+
+
+def _service(ns: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "front", "namespace": ns,
+                                                                 "labels": {"tier": "front"}},
+            "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+
+
+def _ref(obj: dict) -> dict:
+    return kube.object_ref(obj)
+
+
+def _gone(read, *args) -> bool:
+    try:
+        read(*args)
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+def test_a_create_a_patch_a_scale_and_a_delete_are_restored_and_read_back_against_the_live_objects(kube_ns):
+    rv, ns = kube_ns, kube_ns.ns
+    core, apps = client.CoreV1Api(rv.api), client.AppsV1Api(rv.api)
+    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
+    before_svc = core.create_namespaced_service(ns, _service(ns))
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec.kube.scale(_ref(_deployment(ns, 2)), 0)
+    rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
+    rec.kube.delete(_ref(_service(ns)))
+    rec.kube.create(_configmap(ns, "extra", "red"))
+    assert apps.read_namespaced_deployment("web", ns).spec.replicas == 0
+    assert _gone(core.read_namespaced_service, "front", ns)
+
+    rv.request("undo", "agent")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=180)
+    report = req["status"]["report"]
+    assert req["status"]["phase"] == "Succeeded" and report["complete"], report
+    assert sorted(report["compensated"]) == [0, 1, 2, 3]
+    # the live objects, not the report
+    assert apps.read_namespaced_deployment("web", ns).spec.replicas == 2
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
+    svc = core.read_namespaced_service("front", ns)
+    assert svc.metadata.uid != before_svc.metadata.uid  # created again from its prior state
+    assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 80, 8080)]
+    assert svc.spec.selector == {"app": "web"} and svc.metadata.labels == {"tier": "front"}
+    assert _gone(core.read_namespaced_config_map, "extra", ns)
+    # each undo was read back against the prior state by a kube.matches reader Job
+    for entry in req["status"]["steps"]:
+        assert rv.condition(entry, "Verified")["status"] == "True", entry
+
+
+def test_a_change_made_since_is_refused_with_its_differences_and_force_overrides_it(kube_ns):
+    rv, ns = kube_ns, kube_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
+    core.patch_namespaced_config_map("settings", ns, {"data": {"color": "red"}})  # a person, since
+
+    rv.request("undo", "agent")
+    req = rv.wait_phase("undo", "Incomplete", timeout=120)
+    (conflict,) = req["status"]["report"]["conflict"]
+    assert conflict["step"] == 0
+    # the reader's answer, as the operator shows a mismatch (JSON): each difference by its path
+    assert r'differences is ["data.color: recorded \"green\", live \"red\""]' in conflict["reason"], conflict
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "red"}  # the person's change stands
+
+    rv.request("forced", "agent", force=[{"step": 0}])
+    req = rv.wait_phase("forced", "Succeeded", "Incomplete", timeout=120)
+    assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
+    assert req["status"]["report"]["forced"][0]["step"] == 0
+
+
+def test_a_write_the_api_server_refused_is_recorded_failed_and_its_undo_changes_nothing(kube_ns):
+    rv, ns = kube_ns, kube_ns.ns
+    apps = client.AppsV1Api(rv.api)
+    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    with pytest.raises(ApiException) as refused:
+        rec.kube.scale(_ref(_deployment(ns, 2)), -1)
+    assert refused.value.status == 422
+    step = rv.get("runsteps", step_name("agent", 0))
+    assert step["spec"]["outcome"] == "failed"
+    rv.request("undo", "agent")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=60)
+    assert req["status"]["report"]["skipped"] == [0] and req["status"]["report"]["complete"]
+    assert apps.read_namespaced_deployment("web", ns).spec.replicas == 2
+
+
+def test_a_secrets_content_never_enters_a_runstep_and_its_step_is_irreversible_residue(kube_ns):
+    rv, ns = kube_ns, kube_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_secret(ns, {"metadata": {"name": "db"}, "stringData": {"password": "hunter2"}})
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec.kube.patch({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": ns}},
+                   {"stringData": {"password": "correct-horse"}})
+    text = json.dumps(rv.steps("agent"))
+    for secret in ("hunter2", "correct-horse", "aHVudGVyMg", "Y29ycmVjdC1ob3JzZQ"):
+        assert secret not in text
+    rv.request("plan", "agent", dryRun=True)
+    plan = rv.wait_phase("plan", "Planned", timeout=30)["status"]["plan"]
+    (action,) = plan["actions"]
+    assert action["kind"] == "unrecoverable" and "content never enters the journal" in action["reason"]
