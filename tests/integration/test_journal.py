@@ -166,42 +166,10 @@ def test_a_forward_duplicate_is_found_in_a_long_run(rv, admin_api):
     assert step.index == LONG_RUN, "a call settled failed no longer stands: its repeat is admitted"
 
 
-def test_a_runstep_is_deleted_only_with_its_run(rv):
-    rv.apply_manifest()
-    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, {"id": "cus_9"})])
-    with pytest.raises(ApiException) as err:
-        rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runsteps", "r-00000")
-    assert err.value.status == 403 and "deleted with the Run" in _message(err.value)
-    rv.custom.delete_namespaced_custom_object(G, V, rv.ns, "runs", "r", propagation_policy="Foreground")
-    from tests.helpers import wait_for
-
-    def gone():
-        items = rv.custom.list_namespaced_custom_object(G, V, rv.ns, "runsteps")["items"]
-        return not items or None
-
-    wait_for(gone, timeout=60, what="the Run's steps to be garbage-collected with it")
-
-
-def test_a_call_is_recorded_append_only_on_its_runstep(rv):
-    rv.apply_manifest()
-    rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, outcome="intended")])
-    for change, fragment in (({"spec": {"tool": "payments.capture"}}, "tool cannot change"),
-                             ({"spec": {"args": {"id": "other"}}}, "args cannot change"),
-                             ({"spec": {"index": 3}}, "index cannot change")):
-        with pytest.raises(ApiException) as err:
-            rv.patch("runsteps", "r-00000", change)
-        assert fragment in _message(err.value), _message(err.value)
-    rv.patch("runsteps", "r-00000", {"spec": {"outcome": "uncertain"}})
-    with pytest.raises(ApiException) as err:
-        rv.patch("runsteps", "r-00000", {"spec": {"outcome": "succeeded"}})
-    assert "moves only from intended" in _message(err.value)
-    settled = rv.resolve("r", 0, status="succeeded", result={"id": "cus_9"}, note="seen in the CRM")
-    assert settled["spec"]["resolution"]["actor"] == "reversi-admin"
-    with pytest.raises(ApiException) as err:
-        rv.resolve("r", 0, status="failed", note="changed my mind")
-    assert "never changes" in _message(err.value)
-
-
+# Append-only, and a RunStep deleted only with its Run: tests/integration/test_admission.py
+# (test_a_recorded_runstep_is_append_only, test_a_resolution_cannot_be_swapped_out_and_back_in,
+# test_a_runstep_is_deleted_only_with_its_run). Here: the webhook's own check of rule 10, for a
+# client that sends no runAtOpen.
 def test_another_principal_cannot_record_or_change_steps(rv, cluster):
     rv.apply_manifest()
     rv.run("r", [rv.step(0, "payments.get_customer", {"id": "cus_9"}, outcome="intended")])

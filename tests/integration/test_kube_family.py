@@ -160,3 +160,18 @@ def test_a_secrets_content_never_enters_a_runstep_and_its_step_is_irreversible_r
     plan = rv.wait_phase("plan", "Planned", timeout=30)["status"]["plan"]
     (action,) = plan["actions"]
     assert action["kind"] == "unrecoverable" and "content never enters the journal" in action["reason"]
+
+
+def test_a_right_the_runner_lacks_fails_its_step_naming_the_verb_and_the_object(kube_ns):
+    rv, ns = kube_ns, kube_ns.ns
+    core, rbac = client.CoreV1Api(rv.api), client.RbacAuthorizationV1Api(rv.api)
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]  # no update
+    rbac.patch_namespaced_role(RUNNER_SA, ns, {"rules": rules})
+    core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
+    rv.request("undo", "agent", retries=1)
+    req = rv.wait_phase("undo", "Incomplete", timeout=120)
+    (failed,) = req["status"]["report"]["failed"]
+    assert f"update ConfigMap {ns}/settings is forbidden to this runner's service account" in failed["error"], failed
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "green"}  # nothing silently skipped

@@ -1099,17 +1099,11 @@ def kube_manifest(name: str, image: str, service_account: str, runner_name: str)
               help="Only this plugin's version and schema version: no cluster is read.")
 @global_options
 def version(as_json: bool, client_only: bool) -> int:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
+    from .. import __version__ as mine
     from .. import schema
     from ..adapters.kube import read_crds
     from ..models.common import SCHEMA_VERSION
 
-    try:
-        mine = package_version("reversi")
-    except PackageNotFoundError:
-        mine = "unknown"
     if client_only:
         out(json.dumps({"version": mine, "schemaVersion": SCHEMA_VERSION}, indent=2) if as_json
             else f"kubectl-reversi {mine}, operator schema version {SCHEMA_VERSION}")

@@ -32,6 +32,7 @@ from ..adapters import apicalls as calls_api
 from ..adapters.apicalls import api_message
 from . import calls
 from .identity import Agent, impersonating_with_groups
+from .. import __version__
 
 G, V = calls_api.GROUP, calls_api.VERSION
 PLAN_TIMEOUT = 30.0
@@ -76,7 +77,7 @@ class OperatorTools:
         async def list_tools(_ctx: Any, _params: Any) -> types.ListToolsResult:
             return types.ListToolsResult(tools=TOOLS)
 
-        return Server("reversi-operator-tools", version="0.1.0", on_list_tools=list_tools,
+        return Server("reversi-operator-tools", version=__version__, on_list_tools=list_tools,
                       on_call_tool=self.call_tool)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:

@@ -46,6 +46,7 @@ from . import calls
 from .identity import Agent, TokenReviewer, Unauthenticated, impersonating
 from .settings import GatewaySettings
 from .upstream import Upstream, UpstreamUnavailable
+from .. import __version__
 
 log = logging.getLogger("reversi.gateway")
 
@@ -86,7 +87,7 @@ class Gateway:
                 yield {}
                 tg.cancel_scope.cancel()
 
-        return Server("reversi-gateway", version="0.1.0", lifespan=lifespan,
+        return Server("reversi-gateway", version=__version__, lifespan=lifespan,
                       instructions="Every tool call is recorded in a Reversi Run before it is forwarded.",
                       on_list_tools=self.list_tools, on_call_tool=self.call_tool)
 
