@@ -218,7 +218,9 @@ def test_rule9_cluster_halt_across_namespaces(rv, users, admin_api, namespace):
         err = _halted(rec)  # in force within the API server's informer lag
         assert "kill switch: whole fleet paused" in str(err)
         _lift_cluster_halt(admin_api, f"this-ns-{namespace}")
-        assert _call(rec) is True  # the other ClusterHalt names other namespaces only
+        # the other ClusterHalt names other namespaces only: once the policy has seen the deletion
+        # (its informer lag, as for a create), the call is admitted and made
+        assert wait_for(lambda: _call_unless_halted(rec), what="the call admitted once the ClusterHalt is deleted")
     finally:
         _lift_cluster_halt(admin_api, f"other-ns-{namespace}")
         _lift_cluster_halt(admin_api, f"this-ns-{namespace}")
@@ -355,20 +357,8 @@ def test_rule7_only_intended_or_uncertain_steps_can_be_resolved(rv, users, names
     assert "resolution" not in rv.steps("r")[0]["spec"]
 
 
-def test_rule7_resolved_uncertain_step_is_compensated_with_the_given_result(rv, users, namespace):
-    rv.apply_manifest()
-    charge = _uncertain_run(rv, users, namespace)
-    assert rv.steps("r")[0]["spec"]["outcome"] == "uncertain"
-    resolved = _resolve(users["oncall"], namespace, {"step": 0, "status": "succeeded", "result": {"id": charge["id"]},
-                                                     "note": "found in the payments dashboard",
-                                                     "actor": "someone-else"})
-    assert resolved["spec"]["resolution"]["actor"] == "oncall" and resolved["spec"]["resolution"]["resolvedAt"]
-    _custom(users["oncall"]).create_namespaced_custom_object(G, V, namespace, "rollbackrequests", {
-        "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo"},
-        "spec": {"runRef": {"name": "r"}}})
-    req = rv.wait_phase("undo", "Succeeded", "Incomplete")
-    assert req["status"]["report"]["compensated"] == [0], req["status"]["report"]
-    assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+# A resolved uncertain step undone with the given result, its actor stamped from the
+# authenticated user: tests/integration/test_rollback_rules.py (the same rule, the same checks).
 
 
 # --------------------------------------------------------------------- rule 8: approvals
