@@ -1021,19 +1021,28 @@ class KubeCalls:
 
     def apply(self, body: Mapping[str, Any], *, force: bool = False) -> dict:
         """Server-side apply of ``body`` (field manager ``field_manager``; ``force`` takes fields
-        another manager owns); returns the stored object."""
-        return self._record("apply", body, lambda prior: self.objects.apply(body, self.field_manager, force=force))
+        another manager owns), conditioned on the resourceVersion read as its prior state; an
+        object that did not exist is created (refused if someone created it meanwhile, never
+        merged into theirs). Returns the stored object."""
+        def write(prior: dict | None) -> dict:
+            if prior is None:
+                return self.objects.create(body)
+            return self.objects.apply(body, self.field_manager, force=force, resource_version=_resource_version(prior),
+                                      repeat="unsent")
+
+        return self._record("apply", body, write)
 
     def patch(self, target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict:
         """A JSON merge patch of ``target`` (a reference or an object), conditioned on the
         resourceVersion read as its prior state; returns the stored object."""
         return self._record("patch", target, lambda prior: self.objects.merge_patch(
-            kube_rules.object_ref(target), patch, _resource_version(prior)))
+            kube_rules.object_ref(target), patch, _resource_version(prior), repeat="unsent"))
 
     def scale(self, target: Mapping[str, Any], replicas: int) -> dict:
         """Set ``spec.replicas`` of ``target`` (a Deployment, StatefulSet, ReplicaSet...)."""
         return self._record("scale", target, lambda prior: self.objects.merge_patch(
-            kube_rules.object_ref(target), {"spec": {"replicas": int(replicas)}}, _resource_version(prior)))
+            kube_rules.object_ref(target), {"spec": {"replicas": int(replicas)}}, _resource_version(prior),
+            repeat="unsent"))
 
     def delete(self, target: Mapping[str, Any]) -> None:
         """Delete ``target``, conditioned on the resourceVersion read as its prior state.
@@ -1041,7 +1050,8 @@ class KubeCalls:
         ref = kube_rules.object_ref(target)
 
         def write(prior: dict | None) -> None:
-            self.objects.delete(ref, resource_version=_resource_version(prior))
+            if not self.objects.delete(ref, resource_version=_resource_version(prior), repeat="unsent"):
+                raise ApiException(status=404, reason=f"{ref['kind']} {ref['namespace']}/{ref['name']} not found")
 
         self._record("delete", target, write)
 
@@ -1052,9 +1062,10 @@ class KubeCalls:
         step = self.recorder.begin(tool, args)
         try:
             stored = self._while_prior_holds(ref, prior, write)
-        except ApiException as err:
+        except ApiException as err:  # the server's message only: never the response body (a Secret's)
             refused = err.status is not None and 400 <= err.status < 500
-            self.recorder.finish(step, "failed" if refused else "uncertain", error=f"{type(err).__name__}: {err}")
+            why = err.reason if tool == kube_rules.SECRET else calls.api_message(err)
+            self.recorder.finish(step, "failed" if refused else "uncertain", error=f"HTTP {err.status}: {why}")
             raise
         except calls.Conflict as err:
             self.recorder.finish(step, "failed", error=f"Conflict: {err}")

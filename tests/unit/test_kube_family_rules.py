@@ -127,10 +127,12 @@ def test_projection_keeps_other_top_level_fields():
     assert {"data", "binaryData", "immutable"} <= set(kube.user_state(cm)["object"])
 
 
-def test_projection_drops_the_server_set_paths_of_a_service():
+def test_projection_drops_the_server_set_paths_of_a_service_and_keeps_its_ip_families():
     spec = kube.user_state(service())["object"]["spec"]
     assert spec == {
         "type": "NodePort",
+        "ipFamilies": ["IPv4"],
+        "ipFamilyPolicy": "SingleStack",
         "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
         "selector": {"app": "web"},
     }
@@ -344,7 +346,7 @@ def test_forced_overrides_refuse():
 def test_restore_deletes_a_created_object_with_its_uid_as_precondition():
     live = deployment(3)
     decision = kube.decide_restore(kube.ABSENT, kube.user_state(live), live, forced=False)
-    assert decision == kube.Restore("delete", uid="u-1")
+    assert decision == kube.Restore("delete", uid="u-1", resource_version="41")
 
 
 def test_restore_creates_a_deleted_object_from_the_prior_projection():
@@ -494,7 +496,8 @@ def test_reversible_entries_restore_with_a_precondition_a_precheck_and_a_read_ba
         assert spec.compensation is not None and spec.verification is not None
         assert spec.compensation.tool == "kube.restore" and spec.compensation.kind == "inverse"
         assert spec.compensation.precheck and spec.compensation.runner == "kube"
-        assert spec.compensation.args == {"ref": "$args.ref", "prior": "$args.prior", "post": "$result.post"}
+        assert spec.compensation.args == {"ref": "$args.ref", "prior": "$args.prior", "post": "$result.post",
+                                          "uid": "$result.uid"}
         pre = spec.compensation.precondition
         assert pre is not None and pre.tool == "kube.matches" and pre.expect == {"differences": []}
         assert pre.args == {"ref": "$args.ref", "state": "$result.post"} and pre.runner == "kube"
@@ -541,9 +544,9 @@ def test_the_templates_of_the_entries_resolve_against_a_recorded_call_even_when_
     """States are never null: a template that ends at null would count as missing."""
     ref = kube.object_ref(deployment())
     entry = {tool["name"]: tool for tool in kube.manifest_tools()}["kube.create"]
-    args, result = {"ref": ref, "prior": kube.user_state(None)}, {"post": kube.user_state(deployment())}
+    args, result = {"ref": ref, "prior": kube.user_state(None)}, kube.recorded_result("kube.create", deployment())
     restore_args = resolve(entry["compensation"]["args"], args, result)
-    assert restore_args == {"ref": ref, "prior": {"absent": True}, "post": result["post"]}
+    assert restore_args == {"ref": ref, "prior": {"absent": True}, "post": result["post"], "uid": "u-1"}
     assert resolve(entry["compensation"]["precondition"]["args"], args, result)["state"] == result["post"]
     assert resolve(entry["verification"]["args"], args, result)["state"] == {"absent": True}
 
@@ -710,3 +713,37 @@ def test_a_reference_is_its_own_reference():
     assert kube.object_ref(ref) == ref
     with pytest.raises(kube.OutOfScope):
         kube.object_ref({"apiVersion": "v1", "kind": "Namespace", "name": "shop"})
+
+
+def test_an_object_being_deleted_matches_no_state_and_its_restore_waits():
+    going = deployment(2)
+    going["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+    state = kube.user_state(going)
+    assert state["terminating"] is True
+    assert not kube.matches(kube.user_state(deployment(2)), state) and not kube.matches(kube.ABSENT, state)
+    assert kube.differences(kube.ABSENT, state) == ["the object: recorded absent, live being deleted"]
+    # a deleted object's undo waits until it is gone; its read-back never calls it restored meanwhile
+    decision = kube.decide_restore(kube.user_state(deployment(2)), kube.ABSENT, going, forced=True)
+    assert decision.action == "wait"
+    assert kube.read_answer(kube.user_state(deployment(2)), going)["matches"] is False
+
+
+def test_an_object_deleted_and_created_again_since_is_another_object_and_is_refused_unless_forced():
+    created = deployment(3)
+    again = deployment(3)
+    again["metadata"]["uid"] = "u-2"
+    decision = kube.decide_restore(kube.ABSENT, kube.user_state(created), again, forced=False, uid="u-1")
+    assert decision.action == "refuse" and "deleted and created again since" in decision.differences[0]
+    assert kube.decide_restore(kube.ABSENT, kube.user_state(created), created, forced=False, uid="u-1").action \
+        == "delete"
+    assert kube.decide_restore(kube.ABSENT, kube.user_state(created), again, forced=True, uid="u-1").action \
+        == "delete"
+
+
+def test_a_daemonsets_template_generation_is_the_servers():
+    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {
+        "name": "agent", "namespace": "shop", "annotations": {"deprecated.daemonset.template.generation": "3"}},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}}}
+    later = copy.deepcopy(ds)
+    later["metadata"]["annotations"]["deprecated.daemonset.template.generation"] = "5"
+    assert kube.matches(kube.user_state(ds), kube.user_state(later))

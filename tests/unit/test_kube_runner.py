@@ -40,8 +40,8 @@ class Objects:
             raise self.fail
         self.writes.append((what, *args))
 
-    def delete(self, ref, uid=""):
-        self._write("delete", uid)
+    def delete(self, ref, uid="", resource_version=""):
+        self._write("delete", uid, resource_version)
 
     def create(self, body, repeat="unsent"):
         self._write("create", body)
@@ -64,7 +64,7 @@ def test_an_update_is_undone_by_a_write_of_the_prior_content_on_the_live_resourc
 def test_a_create_is_undone_by_a_delete_with_the_uid_as_precondition_and_a_delete_by_a_create():
     objects = Objects(configmap("red", uid="u-7"))
     kube_runner.restore(objects, args(None, configmap("red", uid="u-7")), forced=False)
-    assert objects.writes == [("delete", "u-7")]
+    assert objects.writes == [("delete", "u-7", "5")]
     objects = Objects(None)
     kube_runner.restore(objects, args(configmap("blue"), None), forced=False)
     ((what, body),) = objects.writes

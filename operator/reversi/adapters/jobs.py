@@ -113,8 +113,10 @@ def job_name(run_uid: str, step: int, attempt: int, role: Role = "compensator", 
 def compensator_call(run_id: str, step: int, tool: str, original_tool: str, args: Any,
                      idempotency_key: str, forced: bool = False) -> dict[str, Any]:
     """The compensator call JSON of the Job contract (docs/concepts.md#the-job-contract), with
-    ``"forced": true`` only for an undo a person forced over its failed precondition
-    (``spec.force``): a compensator that checks the precondition again itself skips that check."""
+    ``"forced": true`` when the request forces the step (``spec.force``): a compensator that
+    checks the step's precondition again itself skips that check. (The operator's own
+    precondition read still runs first: a forced step whose precondition holds is not reported
+    ``forced``.)"""
     call = {"run_id": run_id, "step": step, "tool": tool, "original_tool": original_tool,
             "args": args, "idempotency_key": idempotency_key}
     return {**call, "forced": True} if forced else call

@@ -93,24 +93,30 @@ class Objects:
         return self._preconditioned(resource.replace, body=dict(body), name=meta["name"],
                                     namespace=meta["namespace"])
 
-    def merge_patch(self, ref: Mapping[str, Any], patch: Mapping[str, Any], resource_version: str = "") -> dict:
-        """A JSON merge patch; with ``resource_version`` it is a precondition (:class:`apicalls.Conflict`)."""
+    def merge_patch(self, ref: Mapping[str, Any], patch: Mapping[str, Any], resource_version: str = "", *,
+                    repeat: apicalls.Repeat = "always") -> dict:
+        """A JSON merge patch; with ``resource_version`` it is a precondition (:class:`apicalls.Conflict`).
+        ``repeat``: ``"unsent"`` for a caller that must tell its own landed write from a lost race."""
         body = dict(patch)
         if resource_version:
             body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
         return self._preconditioned(self._resource(ref).patch, body=body, name=ref["name"],
-                                    namespace=ref["namespace"], content_type=MERGE_PATCH)
+                                    namespace=ref["namespace"], content_type=MERGE_PATCH, repeat=repeat)
 
-    def apply(self, body: Mapping[str, Any], field_manager: str, *, force: bool = False) -> dict:
+    def apply(self, body: Mapping[str, Any], field_manager: str, *, force: bool = False, resource_version: str = "",
+              repeat: apicalls.Repeat = "always") -> dict:
         """Server-side apply of ``body`` as ``field_manager`` (``force`` takes fields another
-        manager owns); returns the stored object."""
+        manager owns), conditioned on ``resource_version`` when given (:class:`apicalls.Conflict`);
+        returns the stored object."""
         resource = self._resource(body)
         meta = body["metadata"]
-        obj = apicalls.call(resource.server_side_apply, body=dict(body), name=meta["name"],
-                            namespace=meta["namespace"], field_manager=field_manager, force_conflicts=force)
-        return obj.to_dict()
+        sent = {**body, "metadata": {**meta, "resourceVersion": resource_version}} if resource_version else dict(body)
+        return self._preconditioned(resource.server_side_apply, body=sent, name=meta["name"],
+                                    namespace=meta["namespace"], field_manager=field_manager, force_conflicts=force,
+                                    repeat=repeat)
 
-    def delete(self, ref: Mapping[str, Any], *, uid: str = "", resource_version: str = "") -> bool:
+    def delete(self, ref: Mapping[str, Any], *, uid: str = "", resource_version: str = "",
+               repeat: apicalls.Repeat = "always") -> bool:
         """Delete the object (background propagation, as ``kubectl delete``), with a ``uid``
         and/or ``resource_version`` precondition (:class:`apicalls.Conflict` when it does not
         hold). False when it did not exist at the first attempt; a 404 on a repeated attempt
@@ -127,7 +133,7 @@ class Objects:
             return resource.delete(name=ref["name"], namespace=ref["namespace"], body=body, **kw)
 
         try:
-            self._preconditioned(once)
+            self._preconditioned(once, repeat=repeat)
         except ApiException as err:
             if err.status == 404:
                 return tries > 1
@@ -135,9 +141,9 @@ class Objects:
         return True
 
     @staticmethod
-    def _preconditioned(method: Any, **kwargs: Any) -> dict:
+    def _preconditioned(method: Any, repeat: apicalls.Repeat = "always", **kwargs: Any) -> dict:
         try:
-            obj = apicalls.call(method, **kwargs)
+            obj = apicalls.call(method, repeat=repeat, **kwargs)
         except ApiException as err:
             if apicalls.conflict(err):
                 raise apicalls.Conflict(apicalls.api_message(err), err) from err

@@ -21,9 +21,9 @@ counts as missing, docs/concepts.md#vocabulary): ``{"absent": true}`` (the objec
   kind (group)                          server-set paths
   ===================================== =================================================================
   Service (core)                        ``spec.clusterIP``, ``spec.clusterIPs`` (both kept when ``None``:
-                                        a headless Service asks for that), ``spec.ipFamilies``,
-                                        ``spec.ipFamilyPolicy``, ``spec.healthCheckNodePort``,
-                                        ``spec.ports.*.nodePort``
+                                        a headless Service asks for that), ``spec.healthCheckNodePort``,
+                                        ``spec.ports.*.nodePort`` (``ipFamilies`` and ``ipFamilyPolicy``
+                                        are kept: a dual-stack Service is created again dual-stack)
   PersistentVolumeClaim (core)          ``spec.volumeName``
   Pod (core)                            ``spec.nodeName``
   Job (batch)                           ``spec.selector``; the labels ``controller-uid``,
@@ -112,7 +112,8 @@ REFUSE = "refuse"
 DELETE_ACTION = "delete"
 CREATE_ACTION = "create"
 REPLACE = "replace"
-ACTIONS = (NONE, REFUSE, DELETE_ACTION, CREATE_ACTION, REPLACE)
+WAIT = "wait"
+ACTIONS = (NONE, REFUSE, DELETE_ACTION, CREATE_ACTION, REPLACE, WAIT)
 
 ABSENT: dict[str, Any] = {"absent": True}
 """The absent state (shared: copy it before changing it; :func:`user_state` returns a fresh one)."""
@@ -121,6 +122,7 @@ SERVER_SET_ANNOTATIONS = frozenset({
     "deployment.kubernetes.io/revision",
     "deployment.kubernetes.io/desired-replicas",
     "deployment.kubernetes.io/max-replicas",
+    "deprecated.daemonset.template.generation",
     "pv.kubernetes.io/bind-completed",
     "pv.kubernetes.io/bound-by-controller",
     "volume.beta.kubernetes.io/storage-provisioner",
@@ -139,8 +141,6 @@ SERVER_SET_PATHS: dict[GroupKind, tuple[Path, ...]] = {
     _SERVICE: (
         ("spec", "clusterIP"),
         ("spec", "clusterIPs"),
-        ("spec", "ipFamilies"),
-        ("spec", "ipFamilyPolicy"),
         ("spec", "healthCheckNodePort"),
         ("spec", "ports", "*", "nodePort"),
     ),
@@ -175,17 +175,22 @@ class Restore:
     """What ``kube.restore`` does (:func:`decide_restore`).
 
     ``action`` is one of :data:`ACTIONS`; ``body`` the object to create or replace with (``create``,
-    ``replace``); ``uid`` the uid precondition of a ``delete``; ``differences`` the lines of a ``refuse``.
+    ``replace``); ``uid`` and ``resource_version`` the preconditions of a ``delete`` (the live object's:
+    a change since the read is never deleted with it); ``differences`` the lines of a ``refuse`` or a
+    ``wait`` (the live object is being deleted: the next attempt decides again).
     """
 
     action: str
     body: dict[str, Any] | None = None
     uid: str | None = None
     differences: tuple[str, ...] = ()
+    resource_version: str | None = None
 
 
 def user_state(obj: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The recorded state of a live object: ``{"absent": true}`` for ``None``, else ``{"object": <projection>}``.
+    """The recorded state of a live object: ``{"absent": true}`` for ``None``, else ``{"object": <projection>}``,
+    with ``"terminating": true`` for an object being deleted (``metadata.deletionTimestamp``), which
+    matches no state, so that nothing is called restored, or undone, while it is still going away.
 
     The projection keeps what the user controls and drops status, server-set metadata, server-set
     annotations and the server-set paths of the kind (module docstring,
@@ -194,6 +199,8 @@ def user_state(obj: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     if obj is None:
         return dict(ABSENT)
+    if _metadata_of(obj).get("deletionTimestamp"):  # going away: neither present nor absent yet
+        return {"object": _projection(obj), "terminating": True}
     return {"object": _projection(obj)}
 
 
@@ -246,6 +253,9 @@ def differences(expected: Mapping[str, Any], live: Mapping[str, Any], limit: int
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     recorded, found = _present(expected), _present(live)
+    if _terminating(expected) or _terminating(live):
+        return [f"the object: recorded {'absent' if recorded is None else 'present'}, live being deleted"
+                if _terminating(live) else "the object: recorded being deleted"]
     if recorded is None and found is None:
         return []
     if recorded is None:
@@ -270,20 +280,29 @@ def matches(expected: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
     Raises ``ValueError`` for a malformed state (docs/concepts.md#built-in-kubernetes-compensation).
     """
     recorded, found = _present(expected), _present(live)
+    if _terminating(expected) or _terminating(live):
+        return False
     if recorded is None or found is None:
         return recorded is None and found is None
     return json_equal(recorded, found)
 
 
+def _terminating(state: Mapping[str, Any]) -> bool:
+    return isinstance(state, Mapping) and state.get("terminating") is True
+
+
 def decide_restore(
-    prior: Mapping[str, Any], post: Mapping[str, Any], live: Mapping[str, Any] | None, forced: bool
+    prior: Mapping[str, Any], post: Mapping[str, Any], live: Mapping[str, Any] | None, forced: bool,
+    uid: str = "",
 ) -> Restore:
     """What ``kube.restore`` does to put the ``prior`` state back, given the state the write left (``post``)
     and the ``live`` object (``None`` when it does not exist).
 
-    In this order: live equals prior: ``none`` (even when forced); live differs from post and not ``forced``:
-    ``refuse`` with ``differences(post, user_state(live))``; prior absent: ``delete`` with the live uid as
-    precondition; live absent: ``create`` with the prior projection as body; else ``replace`` with the prior
+    In this order: live being deleted: ``wait``; live equals prior: ``none`` (even when forced); not
+    ``forced`` and the live object is another one than the call left (its uid is not ``uid``, the recorded
+    post state's; empty: not checked): ``refuse``; live differs from post and not ``forced``: ``refuse`` with
+    ``differences(post, user_state(live))``; prior absent: ``delete`` with the live uid and resourceVersion as
+    preconditions; live absent: ``create`` with the prior projection as body; else ``replace`` with the prior
     projection, the live ``metadata.resourceVersion``, the live server-set annotations and the live values of
     the kind's server-set paths. Raises ``ValueError`` for a malformed state
     (docs/concepts.md#built-in-kubernetes-compensation).
@@ -291,13 +310,20 @@ def decide_restore(
     recorded = _present(prior)
     _present(post)
     now = user_state(live)
+    if _terminating(now):  # neither restorable nor restored until it is gone
+        return Restore(WAIT, differences=tuple(differences(prior, now)))
     if matches(prior, now):
         return Restore(NONE)
+    live_meta = _metadata_of(live) if live is not None else {}
+    live_uid = live_meta.get("uid") if isinstance(live_meta.get("uid"), str) else None
+    if not forced and uid and live is not None and _present(post) is not None and live_uid != uid:
+        return Restore(REFUSE, differences=(f"metadata.uid: recorded {uid}, live {live_uid} (deleted and created "
+                                            "again since)",))
     if not forced and not matches(post, now):
         return Restore(REFUSE, differences=tuple(differences(post, now)))
     if recorded is None:  # and live present: two absent states are equal
-        uid = _metadata_of(live).get("uid") if live is not None else None
-        return Restore(DELETE_ACTION, uid=uid if isinstance(uid, str) else None)
+        version = live_meta.get("resourceVersion")
+        return Restore(DELETE_ACTION, uid=live_uid, resource_version=version if isinstance(version, str) else None)
     if live is None:
         return Restore(CREATE_ACTION, body=recorded)
     return Restore(REPLACE, body=_replacement(recorded, live))
@@ -404,7 +430,7 @@ def _reversible_tool(name: str, runner: str) -> dict[str, Any]:
         "compensation": {
             "tool": RESTORE,
             "kind": "inverse",
-            "args": {"ref": "$args.ref", "prior": "$args.prior", "post": "$result.post"},
+            "args": {"ref": "$args.ref", "prior": "$args.prior", "post": "$result.post", "uid": "$result.uid"},
             "runner": runner,
             "precheck": True,
             "precondition": {
@@ -504,7 +530,7 @@ def _present(state: Mapping[str, Any]) -> dict[str, Any] | None:
         keys = set(state)
         if keys == {"absent"} and state["absent"] is True:
             return None
-        if keys == {"object"} and isinstance(state["object"], Mapping):
+        if keys in ({"object"}, {"object", "terminating"}) and isinstance(state["object"], Mapping):
             return _projection(state["object"])
     raise ValueError(
         f"not a recorded state: {_show(state)}; a state is {{\"absent\": true}} or {{\"object\": {{...}}}}"

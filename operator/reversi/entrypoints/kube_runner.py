@@ -9,13 +9,15 @@ Input (environment)
                            elsewhere the kubeconfig (KUBECONFIG) is used
 
 Call JSON
-  compensator {"tool": "kube.restore", "args": {"ref", "prior", "post"}, "forced"?}: restores the
+  compensator {"tool": "kube.restore", "args": {"ref", "prior", "post", "uid"}, "forced"?}: restores the
               object to its prior state, only while it still equals the post state the recorded call
               left (a person's change since is never overwritten: exit 1, "changed since" and the
-              differences), unless the undo was forced; a live object that already equals the prior
-              state is left alone (exit 0). A create is undone by a delete with the object's uid as
-              precondition, a delete by a create of the prior state, an update by a write of the prior
-              content conditioned on the live resourceVersion.
+              differences; also when the object was deleted and created again since: another uid), unless
+              the undo was forced; a live object that already equals the prior state is left alone
+              (exit 0), one being deleted is waited for (exit 1: the next attempt decides again). A
+              create is undone by a delete with the live uid and resourceVersion as preconditions, a
+              delete by a create of the prior state, an update by a write of the prior content
+              conditioned on the live resourceVersion.
   reader      {"tool": "kube.matches", "arguments": {"ref", "state"}}: prints
               {"matches": bool, "differences": [...]} for the live object against the state.
 
@@ -77,23 +79,40 @@ def _denied(err: ApiException, verb: str, ref: Mapping[str, Any]) -> Refused:
 
 
 def restore(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
-    """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`."""
+    """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`.
+    A create that finds the object there already (its own earlier attempt landed, or someone
+    created it since) reads and decides once more."""
+    try:
+        return _restore_once(objects, args, forced)
+    except _CreatedMeanwhile:
+        return _restore_once(objects, args, forced)
+
+
+class _CreatedMeanwhile(Exception):
+    """A create answered 409: the object exists now."""
+
+
+def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
     ref = args["ref"]
     try:
         live = objects.get(ref)
     except ApiException as err:
         raise _denied(err, "get", ref) from None
-    decision = kube.decide_restore(args.get("prior") or {}, args.get("post") or {}, live, forced)
+    decision = kube.decide_restore(args.get("prior") or {}, args.get("post") or {}, live, forced,
+                                   uid=str(args.get("uid") or ""))
     what = f"{ref['kind']} {ref['namespace']}/{ref['name']}"
     verb = {"delete": "delete", "create": "create", "replace": "update"}.get(decision.action, "")
     try:
         if decision.action == "none":
             return f"{what} already equals its prior state: nothing to do"
+        if decision.action == "wait":
+            raise Refused(f"{what} is being deleted: it can be neither restored nor called restored until it is gone; "
+                          "the next attempt decides again")
         if decision.action == "refuse":
             raise Refused(f"changed since: {what} no longer equals the state the recorded call left, so it is not "
                           f"restored (force it with spec.force): {'; '.join(decision.differences)}")
         if decision.action == "delete":
-            objects.delete(ref, uid=decision.uid or "")
+            objects.delete(ref, uid=decision.uid or "", resource_version=decision.resource_version or "")
             return f"{what} deleted (uid {decision.uid})"
         assert decision.body is not None
         if decision.action == "create":
@@ -104,9 +123,8 @@ def restore(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
     except apicalls.Conflict as err:
         raise Refused(f"{what} changed while it was being restored ({err}); the next attempt decides again") from None
     except ApiException as err:
-        if err.status == 409 and decision.action == "create":  # created meanwhile: the next attempt decides again
-            raise Refused(f"{what} exists again (created by someone else since); the next attempt decides again") \
-                from None
+        if err.status == 409 and decision.action == "create":
+            raise _CreatedMeanwhile() from None
         raise _denied(err, verb, ref) from None
 
 
@@ -137,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail(2, str(err), env)
     except (Refused, UnknownKind) as err:
         return fail(1, str(err), env)
+    except _CreatedMeanwhile:
+        return fail(1, "the object was created again twice while it was being restored; the next attempt decides "
+                    "again", env)
     except ApiException as err:
         return fail(1, f"the API server failed: {apicalls.api_message(err)}", env)
+    except Exception as err:  # noqa: BLE001 - unreachable API server, a client error: one line, never a traceback
+        return fail(1, f"{type(err).__name__}: {err}", env)
     return 0
 
 
