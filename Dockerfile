@@ -20,7 +20,10 @@ COPY pyproject.toml README.md* ./
 # change to the code rebuilds only the project's own wheel
 RUN test -f README.md || echo "Reversi" > README.md \
  && mkdir -p operator/reversi && touch operator/reversi/__init__.py \
- && pip wheel --wheel-dir /wheels ".[gateway,archive]" && rm /wheels/reversi-*.whl
+ && pip wheel --wheel-dir /wheels ".[gateway,archive]" && rm /wheels/reversi-*.whl \
+ && rm -rf build operator *.egg-info
+# (setuptools' build/ copies a module only when the source is newer than its copy there: the stand-in
+# package's build/ would shadow the real package's __init__.py, whose mtime comes from the checkout)
 COPY operator ./operator
 # the context's digest (below) here too: buildah's bind mount of a stage built wholly from its layer
 # cache is empty, so an edit of the runtime stage alone must build this last step again
@@ -39,7 +42,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels "reversi[gateway,archive]" \
- && python -c "import reversi, kopf, kubernetes" \
+ && python -c "import reversi.entrypoints.operator, reversi.entrypoints.admission, reversi.entrypoints.kube_runner, \
+reversi.gateway.proxy, reversi.gateway.runner; assert reversi.__version__ != '0+unknown'" \
  && command -v reversi-operator reversi-gateway reversi-mcp-runner reversi-kube-runner \
  && useradd --system --uid 65532 --user-group --home-dir /tmp --no-create-home --shell /usr/sbin/nologin reversi
 USER 65532:65532
