@@ -125,4 +125,4 @@ down:
 	reversi-devcluster down
 
 crds: install
-	reversi-crdgen   # crds/ and the chart's templates/crds/
+	reversi-crdgen   # crds/, the chart's templates/crds/ and the field references in docs/reference/

@@ -30,6 +30,7 @@ import copy
 import difflib
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -325,15 +326,54 @@ def agent_roles_template() -> str:
     return head + "---\n".join(docs) + "{{- end }}\n"
 
 
-def generate(out_dir: Path, chart_dir: Path | None = None) -> dict[Path, str]:
+def generate(out_dir: Path, chart_dir: Path | None = None, docs_dir: Path | None = None) -> dict[Path, str]:
     """Render every CRD: ``{path: text}`` (nothing is written); with ``chart_dir``, also the
-    chart's templates (its CRDs, and beside them the recorded call's policies and the agents' roles)."""
+    chart's templates (its CRDs, and beside them the recorded call's policies and the agents' roles);
+    with ``docs_dir``, the field reference of each CRD a user writes by hand (:data:`REFERENCE_KINDS`)."""
     files = {out_dir / f"{info.crd_name}.yaml": render(info) for info in ALL_CRDS}
     if chart_dir is not None:
         files.update({chart_dir / f"{info.crd_name}.yaml": chart_template(info) for info in ALL_CRDS})
         files[chart_dir.parent / "recording-policies.yaml"] = policies_template()
         files[chart_dir.parent / "agent-roles.yaml"] = agent_roles_template()
+    if docs_dir is not None:
+        files.update({docs_dir / f"{info.kind.lower()}.md": reference(info) for info in ALL_CRDS
+                      if info.kind in REFERENCE_KINDS})
     return files
+
+
+#: the kinds whose field reference is generated into docs/reference/ (the ones users write by hand)
+REFERENCE_KINDS = ("ToolManifest", "RollbackRequest", "Halt", "ClusterHalt")
+
+
+def reference(info: CrdInfo) -> str:
+    """The field reference of one kind (Markdown): every field of its ``spec``, its type, whether it
+    is required, its limits and its description, from the same schema as its CRD."""
+    schema = crd_for(info)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rows = list(_reference_rows(schema["properties"]["spec"], "spec", set(schema.get("required") or [])))
+    lines = [f"# {info.kind} reference", "",
+             f"Generated from the models by `make crds` (`reversi-crdgen`), like the CRD "
+             f"`crds/{info.crd_name}.yaml`: do not edit. `kubectl explain {info.kind.lower()}.spec --recursive` "
+             "shows the same descriptions from a cluster. Concepts: [concepts](../concepts.md).", "",
+             "| field | type | required | limits | description |", "|---|---|---|---|---|"]
+    lines += [f"| `{path}` | {kind} | {'yes' if needed else ''} | {limits} | {text} |"
+              for path, kind, needed, limits, text in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _reference_rows(node: dict, path: str, required: set[str]) -> Iterator[tuple[str, str, bool, str, str]]:
+    kind = node.get("type", "any")
+    if node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
+        kind = "any JSON"
+    limits = ", ".join(f"{key} {node[key]}" for key in ("minimum", "maximum", "minLength", "maxLength", "minItems",
+                                                          "maxItems", "pattern", "enum", "default") if key in node)
+    text = " ".join(str(node.get("description") or "").split()).replace("|", "\\|")
+    yield path, kind, path.split(".")[-1] in required, limits.replace("|", "\\|"), text
+    if kind == "array" and isinstance(node.get("items"), dict):
+        items = node["items"]
+        for name, child in (items.get("properties") or {}).items():
+            yield from _reference_rows(child, f"{path}[].{name}", set(items.get("required") or []))
+    for name, child in (node.get("properties") or {}).items():
+        yield from _reference_rows(child, f"{path}.{name}", set(node.get("required") or []))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,11 +383,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart-out", type=Path, default=None,
                         help="folder of the chart's CRD templates (default: charts/reversi/templates/crds of the "
                              "checkout when --out is not given)")
+    parser.add_argument("--docs-out", type=Path, default=None,
+                        help="folder of the generated field references (default: docs/reference of the checkout "
+                             "when --out is not given)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the files on disk differ from the models")
     args = parser.parse_args(argv)
     out_dir = args.out or default_out_dir()
     chart_dir = args.chart_out or (default_chart_dir() if args.out is None else None)
-    files = generate(out_dir, chart_dir)
+    docs_dir = args.docs_out or (default_out_dir().parent / "docs" / "reference" if args.out is None else None)
+    files = generate(out_dir, chart_dir, docs_dir)
     if args.check:
         stale = []
         for path, text in files.items():

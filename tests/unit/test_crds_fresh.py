@@ -25,10 +25,11 @@ def _env():
     return env
 
 
-def test_committed_crds_match_the_models():
+def test_committed_crds_and_field_references_match_the_models():
     proc = subprocess.run(
         [sys.executable, "-m", "reversi.crdgen", "--check", "--out", str(CRD_DIR),
-         "--chart-out", str(ROOT / "charts" / "reversi" / "templates" / "crds")],
+         "--chart-out", str(ROOT / "charts" / "reversi" / "templates" / "crds"),
+         "--docs-out", str(ROOT / "docs" / "reference")],
         capture_output=True,
         text=True,
         env=_env(),
