@@ -1012,23 +1012,22 @@ class KubeCalls:
 
     def __init__(self, recorder: Recorder, *, field_manager: str = "reversi-agent"):
         self.recorder = recorder
-        self.objects = Objects(recorder.api)
-        self.field_manager = field_manager
+        self.objects = Objects(recorder.api, field_manager)
 
     def create(self, body: Mapping[str, Any]) -> dict:
         """Create ``body``; returns the stored object. Undone by a delete (uid precondition)."""
         return self._record("create", body, lambda prior: self.objects.create(body))
 
     def apply(self, body: Mapping[str, Any], *, force: bool = False) -> dict:
-        """Server-side apply of ``body`` (field manager ``field_manager``; ``force`` takes fields
-        another manager owns), conditioned on the resourceVersion read as its prior state; an
+        """Server-side apply of ``body`` (``force`` takes fields another manager owns; every write of
+        ``rec.kube`` is field manager ``field_manager``, so an apply never conflicts with the agent's
+        own patches), conditioned on the resourceVersion read as its prior state; an
         object that did not exist is created (refused if someone created it meanwhile, never
         merged into theirs). Returns the stored object."""
         def write(prior: dict | None) -> dict:
             if prior is None:
                 return self.objects.create(body)
-            return self.objects.apply(body, self.field_manager, force=force, resource_version=_resource_version(prior),
-                                      repeat="unsent")
+            return self.objects.apply(body, force=force, resource_version=_resource_version(prior), repeat="unsent")
 
         return self._record("apply", body, write)
 

@@ -45,11 +45,14 @@ class _TimedDynamicClient(DynamicClient):
 
 
 class Objects:
-    """Namespaced objects of any kind through one API client ``api`` (``kubernetes.client.ApiClient``).
+    """Namespaced objects of any kind through one API client ``api`` (``kubernetes.client.ApiClient``),
+    every write under the field manager ``field_manager`` (server-side apply's owner of the fields it
+    sets: one name for all of a writer's writes, so its own apply never conflicts with its patches).
     Discovery runs on first use and is kept for the process (thread-safe)."""
 
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, field_manager: str):
         self.api = api
+        self.field_manager = field_manager
         self._dynamic: DynamicClient | None = None
         self._lock = threading.Lock()
 
@@ -82,7 +85,8 @@ class Objects:
     def create(self, body: Mapping[str, Any], *, repeat: apicalls.Repeat = "unsent") -> dict:
         """Create ``body`` in its namespace; returns the stored object."""
         resource = self._resource(body)
-        obj = apicalls.call(resource.create, body=dict(body), namespace=body["metadata"]["namespace"], repeat=repeat)
+        obj = apicalls.call(resource.create, body=dict(body), namespace=body["metadata"]["namespace"], repeat=repeat,
+                            field_manager=self.field_manager)
         return obj.to_dict()
 
     def replace(self, body: Mapping[str, Any]) -> dict:
@@ -91,7 +95,7 @@ class Objects:
         resource = self._resource(body)
         meta = body["metadata"]
         return self._preconditioned(resource.replace, body=dict(body), name=meta["name"],
-                                    namespace=meta["namespace"])
+                                    namespace=meta["namespace"], field_manager=self.field_manager)
 
     def merge_patch(self, ref: Mapping[str, Any], patch: Mapping[str, Any], resource_version: str = "", *,
                     repeat: apicalls.Repeat = "always") -> dict:
@@ -101,18 +105,19 @@ class Objects:
         if resource_version:
             body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
         return self._preconditioned(self._resource(ref).patch, body=body, name=ref["name"],
-                                    namespace=ref["namespace"], content_type=MERGE_PATCH, repeat=repeat)
+                                    namespace=ref["namespace"], content_type=MERGE_PATCH, repeat=repeat,
+                                    field_manager=self.field_manager)
 
-    def apply(self, body: Mapping[str, Any], field_manager: str, *, force: bool = False, resource_version: str = "",
+    def apply(self, body: Mapping[str, Any], *, force: bool = False, resource_version: str = "",
               repeat: apicalls.Repeat = "always") -> dict:
-        """Server-side apply of ``body`` as ``field_manager`` (``force`` takes fields another
-        manager owns), conditioned on ``resource_version`` when given (:class:`apicalls.Conflict`);
-        returns the stored object."""
+        """Server-side apply of ``body`` (``force`` takes fields another manager owns), conditioned on
+        ``resource_version`` when given (:class:`apicalls.Conflict`); returns the stored object."""
         resource = self._resource(body)
         meta = body["metadata"]
         sent = {**body, "metadata": {**meta, "resourceVersion": resource_version}} if resource_version else dict(body)
         return self._preconditioned(resource.server_side_apply, body=sent, name=meta["name"],
-                                    namespace=meta["namespace"], field_manager=field_manager, force_conflicts=force,
+                                    namespace=meta["namespace"], field_manager=self.field_manager,
+                                    force_conflicts=force,
                                     repeat=repeat)
 
     def delete(self, ref: Mapping[str, Any], *, uid: str = "", resource_version: str = "",

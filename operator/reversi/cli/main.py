@@ -1074,8 +1074,13 @@ def _looks_like_uid(text: str) -> bool:
               help="The ServiceAccount the runner's Jobs run as: the namespace's owner grants it the rights "
                    "(docs/operations.md#the-kube-runners-rights).")
 @click.option("--runner", "runner_name", default="kube", show_default=True, help="The runner's name.")
+@click.option("--command", "command_line", default="reversi-kube-runner", show_default=True,
+              help="The runner's command (split like a shell). On the local control plane's node agent, which "
+                   "ignores images and runs commands on the host: \"python3 -m reversi.entrypoints.kube_runner\".")
 @global_options
-def kube_manifest(name: str, image: str, service_account: str, runner_name: str) -> int:
+def kube_manifest(name: str, image: str, service_account: str, runner_name: str, command_line: str) -> int:
+    import shlex
+
     import yaml
 
     from ..engine import kube
@@ -1083,7 +1088,8 @@ def kube_manifest(name: str, image: str, service_account: str, runner_name: str)
     namespace = click.get_current_context().meta.get(_META, {}).get("namespace")
     manifest = {"apiVersion": "reversi.dev/v1alpha1", "kind": "ToolManifest",
                 "metadata": {"name": name, **({"namespace": namespace} if namespace else {})},
-                "spec": {"runners": [kube.runner_entry(image, service_account, runner_name)],
+                "spec": {"runners": [kube.runner_entry(image, service_account, runner_name,
+                                                       command=shlex.split(command_line) or None)],
                          "tools": kube.manifest_tools(runner_name)}}
     out(yaml.safe_dump(manifest, sort_keys=False).rstrip())
     return 0

@@ -42,6 +42,8 @@ from ..adapters.kube_objects import Objects, UnknownKind
 from ..engine import kube
 
 RESTORE, MATCHES = "kube.restore", "kube.matches"
+#: the field manager of every restore (server-side apply names it as the owner of what it wrote)
+FIELD_MANAGER = "reversi-kube-runner"
 
 
 class Refused(Exception):
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         call = load_call(env)
         tool, args = _arguments(call)
-        objects = Objects(_api())
+        objects = Objects(_api(), FIELD_MANAGER)
         if tool == MATCHES:
             print(json.dumps(read(objects, args)))
         else:
