@@ -12,9 +12,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from reversi import rbac as reversi_rbac
 from reversi.engine import kube
 from reversi.models.runstep import step_name
 from reversi.sdk import Recorder
+from tests.helpers import users_with_roles
 
 G, V = "reversi.dev", "v1alpha1"
 RUNNER_SA = "kube-undo"
@@ -22,12 +24,22 @@ RUNNER_SA = "kube-undo"
 RUNNER_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
+    # whose run it restores, and whether that principal may make the write itself
+    {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 ]
+#: the agent: it records (the chart's reversi-record role) and changes these objects itself
+AGENT_RULES = [*reversi_rbac.RECORD,
+               {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "delete"]},
+               {"apiGroups": [""], "resources": ["configmaps", "services", "secrets"],
+                "verbs": ["get", "create", "patch", "delete"]}]
 
 
 @pytest.fixture
-def kube_ns(rv):
-    """``rv`` with the family's ToolManifest ``kube`` and its runner's ServiceAccount and Role."""
+def kube_ns(rv, cluster):
+    """``rv`` with the family's ToolManifest ``kube``, its runner's ServiceAccount and Role, and
+    ``rv.agent``: an API client of the user ``kube-agent`` (:data:`AGENT_RULES`), and of
+    ``weak-agent``, who records but may only read ConfigMaps (``rv.weak``)."""
     core, rbac = client.CoreV1Api(rv.api), client.RbacAuthorizationV1Api(rv.api)
     core.create_namespaced_service_account(rv.ns, {"metadata": {"name": RUNNER_SA}})
     rbac.create_namespaced_role(rv.ns, {"metadata": {"name": RUNNER_SA}, "rules": RUNNER_RULES})
@@ -40,6 +52,10 @@ def kube_ns(rv):
                                command=[sys.executable, "-m", "reversi.entrypoints.kube_runner"], deadline_seconds=60)
     rv.create("toolmanifests", {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "kube"},
                                 "spec": {"runners": [runner], "tools": kube.manifest_tools()}})
+    users = users_with_roles(cluster, rv.api, rv.ns, {
+        "kube-agent": AGENT_RULES,
+        "weak-agent": [*reversi_rbac.RECORD, {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
+    rv.agent, rv.weak = users["kube-agent"], users["weak-agent"]
     return rv
 
 
@@ -81,7 +97,7 @@ def test_a_create_a_patch_a_scale_and_a_delete_are_restored_and_read_back_agains
     apps.create_namespaced_deployment(ns, _deployment(ns, 2))
     core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
     before_svc = core.create_namespaced_service(ns, _service(ns))
-    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     rec.kube.scale(_ref(_deployment(ns, 2)), 0)
     rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
     rec.kube.delete(_ref(_service(ns)))
@@ -111,7 +127,7 @@ def test_a_change_made_since_is_refused_with_its_differences_and_force_overrides
     rv, ns = kube_ns, kube_ns.ns
     core = client.CoreV1Api(rv.api)
     core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
-    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
     core.patch_namespaced_config_map("settings", ns, {"data": {"color": "red"}})  # a person, since
 
@@ -134,7 +150,7 @@ def test_a_write_the_api_server_refused_is_recorded_failed_and_its_undo_changes_
     rv, ns = kube_ns, kube_ns.ns
     apps = client.AppsV1Api(rv.api)
     apps.create_namespaced_deployment(ns, _deployment(ns, 2))
-    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     with pytest.raises(ApiException) as refused:
         rec.kube.scale(_ref(_deployment(ns, 2)), -1)
     assert refused.value.status == 422
@@ -150,7 +166,7 @@ def test_a_secrets_content_never_enters_a_runstep_and_its_step_is_irreversible_r
     rv, ns = kube_ns, kube_ns.ns
     core = client.CoreV1Api(rv.api)
     core.create_namespaced_secret(ns, {"metadata": {"name": "db"}, "stringData": {"password": "hunter2"}})
-    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     rec.kube.patch({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db", "namespace": ns}},
                    {"stringData": {"password": "correct-horse"}})
     text = json.dumps(rv.steps("agent"))
@@ -165,13 +181,35 @@ def test_a_secrets_content_never_enters_a_runstep_and_its_step_is_irreversible_r
 def test_a_right_the_runner_lacks_fails_its_step_naming_the_verb_and_the_object(kube_ns):
     rv, ns = kube_ns, kube_ns.ns
     core, rbac = client.CoreV1Api(rv.api), client.RbacAuthorizationV1Api(rv.api)
-    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]  # no update
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}, *RUNNER_RULES[2:]]  # no update
     rbac.patch_namespaced_role(RUNNER_SA, ns, {"rules": rules})
     core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
-    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.api)
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
     rv.request("undo", "agent", retries=1)
     req = rv.wait_phase("undo", "Incomplete", timeout=120)
     (failed,) = req["status"]["report"]["failed"]
     assert f"update ConfigMap {ns}/settings is forbidden to this runner's service account" in failed["error"], failed
     assert core.read_namespaced_config_map("settings", ns).data == {"color": "green"}  # nothing silently skipped
+
+
+def test_a_forged_step_never_makes_the_runner_write_what_its_agent_could_not(kube_ns):
+    """The states of a step are the agent's own word: an agent that may only read a ConfigMap
+    records a patch of it with a prior state of its choosing. The runner, whose rights are wider,
+    asks whether the run's principal may make the write (a LocalSubjectAccessReview) and refuses."""
+    rv, ns = kube_ns, kube_ns.ns
+    core = client.CoreV1Api(rv.api)
+    live = core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue")).to_dict()
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(rv.weak).patch_namespaced_config_map("settings", ns, {"data": {"color": "evil"}})
+    assert refused.value.status == 403
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.weak)
+    ref = _ref(_configmap(ns, "settings", ""))
+    forged = kube.user_state(_configmap(ns, "settings", "evil"))
+    rec.call("kube.patch", {"ref": ref, "prior": forged},
+             lambda a: {"post": kube.user_state(_configmap(ns, "settings", "blue")), "uid": live["metadata"]["uid"]})
+    rv.request("undo", "agent", retries=1)
+    req = rv.wait_phase("undo", "Incomplete", timeout=120)
+    (failed,) = req["status"]["report"]["failed"]
+    assert "the run's principal weak-agent may not update ConfigMap" in failed["error"], failed
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}

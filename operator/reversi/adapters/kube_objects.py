@@ -71,6 +71,21 @@ class Objects:
                               "objects only")
         return resource
 
+    def allowed(self, user: str, groups: list[str], verb: str, ref: Mapping[str, Any]) -> bool:
+        """Whether ``user`` (with ``groups``) may ``verb`` the object ``ref``: a
+        LocalSubjectAccessReview in the object's namespace (the RBAC verb ``create`` on
+        ``localsubjectaccessreviews`` there, nothing cluster-wide)."""
+        resource = self._resource(ref)
+        group = ref["apiVersion"].rpartition("/")[0]
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview",
+                  "metadata": {"namespace": ref["namespace"]},
+                  "spec": {"user": user, "groups": groups, "resourceAttributes": {
+                      "namespace": ref["namespace"], "verb": verb, "group": group, "resource": resource.name,
+                      "name": ref["name"]}}}
+        answer = apicalls.call(client.AuthorizationV1Api(self.api).create_namespaced_local_subject_access_review,
+                               ref["namespace"], review)
+        return bool(answer.status and answer.status.allowed)
+
     def get(self, ref: Mapping[str, Any]) -> dict | None:
         """The object as stored (a dict), or None when it does not exist."""
         resource = self._resource(ref)

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
@@ -80,21 +81,60 @@ def _denied(err: ApiException, verb: str, ref: Mapping[str, Any]) -> Refused:
     return Refused(f"{verb} {ref['kind']} {ref['namespace']}/{ref['name']}: {apicalls.api_message(err)}")
 
 
-def restore(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
-    """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`.
-    A create that finds the object there already (its own earlier attempt landed, or someone
-    created it since) reads and decides once more."""
+@dataclass(frozen=True)
+class Principal:
+    """Who recorded the run (``Run.spec.principal``, stamped by the API server from the agent's
+    authentication) and the groups the runner asks about: those every such user has
+    (:func:`groups_of`; a user's other groups are not recorded, so rights granted only through
+    them do not count)."""
+
+    user: str
+    groups: list[str] = field(default_factory=list)
+
+
+def principal_of(objects: Objects, run_id: str) -> Principal:
+    """The principal of the Run ``run_id`` (``namespace/name``, the call's ``run_id``). Raises
+    :class:`Refused` when the Run cannot be read or names none."""
+    namespace, _, name = run_id.partition("/")
     try:
-        return _restore_once(objects, args, forced)
+        run = objects.get({"apiVersion": "reversi.dev/v1alpha1", "kind": "Run", "namespace": namespace,
+                           "name": name})
+    except ApiException as err:
+        raise _denied(err, "get", {"kind": "Run", "namespace": namespace, "name": name}) from None
+    user = ((run or {}).get("spec") or {}).get("principal")
+    if not user:
+        raise Refused(f"Run {run_id} is gone or names no principal: nothing is restored for an unknown agent")
+    return Principal(str(user), groups_of(str(user)))
+
+
+def groups_of(user: str) -> list[str]:
+    """The groups the API server gives every request of ``user``: ``system:authenticated``, and for
+    a ServiceAccount (``system:serviceaccount:<ns>:<name>``) ``system:serviceaccounts`` and
+    ``system:serviceaccounts:<ns>``."""
+    parts = user.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return ["system:serviceaccounts", f"system:serviceaccounts:{parts[2]}", "system:authenticated"]
+    return ["system:authenticated"]
+
+
+def restore(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None) -> str:
+    """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`.
+    With ``principal``, a write the run's principal itself may not make is refused (a
+    LocalSubjectAccessReview): the states come from the agent's own record, so the runner, whose
+    rights may be wider, never writes for it what it could not. A create that finds the object
+    there already (its own earlier attempt landed, or someone created it since) reads and decides
+    once more."""
+    try:
+        return _restore_once(objects, args, forced, principal)
     except _CreatedMeanwhile:
-        return _restore_once(objects, args, forced)
+        return _restore_once(objects, args, forced, principal)
 
 
 class _CreatedMeanwhile(Exception):
     """A create answered 409: the object exists now."""
 
 
-def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool) -> str:
+def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None) -> str:
     ref = args["ref"]
     try:
         live = objects.get(ref)
@@ -104,6 +144,12 @@ def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool) -> st
                                    uid=str(args.get("uid") or ""))
     what = f"{ref['kind']} {ref['namespace']}/{ref['name']}"
     verb = {"delete": "delete", "create": "create", "replace": "update"}.get(decision.action, "")
+    # a change of content is the principal's to make with update or with patch
+    asked = ("update", "patch") if verb == "update" else (verb,)
+    if verb and principal is not None and not any(objects.allowed(principal.user, principal.groups, v, ref)
+                                                   for v in asked):
+        raise Refused(f"the run's principal {principal.user} may not {verb} {what}: Reversi never writes for an "
+                      "agent what the agent itself could not write (its recorded states are its own word)")
     try:
         if decision.action == "none":
             return f"{what} already equals its prior state: nothing to do"
@@ -152,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if tool == MATCHES:
             print(json.dumps(read(objects, args)))
         else:
-            print(restore(objects, args, bool(call.get("forced"))))
+            principal = principal_of(objects, str(call.get("run_id") or ""))
+            print(restore(objects, args, bool(call.get("forced")), principal))
     except (CallError, ValueError, config.ConfigException) as err:
         return fail(2, str(err), env)
     except (Refused, UnknownKind) as err:
