@@ -441,7 +441,8 @@ FREE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {
     ("patch", CLAIM, CLAIM, "kube.patch"),
     ("create", None, CLAIM, "kube.create"),
     ("delete", OWNED_POD, None, "kube.delete-owned-pod"),
-    ("delete", FREE_POD, None, "kube.delete"),
+    ("delete", FREE_POD, None, "kube.delete-run"),  # created again it would run again
+    ("delete", job(), None, "kube.delete-run"),
     ("patch", OWNED_POD, OWNED_POD, "kube.patch"),
     ("create", None, deployment(), "kube.create"),
     ("apply", deployment(), deployment(), "kube.apply"),
@@ -747,3 +748,20 @@ def test_a_daemonsets_template_generation_is_the_servers():
     later = copy.deepcopy(ds)
     later["metadata"]["annotations"]["deprecated.daemonset.template.generation"] = "5"
     assert kube.matches(kube.user_state(ds), kube.user_state(later))
+
+
+@pytest.mark.parametrize("name", ["../../other/configmaps/victim", "x?dryRun=All", "a/b", "%2e%2e", "..", "x" * 254])
+def test_a_name_that_is_no_object_name_is_refused_before_any_call(name):
+    with pytest.raises(kube.OutOfScope, match="not a Kubernetes object name"):
+        kube.object_ref({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "shop", "name": name})
+    with pytest.raises(kube.OutOfScope, match="not a Kubernetes object name"):
+        kube.object_ref({"apiVersion": "v1", "kind": "ConfigMap", "namespace": "Shop/x", "name": "ok"})
+
+
+def test_a_state_of_another_object_than_the_steps_is_refused():
+    ref = kube.object_ref(deployment(1))
+    kube.check_states(ref, kube.user_state(deployment(2)), kube.ABSENT)
+    other = deployment(2)
+    other["metadata"]["name"] = "someone-elses"
+    with pytest.raises(ValueError, match="not the step's object"):
+        kube.check_states(ref, kube.user_state(other))

@@ -50,8 +50,9 @@ paths and annotations (an immutable field such as a Service's ``clusterIP`` keep
 
 **Classification** (:func:`classify`): a write to a Secret is ``kube.secret`` (its content never enters the
 journal), the delete of a PersistentVolumeClaim ``kube.delete-volume-claim`` (the data on its volume is not
-restored), the delete of a Pod with a controller ``kube.delete-owned-pod`` (replaced, not restored) -- all
-three irreversible, matched by kind in any API group; a state over :data:`MAX_STATE_BYTES`
+restored), the delete of a Pod with a controller ``kube.delete-owned-pod`` (replaced, not restored), the
+delete of any other Pod or of a Job ``kube.delete-run`` (created again it would run again) -- all
+irreversible, matched by kind in any API group; a state over :data:`MAX_STATE_BYTES`
 (:func:`too_large`) makes the call ``kube.unjournaled`` (irreversible); any other write is ``kube.<verb>``,
 undone by ``kube.restore`` and read back by ``kube.matches`` (:func:`manifest_tools`, :func:`read_answer`).
 
@@ -63,6 +64,7 @@ A recorded call of a reversible tool carries ``args`` ``{"ref": <object_ref>, "p
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,13 +79,14 @@ DELETE = "kube.delete"
 SECRET = "kube.secret"
 DELETE_VOLUME_CLAIM = "kube.delete-volume-claim"
 DELETE_OWNED_POD = "kube.delete-owned-pod"
+DELETE_RUN = "kube.delete-run"
 UNJOURNALED = "kube.unjournaled"
 RESTORE = "kube.restore"
 MATCHES = "kube.matches"
 
 VERBS = ("create", "apply", "patch", "scale", "delete")
 REVERSIBLE = (CREATE, APPLY, PATCH, SCALE, DELETE)
-IRREVERSIBLE = (SECRET, DELETE_VOLUME_CLAIM, DELETE_OWNED_POD, UNJOURNALED)
+IRREVERSIBLE = (SECRET, DELETE_VOLUME_CLAIM, DELETE_OWNED_POD, DELETE_RUN, UNJOURNALED)
 
 RESIDUE = {
     SECRET: "The Secret stays as the agent left it (created, changed or deleted): its content never enters the "
@@ -92,6 +95,8 @@ RESIDUE = {
     "depending on the volume's reclaim policy the data is gone or left on a Released PersistentVolume.",
     DELETE_OWNED_POD: "The deleted Pod is replaced by its controller, not restored: the replacement is a new Pod "
     "(new name, uid and IP), and what the old Pod held in memory or on emptyDir volumes is gone.",
+    DELETE_RUN: "The deleted Pod or Job is not restored: created again it would be a new run, its containers "
+    "started again from the beginning (a Job's work done twice), and what the old one held in memory is gone.",
     UNJOURNALED: "The write stays as the agent made it: the object's state was over the journal's 60 KiB limit "
     "for one state, so it was not recorded and cannot be restored.",
 }
@@ -235,7 +240,31 @@ def object_ref(obj: Mapping[str, Any]) -> dict[str, str]:
             f"{kind} in namespace {namespace} has no metadata.name{given}: a name is required, the built-in "
             "Kubernetes family records and restores objects by name. Set metadata.name instead of generateName"
         )
+    if not _NAMESPACE.fullmatch(namespace) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise OutOfScope(f"{kind} {namespace}/{name}: not a Kubernetes object name (a namespace is a DNS label; a "
+                         "name has no '/', '%' or '?' and is at most 253 characters)")
     return {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name}
+
+
+#: a namespace is a DNS-1123 label; a name is a path segment the API server can serve (every kind's
+#: own rule is stricter or equal: it refuses the rest itself)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"[^/%?#\s]{1,253}")
+
+
+def check_states(ref: Mapping[str, Any], *states: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` unless every present state is the object ``ref`` names (its apiVersion,
+    kind, namespace and name): a restore writes the object its state names, so a state of another
+    object is refused, never written (docs/concepts.md#built-in-kubernetes-compensation)."""
+    for state in states:
+        obj = _present(state)
+        if obj is None:
+            continue
+        meta = obj.get("metadata") or {}
+        named = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "namespace": meta.get("namespace"),
+                 "name": meta.get("name")}
+        if named != dict(ref):
+            raise ValueError(f"a recorded state names {named}, not the step's object {dict(ref)}")
 
 
 def differences(expected: Mapping[str, Any], live: Mapping[str, Any], limit: int = DEFAULT_LIMIT) -> list[str]:
@@ -335,7 +364,8 @@ def classify(verb: str, prior: Mapping[str, Any] | None, post: Mapping[str, Any]
 
     Any write to a Secret: ``kube.secret``; the delete of a PersistentVolumeClaim:
     ``kube.delete-volume-claim``; the delete of a Pod with an ownerReference ``controller: true``:
-    ``kube.delete-owned-pod`` (all irreversible); else ``kube.<verb>``. Kinds match in any API group, so a
+    ``kube.delete-owned-pod``; the delete of any other Pod or of a Job: ``kube.delete-run`` (created again
+    it would run again); all irreversible; else ``kube.<verb>``. Kinds match in any API group, so a
     doubt makes the call irreversible. Raises ``ValueError`` for another verb
     (docs/concepts.md#built-in-kubernetes-compensation).
     """
@@ -350,6 +380,8 @@ def classify(verb: str, prior: Mapping[str, Any] | None, post: Mapping[str, Any]
             return DELETE_VOLUME_CLAIM
         if any(obj.get("kind") == "Pod" and _has_controller(obj) for obj in objects):
             return DELETE_OWNED_POD
+        if "Pod" in kinds or "Job" in kinds:
+            return DELETE_RUN
     return f"kube.{verb}"
 
 

@@ -136,6 +136,7 @@ class _CreatedMeanwhile(Exception):
 
 def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None) -> str:
     ref = args["ref"]
+    kube.check_states(ref, args.get("prior") or {}, args.get("post") or {})
     try:
         live = objects.get(ref)
     except ApiException as err:
