@@ -213,3 +213,24 @@ def test_a_forged_step_never_makes_the_runner_write_what_its_agent_could_not(kub
     (failed,) = req["status"]["report"]["failed"]
     assert "the run's principal weak-agent may not update ConfigMap" in failed["error"], failed
     assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
+
+
+def test_a_change_then_a_delete_of_one_object_and_a_create_then_a_delete_are_undone_to_before_the_run(kube_ns):
+    """Newest first: the delete's undo creates the object again (another uid), and the change's
+    undo then restores that object, since this rollback created it; the created-then-deleted
+    object is created again and deleted again: the cluster ends as before the run."""
+    rv, ns = kube_ns, kube_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
+    rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
+    settings = _ref(_configmap(ns, "settings", ""))
+    rec.kube.patch(settings, {"data": {"color": "green"}})
+    rec.kube.delete(settings)
+    rec.kube.create(_configmap(ns, "extra", "red"))
+    rec.kube.delete(_ref(_configmap(ns, "extra", "")))
+    rv.request("undo", "agent")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=180)
+    assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
+    live = core.read_namespaced_config_map("settings", ns)
+    assert live.data == {"color": "blue"} and kube.RESTORED_BY not in (live.metadata.annotations or {})
+    assert _gone(core.read_namespaced_config_map, "extra", ns)

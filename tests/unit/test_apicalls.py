@@ -126,6 +126,11 @@ def test_a_policys_own_refusal_is_a_verdict_not_a_kind_not_served_yet() -> None:
     assert calls.not_yet_served(api_error(403, message=NOT_CONFIGURED))
     assert calls.not_yet_served(api_error(422, message=NOT_CONFIGURED))  # as a 422 too
     assert not calls.not_yet_served(api_error(404, message=NOT_CONFIGURED))
+    # a binding whose param kind's informer has not synced yet (a control plane that just started)
+    assert calls.not_yet_served(api_error(422, message=(
+        "ValidatingAdmissionPolicy 'reversi.dev-runstep-clusterhalts' with binding 'reversi.dev-runstep-clusterhalts' "
+        "denied request: failed to configure binding: paramKind kind `&ParamKind{APIVersion:reversi.dev/v1alpha1,"
+        "Kind:ClusterHalt,}` not yet synced to use for admission")))
 
 
 def test_every_call_carries_the_request_timeout() -> None:

@@ -765,3 +765,22 @@ def test_a_state_of_another_object_than_the_steps_is_refused():
     other["metadata"]["name"] = "someone-elses"
     with pytest.raises(ValueError, match="not the step's object"):
         kube.check_states(ref, kube.user_state(other))
+
+
+def test_an_object_a_rollback_created_again_is_its_own_for_the_steps_before():
+    """A change, then the delete of the same object: the delete's undo creates the object again
+    (a new uid, annotated with the run); the change's undo then restores it, never refuses it as
+    someone else's, and a state never holds the annotation."""
+    before, changed = deployment(2), deployment(5)
+    created = kube.decide_restore(kube.user_state(changed), kube.ABSENT, None, forced=False, run="shop/r")
+    assert created.action == "create"
+    assert created.body["metadata"]["annotations"][kube.RESTORED_BY] == "shop/r"
+    live = copy.deepcopy(created.body)
+    live["metadata"].update(uid="u-new", resourceVersion="77")
+    assert kube.user_state(live) == kube.user_state(changed)  # the annotation is in no state
+    decision = kube.decide_restore(kube.user_state(before), kube.user_state(changed), live, forced=False,
+                                   uid="u-1", run="shop/r")
+    assert decision.action == "replace" and kube.RESTORED_BY not in (decision.body["metadata"].get("annotations") or {})
+    other_run = kube.decide_restore(kube.user_state(before), kube.user_state(changed), live, forced=False,
+                                    uid="u-1", run="shop/other")
+    assert other_run.action == "refuse"

@@ -155,6 +155,7 @@ def admission_unreachable(err: BaseException) -> bool:
 #: every 30 s), or the CRD's own kind not yet served. Either refuses the write before it is
 #: stored; a moment later the same write is judged by the policies' rules
 NOT_YET_SERVED = ("failed to configure policy: failed to find resource referenced by paramKind",
+                  "not yet synced to use for admission",  # the binding's param informer has not synced yet
                   "There can be a delay between when CustomResourceDefinitions are created and when they are available")
 
 

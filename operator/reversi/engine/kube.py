@@ -123,6 +123,11 @@ ACTIONS = (NONE, REFUSE, DELETE_ACTION, CREATE_ACTION, REPLACE, WAIT)
 ABSENT: dict[str, Any] = {"absent": True}
 """The absent state (shared: copy it before changing it; :func:`user_state` returns a fresh one)."""
 
+#: the annotation ``kube.restore`` puts on an object it creates again: the run whose rollback did it
+#: (``namespace/name``). Never part of a state; it lets a later step of the same rollback recognise the
+#: object as the one it restored, not one someone else created since
+RESTORED_BY = "reversi.dev/restored-by"
+
 SERVER_SET_ANNOTATIONS = frozenset({
     "deployment.kubernetes.io/revision",
     "deployment.kubernetes.io/desired-replicas",
@@ -322,16 +327,18 @@ def _terminating(state: Mapping[str, Any]) -> bool:
 
 def decide_restore(
     prior: Mapping[str, Any], post: Mapping[str, Any], live: Mapping[str, Any] | None, forced: bool,
-    uid: str = "",
+    uid: str = "", run: str = "",
 ) -> Restore:
     """What ``kube.restore`` does to put the ``prior`` state back, given the state the write left (``post``)
     and the ``live`` object (``None`` when it does not exist).
 
     In this order: live being deleted: ``wait``; live equals prior: ``none`` (even when forced); not
     ``forced`` and the live object is another one than the call left (its uid is not ``uid``, the recorded
-    post state's; empty: not checked): ``refuse``; live differs from post and not ``forced``: ``refuse`` with
+    post state's; empty: not checked), unless an earlier step of the same rollback created it again
+    (annotation :data:`RESTORED_BY` is ``run``): ``refuse``; live differs from post and not ``forced``: ``refuse`` with
     ``differences(post, user_state(live))``; prior absent: ``delete`` with the live uid and resourceVersion as
-    preconditions; live absent: ``create`` with the prior projection as body; else ``replace`` with the prior
+    preconditions; live absent: ``create`` with the prior projection as body (annotated :data:`RESTORED_BY` ``run`` when
+    given); else ``replace`` with the prior
     projection, the live ``metadata.resourceVersion``, the live server-set annotations and the live values of
     the kind's server-set paths. Raises ``ValueError`` for a malformed state
     (docs/concepts.md#built-in-kubernetes-compensation).
@@ -345,7 +352,9 @@ def decide_restore(
         return Restore(NONE)
     live_meta = _metadata_of(live) if live is not None else {}
     live_uid = live_meta.get("uid") if isinstance(live_meta.get("uid"), str) else None
-    if not forced and uid and live is not None and _present(post) is not None and live_uid != uid:
+    restored_here = bool(run) and (live_meta.get("annotations") or {}).get(RESTORED_BY) == run
+    if not forced and uid and live is not None and _present(post) is not None and live_uid != uid \
+            and not restored_here:
         return Restore(REFUSE, differences=(f"metadata.uid: recorded {uid}, live {live_uid} (deleted and created "
                                             "again since)",))
     if not forced and not matches(post, now):
@@ -354,7 +363,9 @@ def decide_restore(
         version = live_meta.get("resourceVersion")
         return Restore(DELETE_ACTION, uid=live_uid, resource_version=version if isinstance(version, str) else None)
     if live is None:
-        return Restore(CREATE_ACTION, body=recorded)
+        body = recorded if not run else {**recorded, "metadata": {**recorded.get("metadata", {}), "annotations": {
+            **(recorded.get("metadata", {}).get("annotations") or {}), RESTORED_BY: run}}}
+        return Restore(CREATE_ACTION, body=body)
     return Restore(REPLACE, body=_replacement(recorded, live))
 
 
@@ -525,7 +536,7 @@ def _projection(obj: Mapping[str, Any]) -> dict[str, Any]:
     for key in _METADATA_KEPT:
         value = _metadata_of(obj).get(key)
         if key == "annotations" and isinstance(value, Mapping):
-            value = {k: v for k, v in value.items() if k not in SERVER_SET_ANNOTATIONS}
+            value = {k: v for k, v in value.items() if k not in SERVER_SET_ANNOTATIONS and k != RESTORED_BY}
         if value is None or (isinstance(value, (Mapping, list, tuple)) and not value):
             continue
         metadata[key] = _plain(value)

@@ -117,24 +117,28 @@ def groups_of(user: str) -> list[str]:
     return ["system:authenticated"]
 
 
-def restore(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None) -> str:
+def restore(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None,
+            run: str = "") -> str:
     """Undo one recorded write (module docstring); returns what was done. Raises :class:`Refused`.
     With ``principal``, a write the run's principal itself may not make is refused (a
     LocalSubjectAccessReview): the states come from the agent's own record, so the runner, whose
     rights may be wider, never writes for it what it could not. A create that finds the object
     there already (its own earlier attempt landed, or someone created it since) reads and decides
-    once more."""
+    once more. ``run`` (``namespace/name``) marks an object created again
+    (:data:`reversi.engine.kube.RESTORED_BY`), so that a later step of the same rollback on the same
+    object (a change, then its delete) knows it for the one it restored."""
     try:
-        return _restore_once(objects, args, forced, principal)
+        return _restore_once(objects, args, forced, principal, run)
     except _CreatedMeanwhile:
-        return _restore_once(objects, args, forced, principal)
+        return _restore_once(objects, args, forced, principal, run)
 
 
 class _CreatedMeanwhile(Exception):
     """A create answered 409: the object exists now."""
 
 
-def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None) -> str:
+def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool, principal: Principal | None = None,
+                  run: str = "") -> str:
     ref = args["ref"]
     kube.check_states(ref, args.get("prior") or {}, args.get("post") or {})
     try:
@@ -142,7 +146,7 @@ def _restore_once(objects: Objects, args: Mapping[str, Any], forced: bool, princ
     except ApiException as err:
         raise _denied(err, "get", ref) from None
     decision = kube.decide_restore(args.get("prior") or {}, args.get("post") or {}, live, forced,
-                                   uid=str(args.get("uid") or ""))
+                                   uid=str(args.get("uid") or ""), run=run)
     what = f"{ref['kind']} {ref['namespace']}/{ref['name']}"
     verb = {"delete": "delete", "create": "create", "replace": "update"}.get(decision.action, "")
     # a change of content is the principal's to make with update or with patch
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(read(objects, args)))
         else:
             principal = principal_of(objects, str(call.get("run_id") or ""))
-            print(restore(objects, args, bool(call.get("forced")), principal))
+            print(restore(objects, args, bool(call.get("forced")), principal, str(call.get("run_id") or "")))
     except (CallError, ValueError, config.ConfigException) as err:
         return fail(2, str(err), env)
     except (Refused, UnknownKind) as err:
