@@ -114,3 +114,9 @@ def test_a_malformed_call_exits_2_with_what_is_wrong(tmp_path, call, message):
             mp.setenv(key, value)
         assert kube_runner.main([]) == 2
     assert message in log.read_text()
+
+
+def test_the_principals_groups_are_those_the_api_server_gives_every_such_user():
+    assert kube_runner.groups_of("system:serviceaccount:shop:agent") == [
+        "system:serviceaccounts", "system:serviceaccounts:shop", "system:authenticated"]
+    assert kube_runner.groups_of("alice") == ["system:authenticated"]

@@ -1,6 +1,8 @@
 """Every call Reversi makes to the Kubernetes API goes through here: one timeout, one paging
 loop, one meaning of a conflict, one retry policy.
 
+:func:`api_client` makes the client: in-cluster in a pod, else from a kubeconfig.
+
 Used by the operator (:class:`~reversi.adapters.kube.Kube`, the webhooks, the metrics), the
 journal (:mod:`~reversi.adapters.journal`), ``kubectl reversi`` (:mod:`reversi.cli.api`), the
 SDK (:mod:`reversi.sdk`) and the gateway. It imports only the official kubernetes client,
@@ -56,13 +58,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import tenacity
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3 import exceptions as http
 
@@ -286,6 +289,24 @@ def call(method: Callable[..., T], *args: Any, repeat: Repeat = "always", timeou
     kwargs.setdefault("_request_timeout", timeout)
     name = getattr(method, "__name__", "")
     return policy.retrying(repeat, name)(method, *args, **kwargs)
+
+
+def api_client(kubeconfig: str | None = None, connections: int | None = None) -> client.ApiClient:
+    """An API client: in-cluster when in a pod, else from ``kubeconfig`` / ``$KUBECONFIG``.
+
+    ``connections``: how many connections to the API server it keeps open for reuse (the
+    client's default is 5 per core; a process whose threads make more requests at once than that
+    would open a new TLS connection for each extra one and drop it after the answer)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"):
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    if connections:
+        configuration.connection_pool_maxsize = connections
+    return client.ApiClient(configuration)
 
 
 # ------------------------------------------------------------------------------ paging

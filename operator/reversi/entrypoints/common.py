@@ -16,6 +16,7 @@ import kopf
 from kubernetes import client, config
 
 from .. import certs
+from ..adapters.apicalls import api_client as api_client  # the entry points call it as common.api_client
 from ..settings import OperatorSettings
 from .webhookserver import WEBHOOK_MAX_BODY, Deadlines, WebhookServer
 
@@ -36,24 +37,6 @@ def limit_malloc_arenas(arenas: int) -> bool:
         return False
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     return bool(mallopt is not None and mallopt(M_ARENA_MAX, arenas) == 1)
-
-
-def api_client(kubeconfig: str | None = None, connections: int | None = None) -> client.ApiClient:
-    """An API client: in-cluster when in a pod, else from ``kubeconfig`` / ``$KUBECONFIG``.
-
-    ``connections``: how many connections to the API server it keeps open for reuse (the
-    client's default is 5 per core; a process whose threads make more requests at once than that
-    would open a new TLS connection for each extra one and drop it after the answer)."""
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(
-            "/var/run/secrets/kubernetes.io/serviceaccount/token"):
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    if connections:
-        configuration.connection_pool_maxsize = connections
-    return client.ApiClient(configuration)
 
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 
 from ..adapters import apicalls
@@ -49,14 +49,6 @@ FIELD_MANAGER = "reversi-kube-runner"
 
 class Refused(Exception):
     """The undo or the read was refused: changed since, a missing right, a lost race (exit 1)."""
-
-
-def _api() -> client.ApiClient:
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-    else:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def _arguments(call: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -199,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         call = load_call(env)
         tool, args = _arguments(call)
-        objects = Objects(_api(), FIELD_MANAGER)
+        objects = Objects(apicalls.api_client(), FIELD_MANAGER)
         if tool == MATCHES:
             print(json.dumps(read(objects, args)))
         else:
