@@ -285,11 +285,14 @@ def policies_template() -> str:
     rendered when ``webhook.enabled`` (a chart test holds them equal to the local control plane's)."""
     from .adapters import policies
 
-    mark = "FULLNAME-PLACEHOLDER"
+    mark, recorder = "FULLNAME-PLACEHOLDER", "RECORDER-PLACEHOLDER"
     docs = []
-    for body in policies.recording_policies(mark):
+    for body in policies.recording_policies(mark, recorder):
         text = yaml.safe_dump(body, sort_keys=False, width=10_000)
         assert "{{" not in text, "a policy's CEL would be read as a Helm action"
+        # the recorder is the admission server's ServiceAccount (docs/concepts.md#recording-with-no-agent-code)
+        text = text.replace(recorder, "system:serviceaccount:{{ .Release.Namespace }}:"
+                                      "{{ include \"reversi.admissionServiceAccountName\" . }}")
         text = text.replace(f"  name: {mark}", "  name: {{ $fullname }}", 1).replace(
             "metadata:\n", "metadata:\n  labels:\n    {{- include \"reversi.labels\" . | nindent 4 }}\n", 1)
         docs.append(text.replace(f"policyName: {mark}", "policyName: {{ $fullname }}"))

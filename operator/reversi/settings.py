@@ -55,6 +55,11 @@ class OperatorSettings(BaseSettings):
     webhook_host: str = Field("0.0.0.0", description="Address the webhook server listens on.")
     webhook_cert: str | None = Field(None, description="PEM serving certificate of the webhook server.")
     webhook_key: str | None = Field(None, description="PEM private key of the webhook server.")
+    record_webhook: str = Field(
+        "reversi.dev-record", min_length=1, max_length=253,
+        description="Name of the recording webhook's ValidatingWebhookConfiguration, whose match condition the "
+                    "operator keeps naming the users open Runs record (docs/concepts.md#recording-with-no-agent-code; "
+                    "the chart's: <release>-record).")
     webhook_configure: bool = Field(
         False, description="Let the operator make its own certificate (unless webhook_cert is set) and "
         "webhook configurations pointing at webhook_url_host (local control plane, development).")

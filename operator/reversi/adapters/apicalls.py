@@ -481,3 +481,11 @@ def delete(custom: client.CustomObjectsApi, plural: str, name: str, namespace: s
             return tries > 1
         raise
     return True
+
+
+def whoami(api: client.ApiClient) -> str:
+    """The user name the API server authenticates ``api``'s requests as (a SelfSubjectReview: needs no
+    right). Raises ``ApiException``."""
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    answer = call(client.AuthenticationV1Api(api).create_self_subject_review, review)
+    return str(answer.status.user_info.username)

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -62,13 +62,17 @@ class Objects:
                 # discovery: its requests carry the timeout (the class above), the policy retries them
                 self._dynamic = apicalls.call(lambda **_: _TimedDynamicClient(self.api))
         try:
-            resource = self._dynamic.resources.get(api_version=ref["apiVersion"], kind=ref["kind"])
+            if "kind" not in ref and "resource" in ref:  # named by its resource (a subresource's parent)
+                resource = self._dynamic.resources.get(api_version=ref["apiVersion"], name=ref["resource"])
+            else:
+                resource = self._dynamic.resources.get(api_version=ref["apiVersion"], kind=ref["kind"])
         except ResourceNotFoundError as err:
-            raise UnknownKind(f"the API server serves no {ref['kind']} in {ref['apiVersion']}: check the apiVersion "
+            raise UnknownKind(f"the API server serves no {ref.get('kind') or ref.get('resource')} in "
+                              f"{ref['apiVersion']}: check the apiVersion "
                               "and kind (a custom resource needs its CRD installed)") from err
         if not resource.namespaced:
-            raise UnknownKind(f"{ref['kind']} is cluster-scoped: the built-in Kubernetes family records namespaced "
-                              "objects only")
+            raise UnknownKind(f"{ref.get('kind') or ref.get('resource')} is cluster-scoped: the built-in "
+                              "Kubernetes family records namespaced objects only")
         return resource
 
     def allowed(self, user: str, groups: list[str], verb: str, ref: Mapping[str, Any]) -> bool:
@@ -96,6 +100,23 @@ class Objects:
                 return None
             raise
         return obj.to_dict()
+
+    def first_change(self, ref: Mapping[str, Any], resource_version: str, seconds: int) -> tuple[dict | None, bool]:
+        """The first version of the object ``ref`` stored after ``resource_version``, waited for up to
+        ``seconds`` (one WATCH from that version, narrowed to the name): ``(object, deleted)``, ``deleted``
+        when that version is its deletion; ``(None, False)`` when none came. Raises ``ApiException`` (410
+        when that version is no longer in the API server's window)."""
+        resource = self._resource(ref)
+        watcher = watch.Watch()
+        try:
+            for event in resource.watch(namespace=ref["namespace"], field_selector=f"metadata.name={ref['name']}",
+                                        resource_version=resource_version, timeout=max(1, seconds),
+                                        watcher=watcher):
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                    return dict(event.get("raw_object") or {}), event["type"] == "DELETED"
+        finally:
+            watcher.stop()
+        return None, False
 
     def create(self, body: Mapping[str, Any], *, repeat: apicalls.Repeat = "unsent") -> dict:
         """Create ``body`` in its namespace; returns the stored object."""

@@ -45,7 +45,7 @@ ARGS_CEILING_BYTES = 2 * MAX_CALL_BYTES
 _REGEX_SPECIALS = ".+()|[]{}^$"
 
 
-def _cel_string(text: str) -> str:
+def cel_string(text: str) -> str:
     """``text`` as a CEL string literal (single quotes; backslash and quote escaped)."""
     quoted = text.replace("\\", "\\\\").replace("'", "\\'")
     return "'" + "".join(f"\\u{ord(c):04x}" if ord(c) < 32 else c for c in quoted) + "'"
@@ -73,7 +73,7 @@ def glob_regex(expr: str) -> str:
     with the semantics of docs/concepts.md#glob-semantics-of-halt-scopes: the whole value,
     ``*`` any run of characters, ``?`` one character, ``\\`` makes the next one literal,
     everything else literal (:data:`GLOB_STEPS`)."""
-    out = expr + "".join(f".replace({_cel_string(old)}, {_cel_string(new)})" for old, new in GLOB_STEPS)
+    out = expr + "".join(f".replace({cel_string(old)}, {cel_string(new)})" for old, new in GLOB_STEPS)
     return f"'^(?s:' + {out} + ')$'"
 
 
@@ -145,11 +145,14 @@ def _runstep_creates() -> dict[str, Any]:
                                "resources": ["runsteps"]}]}
 
 
-def record_policy(name: str) -> dict[str, Any]:
+def record_policy(name: str, recorder: str | None = None) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy of a recorded call's own shape: the name ``<run>-<index in
     five digits>``, the caller is the Run's principal as the step's copy of the Run says (rule 10;
-    the operator checks the copy against the Run), no resolution, ``args`` within
+    the operator checks the copy against the Run) or ``recorder``, the admission server's own user,
+    which records the writes of the user a Run's ``spec.record`` names
+    (docs/concepts.md#recording-with-no-agent-code), no resolution, ``args`` within
     :data:`ARGS_CEILING_BYTES` as CEL measures them, a Run name that can label its steps."""
+    by_recorder = f" || request.userInfo.username == {cel_string(recorder)}" if recorder else ""
     index = "string(object.spec.index)"
     expected = f"object.spec.runRef.name + '-' + ('0000' + {index}).substring(size({index}) - 1)"
     run = "'Run ' + object.metadata.namespace + '/' + object.spec.runRef.name"
@@ -168,7 +171,7 @@ def record_policy(name: str) -> dict[str, Any]:
                  "messageExpression": f"{run} + ' has a name longer than {MAX_RUN_NAME} characters, which cannot "
                                       "label its steps: record into a Run with a shorter name'"},
                 {"expression": "!has(object.spec.runAtOpen.principal) || "
-                               "object.spec.runAtOpen.principal == request.userInfo.username",
+                               "object.spec.runAtOpen.principal == request.userInfo.username" + by_recorder,
                  "reason": "Forbidden",
                  "messageExpression": f"{run} + ' belongs to another principal (' + object.spec.runAtOpen.principal + "
                                       "'); ' + request.userInfo.username + ' may not add or change its steps: open a "
@@ -250,15 +253,16 @@ def binding(kind: str, name: str, param: dict[str, Any] | None = None) -> dict[s
     return {"apiVersion": ADM, "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
-def recording_policies(prefix: str) -> list[dict[str, Any]]:
+def recording_policies(prefix: str, recorder: str | None = None) -> list[dict[str, Any]]:
     """Every policy of the recorded call and its binding, named ``<prefix>-runstep-...``, in the
-    order to apply them (each policy before its binding)."""
+    order to apply them (each policy before its binding); ``recorder``: the admission server's user
+    (:func:`record_policy`)."""
     vapb = "ValidatingAdmissionPolicyBinding"
     out: list[dict[str, Any]] = []
     stamp = f"{prefix}-runstep-stamp"
     out += [stamp_policy(stamp), binding("MutatingAdmissionPolicyBinding", stamp)]
     record = f"{prefix}-runstep-record"
-    out += [record_policy(record), binding(vapb, record)]
+    out += [record_policy(record, recorder), binding(vapb, record)]
     for kind, suffix in (("Halt", "halts"), ("ClusterHalt", "clusterhalts")):
         policy = f"{prefix}-runstep-{suffix}"
         out += [halt_policy(kind, policy), binding(vapb, policy, {"selector": {}})]

@@ -21,6 +21,8 @@ The recording hot path (docs/operations.md#admission-where-each-rule-is-enforced
 from __future__ import annotations
 
 import base64
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +124,80 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
+#: The recording webhook (docs/concepts.md#recording-with-no-agent-code): the writes of the users that
+#: open Runs record, to namespaced objects of any kind (and ``kubectl scale``), in a configuration of its
+#: own (:func:`record_configuration`) whose match condition the operator keeps (:func:`recorded_users`).
+RECORD_HOOK = Hook("validating", "record", ("*", "*/scale"), ("CREATE", "UPDATE", "DELETE"), "NoneOnDryRun")
+#: the recording webhook configuration's name on the local control plane (the chart's: ``<release>-record``)
+RECORD_NAME = f"{NAME}-record"
+#: the users one recording configuration names at most (open Runs that record, counted by user)
+MAX_RECORDED_USERS = 256
+#: the name of the recording webhook's one match condition (the operator replaces it)
+RECORDED_USERS = "recorded-users"
+#: API groups and core resources whose writes are never sent to the recording webhook
+_UNRECORDED = ("!(request.resource.group in ['reversi.dev', 'events.k8s.io', 'coordination.k8s.io', "
+               "'authorization.k8s.io', 'authentication.k8s.io']) && "
+               "!(request.resource.group == '' && request.resource.resource in ['events', 'bindings'])")
+
+
+def recorded_users(recorders: Mapping[str, Sequence[str]]) -> str:
+    """CEL: the write is one of ``recorders``' (user -> namespaces, :func:`reversi.engine.kube_review.recorders`)
+    in one of its namespaces, and of a kind that is recorded; ``false`` when none records. Raises
+    ``ValueError`` past :data:`MAX_RECORDED_USERS` users."""
+    if not recorders:
+        return "false"
+    if len(recorders) > MAX_RECORDED_USERS:
+        raise ValueError(f"{len(recorders)} users are recorded at once, more than the limit of {MAX_RECORDED_USERS}")
+    table = "{" + ", ".join(f"{policies.cel_string(user)}: [{', '.join(map(policies.cel_string, spaces))}]"
+                            for user, spaces in sorted(recorders.items())) + "}"
+    return (f"request.userInfo.username in {table} && request.namespace in {table}[request.userInfo.username] && "
+            f"{_UNRECORDED}")
+
+
+def record_configuration(client_config: Any, recorders: Mapping[str, Sequence[str]], *,
+                         name: str = RECORD_NAME, timeout_seconds: int = 10) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration of the recording webhook (a dict): every namespaced kind, create,
+    update (and ``scale``) and delete, ``failurePolicy: Fail`` (a recorded user's write is refused while no
+    replica answers, never let through unrecorded), called only for the writes :func:`recorded_users` names.
+    ``client_config(hook)`` gives its ``clientConfig``."""
+    webhook = {
+        "name": RECORD_HOOK.webhook_name, "admissionReviewVersions": ["v1"], "sideEffects": RECORD_HOOK.side_effects,
+        "failurePolicy": "Fail", "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
+        "clientConfig": client_config(RECORD_HOOK),
+        "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": list(RECORD_HOOK.operations),
+                   "resources": list(RECORD_HOOK.resources), "scope": "Namespaced"}],
+        "matchConditions": [{"name": RECORDED_USERS, "expression": recorded_users(recorders)}],
+    }
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name}, "webhooks": [webhook]}
+
+
+def recorded_now(api: client.ApiClient, name: str) -> str | None:
+    """The recording configuration ``name``'s match condition as it stands, or ``None`` when there is no such
+    configuration (the chart's ``webhook.enabled`` off, or not installed yet). Raises ``ApiException``."""
+    adm = client.AdmissionregistrationV1Api(api)
+    try:
+        body = calls.call(adm.read_validating_webhook_configuration, name, _preload_content=False)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    hooks = json.loads(body.data).get("webhooks") or []
+    for condition in (hooks[0].get("matchConditions") or []) if hooks else []:
+        if condition.get("name") == RECORDED_USERS:
+            return str(condition.get("expression"))
+    return ""
+
+
+def set_recorded(api: client.ApiClient, name: str, recorders: Mapping[str, Sequence[str]]) -> None:
+    """Make the recording configuration ``name`` call its webhook for ``recorders``' writes only: one JSON
+    patch of its match conditions. Raises ``ApiException`` (404: no such configuration)."""
+    adm = client.AdmissionregistrationV1Api(api)
+    patch = [{"op": "replace", "path": "/webhooks/0/matchConditions",
+              "value": [{"name": RECORDED_USERS, "expression": recorded_users(recorders)}]}]
+    calls.call(adm.patch_validating_webhook_configuration, name, patch, _content_type=calls.JSON_PATCH)
+
+
 def configuration(kind: str, client_config: Any, *, failure_policy: str = "Fail", timeout_seconds: int = 10,
                   name: str = NAME) -> dict[str, Any]:
     """The Mutating- or ValidatingWebhookConfiguration (a dict) of the :data:`HOOKS` of ``kind``.
@@ -217,7 +293,7 @@ def _apply(create: Any, replace: Any, read: Any, body: dict[str, Any]) -> None:
 
 
 def register(api: client.ApiClient, client_config: Any, *, failure_policy: str = "Fail",
-             timeout_seconds: int = 10) -> None:
+             timeout_seconds: int = 10, recorder: str | None = None) -> None:
     """Create or replace the webhook configurations of :data:`HOOKS` and the outcome policy with its
     binding (local control plane; the chart renders the same objects). Raises ``ApiException``."""
     adm = client.AdmissionregistrationV1Api(api)
@@ -228,7 +304,13 @@ def register(api: client.ApiClient, client_config: Any, *, failure_policy: str =
            adm.read_validating_webhook_configuration,
            configuration("validating", client_config, failure_policy=failure_policy,
                          timeout_seconds=timeout_seconds))
-    register_policies(api)
+    record = record_configuration(client_config, {}, timeout_seconds=timeout_seconds)
+    current = recorded_now(api, RECORD_NAME)
+    if current:  # kept: the operator names the recorded users in it
+        record["webhooks"][0]["matchConditions"] = [{"name": RECORDED_USERS, "expression": current}]
+    _apply(adm.create_validating_webhook_configuration, adm.replace_validating_webhook_configuration,
+           adm.read_validating_webhook_configuration, record)
+    register_policies(api, recorder)
 
 
 def _verbs(adm: client.AdmissionregistrationV1Api, kind: str) -> tuple[Any, Any, Any]:
@@ -238,12 +320,12 @@ def _verbs(adm: client.AdmissionregistrationV1Api, kind: str) -> tuple[Any, Any,
     return (getattr(adm, f"create_{snake}"), getattr(adm, f"replace_{snake}"), getattr(adm, f"read_{snake}"))
 
 
-def register_policies(api: client.ApiClient) -> None:
+def register_policies(api: client.ApiClient, recorder: str | None = None) -> None:
     """Create or replace the outcome policy, the recorded call's policies
-    (:func:`reversi.adapters.policies.recording_policies`) and their bindings. Raises
-    ``ApiException``."""
+    (:func:`reversi.adapters.policies.recording_policies`, ``recorder`` the admission server's user)
+    and their bindings. Raises ``ApiException``."""
     adm = client.AdmissionregistrationV1Api(api)
-    for body in (outcome_policy(), outcome_binding(), *policies.recording_policies(NAME)):
+    for body in (outcome_policy(), outcome_binding(), *policies.recording_policies(NAME, recorder)):
         _apply(*_verbs(adm, body["kind"]), body)
 
 
@@ -257,7 +339,8 @@ def unregister(api: client.ApiClient, name: str = NAME) -> None:
     configure policy": it resolves the halts policies' CRD param kinds again through a discovery
     it refreshes every 30 s)."""
     adm = client.AdmissionregistrationV1Api(api)
-    named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name)]
+    named = [(adm.delete_validating_webhook_configuration, name), (adm.delete_mutating_webhook_configuration, name),
+             (adm.delete_validating_webhook_configuration, f"{name}-record")]
     for delete, obj in named:
         try:
             delete(obj)

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import acknowledgement
+from . import acknowledgement, kube_review
 from . import standing as sd
 
 # --------------------------------------------------------------------------------- reasons
@@ -178,6 +178,9 @@ class RunFacts:
     #: the undos that stand on the Run (``status.standing``) as ``((tool, state), steps)`` pairs, for
     #: the gauges of what stands (docs/concepts.md#what-stands); empty when none stands
     standing: tuple[tuple[tuple[str, str], int], ...] = ()
+    #: whose writes the Run records while it is open, as ``(user, namespaces)``
+    #: (:func:`reversi.engine.kube_review.recorded_by`); None when it records none, or is closed
+    recording: tuple[str, tuple[str, ...]] | None = None
 
 
 def facts_of(run: Mapping[str, Any]) -> RunFacts:
@@ -193,7 +196,8 @@ def facts_of(run: Mapping[str, Any]) -> RunFacts:
         parent=parent if isinstance(parent, str) and parent else None,
         retention=dict(retention) if isinstance(retention, Mapping) else None,
         active_request=status.get("activeRequest") or None, residue=residue_standing(run),
-        activity=run_activity(run), standing=tuple(sorted(sd.by_tool(status.get("standing")).items())))
+        activity=run_activity(run), standing=tuple(sorted(sd.by_tool(status.get("standing")).items())),
+        recording=kube_review.recorded_by(run))
 
 
 @dataclass(frozen=True, slots=True)

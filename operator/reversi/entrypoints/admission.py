@@ -31,8 +31,10 @@ from ..adapters import webhooks
 from ..adapters.kube import Kube
 from ..handlers import admission as _admission  # noqa: F401 - registers the webhooks and the manifest index
 from ..handlers import runtime
+from .. import recorder
 from ..metrics import AdmissionMetrics
 from . import common
+from .webhookserver import WebhookServer
 
 log = logging.getLogger("reversi.admission")
 
@@ -79,7 +81,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # chart's templates would (a write arriving before the server listens is refused as
         # "failed calling webhook", which the SDK tries again)
         url = f"https://{ours.webhook_url_host}:{ours.webhook_port}"
-        webhooks.register(kube.api, webhooks.url_client_config(url, Path(made_ca).read_bytes()))
+        webhooks.register(kube.api, webhooks.url_client_config(url, Path(made_ca).read_bytes()),
+                          recorder=calls.whoami(kube.api))
+    # the recording webhook (docs/concepts.md#recording-with-no-agent-code): served by the project's own code
+    runs = recorder.runs_informer(kube.api, list(ours.namespaces or []), ours.api_timeout_seconds)
+    runs.start()
+    writes = recorder.WriteRecorder(kube.api, runs)
+    assert isinstance(settings.admission.server, WebhookServer)
+    settings.admission.server.routes[webhooks.RECORD_HOOK.path.lstrip("/")] = writes.review
+    memo[RECORDING_KEY] = (runs, writes)
     if ours.metrics_port:
         metrics.serve(ours.metrics_port)
     memo[runtime.MEMO_KEY] = runtime.build_admission(ours, kube, metrics)  # every webhook's memo.parts
@@ -87,6 +97,20 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     while missing := calls.wait_until_served(kube.custom, 30, WATCHED):
         log.warning("the API server does not serve %s yet; kopf resolves the kinds it watches once, at its start: "
                     "waiting (are Reversi's CRDs installed?)", ", ".join(missing))
+
+
+#: the memo key of the recording webhook's informer and recorder (stopped at cleanup)
+RECORDING_KEY = "reversi_recording"
+
+
+@kopf.on.cleanup()
+def stop_recording(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the recording webhook's informer and its settling threads."""
+    held = memo.get(RECORDING_KEY)
+    if held is not None:
+        runs, writes = held
+        runs.stop()
+        writes.close()
 
 
 #: what the admission server watches (kopf's index of ToolManifests), for :func:`calls.wait_until_served`

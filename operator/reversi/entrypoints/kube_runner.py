@@ -85,7 +85,9 @@ class Principal:
 
 
 def principal_of(objects: Objects, run_id: str) -> Principal:
-    """The principal of the Run ``run_id`` (``namespace/name``, the call's ``run_id``). Raises
+    """The principal of the Run ``run_id`` (``namespace/name``, the call's ``run_id``): the
+    ServiceAccount its ``spec.record`` names, whose writes admission recorded
+    (docs/concepts.md#recording-with-no-agent-code), else its ``spec.principal``. Raises
     :class:`Refused` when the Run cannot be read or names none."""
     namespace, _, name = run_id.partition("/")
     try:
@@ -93,7 +95,12 @@ def principal_of(objects: Objects, run_id: str) -> Principal:
                            "name": name})
     except ApiException as err:
         raise _denied(err, "get", {"kind": "Run", "namespace": namespace, "name": name}) from None
-    user = ((run or {}).get("spec") or {}).get("principal")
+    spec = (run or {}).get("spec") or {}
+    record = spec.get("record")
+    if isinstance(record, dict) and record.get("serviceAccount"):  # its writes were the recorded account's own
+        user = f"system:serviceaccount:{namespace}:{record['serviceAccount']}"
+    else:
+        user = spec.get("principal")
     if not user:
         raise Refused(f"Run {run_id} is gone or names no principal: nothing is restored for an unknown agent")
     return Principal(str(user), groups_of(str(user)))

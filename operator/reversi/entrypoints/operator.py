@@ -39,6 +39,7 @@ from ..handlers import caches
 from ..handlers import runtime
 from ..adapters.archive import Archive
 from ..handlers.archive import Archiver
+from ..handlers.recording import RecordedUsers
 from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
 from ..handlers.runs import RunStatusWriter
@@ -165,6 +166,10 @@ def _start_retention(parts: runtime.Parts) -> None:
             parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
             requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
     parts.retention.start()
+    # the users the recording webhook is called for (docs/concepts.md#recording-with-no-agent-code)
+    parts.recorded_users = RecordedUsers(parts.kube.api, parts.informers["runs"], ours.record_webhook,
+                                         paused=parts.paused)
+    parts.recorded_users.start()
     # Runs are watched here, not by kopf (a kopf worker per Run costs ~10 KB each): the Run status,
     # the incomplete-rollbacks gauge, the requests a Run wakes and moving an inline journal
     parts.informers["runs"].observe(_run_handlers.observer(parts, ThreadPoolExecutor(2, thread_name_prefix="runs")))
@@ -199,6 +204,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
         parts.journals.stop_all()
     if parts.retention is not None:
         parts.retention.stop()
+    if parts.recorded_users is not None:
+        parts.recorded_users.stop()
     caches.stop(parts.informers)
 
 

@@ -118,6 +118,10 @@ class WebhookServer:
         self.file_check_interval = file_check_interval
         self.deadlines = deadlines or Deadlines()
         self.on_drop = on_drop
+        #: webhooks served by a function of the project's own instead of kopf's, by path without its
+        #: slash: ``fn(review) -> answer`` (dicts), called on a worker thread (the recording webhook
+        #: reviews writes of every kind, which kopf serves only for the kinds it watches)
+        self.routes: dict[str, Callable[[dict], dict]] = {}
         self._site: _GuardedSite | None = None
 
     def open_connections(self) -> int:
@@ -197,9 +201,9 @@ class WebhookServer:
             ip = ipaddress.ip_address("::1" if ip.version == 6 else "127.0.0.1")
         return f"https://[{ip}]:{self.port}" if ip.version == 6 else f"https://{ip}:{self.port}"
 
-    @staticmethod
-    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        """One review: kopf's function answers it (see the module docstring)."""
+    async def _serve(self, fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """One review: kopf's function answers it (see the module docstring), or the route of
+        :attr:`routes` for its path."""
         headers = dict(request.headers)
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         webhook = request.match_info.get("id") or None
@@ -212,6 +216,11 @@ class WebhookServer:
         except (ValueError, RecursionError) as err:  # not JSON, or nested too deep
             why = " ".join(str(err).split())[:200]
             raise aiohttp.web.HTTPBadRequest(reason=f"the review is not JSON: {why}") from err
+        own = self.routes.get(webhook or "")
+        if own is not None:
+            if not isinstance(review, dict):
+                raise aiohttp.web.HTTPBadRequest(reason="the review is not a JSON object")
+            return aiohttp.web.json_response(await asyncio.to_thread(own, review))
         try:
             response = await fn(review, webhook=webhook, headers=headers, sslpeer=sslpeer)
         except Exception as err:  # kopf's own errors for a review it cannot serve (module docstring)

@@ -59,9 +59,10 @@ from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
 from ..engine.templates import MissingValue
 from ..engine import nested_runs as tree_rules
+from ..engine import kube as kube_rules
 from ..models.halt import ClusterHaltSpec, HaltSpec
 from ..models.rollbackrequest import RollbackRequestSpec
-from ..models.run import LABEL_PARENT, LABEL_ROOT, RunSpec
+from ..models.run import LABEL_PARENT, LABEL_RECORD, LABEL_ROOT, RunSpec
 from ..models.runstep import (LABEL_FORWARD_KEY, LABEL_RUN, MAX_CALL_BYTES, MAX_RUN_NAME, MAX_RUN_STEPS,
                               RunStepSpec, forward_key_label, step_name)
 from ..models.toolmanifest import ToolManifestSpec, ToolSpec
@@ -194,6 +195,7 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
             step["recordedAt"] = now  # the server's clock, not the client's
         _stamp(s.get("resolutions"), old_res, ("actor", "resolvedAt"), user, now)
         family(raw)
+        _label_recording(raw)
 
     patch.fns.append(_raw(stamp))
 
@@ -330,6 +332,40 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
             new[f] = old[f]
 
 
+def _label_recording(raw: dict) -> None:
+    """Label a Run that records a ServiceAccount's writes (:data:`reversi.models.run.LABEL_RECORD`): the
+    recording webhook watches those Runs only; a client's label on any other Run is dropped."""
+    record = (raw.get("spec") or {}).get("record")
+    meta = raw.setdefault("metadata", {})
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    account = record.get("serviceAccount") if isinstance(record, dict) else None
+    if isinstance(account, str) and account:
+        meta["labels"] = {**labels, LABEL_RECORD: account if len(account) <= 63 else "long"}
+    elif LABEL_RECORD in labels:
+        meta["labels"] = {k: v for k, v in labels.items() if k != LABEL_RECORD}
+
+
+def _check_record(kube: Kube, spec: RunSpec, userinfo: dict, namespace: str, what: str) -> None:
+    """A Run that records a ServiceAccount's writes (docs/concepts.md#recording-with-no-agent-code) is
+    created by that ServiceAccount or by a user who may act as it (create its tokens), and pins a
+    ToolManifest with the built-in kube family; refused otherwise, with what to do."""
+    if spec.record is None:
+        return
+    account = spec.record.service_account
+    if _user(userinfo) != spec.record.username(namespace) and \
+            not _allowed(kube, userinfo, namespace, "", "serviceaccounts", "create", account, subresource="token"):
+        raise kopf.AdmissionError(f"{what}: spec.record names ServiceAccount {namespace}/{account}, whose writes only "
+                                  "that ServiceAccount, or a user who may create its tokens (act as it), may have "
+                                  f"recorded; {_user(userinfo)} may not: create the Run as {account}, or get create "
+                                  "on serviceaccounts/token for it", code=403)
+    pinned = spec.pinned_manifest
+    if pinned is None or pinned.tool(kube_rules.PATCH) is None:
+        raise kopf.AdmissionError(f"{what}: spec.record needs ToolManifest {namespace}/{spec.manifest_ref.name} to "
+                                  "exist with the built-in kube family when the run is opened (its steps are "
+                                  "undone by it): add it with kubectl reversi kube-manifest, then create the Run",
+                                  code=422)
+
+
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
 @untrusted
 def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
@@ -359,6 +395,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
                                   code=422)
     if spec.parent_ref is not None:
         _check_parent(parts.kube, namespace, name, spec.parent_ref.name, what)
+    _check_record(parts.kube, spec, userinfo, namespace, what)
     try:
         build_graph(spec)
     except InvalidRun as err:
@@ -945,13 +982,13 @@ def _may_approve(kube: Kube, userinfo: dict, namespace: str, name: str) -> bool:
 
 
 def _allowed(kube: Kube, userinfo: dict, namespace: str, group: str, resource: str, verb: str,
-             name: str | None) -> bool:
+             name: str | None, subresource: str | None = None) -> bool:
     """Whether the caller may ``verb`` ``resource`` (a SubjectAccessReview with their identity)."""
     info = userinfo or {}
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=info.get("username"), groups=info.get("groups"), uid=info.get("uid"), extra=info.get("extra"),
         resource_attributes=client.V1ResourceAttributes(
-            group=group, resource=resource, verb=verb, namespace=namespace, name=name)))
+            group=group, resource=resource, verb=verb, namespace=namespace, name=name, subresource=subresource)))
     result = calls.call(client.AuthorizationV1Api(kube.api).create_subject_access_review, review,  # changes nothing
                         timeout=kube.timeout)
     return bool(result.status and result.status.allowed)

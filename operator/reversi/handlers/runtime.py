@@ -91,6 +91,8 @@ class Parts:
     informers: dict[str, Any] = field(default_factory=dict)
     #: the retention controller (``reversi.handlers.retention.Retention``; ``reversi-operator`` only)
     retention: Any = None
+    #: the recording webhook's match condition (:class:`reversi.handlers.recording.RecordedUsers`)
+    recorded_users: Any = None
     #: this replica's candidate for the Lease (``reversi.handlers.leader.Leader``; ``reversi-operator``
     #: only: its start-up handler builds it with the parts, before the workers). None: no election
     #: (the admission server, unit tests): the process always acts

@@ -268,6 +268,9 @@ MAX_TREE_RUNS = 64
 #: label of a child Run naming its parent (stamped at admission), and of every run of a tree naming its root
 LABEL_PARENT = "reversi.dev/parent"
 LABEL_ROOT = "reversi.dev/root"
+#: label of a Run with ``spec.record`` (stamped at admission; its value the ServiceAccount's name, or ``long``
+#: past a label value's 63 characters): the recording webhook watches only the Runs that carry it
+LABEL_RECORD = "reversi.dev/record"
 
 
 class ParentRef(ReversiModel):
@@ -284,6 +287,36 @@ class ParentRef(ReversiModel):
         description="The parent's step count when this run was created (stamped at admission; a client's value is "
                     "ignored): the child is rolled back after the parent's steps from this index on.",
     )
+
+
+#: namespaces one Run may record writes in (``spec.record.namespaces``): the recording webhook's match
+#: condition names each, so the set stays small (docs/concepts.md#recording-with-no-agent-code)
+MAX_RECORD_NAMESPACES = 16
+#: a namespace name (DNS label)
+Namespace = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class RunRecord(ReversiModel):
+    """Whose writes the run records with no code of theirs (docs/concepts.md#recording-with-no-agent-code):
+    the writes of ``serviceAccount`` (of the Run's namespace) to namespaced objects of ``namespaces``, sent by
+    the API server to admission while the run is open. Immutable."""
+
+    service_account: Name = Field(description="ServiceAccount of the Run's namespace whose writes are recorded. "
+                                              "Whoever creates the Run must be that ServiceAccount, or may create "
+                                              "tokens for it (act as it).")
+    namespaces: list[Namespace] = Field(
+        default_factory=list, max_length=MAX_RECORD_NAMESPACES,
+        description=f"Namespaces whose objects' writes are recorded (at most {MAX_RECORD_NAMESPACES}); empty: the "
+                    "Run's own.",
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+
+    def username(self, namespace: str) -> str:
+        """The authenticated user name of the recorded ServiceAccount of a Run in ``namespace``."""
+        return f"system:serviceaccount:{namespace}:{self.service_account}"
+
+    def recorded_namespaces(self, namespace: str) -> list[str]:
+        """``namespaces``, or ``[namespace]`` (the Run's own) when empty."""
+        return list(self.namespaces) or [namespace]
 
 
 class PinnedManifest(ReversiModel):
@@ -312,6 +345,8 @@ class RunSpec(ReversiModel):
                     fieldPath=".principal",
                 ),
                 rule(_same_optional("scope"), "spec.scope is immutable", fieldPath=".scope"),
+                rule(_same_optional("record"), "spec.record is immutable: open a new Run to record another "
+                     "ServiceAccount or other namespaces", fieldPath=".record"),
                 rule(_same_optional("parentRef"), "spec.parentRef is immutable: a run's parent is set when it is "
                      "created and never changes (open a new Run under another parent)", fieldPath=".parentRef"),
                 rule(
@@ -394,6 +429,11 @@ class RunSpec(ReversiModel):
                     "spec.resolution.",
         json_schema_extra=list_map("step"),
     )
+    record: RunRecord | None = Field(
+        default=None,
+        description="Record a ServiceAccount's own writes to Kubernetes objects while the run is open, with no code "
+                    "of the agent's (docs/concepts.md#recording-with-no-agent-code): each becomes a step of the "
+                    "built-in kube family. Needs a pinned manifest with that family. Immutable.")
     retention: Retention | None = Field(
         default=None,
         description="How long retention keeps this Run after its last activity (ttlSeconds), or keep: Forever; unset: "
