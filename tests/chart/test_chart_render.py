@@ -443,8 +443,12 @@ def test_webhooks_and_the_outcome_policy_are_the_local_control_planes(render):
     rendered = {(o["kind"], o["metadata"]["name"]): o for o in objs
                 if o["kind"].endswith(("AdmissionPolicy", "AdmissionPolicyBinding"))}
     outcome = "rv-reversi-runstep-outcome"
-    ours = [webhooks.outcome_policy(outcome), webhooks.outcome_binding(outcome),
-            *policies.recording_policies("rv-reversi")]
+    # the recorder is the admission server's ServiceAccount (docs/concepts.md#recording-with-no-agent-code)
+    admission = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("admission"))
+    recorder = (f"system:serviceaccount:{admission['metadata']['namespace']}:"
+                f"{admission['spec']['template']['spec']['serviceAccountName']}")
+    ours = [webhooks.outcome_policy(outcome, recorder), webhooks.outcome_binding(outcome),
+            *policies.recording_policies("rv-reversi", recorder)]
     assert set(rendered) == {(o["kind"], o["metadata"]["name"]) for o in ours}
     for want in ours:
         assert rendered[(want["kind"], want["metadata"]["name"])]["spec"] == want["spec"], want["metadata"]["name"]

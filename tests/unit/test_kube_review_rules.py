@@ -55,8 +55,9 @@ def test_an_update_is_kube_patch_with_old_object_as_its_prior_state():
 
 
 def test_a_scale_is_recorded_on_the_object_it_scales_read_as_parent():
+    # a Scale leaves replicas: 0 out (omitempty): the API server sends an empty spec for a scale to zero
     scale = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": "web", "namespace": "team"},
-             "spec": {"replicas": 0}}
+             "spec": {}}
     review = _review("UPDATE", scale, dict(scale, spec={"replicas": 3}), subResource="scale",
                      resource={"group": "apps", "version": "v1", "resource": "deployments"})
     write = kube_review.written(review, _deployment(3))

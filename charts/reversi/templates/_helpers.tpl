@@ -98,7 +98,7 @@ says otherwise (validate-run and mutate-runstep count refused calls in a metric,
 dry-run requests: NoneOnDryRun). Status subresources are never matched: the operator writes status
 and must never wait for a webhook. A RunStep's create crosses mutate-runstep only (it stamps, then
 checks); its outcome write crosses no webhook (matchOutcome: the condition below), the API
-server's policy checks it (policy.yaml).
+server's policy checks it (recording-policies.yaml).
 */}}
 {{- define "reversi.webhooks" -}}
 mutating:

@@ -216,16 +216,27 @@ def lock_policy(name: str) -> dict[str, Any]:
     }
 
 
-def stamp_policy(name: str) -> dict[str, Any]:
+def principal_of_step(recorder: str | None) -> str:
+    """CEL: the principal a recorded call is stamped with: the authenticated user; for ``recorder`` (the
+    admission server, recording another user's write for a Run with ``spec.record``), the Run's
+    principal as the step's copy of the Run names it (docs/concepts.md#recording-with-no-agent-code)."""
+    if not recorder:
+        return "request.userInfo.username"
+    return (f"(request.userInfo.username == {cel_string(recorder)} && has(object.spec.runAtOpen.principal) ? "
+            "object.spec.runAtOpen.principal : request.userInfo.username)")
+
+
+def stamp_policy(name: str, recorder: str | None = None) -> dict[str, Any]:
     """The MutatingAdmissionPolicy that stamps a recorded call: ``spec.principal`` from the
-    authenticated user (a client's value is overwritten), the ``reversi.dev/run`` label, and the
-    Run (``spec.runRef.name``, uid ``spec.runAtOpen.uid``) as its one controlling owner."""
+    authenticated user (a client's value is overwritten; :func:`principal_of_step`), the
+    ``reversi.dev/run`` label, and the Run (``spec.runRef.name``, uid ``spec.runAtOpen.uid``) as its
+    one controlling owner."""
     owner = ("Object.metadata.ownerReferences{apiVersion: 'reversi.dev/v1alpha1', kind: 'Run', "
              "name: object.spec.runRef.name, uid: object.spec.runAtOpen.uid, controller: true, "
              "blockOwnerDeletion: false}")
     # (a list literal of objects as a patch value makes the API server panic: the owner reference
     # is added as one element to a list that starts empty; a client's other owners are dropped)
-    patch = ("[JSONPatch{op: 'add', path: '/spec/principal', value: request.userInfo.username}, "
+    patch = (f"[JSONPatch{{op: 'add', path: '/spec/principal', value: {principal_of_step(recorder)}}}, "
              "JSONPatch{op: 'add', path: '/metadata/ownerReferences', value: []}, "
              f"JSONPatch{{op: 'add', path: '/metadata/ownerReferences/-', value: {owner}}}] + "
              "(has(object.metadata.labels) ? [] : [JSONPatch{op: 'add', path: '/metadata/labels', value: {}}]) + "
@@ -260,7 +271,7 @@ def recording_policies(prefix: str, recorder: str | None = None) -> list[dict[st
     vapb = "ValidatingAdmissionPolicyBinding"
     out: list[dict[str, Any]] = []
     stamp = f"{prefix}-runstep-stamp"
-    out += [stamp_policy(stamp), binding("MutatingAdmissionPolicyBinding", stamp)]
+    out += [stamp_policy(stamp, recorder), binding("MutatingAdmissionPolicyBinding", stamp)]
     record = f"{prefix}-runstep-record"
     out += [record_policy(record, recorder), binding(vapb, record)]
     for kind, suffix in (("Halt", "halts"), ("ClusterHalt", "clusterhalts")):

@@ -234,12 +234,14 @@ def _same_value(field_: str) -> str:
 _CALL_CHANGED = f"!(object.spec.outcome == oldObject.spec.outcome && {_same_value('result')} && {_same_value('error')})"
 
 
-def outcome_policy(name: str = f"{NAME}-runstep-outcome") -> dict[str, Any]:
+def outcome_policy(name: str = f"{NAME}-runstep-outcome", recorder: str | None = None) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy the API server evaluates on every RunStep update of a step
     that carries its principal (rule 10 and the size limit, with the webhooks' messages): only the
-    step's principal changes its outcome, result or error; a ``result`` is at most
-    :data:`RESULT_CEILING_BYTES` bytes of CEL's text of it."""
+    step's principal, or ``recorder`` (the admission server, which settles the outcome of the writes it
+    records: docs/concepts.md#recording-with-no-agent-code), changes its outcome, result or error; a
+    ``result`` is at most :data:`RESULT_CEILING_BYTES` bytes of CEL's text of it."""
     run = "'Run ' + object.metadata.namespace + '/' + object.spec.runRef.name"
+    by_recorder = f" || request.userInfo.username == {policies.cel_string(recorder)}" if recorder else ""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
@@ -250,7 +252,8 @@ def outcome_policy(name: str = f"{NAME}-runstep-outcome") -> dict[str, Any]:
             "matchConditions": [{"name": "step-carries-its-principal",
                                  "expression": "has(oldObject.spec.principal)"}],
             "validations": [
-                {"expression": f"!({_CALL_CHANGED}) || request.userInfo.username == oldObject.spec.principal",
+                {"expression": f"!({_CALL_CHANGED}) || request.userInfo.username == oldObject.spec.principal"
+                               + by_recorder,
                  "reason": "Forbidden",
                  "messageExpression": f"{run} + ' belongs to another principal (' + oldObject.spec.principal + '); ' "
                                       "+ request.userInfo.username + ' may not add or change its steps: open a Run "
@@ -325,7 +328,7 @@ def register_policies(api: client.ApiClient, recorder: str | None = None) -> Non
     (:func:`reversi.adapters.policies.recording_policies`, ``recorder`` the admission server's user)
     and their bindings. Raises ``ApiException``."""
     adm = client.AdmissionregistrationV1Api(api)
-    for body in (outcome_policy(), outcome_binding(), *policies.recording_policies(NAME, recorder)):
+    for body in (outcome_policy(recorder=recorder), outcome_binding(), *policies.recording_policies(NAME, recorder)):
         _apply(*_verbs(adm, body["kind"]), body)
 
 

@@ -212,8 +212,9 @@ def _object(request: Mapping[str, Any], key: str) -> dict[str, Any] | None:
 
 
 def _scaled(parent: Mapping[str, Any], scale_spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``parent`` with ``spec.replicas`` from a Scale's spec (the rest unchanged; the input is not modified)."""
-    replicas = scale_spec.get("replicas")
+    """``parent`` with ``spec.replicas`` from a Scale's spec (the rest unchanged; the input is not modified). A
+    Scale leaves out ``replicas: 0`` (``omitempty``): a missing count is 0."""
+    replicas = scale_spec.get("replicas", 0)
     spec = dict(parent.get("spec") or {})
     if isinstance(replicas, int) and not isinstance(replicas, bool):
         spec["replicas"] = replicas

@@ -1,0 +1,269 @@
+"""Recording an agent's own Kubernetes writes at admission, with no code of the agent's
+(docs/concepts.md#recording-with-no-agent-code), on the local control plane: a ServiceAccount that writes
+with the plain client (as kubectl does) while a Run with ``spec.record`` names it. Every verdict is checked
+against the live objects and the RunSteps, never against the report alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from reversi import rbac as reversi_rbac
+from reversi.adapters import webhooks
+from reversi.engine import kube
+from tests.helpers import wait_for, wait_for_role
+
+G, V = "reversi.dev", "v1alpha1"
+RUNNER_SA = "kube-undo"
+AGENT_SA = "agent"
+RUNNER_RULES = [
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
+    {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
+]
+#: the agent changes these objects with plain writes, and opens its own Run; nothing of Reversi's SDK
+AGENT_RULES = [
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "update", "delete"]},
+    {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["configmaps", "services", "secrets"],
+     "verbs": ["get", "create", "patch", "update", "delete"]},
+    {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get", "create"]},
+]
+
+
+def _bind(rv, name: str, rules: list[dict], subject: dict) -> None:
+    rbac = client.RbacAuthorizationV1Api(rv.api)
+    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": name}, "rules": rules})
+    rbac.create_namespaced_role_binding(rv.ns, {
+        "metadata": {"name": name}, "subjects": [subject],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}})
+
+
+def _token_client(admin: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
+    """An API client that authenticates as ServiceAccount ``namespace/account`` (a bound token)."""
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+    conf = client.Configuration()
+    conf.host, conf.ssl_ca_cert = admin.configuration.host, admin.configuration.ssl_ca_cert
+    conf.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(conf)
+
+
+@pytest.fixture
+def agent_ns(rv):
+    """``rv`` with the kube family's ToolManifest ``kube``, its runner, and ``rv.agent``: an API client of
+    the ServiceAccount ``agent`` (:data:`AGENT_RULES`)."""
+    core = client.CoreV1Api(rv.api)
+    for account in (RUNNER_SA, AGENT_SA):
+        core.create_namespaced_service_account(rv.ns, {"metadata": {"name": account}})
+    _bind(rv, RUNNER_SA, RUNNER_RULES, {"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": rv.ns})
+    _bind(rv, AGENT_SA, AGENT_RULES, {"kind": "ServiceAccount", "name": AGENT_SA, "namespace": rv.ns})
+    runner = kube.runner_entry("registry.example/reversi:1", RUNNER_SA,
+                               command=[sys.executable, "-m", "reversi.entrypoints.kube_runner"], deadline_seconds=60)
+    rv.create("toolmanifests", {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "kube"},
+                                "spec": {"runners": [runner], "tools": kube.manifest_tools()}})
+    rv.user = f"system:serviceaccount:{rv.ns}:{AGENT_SA}"
+    wait_for_role(rv.api, rv.user, rv.ns, AGENT_RULES[0])
+    rv.agent = _token_client(rv.api, rv.ns, AGENT_SA)
+    return rv
+
+
+def _open_recording_run(rv, name: str = "agent-run", as_client: client.ApiClient | None = None) -> None:
+    """The agent opens a Run that records its own writes (as kubectl create -f would), and waits until the
+    API server sends its writes to the recording webhook: a probe ConfigMap written until its step shows."""
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": name},
+            "spec": {"manifestRef": {"name": "kube"}, "record": {"serviceAccount": AGENT_SA}}}
+    client.CustomObjectsApi(as_client or rv.agent).create_namespaced_custom_object(G, V, rv.ns, "runs", body)
+    wait_for(lambda: rv.user in (webhooks.recorded_now(rv.api, webhooks.RECORD_NAME) or ""), timeout=30,
+             what="the operator to name the agent in the recording webhook's match condition")
+    core = client.CoreV1Api(rv.agent)
+    probe = {"metadata": {"name": "probe"}, "data": {"n": "0"}}
+    core.create_namespaced_config_map(rv.ns, probe)
+
+    def recorded() -> bool:
+        core.patch_namespaced_config_map("probe", rv.ns, {"data": {"n": str(len(rv.steps(name)))}})
+        return bool(rv.steps(name))
+
+    wait_for(recorded, timeout=30, what="the API server to send the agent's writes to the recording webhook")
+    _settled(rv, name)
+
+
+def _settled(rv, run: str) -> list[dict]:
+    """The run's steps once none is intended any more (the recorder settles each from what was stored)."""
+    return wait_for(lambda: (lambda steps: steps if all(s["spec"]["outcome"] != "intended" for s in steps) else None)(
+        rv.steps(run)), timeout=30, what="every recorded write's outcome")
+
+
+def _deployment(ns: str, replicas: int) -> dict:
+    labels = {"app": "web"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "web", "image": "registry.example/web:1",
+                                                           "command": ["sleep", "600"]}]}}}}
+
+
+def _gone(read, *args) -> bool:
+    try:
+        read(*args)
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the_live_objects(agent_ns):
+    rv, ns = agent_ns, agent_ns.ns
+    core, apps = client.CoreV1Api(rv.api), client.AppsV1Api(rv.api)
+    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "settings"}, "data": {"color": "blue"}})
+    before_svc = core.create_namespaced_service(ns, {
+        "metadata": {"name": "front", "labels": {"tier": "front"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+    _open_recording_run(rv)
+    first = len(rv.steps("agent-run"))
+    agent_core, agent_apps = client.CoreV1Api(rv.agent), client.AppsV1Api(rv.agent)
+    agent_apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 0}})  # kubectl scale
+    agent_core.patch_namespaced_config_map("settings", ns, {"data": {"color": "green"}})  # kubectl patch
+    agent_core.delete_namespaced_service("front", ns)  # kubectl delete
+    agent_core.create_namespaced_config_map(ns, {"metadata": {"name": "extra"}, "data": {"color": "red"}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "admins-own"}})  # another user: not recorded
+
+    steps = _settled(rv, "agent-run")[first:]
+    assert [(s["spec"]["tool"], s["spec"]["outcome"]) for s in steps] == [
+        (kube.SCALE, "succeeded"), (kube.PATCH, "succeeded"), (kube.DELETE, "succeeded"), (kube.CREATE, "succeeded")]
+    assert steps[1]["spec"]["args"]["prior"]["object"]["data"] == {"color": "blue"}
+    assert steps[1]["spec"]["result"]["post"]["object"]["data"] == {"color": "green"}
+    assert apps.read_namespaced_deployment("web", ns).spec.replicas == 0
+
+    rv.request("undo", "agent-run")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=180)
+    assert req["status"]["phase"] == "Succeeded", json.dumps({k: v for k, v in req["status"]["report"].items() if v})
+    assert apps.read_namespaced_deployment("web", ns).spec.replicas == 2
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
+    svc = core.read_namespaced_service("front", ns)
+    assert svc.metadata.uid != before_svc.metadata.uid and svc.metadata.labels == {"tier": "front"}
+    assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 80, 8080)]
+    assert _gone(core.read_namespaced_config_map, "extra", ns) and _gone(core.read_namespaced_config_map, "probe", ns)
+    assert core.read_namespaced_config_map("admins-own", ns) is not None
+    for entry in req["status"]["steps"]:
+        assert rv.condition(entry, "Verified")["status"] == "True", entry
+
+
+def test_a_change_made_since_is_refused_with_its_difference_and_force_overrides_it(agent_ns):
+    rv, ns = agent_ns, agent_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "settings"}, "data": {"color": "blue"}})
+    _open_recording_run(rv)
+    client.CoreV1Api(rv.agent).patch_namespaced_config_map("settings", ns, {"data": {"color": "green"}})
+    _settled(rv, "agent-run")
+    core.patch_namespaced_config_map("settings", ns, {"data": {"color": "red"}})  # a person, since
+
+    rv.request("undo", "agent-run")
+    req = rv.wait_phase("undo", "Incomplete", timeout=120)
+    (conflict,) = req["status"]["report"]["conflict"]
+    assert r'data.color: recorded \"green\", live \"red\"' in conflict["reason"], conflict
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "red"}
+    rv.request("forced", "agent-run", force=[{"step": conflict["step"]}])
+    req = rv.wait_phase("forced", "Succeeded", "Incomplete", timeout=120)
+    assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
+
+
+def test_a_write_refused_after_admission_is_recorded_failed_and_its_undo_is_a_verified_no_op(agent_ns):
+    """A ResourceQuota is checked after the validating webhooks: the create is recorded, then refused."""
+    rv, ns = agent_ns, agent_ns.ns
+    core = client.CoreV1Api(rv.api)
+    _open_recording_run(rv)
+    count = len(core.list_namespaced_config_map(ns).items)
+    core.create_namespaced_resource_quota(ns, {"metadata": {"name": "cap"},
+                                               "spec": {"hard": {"count/configmaps": str(count)}}})
+    wait_for(lambda: (core.read_namespaced_resource_quota("cap", ns).status.hard or {}).get("count/configmaps"),
+             timeout=30, what="the quota's status")
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(rv.agent).create_namespaced_config_map(ns, {"metadata": {"name": "over"}})
+    assert refused.value.status == 403 and "exceeded quota" in refused.value.body
+    step = _settled(rv, "agent-run")[-1]
+    assert (step["spec"]["tool"], step["spec"]["outcome"]) == (kube.CREATE, "failed")
+    assert "not stored by the API server" in step["spec"]["error"]
+    core.delete_namespaced_resource_quota("cap", ns)
+    rv.request("undo", "agent-run")
+    req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=120)
+    assert req["status"]["report"]["complete"] and step["spec"]["index"] in req["status"]["report"]["skipped"]
+    assert _gone(core.read_namespaced_config_map, "over", ns)
+
+
+def test_while_no_admission_replica_answers_a_recorded_users_write_is_refused_and_anothers_admitted(agent_ns):
+    rv, ns = agent_ns, agent_ns.ns
+    core = client.CoreV1Api(rv.api)
+    _open_recording_run(rv)
+    adm = client.AdmissionregistrationV1Api(rv.api)
+    config = adm.read_validating_webhook_configuration(webhooks.RECORD_NAME)
+    url = config.webhooks[0].client_config.url
+    dead = "https://127.0.0.1:9/validate-record"  # the discard port: nothing answers
+    adm.patch_validating_webhook_configuration(webhooks.RECORD_NAME, [
+        {"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": dead}])
+    try:
+        def refused() -> bool:
+            try:
+                client.CoreV1Api(rv.agent).create_namespaced_config_map(ns, {"metadata": {"generateName": "w-"}})
+            except ApiException as err:
+                return err.status >= 500 and "failed calling webhook" in err.body
+            return False
+        wait_for(refused, timeout=30, what="the agent's write refused while the recorder is unreachable")
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "admins"}})  # admitted: never sent there
+    finally:
+        adm.patch_validating_webhook_configuration(webhooks.RECORD_NAME, [
+            {"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": url}])
+    # a write that went through before the API server saw the dead address was recorded: none is unrecorded
+    made = {c.metadata.name for c in core.list_namespaced_config_map(ns).items if c.metadata.name.startswith("w-")}
+    recorded = {s["spec"]["args"]["ref"]["name"] for s in _settled(rv, "agent-run")
+                if s["spec"]["tool"] == kube.CREATE and s["spec"]["outcome"] == "succeeded"}
+    assert made <= recorded
+
+
+def test_a_secrets_content_never_enters_a_runstep_and_a_halt_refuses_the_agents_writes(agent_ns):
+    rv, ns = agent_ns, agent_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_secret(ns, {"metadata": {"name": "db"}, "stringData": {"password": "hunter2"}})
+    _open_recording_run(rv)
+    agent = client.CoreV1Api(rv.agent)
+    agent.patch_namespaced_secret("db", ns, {"stringData": {"password": "correct-horse"}})
+    text = json.dumps(_settled(rv, "agent-run"))
+    assert kube.SECRET in text
+    for secret in ("hunter2", "correct-horse", "aHVudGVyMg", "Y29ycmVjdC1ob3JzZQ"):
+        assert secret not in text
+
+    rv.create("halts", {"apiVersion": f"{G}/{V}", "kind": "Halt", "metadata": {"name": "stop"},
+                        "spec": {"reason": "incident 42"}})
+
+    def halted() -> str | None:
+        try:
+            agent.patch_namespaced_config_map("probe", ns, {"data": {"n": "halted?"}})
+        except ApiException as err:
+            return err.body if err.status == 403 else None
+        return None
+
+    body = wait_for(halted, timeout=30, what="the halt in force on the agent's writes")
+    assert "kill switch: incident 42" in body and "the write was not made" in body
+    assert core.read_namespaced_config_map("probe", ns).data != {"n": "halted?"}
+
+
+def test_only_the_service_account_or_who_may_act_as_it_opens_a_run_that_records_it(agent_ns):
+    rv, ns = agent_ns, agent_ns.ns
+    core = client.CoreV1Api(rv.api)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "other"}})
+    _bind(rv, "opener", [*reversi_rbac.RECORD], {"kind": "ServiceAccount", "name": "other", "namespace": ns})
+    wait_for_role(rv.api, f"system:serviceaccount:{ns}:other", ns, reversi_rbac.RECORD[0])
+    other = _token_client(rv.api, ns, "other")
+    body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "theirs"},
+            "spec": {"manifestRef": {"name": "kube"}, "record": {"serviceAccount": AGENT_SA}}}
+    with pytest.raises(ApiException) as refused:
+        client.CustomObjectsApi(other).create_namespaced_custom_object(G, V, ns, "runs", body)
+    assert refused.value.status == 403
+    assert f"spec.record names ServiceAccount {ns}/{AGENT_SA}" in refused.value.body
+    assert "create on serviceaccounts/token" in refused.value.body
