@@ -202,7 +202,10 @@ def _check_can_i(release, account: str, verb: str, resource: str, allowed: bool)
     ("create", "jobs.batch", True),  # only ever a dry run of a runner's Job
     ("patch", "runs.reversi.dev/status", False),
     ("patch", "runsteps.reversi.dev/status", False),
-    ("create", "runsteps.reversi.dev", False),
+    # the recording webhook records a recorded user's write as a step, and settles it
+    # (docs/concepts.md#recording-with-no-agent-code)
+    ("create", "runsteps.reversi.dev", True),
+    ("watch", "runs.reversi.dev", True),
     ("create", "secrets", False),
     ("get", "secrets", False),
     ("get", "pods/log", False),

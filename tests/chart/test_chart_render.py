@@ -81,6 +81,7 @@ def test_default_render_has_the_expected_objects(render):
         ("PodDisruptionBudget", "rv-reversi"), ("Role", "rv-reversi-leader-election"),
         ("RoleBinding", "rv-reversi-leader-election"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
+        ("ValidatingWebhookConfiguration", "rv-reversi-record"),
         # the admission server: its own Deployment, identity and roles, and the API server's policy
         ("Deployment", "rv-reversi-admission"), ("PodDisruptionBudget", "rv-reversi-admission"),
         ("ServiceAccount", "rv-reversi-admission"),
@@ -278,8 +279,12 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("apiextensions.k8s.io", "customresourcedefinitions", "get"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
+    # the recording webhook's match condition (narrowed to its name below)
+    needed |= {("admissionregistration.k8s.io", "validatingwebhookconfigurations", v) for v in ("get", "patch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
-    for rule in _operator_rules(render()):  # the operator reads and deletes no ConfigMap but the earlier lock's
+    for rule in _operator_rules(render()):
+        if "validatingwebhookconfigurations" in rule["resources"]:
+            assert rule.get("resourceNames") == ["rv-reversi-record"], rule  # the operator reads and deletes no ConfigMap but the earlier lock's
         if "configmaps" in rule["resources"]:
             assert rule.get("resourceNames") == ["reversi-closed-runs"], rule
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
@@ -293,6 +298,8 @@ def test_rbac_grants_the_admission_server_what_its_checks_read_and_no_more(rende
               for r in rule["resources"] for v in rule["verbs"]}
     needed = {("reversi.dev", k, v) for k in ("runs", "runsteps", "halts", "clusterhalts") for v in ("get", "list")}
     needed |= {("reversi.dev", "toolmanifests", v) for v in ("get", "list", "watch")}
+    # the recording webhook: the Runs that record (a watch), and the steps it records and settles
+    needed |= {("reversi.dev", "runs", "watch"), ("reversi.dev", "runsteps", "create"), ("reversi.dev", "runsteps", "patch")}
     needed |= {("reversi.dev", "halts/status", "patch"), ("reversi.dev", "clusterhalts/status", "patch"),
                ("batch", "jobs", "create"),  # a dry run of a runner's Job
                ("authorization.k8s.io", "subjectaccessreviews", "create"),
@@ -400,8 +407,22 @@ def test_user_roles_join_the_built_in_roles_and_approving_stays_apart(render):
 def _hooks(objs: list[dict]) -> dict[str, dict[str, dict]]:
     out = {}
     for kind, key in (("MutatingWebhookConfiguration", "mutating"), ("ValidatingWebhookConfiguration", "validating")):
-        out[key] = {h["clientConfig"]["service"]["path"]: h for h in find(objs, kind)["webhooks"]}
+        out[key] = {h["clientConfig"]["service"]["path"]: h for h in find(objs, kind, "rv-reversi")["webhooks"]}
     return out
+
+
+def test_the_recording_webhook_is_the_local_control_planes_and_records_no_one_until_the_operator_says(render):
+    """The chart's recording configuration is :func:`reversi.adapters.webhooks.record_configuration` with no
+    user recorded; the operator then keeps its match condition (docs/concepts.md#recording-with-no-agent-code)."""
+    from reversi.adapters import webhooks
+
+    got = find(render(), "ValidatingWebhookConfiguration", "rv-reversi-record")["webhooks"]
+    want = webhooks.record_configuration(lambda hook: {"service": {"path": hook.path}}, {})["webhooks"]
+    assert len(got) == len(want) == 1
+    for key in ("name", "rules", "sideEffects", "failurePolicy", "matchPolicy", "admissionReviewVersions",
+                "matchConditions"):
+        assert got[0][key] == want[0][key], key
+    assert got[0]["clientConfig"]["service"]["path"] == want[0]["clientConfig"]["service"]["path"]
 
 
 def test_webhooks_follow_the_contract(render):
@@ -545,8 +566,9 @@ def test_cert_manager_issues_the_certificate_and_injects_the_ca(render):
     assert cert["spec"]["issuerRef"] == {"name": issuer["metadata"]["name"], "kind": "Issuer",
                                          "group": "cert-manager.io"}
     assert "rv-reversi.reversi-system.svc" in cert["spec"]["dnsNames"]
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        conf = find(objs, kind)
+    for kind, name in (("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
+                       ("ValidatingWebhookConfiguration", "rv-reversi-record")):
+        conf = find(objs, kind, name)
         assert conf["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "reversi-system/rv-reversi-webhook"
         assert all("caBundle" not in h["clientConfig"] for h in conf["webhooks"])
     own = render({"webhook": {"certManager": {"enabled": True,
