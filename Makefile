@@ -12,7 +12,7 @@ PIP ?= $(PYTHON) -m pip
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-kube bench-gateway bench-rollback bench-journal bench-failover chaos-failover
+.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-kube bench-kube-admission bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -113,6 +113,11 @@ bench-sdk: build
 # an agent's write to a ConfigMap recorded by rec.kube against the same write unrecorded: median over 200 each
 bench-kube: build
 	$(PYTHON) benchmarks/kube_record_bench.py
+
+# an agent's own write (kubectl, and the Python client) recorded at admission by a Run's spec.record against the
+# same write unrecorded, median over 200 each, and the recorded steps counted (docs/concepts.md#recording-with-no-agent-code)
+bench-kube-admission: build
+	$(PYTHON) benchmarks/kube_admission_bench.py
 
 bench-gateway: install
 	reversi-devcluster build
