@@ -89,11 +89,14 @@ def runs_informer(api: client.ApiClient, namespaces: list[str], timeout: float) 
                     name="recording-runs", label_selector=LABEL_RECORD, timeout=timeout)
 
 
-def review_response(uid: str, refusal: str | None) -> dict[str, Any]:
-    """The ``AdmissionReview`` answer: allowed, or refused (HTTP 403, ``Forbidden``) with ``refusal``."""
+def review_response(uid: str, refusal: str | None, warning: str | None = None) -> dict[str, Any]:
+    """The ``AdmissionReview`` answer: allowed, or refused (HTTP 403, ``Forbidden``) with ``refusal``; with a
+    ``warning`` for the writer (kubectl prints it: ``Warning: Reversi: recorded as step 3 ...``)."""
     response: dict[str, Any] = {"uid": uid, "allowed": refusal is None}
     if refusal is not None:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": refusal}
+    if warning:
+        response["warnings"] = [warning]
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
@@ -119,12 +122,13 @@ class WriteRecorder:
         """Answer one ``AdmissionReview`` (a dict): allowed once the write is recorded (or when no open Run
         records its user there), refused with the reason otherwise."""
         request = body.get("request") or {}
+        warning: str | None = None
         try:
-            refusal = self._record(request)
+            refusal, warning = self._record(request)
         except Exception as err:  # never let a recorded user's write through unrecorded
             log.exception("recording a write failed")
             refusal = f"Reversi could not record this write ({type(err).__name__}: {err}); the write was not made"
-        return review_response(str(request.get("uid") or ""), refusal)
+        return review_response(str(request.get("uid") or ""), refusal, warning)
 
     def close(self) -> None:
         """Stop taking outcomes to settle (those under way finish)."""
@@ -135,31 +139,32 @@ class WriteRecorder:
         found = [run for run in self.runs.values() if run.user == user and namespace in run.namespaces]
         return max(found, key=lambda run: (run.created, run.name), default=None)
 
-    def _record(self, request: Mapping[str, Any]) -> str | None:
+    def _record(self, request: Mapping[str, Any]) -> tuple[str | None, str | None]:
+        """``(refusal, warning)``: the write refused with the reason, or allowed with what to tell the writer."""
+        if not self.runs.synced(timeout=self.settle_seconds):
+            return ("Reversi's recorder has not read the Runs that record yet (it is starting); the write was not "
+                    "made: try again"), None
         user = str((request.get("userInfo") or {}).get("username") or "")
         namespace = str(request.get("namespace") or "")
-        if not self.runs.synced(timeout=self.settle_seconds):
-            return "Reversi's recorder has not read the Runs that record yet (it is starting); the write was not " \
-                   "made: try again"
         run = self.run_for(user, namespace)
         if run is None:
-            return None  # no open Run records this user here (any more): the write is not recorded
+            return None, None  # no open Run records this user here (any more): the write is not recorded
+        where = f"Run {run.namespace}/{run.name}"
         try:
             write = kube_review.written(request, self._parent(request))
         except (OutOfScope, UnknownKind, ValueError) as err:
-            return (f"Reversi records {user}'s writes for Run {run.namespace}/{run.name} and cannot record this one: "
-                    f"{err}")
+            return f"Reversi records {user}'s writes for {where} and cannot record this one: {err}", None
         if write is None:
-            return None
+            return None, (f"Reversi: {where} records your writes; a dry run is not recorded" if request.get("dryRun")
+                          else None)
         recorder, lock = self._recorder(run)
         try:
             with lock:  # one writer of the run's next index in this process (another replica: the name decides)
                 step = recorder.begin(write.tool, write.args)
         except RecordingRefused as err:
-            return f"{err.message}; the write was not made (Reversi records {user}'s writes for Run " \
-                   f"{run.namespace}/{run.name})"
+            return f"{err.message}; the write was not made (Reversi records {user}'s writes for {where})", None
         self._settling.submit(self._settle, recorder, step, write)
-        return None
+        return None, f"Reversi: recorded as step {step.index} ({write.tool}) of {where}"
 
     def _parent(self, request: Mapping[str, Any]) -> dict[str, Any] | None:
         """The object a ``scale`` write scales, read now (its prior state); None for other writes."""

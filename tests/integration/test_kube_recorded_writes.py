@@ -75,28 +75,30 @@ def agent_ns(rv):
 
 def _open_recording_run(rv, name: str = "agent-run", as_client: client.ApiClient | None = None) -> None:
     """The agent opens a Run that records its own writes (as kubectl create -f would), and waits until the
-    API server sends its writes to the recording webhook: a probe ConfigMap written until its step shows."""
+    API server sends its writes to the recording webhook: a server-side dry run is answered with the
+    warning that the run records them (kubectl prints it), and records nothing."""
     body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": name},
             "spec": {"manifestRef": {"name": "kube"}, "record": {"serviceAccount": AGENT_SA}}}
     client.CustomObjectsApi(as_client or rv.agent).create_namespaced_custom_object(G, V, rv.ns, "runs", body)
     wait_for(lambda: rv.user in (webhooks.recorded_now(rv.api, webhooks.RECORD_NAME) or ""), timeout=30,
              what="the operator to name the agent in the recording webhook's match condition")
-    core = client.CoreV1Api(rv.agent)
-    probe = {"metadata": {"name": "probe"}, "data": {"n": "0"}}
-    core.create_namespaced_config_map(rv.ns, probe)
 
-    def recorded() -> bool:
-        core.patch_namespaced_config_map("probe", rv.ns, {"data": {"n": str(len(rv.steps(name)))}})
-        return bool(rv.steps(name))
+    def warned() -> bool:
+        answer = client.CoreV1Api(rv.agent).create_namespaced_config_map(
+            rv.ns, {"metadata": {"generateName": "probe-"}}, dry_run="All", _preload_content=False)
+        return f"Reversi: Run {rv.ns}/{name} records your writes" in (answer.headers.get("Warning") or "")
 
-    wait_for(recorded, timeout=30, what="the API server to send the agent's writes to the recording webhook")
-    _settled(rv, name)
+    wait_for(warned, timeout=30, what="the API server to send the agent's writes to the recording webhook")
+    assert rv.steps(name) == []  # a dry run records nothing
 
 
 def _settled(rv, run: str) -> list[dict]:
     """The run's steps once none is intended any more (the recorder settles each from what was stored)."""
-    return wait_for(lambda: (lambda steps: steps if all(s["spec"]["outcome"] != "intended" for s in steps) else None)(
-        rv.steps(run)), timeout=30, what="every recorded write's outcome")
+    def settled() -> tuple[list[dict]] | None:
+        steps = rv.steps(run)
+        return (steps,) if all(s["spec"]["outcome"] != "intended" for s in steps) else None
+
+    return wait_for(settled, timeout=30, what="every recorded write's outcome")[0]
 
 
 def _deployment(ns: str, replicas: int) -> dict:
@@ -125,15 +127,17 @@ def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the
         "metadata": {"name": "front", "labels": {"tier": "front"}},
         "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
     _open_recording_run(rv)
-    first = len(rv.steps("agent-run"))
     agent_core, agent_apps = client.CoreV1Api(rv.agent), client.AppsV1Api(rv.agent)
     agent_apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 0}})  # kubectl scale
-    agent_core.patch_namespaced_config_map("settings", ns, {"data": {"color": "green"}})  # kubectl patch
+    answer = agent_core.patch_namespaced_config_map("settings", ns, {"data": {"color": "green"}},  # kubectl patch
+                                                    _preload_content=False)
+    # what kubectl prints the agent: Warning: Reversi: recorded as step 1 (kube.patch) of Run <ns>/agent-run
+    assert f"Reversi: recorded as step 1 ({kube.PATCH}) of Run {ns}/agent-run" in answer.headers.get("Warning", "")
     agent_core.delete_namespaced_service("front", ns)  # kubectl delete
     agent_core.create_namespaced_config_map(ns, {"metadata": {"name": "extra"}, "data": {"color": "red"}})
     core.create_namespaced_config_map(ns, {"metadata": {"name": "admins-own"}})  # another user: not recorded
 
-    steps = _settled(rv, "agent-run")[first:]
+    steps = _settled(rv, "agent-run")
     assert [(s["spec"]["tool"], s["spec"]["outcome"]) for s in steps] == [
         (kube.SCALE, "succeeded"), (kube.PATCH, "succeeded"), (kube.DELETE, "succeeded"), (kube.CREATE, "succeeded")]
     assert steps[1]["spec"]["args"]["prior"]["object"]["data"] == {"color": "blue"}
@@ -148,7 +152,7 @@ def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the
     svc = core.read_namespaced_service("front", ns)
     assert svc.metadata.uid != before_svc.metadata.uid and svc.metadata.labels == {"tier": "front"}
     assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 80, 8080)]
-    assert _gone(core.read_namespaced_config_map, "extra", ns) and _gone(core.read_namespaced_config_map, "probe", ns)
+    assert _gone(core.read_namespaced_config_map, "extra", ns)
     assert core.read_namespaced_config_map("admins-own", ns) is not None
     for entry in req["status"]["steps"]:
         assert rv.condition(entry, "Verified")["status"] == "True", entry
@@ -230,6 +234,7 @@ def test_a_secrets_content_never_enters_a_runstep_and_a_halt_refuses_the_agents_
     rv, ns = agent_ns, agent_ns.ns
     core = client.CoreV1Api(rv.api)
     core.create_namespaced_secret(ns, {"metadata": {"name": "db"}, "stringData": {"password": "hunter2"}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "probe"}, "data": {"n": "0"}})
     _open_recording_run(rv)
     agent = client.CoreV1Api(rv.agent)
     agent.patch_namespaced_secret("db", ns, {"stringData": {"password": "correct-horse"}})
