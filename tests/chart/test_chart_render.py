@@ -284,8 +284,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
     for rule in _operator_rules(render()):
         if "validatingwebhookconfigurations" in rule["resources"]:
-            assert rule.get("resourceNames") == ["rv-reversi-record"], rule  # the operator reads and deletes no ConfigMap but the earlier lock's
-        if "configmaps" in rule["resources"]:
+            assert rule.get("resourceNames") == ["rv-reversi-record"], rule
+        if "configmaps" in rule["resources"]:  # the operator reads and deletes no ConfigMap but the earlier lock's
             assert rule.get("resourceNames") == ["reversi-closed-runs"], rule
     never = {("", "secrets", "get"), ("", "secrets", "list"), ("batch", "jobs", "delete"),
              ("reversi.dev", "runsteps", "delete"), ("reversi.dev", "rollbackrequests", "delete"),
@@ -299,7 +299,8 @@ def test_rbac_grants_the_admission_server_what_its_checks_read_and_no_more(rende
     needed = {("reversi.dev", k, v) for k in ("runs", "runsteps", "halts", "clusterhalts") for v in ("get", "list")}
     needed |= {("reversi.dev", "toolmanifests", v) for v in ("get", "list", "watch")}
     # the recording webhook: the Runs that record (a watch), and the steps it records and settles
-    needed |= {("reversi.dev", "runs", "watch"), ("reversi.dev", "runsteps", "create"), ("reversi.dev", "runsteps", "patch")}
+    needed |= {("reversi.dev", "runs", "watch"), ("reversi.dev", "runsteps", "create"),
+               ("reversi.dev", "runsteps", "patch")}
     needed |= {("reversi.dev", "halts/status", "patch"), ("reversi.dev", "clusterhalts/status", "patch"),
                ("batch", "jobs", "create"),  # a dry run of a runner's Job
                ("authorization.k8s.io", "subjectaccessreviews", "create"),
