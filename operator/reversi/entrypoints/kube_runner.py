@@ -97,10 +97,9 @@ def principal_of(objects: Objects, run_id: str) -> Principal:
         raise _denied(err, "get", {"kind": "Run", "namespace": namespace, "name": name}) from None
     spec = (run or {}).get("spec") or {}
     record = spec.get("record")
+    user: str | None = spec.get("principal")
     if isinstance(record, dict) and record.get("serviceAccount"):  # its writes were the recorded account's own
         user = f"system:serviceaccount:{namespace}:{record['serviceAccount']}"
-    else:
-        user = spec.get("principal")
     if not user:
         raise Refused(f"Run {run_id} is gone or names no principal: nothing is restored for an unknown agent")
     return Principal(str(user), groups_of(str(user)))
