@@ -6,13 +6,14 @@
 #   make lint   - ruff, mypy and lint-imports with the rule set in pyproject.toml, and flake8's function length limit
 #                 in .flake8 (seconds; .ci/run runs it before make test)
 #   make demo-mcp - an MCP agent recorded by reversi-gateway, halted, and rolled back through MCP
+#   make demo-kube - an SRE agent's plain kubectl writes recorded at admission and rolled back, on the real node
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 # make test runs the suite on this many pytest-xdist workers, each with a local control plane of its
 # own (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= 2
 
-.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp up down crds bench-record bench-record-load bench-sdk bench-kube bench-kube-admission bench-gateway bench-rollback bench-journal bench-failover chaos-failover
+.PHONY: node-deps install build lint test e2e test-long fuzz chaos unit demo demo-mcp demo-kube up down crds bench-record bench-record-load bench-sdk bench-kube bench-kube-admission bench-gateway bench-rollback bench-journal bench-failover chaos-failover
 
 install:
 	$(PIP) install -q -e '.[test]'
@@ -106,6 +107,11 @@ demo: install
 
 demo-mcp: install
 	$(PYTHON) demo/mcp_demo.py
+
+# an SRE agent's plain kubectl writes recorded at admission (Run spec.record), a person's edit since, and the
+# rollback checked against the cluster, on the real node (docs/concepts.md#recording-with-no-agent-code)
+demo-kube: install
+	$(PYTHON) demo/kube_demo.py
 
 bench-sdk: build
 	$(PYTHON) benchmarks/sdk_overhead_bench.py
