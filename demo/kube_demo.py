@@ -63,7 +63,7 @@ AGENT_RULES = [
 RUNNER_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
-    {"apiGroups": [G], "resources": ["runs"], "verbs": ["get"]},
+    {"apiGroups": [G], "resources": ["runs", "runsteps"], "verbs": ["get"]},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 ]
 #: the recorder reads what it records (docs/operations.md#the-recorders-rights)
@@ -205,7 +205,7 @@ class KubeDemo:
         print(f"  Run {RUN}'s steps, recorded at admission and settled from what the API server stored:")
         for step in steps:
             ref = step["args"]["ref"]
-            print(f"    {step['index']}  {step['tool']:<26} {ref['kind']} {ref['name']:<9} {step['outcome']}")
+            print(f"    {step['index']}  {step['tool']:<26} {ref['kind'] + ' ' + ref['name']:<32} {step['outcome']}")
 
     def steps(self) -> list[dict]:
         return [o["spec"] for o in list_objects(client.CustomObjectsApi(self.admin), NS, RUN)]
@@ -220,7 +220,7 @@ class KubeDemo:
         custom = client.CustomObjectsApi(self.admin)
         custom.create_namespaced_custom_object(G, V, NS, "rollbackrequests", {
             "apiVersion": f"{G}/{V}", "kind": "RollbackRequest", "metadata": {"name": "undo-42"},
-            "spec": {"runRef": {"name": RUN}, "reason": "the remediation made it worse"}})
+            "spec": {"runRef": {"name": RUN}}})
         req = self._until(lambda: (lambda r: r if (r.get("status") or {}).get("phase") in (
             "Succeeded", "Incomplete", "Failed") else None)(
             custom.get_namespaced_custom_object(G, V, NS, "rollbackrequests", "undo-42")), 300,

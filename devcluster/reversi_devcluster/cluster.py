@@ -9,7 +9,8 @@ Components, each a process of its own with its log in ``<state>/logs/<component>
   serviceaccount-token, root-ca-cert-publisher and ttl-after-finished controllers, and the
   deployment, replicaset, endpoints and endpointslice controllers (for the operator installed by
   its Helm chart; with no kube-proxy, the API server reaches Services through their endpoints),
-  and the resourcequota controller (object count quotas, such as the journal's ceiling);
+  and the resourcequota controller (object count quotas, such as the journal's ceiling), and the
+  persistent volume binder and protection controllers (claims bound and deleted);
 - ``node-agent`` (:mod:`reversi_devcluster.nodeagent`), standing in for a kubelet; or, with
   ``REVERSI_REAL_NODE=1`` (``reversi-devcluster up --real-node``), a real node
   (:mod:`reversi_devcluster.realnode`): containerd, the kubelet, kube-scheduler and kube-proxy,
@@ -561,7 +562,11 @@ class Cluster:
             "deployment-controller,replicaset-controller,endpoints-controller,endpointslice-controller,"
             "clusterrole-aggregation-controller,"
             # ResourceQuota usage (the journal's ceiling per namespace: count/runsteps.reversi.dev)
-            "resourcequota-controller"
+            "resourcequota-controller,"
+            # claims bound to volumes, and deleted once no pod uses them (the API server adds their
+            # protection finalizers): the built-in kube family records an agent's delete of a claim
+            "persistentvolume-binder-controller,persistentvolume-protection-controller,"
+            "persistentvolumeclaim-protection-controller"
             # a real node's not-ready taint is lifted (and put back when its kubelet stops reporting)
             + (",node-lifecycle-controller" if self.settings.real_node else ""),
             f"--service-account-private-key-file={c['sa'].key}",

@@ -188,7 +188,7 @@ class WriteRecorder:
         with self._lock:
             held = self._recorders.get(key)
         if held is None:
-            made = (Recorder.attach(run.namespace, run.name, api=self.api), threading.Lock())
+            made = (Recorder.attach(run.namespace, run.name, api=self.api, at_admission=True), threading.Lock())
             with self._lock:
                 for old in [k for k in self._recorders if k[:2] == key[:2] and k != key]:
                     del self._recorders[old]  # a Run of that name deleted and created again

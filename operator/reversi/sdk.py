@@ -248,11 +248,15 @@ class Recorder:
     :meth:`attach` (continue only)."""
 
     def __init__(self, api: client.ApiClient, namespace: str, run: str,
-                 failed_errors: tuple[type[BaseException], ...] = FAILED_ERRORS, recovery: str = "bestEffort"):
+                 failed_errors: tuple[type[BaseException], ...] = FAILED_ERRORS, recovery: str = "bestEffort",
+                 at_admission: bool = False):
         if recovery not in ("bestEffort", "required"):
             raise ValueError(f"recovery must be 'bestEffort' or 'required', not {recovery!r}")
         self.api = api
         self.recovery = recovery
+        #: the recording webhook's recorder: its steps carry ``runAtOpen.recordedAtAdmission`` (the API
+        #: server refuses that mark from anyone else; docs/concepts.md#recording-with-no-agent-code)
+        self.at_admission = at_admission
         #: the RollbackRequest that closed the run, once this recorder knows of one: every later
         #: :meth:`begin` raises :class:`RunClosed` without a call to the API server
         self.closed_by: str | None = None
@@ -349,6 +353,8 @@ class Recorder:
             self._at_open = None
             return
         self._at_open = run_at_open(obj, self._ancestors((spec.get("parentRef") or {}).get("name")))
+        if self._at_open is not None and self.at_admission:  # the recording webhook's own mark
+            self._at_open["recordedAtAdmission"] = True
 
     def _ancestors(self, parent: str | None) -> list[dict[str, Any]]:
         """The run's ancestors from its parent up (nested runs: at most 8), each ``{name,

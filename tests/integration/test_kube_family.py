@@ -25,7 +25,7 @@ RUNNER_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
     # whose run it restores, and whether that principal may make the write itself
-    {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get"]},
+    {"apiGroups": ["reversi.dev"], "resources": ["runs", "runsteps"], "verbs": ["get"]},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 ]
 #: the agent: it records (the chart's reversi-record role) and changes these objects itself

@@ -23,7 +23,7 @@ AGENT_SA = "agent"
 RUNNER_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
     {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
-    {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get"]},
+    {"apiGroups": ["reversi.dev"], "resources": ["runs", "runsteps"], "verbs": ["get"]},
     {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
 ]
 #: the agent changes these objects with plain writes, and opens its own Run; nothing of Reversi's SDK

@@ -120,3 +120,19 @@ def test_the_principals_groups_are_those_the_api_server_gives_every_such_user():
     assert kube_runner.groups_of("system:serviceaccount:shop:agent") == [
         "system:serviceaccounts", "system:serviceaccounts:shop", "system:authenticated"]
     assert kube_runner.groups_of("alice") == ["system:authenticated"]
+
+
+def test_a_step_recorded_at_admission_is_known_by_the_mark_only_the_admission_server_may_set():
+    """docs/concepts.md#recording-with-no-agent-code: its states are the API server's own."""
+    marked = {"spec": {"runAtOpen": {"uid": "r", "recordedAtAdmission": True}}}
+    assert kube_runner.recorded_at_admission(Objects(marked), f"{NS}/run", 3) is True
+    assert kube_runner.recorded_at_admission(Objects({"spec": {"runAtOpen": {"uid": "r"}}}), f"{NS}/run", 3) is False
+    assert kube_runner.recorded_at_admission(Objects(None), f"{NS}/run", 3) is False
+    assert kube_runner.recorded_at_admission(Objects(marked), f"{NS}/run", None) is False
+
+
+def test_a_recording_runs_principal_is_the_service_account_it_records():
+    run = {"spec": {"principal": "alice", "record": {"serviceAccount": "agent"}}}
+    principal = kube_runner.principal_of(Objects(run), f"{NS}/run")
+    assert principal.user == f"system:serviceaccount:{NS}:agent"
+    assert kube_runner.principal_of(Objects({"spec": {"principal": "alice"}}), f"{NS}/run").user == "alice"

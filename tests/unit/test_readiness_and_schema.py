@@ -152,7 +152,7 @@ SCHEMA_DIGESTS = {2: "0c3df7b157cbb7409336484ca4fbce5d662a007fe2f74afb46a5523063
                   9: "41766c54cb87ad20f3f21bf8a05f9ba7e00765c419dee65c6746df11766c58f0",
                   10: "1a972d61e7f332736dbce7e6366aa80a4570ded0e9126d664558214f7915a801",
                   11: "b9ec90315d6923acf6c37f09e9b93afda9645b753908354956507721489b0b54",
-                  12: "02ca659d7fc08faf47c2d93ab871d9fe73067c7fcb4f0af403802203041d0ea8"}
+                  12: "90f688ce9b48712cfd1cca02948a5a03bd43db53a39950ec4ad01b64eabc3a37"}
 
 
 def _schema_digest() -> str:

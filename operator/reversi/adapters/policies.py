@@ -150,7 +150,8 @@ def record_policy(name: str, recorder: str | None = None) -> dict[str, Any]:
     five digits>``, the caller is the Run's principal as the step's copy of the Run says (rule 10;
     the operator checks the copy against the Run) or ``recorder``, the admission server's own user,
     which records the writes of the user a Run's ``spec.record`` names
-    (docs/concepts.md#recording-with-no-agent-code), no resolution, ``args`` within
+    (docs/concepts.md#recording-with-no-agent-code) and alone may mark a step
+    ``runAtOpen.recordedAtAdmission``, no resolution, ``args`` within
     :data:`ARGS_CEILING_BYTES` as CEL measures them, a Run name that can label its steps."""
     by_recorder = f" || request.userInfo.username == {cel_string(recorder)}" if recorder else ""
     index = "string(object.spec.index)"
@@ -176,6 +177,12 @@ def record_policy(name: str, recorder: str | None = None) -> dict[str, Any]:
                  "messageExpression": f"{run} + ' belongs to another principal (' + object.spec.runAtOpen.principal + "
                                       "'); ' + request.userInfo.username + ' may not add or change its steps: open a "
                                       "Run of your own'"},
+                {"expression": "!has(object.spec.runAtOpen.recordedAtAdmission) || "
+                               "!object.spec.runAtOpen.recordedAtAdmission" + (
+                                   f" || request.userInfo.username == {cel_string(recorder)}" if recorder else ""),
+                 "reason": "Forbidden",
+                 "messageExpression": "'spec.runAtOpen.recordedAtAdmission is set only by Reversi\\'s recording "
+                                      "webhook; ' + request.userInfo.username + ' may not set it'"},
                 {"expression": "!has(object.spec.resolution)", "reason": "Invalid",
                  "message": "a step is recorded without spec.resolution; settle it afterwards (kubectl reversi "
                             "resolve)"},

@@ -41,6 +41,7 @@ from ..adapters import apicalls
 from ..adapters.job_io import CallError, fail, load_call
 from ..adapters.kube_objects import Objects, UnknownKind
 from ..engine import kube
+from ..models.runstep import step_name
 
 RESTORE, MATCHES = "kube.restore", "kube.matches"
 #: the field manager of every restore (server-side apply names it as the owner of what it wrote)
@@ -103,6 +104,23 @@ def principal_of(objects: Objects, run_id: str) -> Principal:
     if not user:
         raise Refused(f"Run {run_id} is gone or names no principal: nothing is restored for an unknown agent")
     return Principal(str(user), groups_of(str(user)))
+
+
+def recorded_at_admission(objects: Objects, run_id: str, index: Any) -> bool:
+    """Whether step ``index`` of the Run ``run_id`` (``namespace/name``) was recorded by the recording webhook
+    (its RunStep's ``spec.runAtOpen.recordedAtAdmission``, which the API server lets only the admission server
+    set): its prior and post states are then the API server's own, not the agent's word
+    (docs/concepts.md#recording-with-no-agent-code). Raises :class:`Refused` when the step cannot be read."""
+    namespace, _, name = run_id.partition("/")
+    if not isinstance(index, int) or isinstance(index, bool) or not name:
+        return False
+    ref = {"apiVersion": "reversi.dev/v1alpha1", "kind": "RunStep", "namespace": namespace,
+           "name": step_name(name, index)}
+    try:
+        step = objects.get(ref)
+    except ApiException as err:
+        raise _denied(err, "get", ref) from None
+    return bool((((step or {}).get("spec") or {}).get("runAtOpen") or {}).get("recordedAtAdmission"))
 
 
 def groups_of(user: str) -> list[str]:
@@ -201,8 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         if tool == MATCHES:
             print(json.dumps(read(objects, args)))
         else:
-            principal = principal_of(objects, str(call.get("run_id") or ""))
-            print(restore(objects, args, bool(call.get("forced")), principal, str(call.get("run_id") or "")))
+            run_id = str(call.get("run_id") or "")
+            # a step recorded at admission holds the API server's own states: nothing of the agent's word to check
+            principal = None if recorded_at_admission(objects, run_id, call.get("step")) else principal_of(objects,
+                                                                                                          run_id)
+            print(restore(objects, args, bool(call.get("forced")), principal, run_id))
     except (CallError, ValueError, config.ConfigException) as err:
         return fail(2, str(err), env)
     except (Refused, UnknownKind) as err:

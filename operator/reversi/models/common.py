@@ -79,7 +79,8 @@ PRESERVE = {"x-kubernetes-preserve-unknown-fields": True}
 #:    report.missing (indices no step has).
 #: 11: ClosedRunSlice (the lock policy's params: the runs a rollback has closed, sliced by a hash of the run's
 #:     name), in place of the ConfigMap reversi-closed-runs.
-#: 12: Run.spec.record (a ServiceAccount whose own writes the run records at admission, and its namespaces).
+#: 12: Run.spec.record (a ServiceAccount whose own writes the run records at admission, and its namespaces);
+#:     RunStep.spec.runAtOpen.recordedAtAdmission (the recording webhook's own mark).
 SCHEMA_VERSION = 12
 SCHEMA_VERSION_ANNOTATION = "reversi.dev/schema-version"
 

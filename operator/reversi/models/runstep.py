@@ -122,6 +122,11 @@ class RunAtOpen(ReversiModel):
     ancestors: list[AncestorAtOpen] = Field(
         default_factory=list, max_length=MAX_RUN_DEPTH,
         description="For a child run: its ancestors from the parent up, with their scopes.")
+    recorded_at_admission: bool | None = Field(
+        default=None,
+        description="True on a step the recording webhook recorded (a Run's spec.record): its states are the API "
+                    "server's own (oldObject), not a client's word. Only the admission server's user may set it "
+                    "(docs/concepts.md#recording-with-no-agent-code).")
 
 
 class RunStepSpec(StepBase):
@@ -131,6 +136,13 @@ class RunStepSpec(StepBase):
         json_schema_extra={
             "x-kubernetes-validations": [
                 *StepBase.transition_rules(),
+                rule(
+                    "!has(self.runAtOpen) || !has(self.runAtOpen.recordedAtAdmission) || "
+                    "(!has(self.snapshot) && !has(self.recordedAt))",
+                    "spec.runAtOpen.recordedAtAdmission is set only by the recording webhook, on a step with no "
+                    "snapshot and no recordedAt",
+                    fieldPath=".runAtOpen.recordedAtAdmission",
+                ),
                 rule(
                     "!has(oldSelf.resolution) || (has(self.resolution) && self.resolution == oldSelf.resolution)",
                     "a resolution is part of the record: once set it never changes",
