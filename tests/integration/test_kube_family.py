@@ -6,7 +6,6 @@ checked against the live objects, never against the report alone."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from kubernetes import client
@@ -17,17 +16,8 @@ from reversi.engine import kube
 from reversi.models.runstep import step_name
 from reversi.sdk import Recorder
 from tests.helpers import users_with_roles
+from tests.integration.kube_setup import RUNNER_RULES, RUNNER_SA, deployment, gone, install_family
 
-G, V = "reversi.dev", "v1alpha1"
-RUNNER_SA = "kube-undo"
-#: the rights the namespace's owner grants the runner: what it restores, nothing cluster-wide
-RUNNER_RULES = [
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
-    # whose run it restores, and whether that principal may make the write itself
-    {"apiGroups": ["reversi.dev"], "resources": ["runs", "runsteps"], "verbs": ["get"]},
-    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
-]
 #: the agent: it records (the chart's reversi-record role) and changes these objects itself
 AGENT_RULES = [*reversi_rbac.RECORD,
                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "delete"]},
@@ -40,32 +30,12 @@ def kube_ns(rv, cluster):
     """``rv`` with the family's ToolManifest ``kube``, its runner's ServiceAccount and Role, and
     ``rv.agent``: an API client of the user ``kube-agent`` (:data:`AGENT_RULES`), and of
     ``weak-agent``, who records but may only read ConfigMaps (``rv.weak``)."""
-    core, rbac = client.CoreV1Api(rv.api), client.RbacAuthorizationV1Api(rv.api)
-    core.create_namespaced_service_account(rv.ns, {"metadata": {"name": RUNNER_SA}})
-    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": RUNNER_SA}, "rules": RUNNER_RULES})
-    rbac.create_namespaced_role_binding(rv.ns, {
-        "metadata": {"name": RUNNER_SA},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNNER_SA},
-        "subjects": [{"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": rv.ns}]})
-    # on the node agent the image is ignored: the runner is this checkout's module
-    runner = kube.runner_entry("registry.example/reversi:1", RUNNER_SA,
-                               command=[sys.executable, "-m", "reversi.entrypoints.kube_runner"], deadline_seconds=60)
-    rv.create("toolmanifests", {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "kube"},
-                                "spec": {"runners": [runner], "tools": kube.manifest_tools()}})
+    install_family(rv)
     users = users_with_roles(cluster, rv.api, rv.ns, {
         "kube-agent": AGENT_RULES,
         "weak-agent": [*reversi_rbac.RECORD, {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
     rv.agent, rv.weak = users["kube-agent"], users["weak-agent"]
     return rv
-
-
-def _deployment(ns: str, replicas: int) -> dict:
-    labels = {"app": "web"}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "web", "image": "registry.example/web:1",
-                                                           "command": ["sleep", "600"]}]}}}}
 
 
 def _configmap(ns: str, name: str, color: str) -> dict:
@@ -83,27 +53,19 @@ def _ref(obj: dict) -> dict:
     return kube.object_ref(obj)
 
 
-def _gone(read, *args) -> bool:
-    try:
-        read(*args)
-    except ApiException as err:
-        return err.status == 404
-    return False
-
-
 def test_a_create_a_patch_a_scale_and_a_delete_are_restored_and_read_back_against_the_live_objects(kube_ns):
     rv, ns = kube_ns, kube_ns.ns
     core, apps = client.CoreV1Api(rv.api), client.AppsV1Api(rv.api)
-    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    apps.create_namespaced_deployment(ns, deployment(ns, 2))
     core.create_namespaced_config_map(ns, _configmap(ns, "settings", "blue"))
     before_svc = core.create_namespaced_service(ns, _service(ns))
     rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
-    rec.kube.scale(_ref(_deployment(ns, 2)), 0)
+    rec.kube.scale(_ref(deployment(ns, 2)), 0)
     rec.kube.patch(_ref(_configmap(ns, "settings", "")), {"data": {"color": "green"}})
     rec.kube.delete(_ref(_service(ns)))
     rec.kube.create(_configmap(ns, "extra", "red"))
     assert apps.read_namespaced_deployment("web", ns).spec.replicas == 0
-    assert _gone(core.read_namespaced_service, "front", ns)
+    assert gone(core.read_namespaced_service, "front", ns)
 
     rv.request("undo", "agent")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=180)
@@ -117,7 +79,7 @@ def test_a_create_a_patch_a_scale_and_a_delete_are_restored_and_read_back_agains
     assert svc.metadata.uid != before_svc.metadata.uid  # created again from its prior state
     assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 80, 8080)]
     assert svc.spec.selector == {"app": "web"} and svc.metadata.labels == {"tier": "front"}
-    assert _gone(core.read_namespaced_config_map, "extra", ns)
+    assert gone(core.read_namespaced_config_map, "extra", ns)
     # each undo was read back against the prior state by a kube.matches reader Job
     for entry in req["status"]["steps"]:
         assert rv.condition(entry, "Verified")["status"] == "True", entry
@@ -149,10 +111,10 @@ def test_a_change_made_since_is_refused_with_its_differences_and_force_overrides
 def test_a_write_the_api_server_refused_is_recorded_failed_and_its_undo_changes_nothing(kube_ns):
     rv, ns = kube_ns, kube_ns.ns
     apps = client.AppsV1Api(rv.api)
-    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    apps.create_namespaced_deployment(ns, deployment(ns, 2))
     rec = Recorder.open(ns, "agent", manifest="kube", api=rv.agent)
     with pytest.raises(ApiException) as refused:
-        rec.kube.scale(_ref(_deployment(ns, 2)), -1)
+        rec.kube.scale(_ref(deployment(ns, 2)), -1)
     assert refused.value.status == 422
     step = rv.get("runsteps", step_name("agent", 0))
     assert step["spec"]["outcome"] == "failed"
@@ -233,4 +195,4 @@ def test_a_change_then_a_delete_of_one_object_and_a_create_then_a_delete_are_und
     assert req["status"]["phase"] == "Succeeded", req["status"]["report"]
     live = core.read_namespaced_config_map("settings", ns)
     assert live.data == {"color": "blue"} and kube.RESTORED_BY not in (live.metadata.annotations or {})
-    assert _gone(core.read_namespaced_config_map, "extra", ns)
+    assert gone(core.read_namespaced_config_map, "extra", ns)

@@ -6,7 +6,6 @@ against the live objects and the RunSteps, never against the report alone."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from kubernetes import client
@@ -16,16 +15,10 @@ from reversi import rbac as reversi_rbac
 from reversi.adapters import webhooks
 from reversi.engine import kube
 from tests.helpers import wait_for, wait_for_role
+from tests.integration.kube_setup import bind, deployment, gone, install_family
 
 G, V = "reversi.dev", "v1alpha1"
-RUNNER_SA = "kube-undo"
 AGENT_SA = "agent"
-RUNNER_RULES = [
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "update", "delete"]},
-    {"apiGroups": ["reversi.dev"], "resources": ["runs", "runsteps"], "verbs": ["get"]},
-    {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]},
-]
 #: the agent changes these objects with plain writes, and opens its own Run; nothing of Reversi's SDK
 AGENT_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "update", "delete"]},
@@ -34,14 +27,6 @@ AGENT_RULES = [
      "verbs": ["get", "create", "patch", "update", "delete"]},
     {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get", "create"]},
 ]
-
-
-def _bind(rv, name: str, rules: list[dict], subject: dict) -> None:
-    rbac = client.RbacAuthorizationV1Api(rv.api)
-    rbac.create_namespaced_role(rv.ns, {"metadata": {"name": name}, "rules": rules})
-    rbac.create_namespaced_role_binding(rv.ns, {
-        "metadata": {"name": name}, "subjects": [subject],
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}})
 
 
 def _token_client(admin: client.ApiClient, namespace: str, account: str) -> client.ApiClient:
@@ -58,15 +43,9 @@ def _token_client(admin: client.ApiClient, namespace: str, account: str) -> clie
 def agent_ns(rv):
     """``rv`` with the kube family's ToolManifest ``kube``, its runner, and ``rv.agent``: an API client of
     the ServiceAccount ``agent`` (:data:`AGENT_RULES`)."""
-    core = client.CoreV1Api(rv.api)
-    for account in (RUNNER_SA, AGENT_SA):
-        core.create_namespaced_service_account(rv.ns, {"metadata": {"name": account}})
-    _bind(rv, RUNNER_SA, RUNNER_RULES, {"kind": "ServiceAccount", "name": RUNNER_SA, "namespace": rv.ns})
-    _bind(rv, AGENT_SA, AGENT_RULES, {"kind": "ServiceAccount", "name": AGENT_SA, "namespace": rv.ns})
-    runner = kube.runner_entry("registry.example/reversi:1", RUNNER_SA,
-                               command=[sys.executable, "-m", "reversi.entrypoints.kube_runner"], deadline_seconds=60)
-    rv.create("toolmanifests", {"apiVersion": f"{G}/{V}", "kind": "ToolManifest", "metadata": {"name": "kube"},
-                                "spec": {"runners": [runner], "tools": kube.manifest_tools()}})
+    install_family(rv)
+    client.CoreV1Api(rv.api).create_namespaced_service_account(rv.ns, {"metadata": {"name": AGENT_SA}})
+    bind(rv.api, rv.ns, AGENT_SA, AGENT_RULES, {"kind": "ServiceAccount", "name": AGENT_SA, "namespace": rv.ns})
     rv.user = f"system:serviceaccount:{rv.ns}:{AGENT_SA}"
     wait_for_role(rv.api, rv.user, rv.ns, AGENT_RULES[0])
     rv.agent = _token_client(rv.api, rv.ns, AGENT_SA)
@@ -101,27 +80,10 @@ def _settled(rv, run: str) -> list[dict]:
     return wait_for(settled, timeout=30, what="every recorded write's outcome")[0]
 
 
-def _deployment(ns: str, replicas: int) -> dict:
-    labels = {"app": "web"}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [{"name": "web", "image": "registry.example/web:1",
-                                                           "command": ["sleep", "600"]}]}}}}
-
-
-def _gone(read, *args) -> bool:
-    try:
-        read(*args)
-    except ApiException as err:
-        return err.status == 404
-    return False
-
-
 def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the_live_objects(agent_ns):
     rv, ns = agent_ns, agent_ns.ns
     core, apps = client.CoreV1Api(rv.api), client.AppsV1Api(rv.api)
-    apps.create_namespaced_deployment(ns, _deployment(ns, 2))
+    apps.create_namespaced_deployment(ns, deployment(ns, 2))
     core.create_namespaced_config_map(ns, {"metadata": {"name": "settings"}, "data": {"color": "blue"}})
     before_svc = core.create_namespaced_service(ns, {
         "metadata": {"name": "front", "labels": {"tier": "front"}},
@@ -152,7 +114,7 @@ def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the
     svc = core.read_namespaced_service("front", ns)
     assert svc.metadata.uid != before_svc.metadata.uid and svc.metadata.labels == {"tier": "front"}
     assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 80, 8080)]
-    assert _gone(core.read_namespaced_config_map, "extra", ns)
+    assert gone(core.read_namespaced_config_map, "extra", ns)
     assert core.read_namespaced_config_map("admins-own", ns) is not None
     for entry in req["status"]["steps"]:
         assert rv.condition(entry, "Verified")["status"] == "True", entry
@@ -198,7 +160,7 @@ def test_a_write_refused_after_admission_is_recorded_failed_and_its_undo_is_a_ve
     rv.request("undo", "agent-run")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete", timeout=120)
     assert req["status"]["report"]["complete"] and step["spec"]["index"] in req["status"]["report"]["skipped"]
-    assert _gone(core.read_namespaced_config_map, "over", ns)
+    assert gone(core.read_namespaced_config_map, "over", ns)
 
 
 def test_while_no_admission_replica_answers_a_recorded_users_write_is_refused_and_anothers_admitted(agent_ns):
@@ -262,7 +224,7 @@ def test_only_the_service_account_or_who_may_act_as_it_opens_a_run_that_records_
     rv, ns = agent_ns, agent_ns.ns
     core = client.CoreV1Api(rv.api)
     core.create_namespaced_service_account(ns, {"metadata": {"name": "other"}})
-    _bind(rv, "opener", [*reversi_rbac.RECORD], {"kind": "ServiceAccount", "name": "other", "namespace": ns})
+    bind(rv.api, rv.ns, "opener", [*reversi_rbac.RECORD], {"kind": "ServiceAccount", "name": "other", "namespace": ns})
     wait_for_role(rv.api, f"system:serviceaccount:{ns}:other", ns, reversi_rbac.RECORD[0])
     other = _token_client(rv.api, ns, "other")
     body = {"apiVersion": f"{G}/{V}", "kind": "Run", "metadata": {"name": "theirs"},
