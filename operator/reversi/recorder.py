@@ -42,7 +42,7 @@ from .adapters.kube_objects import Objects, UnknownKind
 from .engine import kube_review
 from .engine.kube import OutOfScope
 from .models.run import LABEL_RECORD
-from .sdk import Recorder, RecordingRefused, Step
+from .sdk import OutcomeNotRecorded, Recorder, RecordingRefused, Step
 
 log = logging.getLogger("reversi.recorder")
 
@@ -146,6 +146,9 @@ class WriteRecorder:
                     "made: try again"), None
         user = str((request.get("userInfo") or {}).get("username") or "")
         namespace = str(request.get("namespace") or "")
+        resource = request.get("resource") or {}
+        if not resource.get("group") and resource.get("resource") == "namespaces":  # a namespace's own delete
+            namespace = str(request.get("name") or "")
         run = self.run_for(user, namespace)
         if run is None:
             return None, None  # no open Run records this user here (any more): the write is not recorded
@@ -206,7 +209,7 @@ class WriteRecorder:
             settled = kube_review.Settlement("uncertain", error=reason)
         try:
             recorder.finish(step, settled.outcome, settled.result, settled.error)
-        except RecordingRefused as err:
+        except (RecordingRefused, OutcomeNotRecorded) as err:
             log.warning("the outcome of step %d of Run %s/%s was not recorded: %s", step.index, recorder.namespace,
                         recorder.run, err.message)
         except Exception:

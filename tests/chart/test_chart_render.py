@@ -280,7 +280,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_more(render):
                ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
                ("apiextensions.k8s.io", "customresourcedefinitions", "watch")}
     # the recording webhook's match condition (narrowed to its name below)
-    needed |= {("admissionregistration.k8s.io", "validatingwebhookconfigurations", v) for v in ("get", "patch")}
+    needed |= {("admissionregistration.k8s.io", "validatingwebhookconfigurations", v)
+               for v in ("get", "list", "watch", "patch")}
     assert grants == needed, f"missing: {sorted(needed - grants)}; extra: {sorted(grants - needed)}"
     for rule in _operator_rules(render()):
         if "validatingwebhookconfigurations" in rule["resources"]:

@@ -26,6 +26,8 @@ AGENT_RULES = [
     {"apiGroups": [""], "resources": ["configmaps", "services", "secrets"],
      "verbs": ["get", "create", "patch", "update", "delete"]},
     {"apiGroups": ["reversi.dev"], "resources": ["runs"], "verbs": ["get", "create"]},
+    # what the chart's reversi-record role grants an agent: it could write a step's outcome
+    {"apiGroups": ["reversi.dev"], "resources": ["runsteps"], "verbs": ["get", "patch", "update"]},
 ]
 
 
@@ -153,6 +155,13 @@ def test_a_write_refused_after_admission_is_recorded_failed_and_its_undo_is_a_ve
     with pytest.raises(ApiException) as refused:
         client.CoreV1Api(rv.agent).create_namespaced_config_map(ns, {"metadata": {"name": "over"}})
     assert refused.value.status == 403 and "exceeded quota" in refused.value.body
+    # while its outcome is being read (no object appears: up to 10 s), the agent may not settle it itself,
+    # say as failed, which a rollback skips: a recorded write's outcome is what the API server stored
+    (intended,) = [s for s in rv.steps("agent-run") if s["spec"]["outcome"] == "intended"]
+    with pytest.raises(ApiException) as forged:
+        client.CustomObjectsApi(rv.agent).patch_namespaced_custom_object(
+            G, V, ns, "runsteps", intended["metadata"]["name"], {"spec": {"outcome": "succeeded"}})
+    assert forged.value.status == 403 and "only Reversi's recorder settles it" in forged.value.body
     step = _settled(rv, "agent-run")[-1]
     assert (step["spec"]["tool"], step["spec"]["outcome"]) == (kube.CREATE, "failed")
     assert "not stored by the API server" in step["spec"]["error"]
@@ -180,6 +189,19 @@ def test_while_no_admission_replica_answers_a_recorded_users_write_is_refused_an
         operator.admission.start()
     assert gone(core.read_namespaced_config_map, "while-down", ns)
     assert _settled(rv, "agent-run") == []  # nothing recorded, nothing made
+
+
+def test_a_recording_configuration_someone_resets_is_put_right_at_once(agent_ns):
+    """The operator watches the recording configuration: reset to record no one, it names the agent again
+    within seconds, not at a resync minutes later."""
+    rv = agent_ns
+    _open_recording_run(rv)
+    adm = client.AdmissionregistrationV1Api(rv.api)
+    adm.patch_validating_webhook_configuration(webhooks.RECORD_NAME, [
+        {"op": "replace", "path": "/webhooks/0/matchConditions",
+         "value": [{"name": webhooks.RECORDED_USERS, "expression": "false"}]}])
+    wait_for(lambda: rv.user in (webhooks.recorded_now(rv.api, webhooks.RECORD_NAME) or ""), timeout=15,
+             what="the operator to put the recorded users back")
 
 
 def test_a_secrets_content_never_enters_a_runstep_and_a_halt_refuses_the_agents_writes(agent_ns):

@@ -97,6 +97,14 @@ def test_dry_runs_other_subresources_and_reversi_s_own_kinds_are_not_recorded(ex
     assert kube_review.written(_review("UPDATE", _cm({"a": "2"}), _cm({"a": "1"}), **extra)) is None
 
 
+def test_the_delete_of_a_recorded_namespace_is_refused_its_objects_would_go_unrecorded():
+    review = _review("DELETE", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}},
+                     resource={"group": "", "version": "v1", "resource": "namespaces"}, name="team")
+    with pytest.raises(kube.OutOfScope, match="deleting namespace team"):
+        kube_review.written(review)
+    assert "request.name" in webhooks.recorded_users({AGENT: ("team",)})
+
+
 def test_a_cluster_scoped_object_is_out_of_scope():
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "other"}}
     with pytest.raises(kube.OutOfScope):
@@ -128,6 +136,20 @@ def test_an_update_that_changes_nothing_is_succeeded_though_nothing_was_stored()
     assert write is not None and write.changes_nothing
     settled = kube_review.settle_change(write, None)
     assert settled.outcome == "succeeded" and settled.result is not None and settled.result["resourceVersion"] == "10"
+
+
+def test_a_custom_resources_scale_is_uncertain_its_replicas_path_is_its_crds():
+    widget = {"apiVersion": "breaker.dev/v1", "kind": "Widget",
+              "metadata": {"name": "w1", "namespace": "team", "uid": "w", "resourceVersion": "3"}, "spec": {"size": 1}}
+    scale = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": "w1", "namespace": "team"},
+             "spec": {"replicas": 7}}
+    review = _review("UPDATE", scale, scale, subResource="scale",
+                     resource={"group": "breaker.dev", "version": "v1", "resource": "widgets"})
+    write = kube_review.written(review, widget)
+    assert write is not None and write.tool == kube.SCALE
+    stored = {**widget, "metadata": {**widget["metadata"], "resourceVersion": "4"}, "spec": {"size": 7}}
+    settled = kube_review.settle_change(write, stored)
+    assert settled.outcome == "uncertain" and "specReplicasPath" in (settled.error or "")
 
 
 def test_a_delete_is_succeeded_by_the_deletion_or_a_deletion_timestamp_and_failed_otherwise():
@@ -190,7 +212,7 @@ def test_the_match_condition_names_only_recorded_users_and_is_false_for_none():
     assert webhooks.recorded_users({}) == "false"
     condition = webhooks.recorded_users({AGENT: ("a", "b"), "it's": ("c",)})
     assert f"'{AGENT}': ['a', 'b']" in condition and "'it\\'s': ['c']" in condition
-    assert "request.namespace in" in condition and "'reversi.dev'" in condition
+    assert "request.namespace) in" in condition and "'reversi.dev'" in condition
     with pytest.raises(ValueError, match="limit"):
         webhooks.recorded_users({f"u{i}": ("a",) for i in range(webhooks.MAX_RECORDED_USERS + 1)})
 

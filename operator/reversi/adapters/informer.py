@@ -74,19 +74,21 @@ class Informer(Generic[K, T]):
 
     ``list_for(namespace)``: ``(method, args)`` of the LIST for one namespace (None: the whole
     cluster or a cluster-scoped kind); ``namespaces``: the namespaces to watch, each on a thread of
-    its own (empty: one LIST and WATCH for all); ``label_selector``: narrows every LIST and WATCH.
+    its own (empty: one LIST and WATCH for all); ``label_selector`` and ``field_selector`` narrow every
+    LIST and WATCH (``metadata.name=<name>``: one object, which RBAC's resourceNames can grant alone).
     ``name``: the threads' name and the logs'."""
 
     def __init__(self, list_for: Callable[[str | None], tuple[Callable[..., Any], tuple[Any, ...]]], *,
                  keep: Callable[[dict], T | None], key: Callable[[dict], K | None],
                  namespaces: list[str] | None = None, name: str = "informer", label_selector: str | None = None,
-                 watch_seconds: int = 300, timeout: float = calls.TIMEOUT):
+                 watch_seconds: int = 300, timeout: float = calls.TIMEOUT, field_selector: str | None = None):
         self.list_for = list_for
         self.keep = keep
         self.key = key
         self.namespaces: list[str | None] = list(namespaces or []) or [None]
         self.name = name
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.watch_seconds = watch_seconds
         self.timeout = timeout
         self._store: dict[K, T] = {}
@@ -170,7 +172,8 @@ class Informer(Generic[K, T]):
                 self._stopped.wait(wait)
 
     def _kwargs(self) -> dict[str, Any]:
-        return {"label_selector": self.label_selector} if self.label_selector else {}
+        out = {"label_selector": self.label_selector} if self.label_selector else {}
+        return {**out, "field_selector": self.field_selector} if self.field_selector else out
 
     def _list(self, namespace: str | None) -> str:
         method, args = self.list_for(namespace)

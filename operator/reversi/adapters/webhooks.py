@@ -150,7 +150,10 @@ def recorded_users(recorders: Mapping[str, Sequence[str]]) -> str:
         raise ValueError(f"{len(recorders)} users are recorded at once, more than the limit of {MAX_RECORDED_USERS}")
     table = "{" + ", ".join(f"{policies.cel_string(user)}: [{', '.join(map(policies.cel_string, spaces))}]"
                             for user, spaces in sorted(recorders.items())) + "}"
-    return (f"request.userInfo.username in {table} && request.namespace in {table}[request.userInfo.username] && "
+    # a namespace's own delete names the namespace as request.name (the recorder refuses it)
+    where = "(request.resource.group == '' && request.resource.resource == 'namespaces' ? request.name : " \
+            "request.namespace)"
+    return (f"request.userInfo.username in {table} && {where} in {table}[request.userInfo.username] && "
             f"{_UNRECORDED}")
 
 
@@ -165,11 +168,24 @@ def record_configuration(client_config: Any, recorders: Mapping[str, Sequence[st
         "failurePolicy": "Fail", "timeoutSeconds": timeout_seconds, "matchPolicy": "Equivalent",
         "clientConfig": client_config(RECORD_HOOK),
         "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": list(RECORD_HOOK.operations),
-                   "resources": list(RECORD_HOOK.resources), "scope": "Namespaced"}],
+                   "resources": list(RECORD_HOOK.resources), "scope": "Namespaced"},
+                  # the delete of a recorded namespace, refused: its objects would go with no record
+                  {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["namespaces"],
+                   "scope": "Cluster"}],
         "matchConditions": [{"name": RECORDED_USERS, "expression": recorded_users(recorders)}],
     }
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": name}, "webhooks": [webhook]}
+
+
+def condition_of(configuration: Mapping[str, Any]) -> str:
+    """The recording configuration's match condition (a dict of it, as the API server returns it): its
+    expression, ``""`` when it has none."""
+    hooks = configuration.get("webhooks") or []
+    for condition in (hooks[0].get("matchConditions") or []) if hooks else []:
+        if condition.get("name") == RECORDED_USERS:
+            return str(condition.get("expression"))
+    return ""
 
 
 def recorded_now(api: client.ApiClient, name: str) -> str | None:
@@ -182,11 +198,7 @@ def recorded_now(api: client.ApiClient, name: str) -> str | None:
         if err.status == 404:
             return None
         raise
-    hooks = json.loads(body.data).get("webhooks") or []
-    for condition in (hooks[0].get("matchConditions") or []) if hooks else []:
-        if condition.get("name") == RECORDED_USERS:
-            return str(condition.get("expression"))
-    return ""
+    return condition_of(json.loads(body.data))
 
 
 def set_recorded(api: client.ApiClient, name: str, recorders: Mapping[str, Sequence[str]]) -> None:
@@ -238,10 +250,13 @@ def outcome_policy(name: str = f"{NAME}-runstep-outcome", recorder: str | None =
     """The ValidatingAdmissionPolicy the API server evaluates on every RunStep update of a step
     that carries its principal (rule 10 and the size limit, with the webhooks' messages): only the
     step's principal, or ``recorder`` (the admission server, which settles the outcome of the writes it
-    records: docs/concepts.md#recording-with-no-agent-code), changes its outcome, result or error; a
+    records: docs/concepts.md#recording-with-no-agent-code; of a step it marked
+    ``runAtOpen.recordedAtAdmission``, the recorder alone), changes its outcome, result or error; a
     ``result`` is at most :data:`RESULT_CEILING_BYTES` bytes of CEL's text of it."""
     run = "'Run ' + object.metadata.namespace + '/' + object.spec.runRef.name"
-    by_recorder = f" || request.userInfo.username == {policies.cel_string(recorder)}" if recorder else ""
+    is_recorder = f"request.userInfo.username == {policies.cel_string(recorder)}" if recorder else "false"
+    marked = ("has(oldObject.spec.runAtOpen) && has(oldObject.spec.runAtOpen.recordedAtAdmission) && "
+              "oldObject.spec.runAtOpen.recordedAtAdmission")
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
@@ -252,10 +267,15 @@ def outcome_policy(name: str = f"{NAME}-runstep-outcome", recorder: str | None =
             "matchConditions": [{"name": "step-carries-its-principal",
                                  "expression": "has(oldObject.spec.principal)"}],
             "validations": [
-                {"expression": f"!({_CALL_CHANGED}) || request.userInfo.username == oldObject.spec.principal"
-                               + by_recorder,
+                # a step the recording webhook recorded is settled by it alone: its outcome is what the
+                # API server stored, never the agent's word (docs/concepts.md#recording-with-no-agent-code)
+                {"expression": f"!({_CALL_CHANGED}) || ({marked} ? {is_recorder} : "
+                               f"(request.userInfo.username == oldObject.spec.principal || {is_recorder}))",
                  "reason": "Forbidden",
-                 "messageExpression": f"{run} + ' belongs to another principal (' + oldObject.spec.principal + '); ' "
+                 "messageExpression": f"({marked}) ? 'step ' + string(object.spec.index) + ' of ' + {run} + ' was "
+                                      "recorded at admission: its outcome is what the API server stored, and only "
+                                      "Reversi\\'s recorder settles it; ' + request.userInfo.username + ' may not' : "
+                                      f"{run} + ' belongs to another principal (' + oldObject.spec.principal + '); ' "
                                       "+ request.userInfo.username + ' may not add or change its steps: open a Run "
                                       "of your own'"},
                 {"expression": f"!has(object.spec.result) || size(bytes('%s'.format([object.spec.result]))) <= "
@@ -296,9 +316,11 @@ def _apply(create: Any, replace: Any, read: Any, body: dict[str, Any]) -> None:
 
 
 def register(api: client.ApiClient, client_config: Any, *, failure_policy: str = "Fail",
-             timeout_seconds: int = 10, recorder: str | None = None) -> None:
-    """Create or replace the webhook configurations of :data:`HOOKS` and the outcome policy with its
-    binding (local control plane; the chart renders the same objects). Raises ``ApiException``."""
+             timeout_seconds: int = 10, recorder: str | None = None,
+             recorders: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Create or replace the webhook configurations of :data:`HOOKS`, the recording configuration (its
+    match condition kept when it exists, else naming ``recorders``: users -> namespaces) and the policies
+    with their bindings (local control plane; the chart renders the same objects). Raises ``ApiException``."""
     adm = client.AdmissionregistrationV1Api(api)
     _apply(adm.create_mutating_webhook_configuration, adm.replace_mutating_webhook_configuration,
            adm.read_mutating_webhook_configuration,
@@ -307,7 +329,7 @@ def register(api: client.ApiClient, client_config: Any, *, failure_policy: str =
            adm.read_validating_webhook_configuration,
            configuration("validating", client_config, failure_policy=failure_policy,
                          timeout_seconds=timeout_seconds))
-    record = record_configuration(client_config, {}, timeout_seconds=timeout_seconds)
+    record = record_configuration(client_config, recorders or {}, timeout_seconds=timeout_seconds)
     current = recorded_now(api, RECORD_NAME)
     if current:  # kept: the operator names the recorded users in it
         record["webhooks"][0]["matchConditions"] = [{"name": RECORDED_USERS, "expression": current}]

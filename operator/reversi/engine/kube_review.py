@@ -12,7 +12,9 @@ writes of the users that open Runs record (``spec.record``), before they are sto
 - an ``UPDATE`` of its ``scale`` subresource (``kubectl scale``) is ``kube.scale``: the review carries only
   the Scale, so the prior state is the parent object as read (``parent``) and the expected post state is
   that object with ``spec.replicas`` from the Scale;
-- a ``DELETE`` is ``kube.delete``: the prior state is ``oldObject``, the expected post state absent.
+- a ``DELETE`` is ``kube.delete``: the prior state is ``oldObject``, the expected post state absent;
+- the ``DELETE`` of a recorded **namespace** is refused (:class:`reversi.engine.kube.OutOfScope`): its objects
+  would all go with no record of any.
 
 The family's classification applies unchanged: a Secret's content never enters the journal, the delete of a
 PersistentVolumeClaim, of a Pod or of a Job is irreversible, a state over the journal's limit is
@@ -28,7 +30,9 @@ after the prior one** is the recorded write's, if it landed:
 - it differs (another writer's version came first), or no version came before the deadline: ``failed``, a
   write the API server refused after admission; its undo is a verified no-op, since the object still holds
   what the next step (or the present) recorded;
-- an update that changes nothing the user controls is ``succeeded`` even when nothing was stored.
+- an update that changes nothing the user controls is ``succeeded`` even when nothing was stored;
+- a scale of a custom resource is ``uncertain``: it scales at the path its CRD names, which the review does
+  not carry, so the expected post state is not known.
 
 A create has no prior version: the object the review named by uid is there (``succeeded``) or, by the
 deadline, is not (``failed``).
@@ -52,6 +56,10 @@ UNRECORDED_GROUPS = frozenset({"reversi.dev", "events.k8s.io", "coordination.k8s
 UNRECORDED_CORE = frozenset({"events", "bindings"})
 
 _OPERATIONS = {"CREATE": "create", "UPDATE": "patch", "DELETE": "delete"}
+#: the kinds whose scale is ``spec.replicas`` (``(group, kind)``); a custom resource scales at the path its
+#: CRD names (``specReplicasPath``), which a review does not carry
+REPLICAS_KINDS = frozenset({("apps", "Deployment"), ("apps", "StatefulSet"), ("apps", "ReplicaSet"),
+                            ("", "ReplicationController")})
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,10 @@ def written(request: Mapping[str, Any], parent: Mapping[str, Any] | None = None)
     if subresource not in ("", SCALE_SUBRESOURCE):
         return None
     verb = _OPERATIONS.get(str(request.get("operation") or ""))
+    if not group and plural == "namespaces":
+        raise kube.OutOfScope(f"deleting namespace {request.get('name')}, whose objects' writes are recorded, would "
+                              "delete them all with no record of any: refused; close the Run first (a rollback "
+                              "closes it), or delete the namespace as another user")
     if verb is None:
         raise ValueError(f"operation {request.get('operation')!r} is not a write the family records")
     old, new = _object(request, "oldObject"), _object(request, "object")
@@ -140,8 +152,14 @@ def settle_change(write: Written, first: Mapping[str, Any] | None, *, deleted: b
 
     An update that changes nothing the user controls is ``succeeded``; a first version equal to the expected
     post state (for a delete: the deletion, or a deletionTimestamp set) is ``succeeded``; anything else is
-    ``failed``: the API server refused the write after admission (docs/concepts.md#recording-with-no-agent-code).
+    ``failed``: the API server refused the write after admission; the scale of a kind outside
+    :data:`REPLICAS_KINDS` is ``uncertain`` (docs/concepts.md#recording-with-no-agent-code).
     """
+    if write.verb == "scale" and _group_kind(write.ref) not in REPLICAS_KINDS:
+        return Settlement("uncertain", error=f"{_what(write)}: a custom resource scales at the path its CRD names "
+                                             "(specReplicasPath), which the review does not carry, so whether the "
+                                             "version stored next is this write's cannot be told; settle it with a "
+                                             "resolution (kubectl reversi resolve)")
     if write.changes_nothing and first is None:
         return Settlement("succeeded", _result(write, None))
     if write.verb == "delete":
@@ -195,6 +213,11 @@ def _result(write: Written, stored: Mapping[str, Any] | None) -> dict[str, Any]:
         return out
     size = kube.state_size(write.expected)
     return {**out, "postBytes": size} if size > kube.MAX_STATE_BYTES else {**out, "post": write.expected}
+
+
+def _group_kind(ref: Mapping[str, str]) -> tuple[str, str]:
+    group = ref["apiVersion"].rpartition("/")[0]
+    return group, ref["kind"]
 
 
 def _what(write: Written) -> str:

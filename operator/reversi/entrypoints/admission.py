@@ -29,6 +29,7 @@ import kopf
 from ..adapters import apicalls as calls
 from ..adapters import webhooks
 from ..adapters.kube import Kube
+from ..engine import kube_review
 from ..handlers import admission as _admission  # noqa: F401 - registers the webhooks and the manifest index
 from ..handlers import runtime
 from .. import recorder
@@ -76,16 +77,19 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # a connection for each read a review makes at once, and one for the handler thread itself
     connections = (runtime.READS_PER_REVIEW + 1) * ours.admission_threads
     kube = Kube(common.api_client(os.environ.get("REVERSI_KUBECONFIG"), connections), timeout=ours.api_timeout_seconds)
-    if ours.webhook_configure and made_ca:
-        # the local control plane: register the webhooks and the API server's policy here, as the
-        # chart's templates would (a write arriving before the server listens is refused as
-        # "failed calling webhook", which the SDK tries again)
-        url = f"https://{ours.webhook_url_host}:{ours.webhook_port}"
-        webhooks.register(kube.api, webhooks.url_client_config(url, Path(made_ca).read_bytes()),
-                          recorder=calls.whoami(kube.api))
     # the recording webhook (docs/concepts.md#recording-with-no-agent-code): served by the project's own code
     runs = recorder.runs_informer(kube.api, list(ours.namespaces or []), ours.api_timeout_seconds)
     runs.start()
+    if ours.webhook_configure and made_ca:
+        # the local control plane: register the webhooks and the API server's policy here, as the
+        # chart's templates would (a write arriving before the server listens is refused as
+        # "failed calling webhook", which the SDK tries again); a recording configuration made
+        # again names the users open Runs record, never no one
+        url = f"https://{ours.webhook_url_host}:{ours.webhook_port}"
+        runs.synced(ours.api_timeout_seconds)
+        webhooks.register(kube.api, webhooks.url_client_config(url, Path(made_ca).read_bytes()),
+                          recorder=calls.whoami(kube.api),
+                          recorders=kube_review.recorders((run.user, run.namespaces) for run in runs.values()))
     writes = recorder.WriteRecorder(kube.api, runs)
     assert isinstance(settings.admission.server, WebhookServer)
     settings.admission.server.routes[webhooks.RECORD_HOOK.path.lstrip("/")] = writes.review

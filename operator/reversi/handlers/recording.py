@@ -5,8 +5,9 @@ of the users that open Runs record, in the namespaces they record them in: its c
 condition names them (:func:`reversi.adapters.webhooks.recorded_users`). :class:`RecordedUsers` keeps that
 condition equal to what the informer of Runs says (:attr:`reversi.engine.retention.RunFacts.recording`):
 a Run that starts recording, closes (a rollback took it) or goes is one patch of the configuration, made
-by the replica that holds the Lease. It reads the configuration again every ``resync_seconds`` (an
-upgrade of the chart, or a person, may have put it back) and writes only a difference. Another user's
+by the replica that holds the Lease. It watches the configuration itself too (one object: a field
+selector on its name), so a change of anyone else's (an upgrade of the chart, a person, the configuration
+deleted and created again) is put right at once, and writes only a difference. Another user's
 write never waits on the webhook; a recorded user's write is refused while no admission replica answers
 (``failurePolicy: Fail``).
 """
@@ -18,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 
+from ..adapters import apicalls as calls
 from ..adapters import webhooks
+from ..adapters.informer import Informer, name_key
 from ..engine import kube_review
 from ..workqueue import Backoff, WorkQueue
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..adapters.informer import Informer
     from ..engine.retention import RunFacts
 
 log = logging.getLogger("reversi.recording")
@@ -39,7 +41,8 @@ class RecordedUsers:
     informer of Runs) record now. ``paused``: the queue starts no pass while true (no Lease held)."""
 
     def __init__(self, api: client.ApiClient, runs: Informer[Any, RunFacts], name: str, *,
-                 paused: Callable[[], bool] = lambda: False, resync_seconds: float = 300.0) -> None:
+                 paused: Callable[[], bool] = lambda: False, resync_seconds: float = 300.0,
+                 timeout: float = calls.TIMEOUT) -> None:
         self.api = api
         self.runs = runs
         self.name = name
@@ -48,13 +51,26 @@ class RecordedUsers:
         self.queue: WorkQueue[str] = WorkQueue(self._pass, workers=1, backoff=Backoff(1.0, 60.0), paused=paused,
                                                name="recorded-users")
         runs.subscribe(self._changed)
+        adm = client.AdmissionregistrationV1Api(api)
+        #: the configuration itself, as its match condition stands (a change of anyone's asks for a pass)
+        self.configuration: Informer[str, str] = Informer(
+            lambda _ns: (adm.list_validating_webhook_configuration, ()), keep=webhooks.condition_of,
+            key=name_key, name="recording-webhook", field_selector=f"metadata.name={name}", timeout=timeout)
+        self.configuration.subscribe(lambda _key, _old, _new: self.queue.add(KEY))
+        self.configuration.observe(self._seen)
 
     def start(self) -> None:
+        self.configuration.start()
         self.queue.start()
         self.queue.add(KEY)
 
     def stop(self) -> None:
+        self.configuration.stop()
         self.queue.stop()
+
+    def _seen(self, kind: str, _key: Any, _obj: Any) -> None:
+        if kind == "DELETED":  # gone: a pass says so (and puts it right once it is back)
+            self.queue.add(KEY)
 
     def wanted(self) -> dict[str, tuple[str, ...]]:
         """The users to record now, each with its namespaces (:func:`reversi.engine.kube_review.recorders`)."""
@@ -65,10 +81,10 @@ class RecordedUsers:
             self.queue.add(KEY)
 
     def _pass(self, _key: str) -> float | None:
-        if not self.runs.synced(0):
+        if not self.runs.synced(0) or not self.configuration.synced(0):
             return 1.0  # the first LIST is not in: naming fewer users now would let their writes through
         wanted = self.wanted()
-        now = webhooks.recorded_now(self.api, self.name)
+        now = self.configuration.get(self.name)
         if now is None:
             if not self._missing_said and wanted:
                 log.warning("Runs record %d user(s), but there is no ValidatingWebhookConfiguration %s: their writes "
