@@ -62,6 +62,8 @@ class RecordingRun:
     created: str
     user: str
     namespaces: tuple[str, ...]
+    #: the RollbackRequest that closed the Run (``status.closedBy``), once one did
+    closed_by: str | None = None
 
 
 def recording_run(run: Mapping[str, Any]) -> RecordingRun | None:
@@ -73,7 +75,7 @@ def recording_run(run: Mapping[str, Any]) -> RecordingRun | None:
     meta = run.get("metadata") or {}
     return RecordingRun(namespace=str(meta.get("namespace")), name=str(meta.get("name")), uid=str(meta.get("uid")),
                         created=str(meta.get("creationTimestamp") or ""), user=recording[0],
-                        namespaces=recording[1])
+                        namespaces=recording[1], closed_by=(run.get("status") or {}).get("closedBy") or None)
 
 
 def runs_informer(api: client.ApiClient, namespaces: list[str], timeout: float) -> Informer:
@@ -135,7 +137,7 @@ class WriteRecorder:
         self._settling.shutdown(wait=False)
 
     def run_for(self, user: str, namespace: str) -> RecordingRun | None:
-        """The newest open Run that records ``user``'s writes in ``namespace``, or ``None``."""
+        """The newest Run that records ``user``'s writes in ``namespace`` (closed or not), or ``None``."""
         found = [run for run in self.runs.values() if run.user == user and namespace in run.namespaces]
         return max(found, key=lambda run: (run.created, run.name), default=None)
 
@@ -153,6 +155,10 @@ class WriteRecorder:
         if run is None:
             return None, None  # no open Run records this user here (any more): the write is not recorded
         where = f"Run {run.namespace}/{run.name}"
+        if run.closed_by:  # the run boundary (rule 11): as a closed run's SDK calls are
+            return (f"{where} was rolled back by RollbackRequest {run.namespace}/{run.closed_by}: {user}'s writes in "
+                    f"namespace {namespace} are refused until a new Run records them (or that Run is deleted); the "
+                    "write was not made"), None
         try:
             write = kube_review.written(request, self._parent(request))
         except (OutOfScope, UnknownKind, ValueError) as err:

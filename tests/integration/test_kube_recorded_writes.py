@@ -120,6 +120,11 @@ def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the
     assert core.read_namespaced_config_map("admins-own", ns) is not None
     for entry in req["status"]["steps"]:
         assert rv.condition(entry, "Verified")["status"] == "True", entry
+    # the run boundary: once rolled back, the agent's writes there are refused, never let through unrecorded
+    with pytest.raises(ApiException) as closed:
+        agent_core.patch_namespaced_config_map("settings", ns, {"data": {"color": "after"}})
+    assert closed.value.status == 403 and "rolled back by RollbackRequest" in closed.value.body
+    assert core.read_namespaced_config_map("settings", ns).data == {"color": "blue"}
 
 
 def test_a_change_made_since_is_refused_with_its_difference_and_force_overrides_it(agent_ns):
@@ -244,5 +249,5 @@ def test_only_the_service_account_or_who_may_act_as_it_opens_a_run_that_records_
     with pytest.raises(ApiException) as refused:
         client.CustomObjectsApi(other).create_namespaced_custom_object(G, V, ns, "runs", body)
     assert refused.value.status == 403
-    assert f"spec.record names ServiceAccount {ns}/{AGENT_SA}" in refused.value.body
+    assert f"spec.record names ServiceAccount {ns}/{AGENT_SA}; only that ServiceAccount" in refused.value.body
     assert "create on serviceaccounts/token" in refused.value.body

@@ -193,10 +193,11 @@ def _run(record: dict | None, **status: object) -> dict:
             "spec": {"manifestRef": {"name": "m"}, **({"record": record} if record else {})}, "status": status}
 
 
-def test_a_run_records_its_service_account_in_its_namespaces_until_a_rollback_closes_it():
+def test_a_run_holds_its_service_accounts_writes_in_its_namespaces_closed_or_not_until_it_is_deleted():
     assert kube_review.recorded_by(_run({"serviceAccount": "agent"})) == (AGENT, ("team",))
     assert kube_review.recorded_by(_run({"serviceAccount": "agent", "namespaces": ["b", "a"]})) == (AGENT, ("a", "b"))
-    assert kube_review.recorded_by(_run({"serviceAccount": "agent"}, closedBy="undo-1")) is None
+    # closed: its user's writes are still sent, to be refused (the run boundary)
+    assert kube_review.recorded_by(_run({"serviceAccount": "agent"}, closedBy="undo-1")) == (AGENT, ("team",))
     assert kube_review.recorded_by(_run(None)) is None
     going = copy.deepcopy(_run({"serviceAccount": "agent"}))
     going["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"

@@ -245,13 +245,14 @@ def _scaled(parent: Mapping[str, Any], scale_spec: Mapping[str, Any]) -> dict[st
 
 
 def recorded_by(run: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:
-    """Whose writes the Run ``run`` (a dict, as the API server returns it) records now: ``(user, namespaces)``
-    as its ``spec.record`` names them, or ``None`` when it records none, is being deleted, or a rollback closed it
-    (``status.closedBy``: from then on its recorded user's writes pass unrecorded)
-    (docs/concepts.md#recording-with-no-agent-code)."""
-    meta, spec, status = run.get("metadata") or {}, run.get("spec") or {}, run.get("status") or {}
+    """Whose writes the Run ``run`` (a dict, as the API server returns it) holds: ``(user, namespaces)`` as its
+    ``spec.record`` names them, or ``None`` when it records none or is being deleted. A Run a rollback closed
+    (``status.closedBy``) still holds them: its user's writes there are refused until a newer Run records
+    them or the Run is deleted, as the SDK's calls of a closed run are (rule 11;
+    docs/concepts.md#recording-with-no-agent-code)."""
+    meta, spec = run.get("metadata") or {}, run.get("spec") or {}
     record = spec.get("record")
-    if not isinstance(record, Mapping) or meta.get("deletionTimestamp") or status.get("closedBy"):
+    if not isinstance(record, Mapping) or meta.get("deletionTimestamp"):
         return None
     account, namespace = record.get("serviceAccount"), meta.get("namespace")
     if not isinstance(account, str) or not account or not isinstance(namespace, str) or not namespace:

@@ -354,15 +354,17 @@ def _check_record(kube: Kube, spec: RunSpec, userinfo: dict, namespace: str, wha
     account = spec.record.service_account
     if _user(userinfo) != spec.record.username(namespace) and \
             not _allowed(kube, userinfo, namespace, "", "serviceaccounts", "create", account, subresource="token"):
-        raise kopf.AdmissionError(f"{what}: spec.record names ServiceAccount {namespace}/{account}, whose writes only "
-                                  "that ServiceAccount, or a user who may create its tokens (act as it), may have "
-                                  f"recorded; {_user(userinfo)} may not: create the Run as {account}, or get create "
-                                  "on serviceaccounts/token for it", code=403)
+        raise kopf.AdmissionError(f"{what}: spec.record names ServiceAccount {namespace}/{account}; only that "
+                                  "ServiceAccount, or a user who may act as it (create its tokens), may have its "
+                                  f"writes recorded, and {_user(userinfo)} is neither: create the Run as {account}, "
+                                  "or get create on serviceaccounts/token for it", code=403)
     pinned = spec.pinned_manifest
     if pinned is None or pinned.tool(kube_rules.PATCH) is None:
         raise kopf.AdmissionError(f"{what}: spec.record needs ToolManifest {namespace}/{spec.manifest_ref.name} to "
                                   "exist with the built-in kube family when the run is opened (its steps are "
-                                  "undone by it): add it with kubectl reversi kube-manifest, then create the Run",
+                                  "undone by it): add it with kubectl reversi kube-manifest -n "
+                                  f"{namespace} --image <operator image> --service-account <runner's account> | "
+                                  "kubectl apply -f -, then create the Run",
                                   code=422)
 
 
