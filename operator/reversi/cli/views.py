@@ -566,7 +566,12 @@ def _next_steps_to_undo(report: Mapping[str, Any], ns: str, manifest: str, run_n
         out.append(f"Step(s) {steps_text([h['step'] for h in handlers])} have no runner that can run: add it to "
                    f"spec.runners of ToolManifest {ns}/{manifest} (reasons above), then kubectl reversi rollback "
                    f"{run_name} {n}")
-    conflicts = report.get("conflict") or []
+    unread = [x["step"] for x in report.get("conflict") or [] if "could not be read" in (x.get("reason") or "")]
+    if unread:
+        out.append(f"Step(s) {steps_text(unread)} were not undone: their precondition could not be read (errors "
+                   f"above: often a right the runner lacks). Fix that, then re-run: kubectl reversi rollback "
+                   f"{run_name} {n}")
+    conflicts = [x for x in report.get("conflict") or [] if x["step"] not in unread]
     if conflicts:
         steps = [x["step"] for x in conflicts]
         out.append(f"Step(s) {steps_text(steps)} were not undone: their precondition no longer holds (someone "

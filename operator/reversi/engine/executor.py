@@ -319,7 +319,11 @@ def _conflict(run: StepRun, problem: str, guards: Guards, attempt: int) -> tuple
         new, effects = _compensate(replace(run, reason="Forced", forced_by=guards.forced_by), attempt)
         return new, [Note(s, "Forced", f"step {s}: precondition {tool} does not hold ({problem}); undone anyway: "
                           f"forced by {guards.forced_by}", warning=True), *effects]
-    why = f"precondition {tool} does not hold: {problem}; not undone (force it with spec.force, RBAC verb force)"
+    if problem.startswith("read failed"):  # nothing is known of the state: forcing would undo it unseen
+        why = (f"precondition {tool} could not be read ({problem}): whether the state changed since is not known; "
+               "not undone: fix what the read needs, then re-run (forcing would undo it unseen)")
+    else:
+        why = f"precondition {tool} does not hold: {problem}; not undone (force it with spec.force, RBAC verb force)"
     return replace(run, stage="conflict", error=why, next_at=None, reason="Conflict"), [
         Note(s, "Conflict", f"step {s}: {why}", warning=True)]
 

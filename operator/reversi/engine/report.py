@@ -309,7 +309,7 @@ _NOT_ATTEMPTED_WHY = {
     "cancelled": "the request was cancelled before its undo started",
     "expired": "the window in which it could be undone has passed",
     "handlerUnavailable": "no runner could run its compensator",
-    "conflict": "the state it would restore has changed since (precondition no longer holds)",
+    "conflict": "its precondition did not hold (the state it would restore changed since) or could not be read",
     "compensationDeadlinePassed": "spec.compensationDeadlineSeconds passed before its compensation could start",
 }
 
