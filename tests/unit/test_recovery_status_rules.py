@@ -125,6 +125,16 @@ def test_precondition_that_fails_is_a_conflict_unless_forced():
     assert held.stage == "compensating" and held.forced_by is None
 
 
+def test_a_precondition_that_could_not_be_read_is_not_undone_and_says_to_fix_the_read_not_to_force():
+    """Rule 16: nothing is known of the state, so nothing is written; the advice is the read's error."""
+    guards = ex.Guards(precondition=PRE)
+    run, _ = ex.start(ex.StepRun(0), None, guards)
+    failed = lambda role, attempt, read: ex.JobView("failed", message="get ConfigMap shop/x is forbidden")  # noqa: E731
+    new, effects = ex.advance(run, failed, PRECHECK, POLICY, 0.0, guards=guards)
+    assert new.stage == "conflict" and "could not be read" in new.error and "is forbidden" in new.error
+    assert "force it with" not in new.error and not [e for e in effects if isinstance(e, (ex.StartJob, ex.Journal))]
+
+
 def test_a_cancel_during_a_guard_read_starts_no_compensator():
     """Cancel (point 6) meets the guards (point 5): the read's answer is in, but no new Job starts."""
     stopped = ex.Policy(retries=2, base_ms=10, max_ms=20, stop="the request was cancelled by bob")
