@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -117,8 +117,7 @@ class WriteRecorder:
         self._recorders: dict[tuple[str, str, str], tuple[Recorder, threading.Lock]] = {}
         self._lock = threading.Lock()
         self._settling = ThreadPoolExecutor(settlers, thread_name_prefix="settle")
-        #: called with each settled step (tests and metrics): ``(write, outcome)``
-        self.on_settled: Callable[[kube_review.Written, str], None] | None = None
+        runs.subscribe(self._run_changed)
 
     def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one ``AdmissionReview`` (a dict): allowed once the write is recorded (or when no open Run
@@ -131,6 +130,13 @@ class WriteRecorder:
             log.exception("recording a write failed")
             refusal = f"Reversi could not record this write ({type(err).__name__}: {err}); the write was not made"
         return review_response(str(request.get("uid") or ""), refusal, warning)
+
+    def _run_changed(self, key: tuple[str, str], _old: RecordingRun | None, new: RecordingRun | None) -> None:
+        """A Run that records no more (deleted) drops its recorder: what is kept follows the recording Runs."""
+        if new is None:
+            with self._lock:
+                for held in [k for k in self._recorders if k[:2] == key]:
+                    del self._recorders[held]
 
     def close(self) -> None:
         """Stop taking outcomes to settle (those under way finish)."""
@@ -221,8 +227,6 @@ class WriteRecorder:
         except Exception:
             log.exception("the outcome of step %d of Run %s/%s was not recorded", step.index, recorder.namespace,
                           recorder.run)
-        if self.on_settled is not None:
-            self.on_settled(write, settled.outcome)
 
     def _settlement(self, write: kube_review.Written) -> kube_review.Settlement:
         if write.verb == "create":
