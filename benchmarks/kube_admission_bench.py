@@ -46,6 +46,7 @@ from reversi.engine import kube  # noqa: E402
 from reversi_devcluster.build import binary  # noqa: E402
 from reversi_devcluster.cluster import Cluster  # noqa: E402
 from reversi_devcluster.localop import OperatorProcess, apply_crds, remove_webhook_configurations  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 G, V = "reversi.dev", "v1alpha1"
 RULES = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]}]
@@ -53,16 +54,6 @@ RULES = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "crea
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def _wait(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise TimeoutError(f"waited {timeout:.0f}s for {what}")
 
 
 def _agent(api: client.ApiClient, namespaces: list[str]) -> str:
@@ -139,8 +130,8 @@ def bench(api: client.ApiClient, writes: int, kubectl: str) -> int:
         def patch(ns: str):
             return lambda i: agent.patch_namespaced_config_map("settings", ns, {"data": {"n": str(i)}})
 
-        _wait(lambda: (patch(recorded_ns)("warm-up"), list_objects(custom, recorded_ns, "bench"))[1], 30,
-              "the agent's writes sent to the recording webhook")
+        wait_for(lambda: (patch(recorded_ns)("warm-up"), list_objects(custom, recorded_ns, "bench"))[1], 30,
+                 what="the agent's writes sent to the recording webhook")
         patch(plain_ns)("warm-up")
         print(f"an agent's write to a ConfigMap, recorded at admission against plain: {writes} writes per row "
               f"(load average {_load()}, {os.cpu_count()} CPUs)")
@@ -156,9 +147,9 @@ def bench(api: client.ApiClient, writes: int, kubectl: str) -> int:
         _print("  kubectl patch, a process per write (what an agent that shells out pays):",
                _rows(kubectl_patch(plain_ns), kubectl_patch(recorded_ns), writes))
         expected = 2 * writes + 1  # and the warm-up write(s) before
-        steps = _wait(lambda: (lambda s: s if len(s) >= expected and all(x["spec"]["outcome"] != "intended"
+        steps = wait_for(lambda: (lambda s: s if len(s) >= expected and all(x["spec"]["outcome"] != "intended"
                                                                           for x in s) else None)(
-            list_objects(custom, recorded_ns, "bench")), 60, "every recorded write settled")
+            list_objects(custom, recorded_ns, "bench")), 60, what="every recorded write settled")
         outcomes = Counter(s["spec"]["outcome"] for s in steps)
         print(f"  the Run's steps: {len(steps)} for {expected} recorded writes (with the warm-up ones); outcomes "
               f"{dict(outcomes)}")

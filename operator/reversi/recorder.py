@@ -6,7 +6,7 @@ keeps the recording webhook configuration's match condition naming exactly those
 (:func:`reversi.adapters.webhooks.record_configuration`), so the API server sends this webhook their
 writes and no one else's. For each review, :class:`WriteRecorder`:
 
-1. finds the open Run that records the user in that namespace (the newest; from an informer of the Runs
+1. finds the Run that records the user in that namespace (the newest; from an informer of the Runs
    labelled :data:`LABEL_RECORD`, no read per review);
 2. turns the review into a step of the built-in kube family (:func:`reversi.engine.kube_review.written`: the
    prior state from ``oldObject``, for a ``kubectl scale`` from the object read just before) and records it
@@ -120,8 +120,8 @@ class WriteRecorder:
         runs.subscribe(self._run_changed)
 
     def review(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Answer one ``AdmissionReview`` (a dict): allowed once the write is recorded (or when no open Run
-        records its user there), refused with the reason otherwise."""
+        """Answer one ``AdmissionReview`` (a dict): allowed once the write is recorded (or when no Run
+        records its user there), refused with the reason otherwise (a closed Run's user: the run boundary)."""
         request = body.get("request") or {}
         warning: str | None = None
         try:
@@ -159,7 +159,7 @@ class WriteRecorder:
             namespace = str(request.get("name") or "")
         run = self.run_for(user, namespace)
         if run is None:
-            return None, None  # no open Run records this user here (any more): the write is not recorded
+            return None, None  # no Run records this user here (any more): the write is not recorded
         where = f"Run {run.namespace}/{run.name}"
         if run.closed_by:  # the run boundary (rule 11): as a closed run's SDK calls are
             return (f"{where} was rolled back by RollbackRequest {run.namespace}/{run.closed_by}: {user}'s writes in "

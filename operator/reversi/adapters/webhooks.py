@@ -29,6 +29,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ..engine.kube_review import UNRECORDED_CORE, UNRECORDED_GROUPS
 from ..models.runstep import MAX_CALL_BYTES
 from . import apicalls as calls
 from . import policies
@@ -125,19 +126,20 @@ HOOKS: tuple[Hook, ...] = (
 
 
 #: The recording webhook (docs/concepts.md#recording-with-no-agent-code): the writes of the users that
-#: open Runs record, to namespaced objects of any kind (and ``kubectl scale``), in a configuration of its
+#: Runs record, to namespaced objects of any kind (and ``kubectl scale``), in a configuration of its
 #: own (:func:`record_configuration`) whose match condition the operator keeps (:func:`recorded_users`).
 RECORD_HOOK = Hook("validating", "record", ("*", "*/scale"), ("CREATE", "UPDATE", "DELETE"), "NoneOnDryRun")
 #: the recording webhook configuration's name on the local control plane (the chart's: ``<release>-record``)
 RECORD_NAME = f"{NAME}-record"
-#: the users one recording configuration names at most (open Runs that record, counted by user)
+#: the users one recording configuration names at most (Runs that record, counted by user)
 MAX_RECORDED_USERS = 256
 #: the name of the recording webhook's one match condition (the operator replaces it)
 RECORDED_USERS = "recorded-users"
-#: API groups and core resources whose writes are never sent to the recording webhook
-_UNRECORDED = ("!(request.resource.group in ['reversi.dev', 'events.k8s.io', 'coordination.k8s.io', "
-               "'authorization.k8s.io', 'authentication.k8s.io']) && "
-               "!(request.resource.group == '' && request.resource.resource in ['events', 'bindings'])")
+#: CEL: the write is of a kind that is recorded (the groups and core resources the recorder leaves out,
+#: :data:`reversi.engine.kube_review.UNRECORDED_GROUPS` and ``UNRECORDED_CORE``, never reach it)
+_UNRECORDED = (f"!(request.resource.group in [{', '.join(map(policies.cel_string, sorted(UNRECORDED_GROUPS)))}]) && "
+               "!(request.resource.group == '' && request.resource.resource in "
+               f"[{', '.join(map(policies.cel_string, sorted(UNRECORDED_CORE)))}])")
 
 
 def recorded_users(recorders: Mapping[str, Sequence[str]]) -> str:

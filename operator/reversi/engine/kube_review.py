@@ -4,7 +4,7 @@ family (:mod:`reversi.engine.kube`), and that settle the step's outcome from wha
 Dicts in, decisions out: no client, no I/O.
 
 **What a review records** (:func:`written`). The API server sends the admission webhook ``record-write`` the
-writes of the users that open Runs record (``spec.record``), before they are stored:
+writes of the users that Runs record (``spec.record``), before they are stored:
 
 - a ``CREATE`` is ``kube.create``: the prior state is absent, the expected post state is ``object``;
 - an ``UPDATE`` of the object itself (a ``kubectl apply``, ``edit``, ``patch``, ``label``, ``annotate``,
@@ -49,7 +49,8 @@ from . import kube
 #: the subresource whose writes are recorded besides the object's own (``kubectl scale``)
 SCALE_SUBRESOURCE = "scale"
 #: API groups whose writes are never recorded: Reversi's own kinds (the journal itself), and what no agent
-#: "changes" (events, leases, reviews); the registration's match conditions leave them out too
+#: "changes" (events, leases, reviews); the recording webhook's match condition is made from these too
+#: (:func:`reversi.adapters.webhooks.recorded_users`)
 UNRECORDED_GROUPS = frozenset({"reversi.dev", "events.k8s.io", "coordination.k8s.io", "authorization.k8s.io",
                                "authentication.k8s.io"})
 #: core resources never recorded (the same reasons)
@@ -262,7 +263,7 @@ def recorded_by(run: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:
 
 
 def recorders(recordings: Iterable[tuple[str, tuple[str, ...]] | None]) -> dict[str, tuple[str, ...]]:
-    """The users recorded now, each with the namespaces any open Run records it in (sorted, no repeats):
+    """The users recorded now, each with the namespaces any Run records it in (sorted, no repeats):
     what the recording webhook's match condition names (docs/concepts.md#recording-with-no-agent-code)."""
     out: dict[str, set[str]] = {}
     for recording in recordings:

@@ -179,7 +179,7 @@ class RunFacts:
     #: the gauges of what stands (docs/concepts.md#what-stands); empty when none stands
     standing: tuple[tuple[tuple[str, str], int], ...] = ()
     #: whose writes the Run records while it is open, as ``(user, namespaces)``
-    #: (:func:`reversi.engine.kube_review.recorded_by`); None when it records none, or is closed
+    #: (:func:`reversi.engine.kube_review.recorded_by`); None when it records none, or is being deleted
     recording: tuple[str, tuple[str, ...]] | None = None
 
 

@@ -1,7 +1,7 @@
 """The recording webhook's match condition, kept by the operator (docs/concepts.md#recording-with-no-agent-code).
 
 The API server sends the recording webhook (``reversi-admission``'s ``/validate-record``) only the writes
-of the users that open Runs record, in the namespaces they record them in: its configuration's one match
+of the users that Runs record, in the namespaces they record them in: its configuration's one match
 condition names them (:func:`reversi.adapters.webhooks.recorded_users`). :class:`RecordedUsers` keeps that
 condition equal to what the informer of Runs says (:attr:`reversi.engine.retention.RunFacts.recording`):
 a Run that starts recording, closes (a rollback took it) or goes is one patch of the configuration, made
@@ -56,8 +56,7 @@ class RecordedUsers:
         self.configuration: Informer[str, str] = Informer(
             lambda _ns: (adm.list_validating_webhook_configuration, ()), keep=webhooks.condition_of,
             key=name_key, name="recording-webhook", field_selector=f"metadata.name={name}", timeout=timeout)
-        self.configuration.subscribe(lambda _key, _old, _new: self.queue.add(KEY))
-        self.configuration.observe(self._seen)
+        self.configuration.subscribe(lambda _key, _old, _new: self.queue.add(KEY))  # a change, or its delete
 
     def start(self) -> None:
         self.configuration.start()
@@ -67,10 +66,6 @@ class RecordedUsers:
     def stop(self) -> None:
         self.configuration.stop()
         self.queue.stop()
-
-    def _seen(self, kind: str, _key: Any, _obj: Any) -> None:
-        if kind == "DELETED":  # gone: a pass says so (and puts it right once it is back)
-            self.queue.add(KEY)
 
     def wanted(self) -> dict[str, tuple[str, ...]]:
         """The users to record now, each with its namespaces (:func:`reversi.engine.kube_review.recorders`)."""
