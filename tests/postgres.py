@@ -9,10 +9,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from reversi_devcluster.localop import free_port
 
 PASSWORD = "archive-secret-7f3a"
 DISK_BYTES = 8 * 1024 * 1024
@@ -23,12 +24,6 @@ def _bin(name: str) -> str:
     if not found[-1]:
         raise RuntimeError(f"PostgreSQL's {name} is not installed: run make node-deps (Debian's postgresql package)")
     return found[-1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Postgres:
@@ -42,7 +37,7 @@ class Postgres:
         self.disk_bytes = disk_bytes
         self.data = self.folder / "data"
         self.disk = self.folder / "disk"
-        self.port = _free_port()
+        self.port = free_port()
         self.log = self.folder / "postgres.log"
 
     def _as_postgres(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ Used by the demo, the benchmarks and the integration tests. The admission server
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import ssl
@@ -58,11 +59,38 @@ def apply_crds(api: client.ApiClient, folder: Path = CRD_DIR, timeout: float = 6
     return names
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+#: where :func:`free_port` picks: above the control plane's and the tests' fixed ports (16443, 2379-2380,
+#: 18089+, 19089+, 20250) and below Linux's default ephemeral range (32768-60999)
+PICKED_PORTS = range(21000, 32000)
+
+
+def free_port(attempts: int = 200) -> int:
+    """A TCP port on 127.0.0.1 that is free right now, picked at random from :data:`PICKED_PORTS`.
+
+    Never from the kernel's ephemeral range (``net.ipv4.ip_local_port_range``): a port picked there can be
+    taken by any process's outgoing connection before the server it is meant for binds it (``Address already
+    in use``), which happened under a parallel suite. Raises ``RuntimeError`` after ``attempts`` busy ports.
+    """
+    low, high = _ephemeral_range()
+    for _ in range(attempts):
+        port = random.choice(PICKED_PORTS)
+        if low <= port <= high:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} after {attempts} tries")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def remove_webhook_configurations(api: client.ApiClient, name: str = "reversi.dev") -> None:

@@ -26,6 +26,7 @@ from reversi import certs
 from reversi.entrypoints import common
 from reversi.entrypoints.admission import RefusalsAreNotErrors
 from reversi.entrypoints.webhookserver import WebhookServer
+from reversi_devcluster.localop import free_port
 from tests.helpers import KeptRecords
 from tests.helpers import wait_for
 
@@ -44,12 +45,6 @@ class _Seen(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         self.records.append(record)
         return True
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _review(uid: str, notes: int = 0) -> dict[str, Any]:
@@ -95,7 +90,7 @@ def test_kopf_serves_large_reviews_and_refusals_are_not_logged_as_errors(cluster
 
     ca = certs.make_ca(tmp_path, name="test-webhook-ca")
     pair = certs.issue(ca, tmp_path, "webhook", "reversi-webhook", ip_addresses=("127.0.0.1",), server=True)
-    port = _free_port()
+    port = free_port()
     settings = kopf.OperatorSettings()
     settings.posting.enabled = False
     settings.admission.server = WebhookServer(addr="127.0.0.1", port=port, certfile=str(pair.cert),

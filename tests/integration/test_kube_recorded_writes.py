@@ -6,6 +6,7 @@ against the live objects and the RunSteps, never against the report alone."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from kubernetes import client
@@ -95,13 +96,20 @@ def test_an_agents_plain_writes_are_recorded_at_admission_and_undone_against_the
     agent_apps.patch_namespaced_deployment_scale("web", ns, {"spec": {"replicas": 0}})  # kubectl scale
     answer = agent_core.patch_namespaced_config_map("settings", ns, {"data": {"color": "green"}},  # kubectl patch
                                                     _preload_content=False)
-    # what kubectl prints the agent: Warning: Reversi: recorded as step 1 (kube.patch) of Run <ns>/agent-run
-    assert f"Reversi: recorded as step 1 ({kube.PATCH}) of Run {ns}/agent-run" in answer.headers.get("Warning", "")
+    # what kubectl prints the agent: Warning: Reversi: recorded as step N (kube.patch) of Run <ns>/agent-run
+    assert re.search(rf"Reversi: recorded as step \d+ \({kube.PATCH}\) of Run {ns}/agent-run",
+                     answer.headers.get("Warning", ""))
     agent_core.delete_namespaced_service("front", ns)  # kubectl delete
     agent_core.create_namespaced_config_map(ns, {"metadata": {"name": "extra"}, "data": {"color": "red"}})
     core.create_namespaced_config_map(ns, {"metadata": {"name": "admins-own"}})  # another user: not recorded
 
     steps = _settled(rv, "agent-run")
+    # a scale that loses a race with the deployment controller's status write is admitted again by the API
+    # server: the losing attempt is a failed step of its own, the retry the one that landed
+    # (docs/concepts.md#recording-with-no-agent-code)
+    lost = [s for s in steps if s["spec"]["outcome"] == "failed"]
+    assert all(s["spec"]["tool"] == kube.SCALE and "another write's" in s["spec"]["error"] for s in lost), lost
+    steps = [s for s in steps if s not in lost]
     assert [(s["spec"]["tool"], s["spec"]["outcome"]) for s in steps] == [
         (kube.SCALE, "succeeded"), (kube.PATCH, "succeeded"), (kube.DELETE, "succeeded"), (kube.CREATE, "succeeded")]
     assert steps[1]["spec"]["args"]["prior"]["object"]["data"] == {"color": "blue"}

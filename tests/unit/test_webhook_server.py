@@ -10,7 +10,6 @@ import base64
 import json
 import logging
 import shutil
-import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,15 +20,10 @@ import pytest
 
 from reversi import certs
 from reversi.entrypoints.webhookserver import WEBHOOK_MAX_BODY, Deadlines, WebhookServer
+from reversi_devcluster.localop import free_port
 from tests.helpers import KeptRecords, open_stalled
 
 MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _pair(folder: Path, stem: str = "webhook") -> tuple[certs.KeyPair, certs.KeyPair]:
