@@ -7,6 +7,10 @@ the API server returned them: ``kubectl reversi archive show`` prints them as ``
 ``export`` did), plus the columns a person searches by (name, principal, tool, time) and "who
 did what": one :class:`Action` per recorded call, resolution, rollback request, approval,
 denial, forced step, cancellation and acknowledgement, each with the actor the server stamped.
+
+A Run deleted by a person is archived too (docs/operations.md#a-run-deleted-by-hand): while the
+archive is on, each Run carries the finalizer :data:`FINALIZER`, which the operator removes only
+after the Run's record committed. :func:`finalizer_step` is that controller's decision.
 """
 
 from __future__ import annotations
@@ -17,6 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .retention import parse_time
+
+#: the finalizer that keeps a Run deleted by hand until its record is in the archive
+FINALIZER = "reversi.dev/archive"
+#: ``deleted_reason`` of a Run retention deleted (its TTL passed)
+EXPIRED = "expired"
+#: ``deleted_reason`` of a Run a person (or a namespace's deletion) deleted
+DELETED = "deleted"
+
+#: what :func:`finalizer_step` returns
+NOTHING = "Nothing"
+ADD = "AddFinalizer"
+REMOVE = "RemoveFinalizer"
+ARCHIVE = "ArchiveThenRemove"
 
 
 @dataclass(frozen=True)
@@ -135,3 +152,46 @@ def record(run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]], requests:
     mine = sorted(requests, key=lambda r: ((r.get("metadata") or {}).get("creationTimestamp") or "",
                                            (r.get("metadata") or {}).get("name") or ""))
     return Record(run, tuple(ordered), tuple(mine), reason, last_activity, tuple(actions(run, ordered, mine)))
+
+
+def finalizer_step(*, archive_on: bool, deleting: bool, finalizers: Sequence[str]) -> str:
+    """What the operator does with one Run's :data:`FINALIZER` (docs/operations.md#a-run-deleted-by-hand):
+
+    - archive on, the Run not being deleted, no finalizer: :data:`ADD` it;
+    - archive on, the Run being deleted, the finalizer on it: :data:`ARCHIVE` (write the record,
+      and remove the finalizer only after the write committed);
+    - archive off, the finalizer on the Run (left from when it was on): :data:`REMOVE` it at once,
+      being deleted or not: turning the archive off never leaves a Run undeletable;
+    - else :data:`NOTHING` (a Run being deleted without the finalizer is no longer the
+      operator's to keep; other finalizers are never touched).
+
+    Retention removes the finalizer itself after its own write committed, just before its delete
+    (:meth:`reversi.handlers.archive.Archiver.release`), so a Run it archived is never written twice.
+    """
+    held = FINALIZER in finalizers
+    if not archive_on:
+        return REMOVE if held else NOTHING
+    if deleting:
+        return ARCHIVE if held else NOTHING
+    return NOTHING if held else ADD
+
+
+def without_finalizer(finalizers: Sequence[str]) -> list[str]:
+    """``finalizers`` without :data:`FINALIZER`, the others in their order."""
+    return [f for f in finalizers if f != FINALIZER]
+
+
+def with_finalizer(finalizers: Sequence[str]) -> list[str]:
+    """``finalizers`` with :data:`FINALIZER` added last (once)."""
+    return [*without_finalizer(finalizers), FINALIZER]
+
+
+def failure_message(reason: str, kind: str, error: str) -> str:
+    """What the Run's ``Archived=False`` condition and its ``ArchiveFailed`` Event say when its
+    record (``reason``: :data:`EXPIRED` or :data:`DELETED`) could not be written: the error's
+    ``kind`` and text, and why the Run is still there."""
+    if reason == DELETED:
+        return (f"not deleted yet: its record could not be written to the archive ({kind}): {error}; the finalizer "
+                f"{FINALIZER} keeps the Run until the write succeeds, tried again with backoff")
+    return (f"not deleted: its record could not be written to the archive ({kind}): {error}; "
+            "retention tries again with backoff")

@@ -30,6 +30,7 @@ Pure: no clock (``now`` is passed in), no client, no kopf. Times are aware ``dat
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +182,9 @@ class RunFacts:
     #: whose writes the Run records while it is open, as ``(user, namespaces)``
     #: (:func:`reversi.engine.kube_review.recorded_by`); None when it records none, or is being deleted
     recording: tuple[str, tuple[str, ...]] | None = None
+    #: ``metadata.finalizers`` (the archive's own, docs/operations.md#a-run-deleted-by-hand, is the one
+    #: the operator reads; empty on almost every Run)
+    finalizers: tuple[str, ...] = ()
 
 
 def facts_of(run: Mapping[str, Any]) -> RunFacts:
@@ -197,7 +201,8 @@ def facts_of(run: Mapping[str, Any]) -> RunFacts:
         retention=dict(retention) if isinstance(retention, Mapping) else None,
         active_request=status.get("activeRequest") or None, residue=residue_standing(run),
         activity=run_activity(run), standing=tuple(sorted(sd.by_tool(status.get("standing")).items())),
-        recording=kube_review.recorded_by(run))
+        recording=kube_review.recorded_by(run),
+        finalizers=tuple(sys.intern(f) for f in meta.get("finalizers") or [] if isinstance(f, str)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from ..handlers import caches
 from ..handlers import runtime
 from ..adapters.archive import Archive
 from ..handlers.archive import Archiver
+from ..handlers.finalizer import ArchiveFinalizer
 from ..handlers.recording import RecordedUsers
 from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
@@ -160,12 +161,19 @@ def _start_retention(parts: runtime.Parts) -> None:
         default_ttl=ours.retention_ttl_seconds, deletes_per_second=ours.retention_deletes_per_second,
         workers=ours.retention_workers, metrics=parts.metrics, reconciling=parts.reconciling,
         paused=parts.paused)
+    archiver = None
     if ours.archive_dsn is not None:  # the record is written before each delete (docs/operations.md#the-archive)
         retention = parts.retention
-        parts.retention.archive = Archiver(
-            parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
-            requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
+        archiver = Archiver(parts.kube, Archive(ours.archive_dsn.get_secret_value()), metrics=parts.metrics,
+                            requests_of=lambda ns, run: [r.name for r in retention.requests.of(ns, run)])
+        parts.retention.archive, parts.retention.release = archiver, archiver.release
     parts.retention.start()
+    # the finalizer that keeps a Run deleted by hand until it is archived; with the archive off, it
+    # only takes that finalizer off the Runs that still carry it (docs/operations.md#a-run-deleted-by-hand)
+    parts.finalizer = ArchiveFinalizer(parts.kube, parts.informers["runs"], archiver,
+                                       writes_per_second=ours.retention_deletes_per_second,
+                                       reconciling=parts.reconciling, paused=parts.paused)
+    parts.finalizer.start()
     # the users the recording webhook is called for (docs/concepts.md#recording-with-no-agent-code)
     parts.recorded_users = RecordedUsers(parts.kube.api, parts.informers["runs"], ours.record_webhook,
                                          paused=parts.paused)
@@ -204,6 +212,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
         parts.journals.stop_all()
     if parts.retention is not None:
         parts.retention.stop()
+    if parts.finalizer is not None:
+        parts.finalizer.stop()
     if parts.recorded_users is not None:
         parts.recorded_users.stop()
     caches.stop(parts.informers)

@@ -22,7 +22,9 @@ collector deletes its RunSteps, Jobs and call Secrets. Deletes are paced
 their API server. Each deleted Run leaves an Event ``RunDeleted`` (the Run is gone, the Event
 names it) and counts in ``reversi_runs_deleted_total{reason="expired"}``. With the archive on,
 the Run's record is written first and the Run is deleted only after the write committed
-(:mod:`reversi.handlers.archive`).
+(:mod:`reversi.handlers.archive`); the finalizer that keeps a Run deleted by hand until it is
+archived (:mod:`reversi.handlers.finalizer`) is taken off just before the delete (``release``),
+so the Run is not written twice.
 """
 
 from __future__ import annotations
@@ -131,14 +133,16 @@ class Retention:
     of Namespaces carrying the annotation (values its text); ``requests``: the informer of
     RollbackRequests (values from :func:`request_facts`). ``default_ttl``: seconds, None to keep
     forever. ``archive(facts, steps)``: writes the Run's record before the delete and raises when
-    it could not (None: no archive). ``reconciling``: whether the operator may act now;
-    ``paused``: true while this replica does not hold the Lease. ``metrics``: the operator's
-    :class:`reversi.metrics.Metrics` or None."""
+    it could not (None: no archive); ``release(facts)``: after that write, takes the archive's
+    finalizer off the Run and returns the resourceVersion the delete names (None: no archive).
+    ``reconciling``: whether the operator may act now; ``paused``: true while this replica does
+    not hold the Lease. ``metrics``: the operator's :class:`reversi.metrics.Metrics` or None."""
 
     def __init__(self, kube: Kube, runs: Informer[RunKey, rules.RunFacts], namespaces: Informer[str, str],
                  requests: Informer[RunKey, tuple[Any, ...]], *, default_ttl: int | None,
                  deletes_per_second: float = 20.0, workers: int = 2, metrics: Any = None,
                  archive: Callable[[rules.RunFacts, rules.StepActivity], None] | None = None,
+                 release: Callable[[rules.RunFacts], str] | None = None,
                  reconciling: Callable[[], bool] = lambda: True, paused: Callable[[], bool] = lambda: False,
                  clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)):
         self.kube = kube
@@ -147,6 +151,7 @@ class Retention:
         self.default_ttl = default_ttl
         self.metrics = metrics
         self.archive = archive
+        self.release = release
         self.reconciling = reconciling
         self.clock = clock
         self.pacer = Pacer(deletes_per_second)
@@ -262,8 +267,9 @@ class Retention:
 
     def _delete(self, facts: rules.RunFacts, found: rules.Verdict) -> float | None:
         try:
+            version = self.release(facts) if self.release is not None else facts.resource_version
             deleted = self.kube.delete(jr.RUNS, facts.namespace, facts.name, uid=facts.uid,
-                                       resource_version=facts.resource_version)
+                                       resource_version=version)
         except Conflict:
             return SLACK_SECONDS  # changed since the pass read it: decide again on what the watch brings
         if not deleted:

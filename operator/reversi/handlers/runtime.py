@@ -91,6 +91,8 @@ class Parts:
     informers: dict[str, Any] = field(default_factory=dict)
     #: the retention controller (``reversi.handlers.retention.Retention``; ``reversi-operator`` only)
     retention: Any = None
+    #: the archive's finalizer controller (``reversi.handlers.finalizer.ArchiveFinalizer``; ``reversi-operator`` only)
+    finalizer: Any = None
     #: the recording webhook's match condition (:class:`reversi.handlers.recording.RecordedUsers`)
     recorded_users: Any = None
     #: this replica's candidate for the Lease (``reversi.handlers.leader.Leader``; ``reversi-operator``
