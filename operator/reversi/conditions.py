@@ -16,7 +16,8 @@ Which types go where:
   ``Compensated``, ``Verified``.
 - Run summary: ``RolledBack`` (every standing step settled by compensation), ``Locked``
   (a RollbackRequest holds the run: ``status.activeRequest``), ``Archived`` (False while
-  retention cannot write the run's record to the archive, so the run is not deleted).
+  the run's record cannot be written to the archive, so the run is not deleted: by retention,
+  or, deleted by hand, it stays marked deleted).
 - ToolManifest: ``Accepted``.  Halt / ClusterHalt: ``Active``, ``MatchesNoTool``.
 - Every kind, for GitOps tools (kstatus: Flux, ``kubectl wait``, cli-utils; Argo CD health
   checks): ``Ready``, ``Reconciling`` (True while work is in progress) and ``Stalled`` (True when
@@ -52,7 +53,7 @@ VERIFIED = "Verified"  # also a reason
 # Run
 ROLLED_BACK = "RolledBack"
 LOCKED = "Locked"
-ARCHIVED = "Archived"  # False while retention cannot write the Run's record to the archive (it then waits)
+ARCHIVED = "Archived"  # False while the Run's record cannot be written to the archive (the Run then waits)
 # ToolManifest
 ACCEPTED = "Accepted"
 # Halt / ClusterHalt

@@ -123,7 +123,9 @@ class OperatorSettings(BaseSettings):
         None,
         description="The archive (docs/operations.md#the-archive): a PostgreSQL connection string or URL; when set, "
                     "retention writes each expired Run's record there and deletes the Run only after the write "
-                    "committed. Give it from a Secret (the chart's archive.existingSecret); it is never logged.")
+                    "committed, and a Run deleted by hand is written before it goes (its finalizer "
+                    "reversi.dev/archive). Give it from a Secret (the chart's archive.existingSecret); it is never "
+                    "logged.")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

@@ -3,7 +3,9 @@ tests start (tests/postgres.py) and the real control plane: an expired Run's rec
 then the Run deleted; it reads back as ``describe`` showed it; a database that is down, refuses
 the password or has a full disk delays the deletion and says so (a Run condition, an Event, a
 metric) and loses nothing; a retry after a crash between the commit and the delete writes
-nothing twice.
+nothing twice. A Run deleted by hand (``kubectl delete run``) is archived before it goes, and waits
+while the database is down (docs/operations.md#a-run-deleted-by-hand); with the archive turned off,
+the finalizer is taken off again.
 
 The integration tests' operator is stopped for this module, and one with the archive on (the
 same ports) runs in its place."""
@@ -21,7 +23,9 @@ from kubernetes import client
 from reversi.adapters.archive import Archive
 from reversi.cli import views
 from reversi.engine import archive as records
+from reversi.engine.archive import FINALIZER
 from reversi.engine.retention import NAMESPACE_ANNOTATION
+from reversi_devcluster.build import binary
 from reversi_devcluster.localop import OperatorProcess, remove_webhook_configurations
 from tests.helpers import wait_for
 from tests.integration.conftest import RV
@@ -208,3 +212,91 @@ def test_a_retry_after_a_crash_between_commit_and_delete_writes_nothing_twice(ar
     assert _archived(postgres, run["metadata"]["uid"]) == {"writes": 2, "runs": 1, "steps": 3}
     assert postgres.sql(f"SELECT count(*) FROM reversi_actions WHERE run_uid = '{run['metadata']['uid']}'",
                         database="reversi") == "3", "who did what: once per step, not twice"
+
+
+# ------------------------------------------------------------------------ a Run deleted by hand
+
+def _keep_forever(rv: RV) -> None:
+    """Retention keeps the namespace's Runs: only a person deletes them here."""
+    client.CoreV1Api(rv.api).patch_namespace(rv.ns, {"metadata": {"annotations": {NAMESPACE_ANNOTATION: "Forever"}}})
+
+
+def _finalizers(rv: RV, run: str) -> list[str]:
+    return list(rv.get("runs", run)["metadata"].get("finalizers") or [])
+
+
+def _kubectl_delete(cluster, rv: RV, run: str, *wait: str) -> subprocess.CompletedProcess:
+    """``kubectl delete run`` as a person types it (a background delete, kubectl's default)."""
+    return subprocess.run([binary("kubernetes", "kubectl"), "--kubeconfig", str(cluster.paths.admin_kubeconfig),
+                           "delete", "run", run, "-n", rv.ns, *wait], capture_output=True, text=True, check=True,
+                          timeout=120)
+
+
+def _deleted_reason(postgres: Postgres, uid: str) -> str:
+    return postgres.sql(f"SELECT deleted_reason FROM reversi_runs WHERE uid = '{uid}'", database="reversi")
+
+
+def test_a_run_deleted_by_hand_is_archived_before_it_goes(arv, postgres, cluster):
+    rv = arv
+    _keep_forever(rv)
+    uid = _quiet(rv, "by-hand", steps=3)["metadata"]["uid"]
+    wait_for(lambda: FINALIZER in _finalizers(rv, "by-hand"), what=f"the finalizer {FINALIZER} on the Run")
+    _kubectl_delete(cluster, rv, "by-hand", "--timeout=90s")  # kubectl waits until the Run is gone
+    assert not _exists(rv, "runs", "by-hand")
+    # downstream truth: the row and its steps in PostgreSQL, written once, as deleted by hand
+    assert _archived(postgres, uid) == {"writes": 1, "runs": 1, "steps": 3}
+    assert _deleted_reason(postgres, uid) == "deleted"
+    shown = subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "archive", "show", "by-hand", "-n",
+                            rv.ns], capture_output=True, text=True, check=True,
+                           env={**os.environ, "REVERSI_ARCHIVE_DSN": postgres.dsn()}).stdout
+    assert "payments.get_customer" in shown and PASSWORD not in shown
+    wait_for(lambda: [e for e in client.CoreV1Api(rv.api).list_namespaced_event(rv.ns).items
+                      if e.involved_object.name == "by-hand" and e.reason == "RunArchived"],
+             what="the Event RunArchived")
+
+
+def test_a_run_deleted_by_hand_while_the_database_is_down_is_not_gone_until_it_is_back(arv, postgres, cluster):
+    rv = arv
+    _keep_forever(rv)
+    uid = _quiet(rv, "waits")["metadata"]["uid"]
+    wait_for(lambda: FINALIZER in _finalizers(rv, "waits"), what=f"the finalizer {FINALIZER} on the Run")
+    postgres.stop()
+    try:
+        _kubectl_delete(cluster, rv, "waits", "--wait=false")
+        found = wait_for(lambda: (c := _archived_condition(rv, "waits")) and c["reason"] == "ArchiveFailed" and c,
+                         timeout=30, what="the Archived condition of the Run deleted by hand")
+        assert found["status"] == "False" and "not deleted yet" in found["message"] and "(unreachable)" in found[
+            "message"] and PASSWORD not in found["message"]
+        assert wait_for(lambda: _failure_events(rv, "waits"), what="a Warning Event ArchiveFailed")[0].type == "Warning"
+        assert value(scrape(PORT), "reversi_archive_failures_total", namespace=rv.ns, reason="unreachable") >= 1
+        run = rv.get("runs", "waits")  # kept: marked deleted, its steps still there to be archived
+        assert run["metadata"].get("deletionTimestamp") and FINALIZER in run["metadata"]["finalizers"]
+        assert len(rv.steps("waits")) == 2
+    finally:
+        postgres.start()
+    _gone(rv, "waits", timeout=90)
+    assert _archived(postgres, uid) == {"writes": 1, "runs": 1, "steps": 2}
+    assert _deleted_reason(postgres, uid) == "deleted"
+
+
+def test_turning_the_archive_off_takes_the_finalizer_off_again(arv, archiving, admin_api, postgres, cluster):
+    rv = arv
+    _keep_forever(rv)
+    uid = _quiet(rv, "unheld")["metadata"]["uid"]
+    wait_for(lambda: FINALIZER in _finalizers(rv, "unheld"), what=f"the finalizer {FINALIZER} on the Run")
+    archiving.stop()
+    remove_webhook_configurations(admin_api)
+    try:
+        archiving.start()  # without REVERSI_ARCHIVE_DSN: the archive is off
+        wait_for(lambda: FINALIZER not in _finalizers(rv, "unheld"), timeout=60,
+                 what=f"the finalizer {FINALIZER} taken off with the archive off")
+        _kubectl_delete(cluster, rv, "unheld", "--timeout=60s")
+        assert not _exists(rv, "runs", "unheld") and _archived(postgres, uid) == {}
+    finally:
+        archiving.stop()
+        remove_webhook_configurations(admin_api)
+        os.environ["REVERSI_ARCHIVE_DSN"] = postgres.dsn()
+        try:
+            archiving.start()
+        finally:
+            del os.environ["REVERSI_ARCHIVE_DSN"]
