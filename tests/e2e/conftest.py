@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -64,9 +66,22 @@ def real_api(real_cluster) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(real_cluster.paths.admin_kubeconfig))
 
 
+#: ``kubectl reversi check --pre`` as it ran just before the chart's install (the ``release`` fixture)
+PRE_CHECK: list[subprocess.CompletedProcess] = []
+
+
+def kubectl_reversi(real_cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``kubectl reversi ARGS`` (as ``python -m reversi.entrypoints.plugin``) with the admin kubeconfig."""
+    return subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig",
+                           str(real_cluster.paths.admin_kubeconfig), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def release(real_cluster, real_api):
-    """The operator installed by its chart with its image (fast ticks for the tests)."""
+    """The operator installed by its chart with its image (fast ticks for the tests), once ``kubectl reversi check
+    --pre`` has checked the cluster (:data:`PRE_CHECK`)."""
+    PRE_CHECK.append(kubectl_reversi(real_cluster, "check", "--pre"))
     on_real_node.install_chart(real_api, real_cluster.paths.admin_kubeconfig, {"operator": {"tickSeconds": 0.5}})
     yield on_real_node.RELEASE
     if os.environ.get("REVERSI_REUSE_CLUSTER") == "1":

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from demo import on_real_node
 from reversi_devcluster import images
-from tests.e2e.conftest import describe
+from tests.e2e.conftest import PRE_CHECK, describe, kubectl_reversi
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -482,3 +482,36 @@ def test_rollbacks_hold_against_the_nodes_own_faults(shop, real_cluster, real_ap
                 assert refunds and shop.downstream.get_charge(charge["id"])["refunded"], (seed, run, fault)
             else:
                 assert step in said, (seed, run, fault, describe(shop, name))
+
+
+def test_kubectl_reversi_check_passes_before_and_after_the_install_and_names_admission_scaled_to_zero(
+        shop, real_cluster, real_api):
+    """``kubectl reversi check --pre`` passed on the bare cluster (run before the chart's install), ``kubectl
+    reversi check`` passes on the install, and with the admission replicas scaled to 0 it fails (exit 2) with one
+    line that names them and what to do (docs/operations.md#checking-an-install)."""
+    pre = PRE_CHECK[0]
+    assert pre.returncode == 0 and pre.stdout.strip().endswith("all checks passed"), (pre.stdout, pre.stderr)
+    assert "Kubernetes v1.36" in pre.stdout
+    installed = kubectl_reversi(real_cluster, "check", "--release-namespace", on_real_node.SYSTEM_NS)
+    assert installed.returncode == 0, (installed.stdout, installed.stderr)
+    assert "policies are in force" in installed.stdout and "webhooks answer" in installed.stdout
+    assert f"Lease {on_real_node.SYSTEM_NS}/{on_real_node.RELEASE}-operator held by" in installed.stdout
+
+    apps = client.AppsV1Api(real_api)
+    admission = f"{on_real_node.RELEASE}-admission"
+    replicas = apps.read_namespaced_deployment(admission, on_real_node.SYSTEM_NS).spec.replicas
+    apps.patch_namespaced_deployment_scale(admission, on_real_node.SYSTEM_NS, {"spec": {"replicas": 0}})
+    try:
+        wait_for(lambda: not apps.read_namespaced_deployment(admission, on_real_node.SYSTEM_NS).status.ready_replicas,
+                 timeout=120, what="the admission replicas gone")
+        broken = kubectl_reversi(real_cluster, "check")
+        problems = [line for line in broken.stdout.splitlines() if line.startswith("✗")]
+        assert broken.returncode == 2, (broken.stdout, broken.stderr)
+        assert problems == [f"✗ Deployment {on_real_node.SYSTEM_NS}/{admission} has 0 of 0 replicas ready: every "
+                            "write of Reversi's kinds is refused meanwhile (failurePolicy Fail): kubectl -n "
+                            f"{on_real_node.SYSTEM_NS} scale deployment {admission} --replicas=2, and see "
+                            "docs/operations.md#reversiadmissiondown"], broken.stdout
+    finally:
+        apps.patch_namespaced_deployment_scale(admission, on_real_node.SYSTEM_NS, {"spec": {"replicas": replicas}})
+        wait_for(lambda: kubectl_reversi(real_cluster, "check").returncode == 0, timeout=180,
+                 what="kubectl reversi check to pass again with the admission replicas back")
