@@ -88,13 +88,6 @@ log = logging.getLogger("reversi.metrics")
 ACKNOWLEDGED = acknowledgement.LEGACY_ANNOTATION
 
 
-def incomplete_run(run: dict) -> bool:
-    """Whether a Run counts in ``reversi_incomplete_rollbacks``: its last rollback is incomplete
-    (``RolledBack=False``) and no acknowledgement of it counts
-    (:func:`reversi.engine.acknowledgement.acknowledged`)."""
-    return acknowledgement.incomplete(run)
-
-
 BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved", "unmanifested",
            "deferred", "awaiting_approval", "pending", "cancelled", "skipped", "already_recovered", "expired",
            "handler_unavailable", "conflict", "compensation_deadline_passed")
@@ -104,9 +97,10 @@ Standing = dict[tuple[str, str], int]  # (tool, state) -> steps
 
 
 def _counted(run: dict) -> Standing | None:
-    """What a Run adds to the gauges of what stands: None when :func:`incomplete_run` does not
-    count it, else its standing undos by ``(tool, state)`` (``status.standing``, maybe empty)."""
-    if not incomplete_run(run):
+    """What a Run adds to the gauges of what stands: None when
+    :func:`~reversi.engine.acknowledgement.incomplete` does not count it, else its standing undos by
+    ``(tool, state)`` (``status.standing``, maybe empty)."""
+    if not acknowledgement.incomplete(run):
         return None
     return standing.by_tool((run.get("status") or {}).get("standing"))
 
@@ -133,8 +127,8 @@ def journal_ceilings(quotas: Any) -> dict[str, int]:
 
 
 def _incomplete_key(run: dict) -> tuple[str, str, Standing] | None:
-    """``(namespace, name, standing undos)`` of a Run that :func:`incomplete_run` counts, else
-    ``None``: what a resync keeps of each Run."""
+    """``(namespace, name, standing undos)`` of a Run that
+    :func:`~reversi.engine.acknowledgement.incomplete` counts, else ``None``: what a resync keeps of each Run."""
     counted = _counted(run)
     if counted is None:
         return None
@@ -187,8 +181,8 @@ class Metrics:
         self.journal_namespaces: Callable[[], dict[str, int]] | None = None
         #: where the periodic resync reads the Runs instead of a LIST of every Run (the operator's own
         #: informer): ``runs_source()`` gives ``(namespace, name, standing undos)`` of each Run
-        #: :func:`incomplete_run` counts (what :func:`_incomplete_key` keeps), or None while the
-        #: informer has not listed yet
+        #: :func:`~reversi.engine.acknowledgement.incomplete` counts (what :func:`_incomplete_key` keeps),
+        #: or None while the informer has not listed yet
         self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()

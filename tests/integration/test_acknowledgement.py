@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from reversi.metrics import incomplete_run
+from reversi.engine.acknowledgement import incomplete as incomplete_run
 from reversi_devcluster.build import binary
 from tests.gitops import kstatus
 from tests.helpers import users_with_roles, wait_for

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from reversi.metrics import ACKNOWLEDGED, Metrics, incomplete_run
+from reversi.engine.acknowledgement import incomplete as incomplete_run
+from reversi.metrics import ACKNOWLEDGED, Metrics
 
 
 def _run(name: str, rolled_back: str | None, acknowledged: bool = False) -> dict:

@@ -15,7 +15,7 @@ by itself, the moment it ends; or expire. The rules, in the order they are check
 5. a request waiting for an approval (``AwaitingApproval``), a request holding the run's lock
    (``RollbackInProgress``) or waiting for it or for the run (``RollbackPending``) keeps it;
 6. residue of the last rollback that no person acknowledged keeps it (``ResidueStanding``,
-   :func:`residue_standing`);
+   :func:`~reversi.engine.acknowledgement.incomplete`);
 7. a run below it that is kept keeps it (``RunBelowKept``): the tree goes as a whole;
 8. the run's own last activity (creation, a rollback taking or releasing its lock, an
    acknowledgement) less than the TTL ago keeps it (``NotExpired``, until then);
@@ -136,13 +136,6 @@ def parse_time(value: Any) -> dt.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
-def residue_standing(run: Mapping[str, Any]) -> bool:
-    """Whether something the Run's last rollback left in place stands and no person has
-    acknowledged it (docs/concepts.md#acknowledging-residue): the one test of "nothing standing
-    that a person has not acknowledged" retention makes, on the Run as a dict."""
-    return acknowledgement.incomplete(run)
-
-
 def run_activity(run: Mapping[str, Any]) -> dt.datetime | None:
     """The Run's own last activity: the latest of its creation, the last transition of its
     ``Locked`` and ``RolledBack`` conditions (a rollback took or released the lock, or ended)
@@ -163,8 +156,8 @@ def run_activity(run: Mapping[str, Any]) -> dt.datetime | None:
 class RunFacts:
     """What retention needs of one Run (a few hundred bytes, kept per Run in memory):
     its identity, whether it is being deleted, its parent, its ``spec.retention``, the request
-    holding its lock, whether residue stands (:func:`residue_standing`) and its own last activity
-    (:func:`run_activity`)."""
+    holding its lock, whether residue stands (:func:`~reversi.engine.acknowledgement.incomplete`)
+    and its own last activity (:func:`run_activity`)."""
 
     namespace: str
     name: str
@@ -199,7 +192,7 @@ def facts_of(run: Mapping[str, Any]) -> RunFacts:
         resource_version=str(meta.get("resourceVersion") or ""), deleting=bool(meta.get("deletionTimestamp")),
         parent=parent if isinstance(parent, str) and parent else None,
         retention=dict(retention) if isinstance(retention, Mapping) else None,
-        active_request=status.get("activeRequest") or None, residue=residue_standing(run),
+        active_request=status.get("activeRequest") or None, residue=acknowledgement.incomplete(run),
         activity=run_activity(run), standing=tuple(sorted(sd.by_tool(status.get("standing")).items())),
         recording=kube_review.recorded_by(run),
         finalizers=tuple(sys.intern(f) for f in meta.get("finalizers") or [] if isinstance(f, str)))

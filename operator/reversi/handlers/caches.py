@@ -66,7 +66,7 @@ def runs_per_namespace(runs: Informer) -> dict[str, int]:
 
 def incomplete_runs(runs: Informer) -> list[tuple[str, str, dict[tuple[str, str], int]]] | None:
     """``(namespace, name, standing undos by (tool, state))`` of each Run whose last rollback left
-    residue nobody acknowledged (``reversi.metrics.incomplete_run``, kept as ``RunFacts.residue``
+    residue nobody acknowledged (``reversi.engine.acknowledgement.incomplete``, kept as ``RunFacts.residue``
     and ``RunFacts.standing``); None before the first LIST."""
     if not runs.synced(0):
         return None
