@@ -43,9 +43,6 @@ log = logging.getLogger("reversi.archive")
 #: seconds a Run retention took the finalizer off stays without it (its delete follows at once;
 #: the finalizer controller does not put the finalizer back meanwhile)
 RELEASE_HOLD_SECONDS = 60.0
-#: the finalizer the API server adds for ``kubectl delete --cascade=foreground``: the garbage
-#: collector then deletes the Run's steps before the Run, whatever other finalizer holds it
-FOREGROUND = "foregroundDeletion"
 #: Event reason on a Run written to the archive before a person's delete let it go
 RUN_ARCHIVED = "RunArchived"
 
@@ -76,13 +73,15 @@ class Archiver:
     def deleted(self, facts: rules.RunFacts, steps: rules.StepActivity) -> dict:
         """Write the record of a Run a person deleted (``facts.deleting``; reason ``deleted``);
         returns the Run as read for it (its ``resourceVersion`` and finalizers: the finalizer is
-        removed from that version only). Raises :class:`ArchiveError` (after saying so on the
-        Run) or :class:`RunChanged`."""
-        partial = FOREGROUND in facts.finalizers
-        if partial:
-            log.warning("Run %s/%s was deleted with --cascade=foreground: the garbage collector deletes its steps "
-                        "first; its record holds the steps still there", facts.namespace, facts.name)
-        record = self.read(facts, steps, records.DELETED, partial=partial)
+        removed from that version only). A step missing from the count is left out, not waited
+        for: the garbage collector (a foreground delete) or the namespace controller (the
+        namespace's deletion) deletes steps before the Run, and nothing brings them back. Raises
+        :class:`ArchiveError` (after saying so on the Run) or :class:`RunChanged`."""
+        record = self.read(facts, steps, records.DELETED, partial=True)
+        if len(record.steps) < steps.count:
+            log.warning("Run %s/%s: %d of its %d steps were deleted before it (a foreground delete or its namespace's "
+                        "deletion); its record holds the %d still there", facts.namespace, facts.name,
+                        steps.count - len(record.steps), steps.count, len(record.steps))
         self.write(record, facts)
         return dict(record.run)
 
