@@ -4,7 +4,7 @@
 
 Records a run of ``--steps`` steps (Run ``bench-<steps>`` in namespace ``reversi-bench``) by
 creating its RunSteps directly with the admin client, from a thread pool, unless the run
-already has them all; then runs ``kubectl-reversi plan RUN`` (and ``--json``) ``--repeat`` times
+already has them all; then runs ``kubectl-reversi plan RUN`` (and ``-o json``) ``--repeat`` times
 as a subprocess and prints the median wall time (Python start-up included); then starts the
 operator and times ``--dry-run-requests`` dry-run RollbackRequests from create to ``Planned``.
 Target: a 10,000-step run plans in at most 3 s, both ways.
@@ -149,7 +149,7 @@ def main() -> int:
     print(f"run {NS}/{run}: {args.steps} RunSteps"
           + (f" recorded in {seconds:.1f}s" if seconds else " (already there)"))
     base = [sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig", kubeconfig, "-n", NS, "plan", run]
-    for variant in ([], ["--json"]):
+    for variant in ([], ["-o", "json"]):
         times = []
         for _ in range(args.repeat):
             elapsed, proc = timed(base + variant)

@@ -244,14 +244,14 @@ class Demo:
 
     def plan(self) -> None:
         title("The plan (computed from the run's RunSteps; a dry run changes nothing)")
-        mine = json.loads(self.plugin("plan", RUN, "--json", show=False))
+        mine = json.loads(self.plugin("plan", RUN, "-o", "json", show=False))
         self.plugin("plan", RUN)
         self.request("order-4711-plan", dryRun=True)
         req = self.wait("order-4711-plan", {"Planned", "Failed"})
         plan = req["status"]["plan"]
         kinds = {a["step"]: a["kind"] for a in mine["actions"]}
         differ = [a["step"] for a in plan["actions"] if kinds.get(a["step"]) != a["kind"]]
-        if differ or plan["fullyReversible"] != mine["fully_reversible"]:
+        if differ or plan["fullyReversible"] != mine["fullyReversible"]:
             raise RuntimeError(f"kubectl reversi plan and the operator's dry run disagree on step(s) {differ}")
         print(f"  the operator's dry run (RollbackRequest order-4711-plan) plans the same; fully reversible: "
               f"{plan['fullyReversible']} (the email cannot be unsent)")

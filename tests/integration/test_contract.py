@@ -11,6 +11,7 @@ import json
 import time
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -115,7 +116,7 @@ def test_rule5_no_read_back_declared_is_compensated_complete_and_says_so(rv, clu
     rv.apply_manifest(extra_tools=NO_READ_BACK)
     hold = rv.reserve("o-noread")
     rv.run("r", [rv.step(0, "inventory.hold", {"sku": "sku-mug", "qty": 1}, hold)])
-    plan = json.loads(kr(cluster, "plan", "r", "--json", namespace=rv.ns).stdout)
+    plan = json.loads(kr(cluster, "plan", "r", "-o", "json", namespace=rv.ns).stdout)
     assert plan["actions"][0]["verified"] is False and "no read-back declared" in plan["actions"][0]["reason"]
     rv.request("undo", "r")
     req = rv.wait_phase("undo", "Succeeded", "Incomplete")
@@ -153,17 +154,21 @@ def test_cli_rollback_json_report_and_dry_run_exit_code(rv, cluster):
     s0, charge = _charge_step(rv, 0, "o-json")
     rv.run("r", [s0, rv.step(1, "email.send", {"to": "customer"}, {"id": "msg_1"})])
     run_uid = rv.get("runs", "r")["metadata"]["uid"]
-    plan = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
-    assert plan.returncode == 2 and json.loads(plan.stdout)["run_id"] == run_uid
+    plan = kr(cluster, "plan", "r", "-o", "json", namespace=rv.ns)
+    assert plan.returncode == 2 and json.loads(plan.stdout)["runId"] == run_uid
     dry = kr(cluster, "rollback", "r", "--dry-run", "--wait", "--name", "dry", namespace=rv.ns)
     assert dry.returncode == 2, (dry.stdout, dry.stderr)  # email.send cannot be taken back
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is False
-    done = kr(cluster, "rollback", "r", "--wait", "--json", "--name", "real", namespace=rv.ns)
+    done = kr(cluster, "rollback", "r", "--wait", "-o", "json", "--name", "real", namespace=rv.ns)
     assert done.returncode == 2, (done.stdout, done.stderr)
-    report = json.loads(done.stdout)  # stdout is the report alone
+    report = json.loads(done.stdout)  # stdout is the report alone, with the API's names (status.report)
     for field in ("compensated", "skipped", "failed", "unrecoverable", "unresolved", "unmanifested", "deferred",
-                  "awaiting_approval", "unverified", "complete"):
+                  "awaitingApproval", "unverified", "complete"):
         assert field in report
+    described = kr(cluster, "describe", "real", "-o", "yaml", namespace=rv.ns)
+    assert described.returncode == 0 and yaml.safe_load(described.stdout) == report  # the same report
+    assert kr(cluster, "describe", "real", "-o", "name", namespace=rv.ns).stdout == \
+        "rollbackrequest.reversi.dev/real\n"
     assert report["compensated"] == [0] and [u["step"] for u in report["unrecoverable"]] == [1]
     assert report["complete"] is False and report["request"] == f"{rv.ns}/real"
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True

@@ -363,7 +363,9 @@ def test_plan_of_a_parent_is_not_fully_reversible_when_a_child_run_is_not(rv, cl
     text = kr(cluster, "plan", "shop", namespace=rv.ns)
     assert text.returncode == 2, text.stdout + text.stderr
     assert "Not fully reversible below this run: mail" in text.stdout, text.stdout
-    as_json = kr(cluster, "plan", "shop", "--json", namespace=rv.ns)
+    as_json = kr(cluster, "plan", "shop", "-o", "json", namespace=rv.ns)
     doc = json.loads(as_json.stdout)
-    assert as_json.returncode == 2 and doc["fully_reversible"] is False
-    assert {r["run"]: r["fully_reversible"] for r in doc["runs"]} == {"shop": True, "mail": False}
+    assert as_json.returncode == 2 and doc["fullyReversible"] is False
+    assert {r["run"]: r["fullyReversible"] for r in doc["runs"]} == {"shop": True, "mail": False}
+    named = kr(cluster, "plan", "shop", "-o", "name", namespace=rv.ns)
+    assert named.stdout.splitlines() == ["run.reversi.dev/shop", "run.reversi.dev/mail"]

@@ -91,10 +91,16 @@ def test_plan_of_the_design_example_matches_the_operators_dry_run_and_exits_2(rv
     assert "unresolved" in rows["2"] and "unrecoverable" in rows["3"]
     assert "Verdict: NOT fully reversible" in table.stdout
 
-    proc = kr(cluster, "plan", "order-4711", "--json", namespace=rv.ns)
+    proc = kr(cluster, "plan", "order-4711", "-o", "json", namespace=rv.ns)
     assert proc.returncode == 2, proc.stderr
     mine = json.loads(proc.stdout)
-    assert mine["fully_reversible"] is False
+    assert mine["fullyReversible"] is False
+    as_yaml = kr(cluster, "plan", "order-4711", "-o", "yaml", namespace=rv.ns)
+    assert as_yaml.returncode == 2 and yaml.safe_load(as_yaml.stdout) == mine  # the same document, as YAML
+    named = kr(cluster, "plan", "order-4711", "-o", "name", namespace=rv.ns)
+    assert named.stdout == "run.reversi.dev/order-4711\n"
+    wide = kr(cluster, "plan", "order-4711", "-o", "wide", namespace=rv.ns)
+    assert "UNDO KIND" in wide.stdout and '"amount":700' in wide.stdout
     assert [a["kind"] for a in mine["actions"]] == ["skip", "defer", "unresolved", "unrecoverable"]
 
     # the same plan as the operator's own dry run (same keys, args, blockers)
@@ -110,8 +116,8 @@ def test_plan_of_the_design_example_matches_the_operators_dry_run_and_exits_2(rv
             continue
         op = theirs[action["step"]]
         assert action["kind"] == op["kind"]
-        assert action["blocked_by"] == op.get("blockedBy", [])
-        assert action["idempotency_key"] == op.get("idempotencyKey")
+        assert action["blockedBy"] == op.get("blockedBy", [])
+        assert action["idempotencyKey"] == op.get("idempotencyKey")
         assert action["args"] == op.get("args")
         assert action["residue"] == op.get("residue", [])
     assert rv.batch.list_namespaced_job(rv.ns).items == [], "a plan and a dry run undo nothing"
@@ -121,13 +127,13 @@ def test_plan_of_a_reversible_run_exits_0_with_resolved_args_and_key(rv, cluster
     rv.apply_manifest()
     s0, charge = charge_step(rv, 0, "o-plan-ok")
     rv.run("r", [s0])
-    proc = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
+    proc = kr(cluster, "plan", "r", "-o", "json", namespace=rv.ns)
     assert proc.returncode == 0, proc.stderr
     action = json.loads(proc.stdout)["actions"][0]
-    assert action["kind"] == "compensate" and action["compensation_tool"] == "payments.refund"
+    assert action["kind"] == "compensate" and action["compensationTool"] == "payments.refund"
     assert action["args"] == {"charge_id": charge["id"], "amount": 700}
-    assert len(action["idempotency_key"]) == 64 and action["verified"] is True
-    assert action["compensation_kind"] == "compensation" and action["needs_approval"] is False
+    assert len(action["idempotencyKey"]) == 64 and action["verified"] is True
+    assert action["compensationKind"] == "compensation" and action["needsApproval"] is False
     human = kr(cluster, "plan", "r", namespace=rv.ns)
     assert human.returncode == 0 and "Verdict: fully reversible" in human.stdout
 
@@ -159,6 +165,18 @@ def test_rollback_wait_undoes_the_run_and_exits_0(rv, cluster):
     assert "Compensated (undone and checked by a reader): 1" in proc.stdout
     assert "the charge stays visible on the customer's statement" in proc.stdout
     assert rv.downstream.get(f"/payments/charges/{charge['id']}")["refunded"] is True
+
+    # the logs of the step's Jobs, read from their pods (the compensator printed the refund, the reader the charge)
+    logs = kr(cluster, "logs", name, namespace=rv.ns)
+    assert logs.returncode == 0, logs.stderr
+    heading, *text = logs.stdout.splitlines()
+    assert heading.startswith("==> step 0 (payments.refund): Job rv-") and heading.endswith("-0-c1 <==")
+    assert charge["id"] in "\n".join(text)
+    read = kr(cluster, "logs", name, "--step", "0", "--reader", "--tail", "1", namespace=rv.ns)
+    assert read.returncode == 0, read.stderr
+    assert json.loads(read.stdout)["refunded"] is True  # the read-back's answer, alone
+    absent = kr(cluster, "logs", name, "--step", "7", namespace=rv.ns)
+    assert "step 7 of RollbackRequest" in one_line_error(absent) and "has no compensator Job" in absent.stderr
 
 
 def test_rollback_without_wait_prints_the_name_and_creates_the_request(rv, cluster):
@@ -397,7 +415,7 @@ def test_resolve_settles_the_runsteps_and_unblocks_the_plan(rv, cluster):
         assert set(r) <= {"status", "result", "note", "actor", "resolvedAt"}
         stamped_or_absent(r, "actor")
 
-    plan = kr(cluster, "plan", "r", "--json", namespace=rv.ns)
+    plan = kr(cluster, "plan", "r", "-o", "json", namespace=rv.ns)
     assert plan.returncode == 0, plan.stdout
     assert [a["kind"] for a in json.loads(plan.stdout)["actions"]] == ["compensate"] * 3
 
@@ -484,6 +502,12 @@ def test_halt_add_list_lift(rv, cluster):
         assert any(line.startswith("ClusterHalt") and name in line and f"namespace={rv.ns}*" in line for line in lines)
         everywhere = kr(cluster, "halt", "list", "-A")
         assert everywhere.returncode == 0 and rv.ns in everywhere.stdout and "NAMESPACE" in everywhere.stdout
+        as_list = json.loads(kr(cluster, "halt", "list", "-o", "json", namespace=rv.ns).stdout)
+        assert as_list["kind"] == "List" and {(i["kind"], i["metadata"]["name"]) for i in as_list["items"]} >= {
+            ("Halt", "dup"), ("ClusterHalt", name)}
+        named = kr(cluster, "halt", "list", "-o", "name", namespace=rv.ns).stdout.splitlines()
+        assert "halt.reversi.dev/dup" in named and f"clusterhalt.reversi.dev/{name}" in named
+        assert "IN-FORCE" in kr(cluster, "halt", "list", "-o", "wide", namespace=rv.ns).stdout
 
         dupe = kr(cluster, "halt", "add", "dup", "--reason", "again", namespace=rv.ns)
         assert f"Halt {rv.ns}/dup already exists; lift it first" in one_line_error(dupe)
@@ -524,6 +548,10 @@ def test_kill_switch_on_status_off(rv, cluster):
         status = kr(cluster, "kill-switch", "status")
         assert status.returncode == 0 and status.stdout.startswith(f"kill switch: ON by {ADMIN}")
         assert "incident 42" in status.stdout
+        doc = yaml.safe_load(kr(cluster, "kill-switch", "status", "-o", "yaml").stdout)
+        assert doc["on"] is True and doc["reason"] == "incident 42" and doc["by"] == ADMIN
+        named = kr(cluster, "kill-switch", "status", "-o", "name")
+        assert named.stdout == "clusterhalt.reversi.dev/reversi-kill-switch\n"
         again = kr(cluster, "kill-switch", "on", "--reason", "incident 43")
         assert again.returncode == 0 and "reason changed" in again.stdout
         assert custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts",
@@ -533,6 +561,7 @@ def test_kill_switch_on_status_off(rv, cluster):
         with pytest.raises(ApiException):
             custom.get_cluster_custom_object(GROUP, VERSION, "clusterhalts", "reversi-kill-switch")
         assert kr(cluster, "kill-switch", "status").stdout == "kill switch: off\n"
+        assert json.loads(kr(cluster, "kill-switch", "status", "-o", "json").stdout) == {"on": False}
         assert "already off" in kr(cluster, "kill-switch", "off").stdout
     finally:
         _delete_cluster_halt(rv.api, "reversi-kill-switch")
@@ -597,9 +626,9 @@ def test_namespace_comes_from_the_context_and_options_work_after_the_command(rv,
     by_context = subprocess.run(base + ["--kubeconfig", str(path), "--context", "shop", "plan", "r"],
                                 capture_output=True, text=True, timeout=60)
     assert by_context.returncode == 0, by_context.stderr
-    after = subprocess.run(base + ["plan", "r", "--kubeconfig", str(path), "-n", rv.ns, "--json"],
+    after = subprocess.run(base + ["plan", "r", "--kubeconfig", str(path), "-n", rv.ns, "-o", "json"],
                            capture_output=True, text=True, timeout=60)
-    assert after.returncode == 0 and json.loads(after.stdout)["fully_reversible"] is True
+    assert after.returncode == 0 and json.loads(after.stdout)["fullyReversible"] is True
     default_ns = subprocess.run(base + ["--kubeconfig", str(path), "plan", "r"], capture_output=True, text=True,
                                 timeout=60)
     assert "error: Run default/r not found" in one_line_error(default_ns)
@@ -635,7 +664,7 @@ def test_plan_and_export_of_a_long_run(rv, cluster):
         args = {"order_id": f"o-{i}", "amount": i, "customer": "cus_9"} if i % 2 else {"id": "cus_9"}
         rv.create("runsteps", step_body(rv.ns, "big", rv.step(i, tool, args, {"id": f"ch_{i}"})))
     started = time.monotonic()
-    proc = kr(cluster, "plan", "big", "--json", namespace=rv.ns)
+    proc = kr(cluster, "plan", "big", "-o", "json", namespace=rv.ns)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
     actions = json.loads(proc.stdout)["actions"]
@@ -659,7 +688,7 @@ def test_plan_and_resolve_of_a_run_of_0_1_with_an_inline_journal(rv, cluster):
     rv.apply_manifest(capture_needs_approval=False)
     s0, charge = charge_step(rv, 0, "o-inline")
     rv.inline_run("old", [s0, rv.step(1, "payments.capture", {"charge_id": charge["id"]}, outcome="uncertain")])
-    plan = kr(cluster, "plan", "old", "--json", namespace=rv.ns)
+    plan = kr(cluster, "plan", "old", "-o", "json", namespace=rv.ns)
     assert plan.returncode == 2, plan.stderr
     assert [a["kind"] for a in json.loads(plan.stdout)["actions"]] == ["defer", "unresolved"]
     wait_for(lambda: (rv.get("runs", "old").get("status") or {}).get("movedSteps") == 2,
@@ -669,7 +698,7 @@ def test_plan_and_resolve_of_a_run_of_0_1_with_an_inline_journal(rv, cluster):
     ok = kr(cluster, "resolve", "old", "1", "--status", "succeeded", "--result", json.dumps({"id": capture["id"]}),
             "--note", "captured", namespace=rv.ns)
     assert ok.returncode == 0, ok.stderr
-    after = kr(cluster, "plan", "old", "--json", namespace=rv.ns)
+    after = kr(cluster, "plan", "old", "-o", "json", namespace=rv.ns)
     assert after.returncode == 0, after.stderr
     assert [a["kind"] for a in json.loads(after.stdout)["actions"]] == ["compensate", "compensate"]
 
@@ -677,9 +706,10 @@ def test_plan_and_resolve_of_a_run_of_0_1_with_an_inline_journal(rv, cluster):
 def test_version_shows_the_plugins_and_each_crds_schema_version(cluster, crds):
     from reversi.models.common import SCHEMA_VERSION
 
-    proc = kr(cluster, "version", "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = kr(cluster, "version", "--json")  # the deprecated alias of -o json still works, and says so
+    assert proc.returncode == 0 and "--json is deprecated; use -o json" in proc.stderr, proc.stderr
     answer = json.loads(proc.stdout)
+    assert yaml.safe_load(kr(cluster, "version", "-o", "yaml").stdout) == answer
     assert answer["schemaVersion"] == SCHEMA_VERSION and answer["current"] is True and answer["problems"] == []
     assert set(answer["crds"]) == {f"{p}.reversi.dev" for p in
                                    ("runs", "runsteps", "rollbackrequests", "toolmanifests", "halts", "clusterhalts",

@@ -22,24 +22,33 @@ def _example_plan(**changes):
 # ------------------------------------------------------------------------------------ plan
 
 
-def test_plan_json_has_exactly_the_snake_case_fields_of_the_contract():
-    data = views.plan_json(_example_plan(), run_id=RUN_ID)
-    assert set(data) == {"run_id", "fully_reversible", "actions"}
-    assert data["run_id"] == RUN_ID
-    assert data["fully_reversible"] is False
+def test_plan_doc_has_exactly_the_camel_case_fields_the_api_gives_a_plan():
+    data = views.plan_doc(_example_plan(), run_id=RUN_ID)
+    assert set(data) == {"runId", "fullyReversible", "actions"}
+    assert data["runId"] == RUN_ID
+    assert data["fullyReversible"] is False
     for action in data["actions"]:
-        assert set(action) == {"step", "tool", "kind", "compensation_tool", "args", "idempotency_key",
-                               "needs_approval", "residue", "compensation_kind", "verified", "blocked_by", "reason"}
+        assert set(action) == {"step", "tool", "kind", "compensationTool", "args", "idempotencyKey",
+                               "needsApproval", "residue", "compensationKind", "verified", "blockedBy", "reason"}
     json.dumps(data)  # plain JSON
 
 
-def test_plan_json_carries_the_design_example_verdicts():
-    by_step = {a["step"]: a for a in views.plan_json(_example_plan())["actions"]}
+def test_plan_doc_actions_are_named_as_the_operators_status_plan_names_them():
+    """The same plan, as a RollbackRequest's status.plan.actions (the model dumped with its
+    aliases), has the same keys and values for every field the plugin prints."""
+    plan = _example_plan()
+    theirs = plan.model_dump(by_alias=True, mode="json")["actions"]
+    for mine, status in zip(views.plan_doc(plan)["actions"], theirs, strict=True):
+        assert mine == {k: status[k] for k in mine}
+
+
+def test_plan_doc_carries_the_design_example_verdicts():
+    by_step = {a["step"]: a for a in views.plan_doc(_example_plan())["actions"]}
     assert [by_step[i]["kind"] for i in range(4)] == ["skip", "defer", "unresolved", "unrecoverable"]
-    assert by_step[1]["blocked_by"] == [2]
-    assert by_step[1]["compensation_tool"] == "payments.refund"
+    assert by_step[1]["blockedBy"] == [2]
+    assert by_step[1]["compensationTool"] == "payments.refund"
     assert by_step[1]["args"] == {"charge_id": "ch_o9", "amount": 700}
-    assert by_step[1]["idempotency_key"] == compensation_key(RUN_ID, 1, "payments.refund")
+    assert by_step[1]["idempotencyKey"] == compensation_key(RUN_ID, 1, "payments.refund")
     assert by_step[3]["residue"] == ["the customer has read the email"]
 
 
@@ -135,7 +144,7 @@ def test_describe_groups_typed_residue_by_type_and_reads_the_old_shape_as_declar
     assert "not attempted (not undone: the effect remains): 2\n    step 8: tool8 was not undone" in section
     assert views.residue_entries([{"step": 4, "residue": ["a", "b"]}]) == [
         {"step": 4, "type": "declared", "text": "a"}, {"step": 4, "type": "declared", "text": "b"}]
-    doc = views.report_json(_request(typed))
+    doc = views.report_doc(_request(typed))
     assert doc["cancelled"] == [8] and doc["residue"][1]["type"] == "failed"
 
 
@@ -357,25 +366,26 @@ def test_plan_of_an_undone_run_skips_what_is_compensated():
     key = compensation_key(RUN_ID, 0, "undo-pay.charge")
     status = RunStatus.model_validate({"undo": [{"step": 0, "state": "compensated", "attempts": 1,
                                                  "idempotencyKey": key, "verification": "verified"}]})
-    data = views.plan_json(build_plan(spec, status, run_id=RUN_ID))
-    assert data["fully_reversible"] is True
+    data = views.plan_doc(build_plan(spec, status, run_id=RUN_ID))
+    assert data["fullyReversible"] is True
     assert data["actions"][0]["kind"] == "skip" and "already compensated" in data["actions"][0]["reason"]
 
 
-def test_report_json_uses_the_contract_field_names():
+def test_report_doc_uses_the_api_field_names_of_status_report():
     request = {"metadata": {"name": "undo", "namespace": "shop"},
                "spec": {"runRef": {"name": "r"}},
                "status": {"phase": "Incomplete", "report": {
                    "compensated": [4], "noReadBack": [4], "unverified": [5],
                    "failed": [{"step": 6, "error": "refund failed: 502"}],
                    "deferred": [{"step": 1, "blockedBy": [2]}], "awaitingApproval": [3], "complete": False}}}
-    data = views.report_json(request)
+    data = views.report_doc(request)
     for name in ("compensated", "skipped", "failed", "unrecoverable", "unresolved", "unmanifested", "deferred",
-                 "awaiting_approval", "unverified", "complete"):
+                 "awaitingApproval", "unverified", "complete"):
         assert name in data
-    assert data["deferred"] == [{"step": 1, "blocked_by": [2]}]
-    assert data["awaiting_approval"] == [3] and data["no_read_back"] == [4] and data["complete"] is False
+    assert data["deferred"] == [{"step": 1, "blockedBy": [2]}]
+    assert data["awaitingApproval"] == [3] and data["noReadBack"] == [4] and data["complete"] is False
     assert data["request"] == "shop/undo" and data["run"] == "shop/r" and data["phase"] == "Incomplete"
+    assert data["dryRun"] is False and not any("_" in key for key in data)
     json.dumps(data)
 
 

@@ -1,26 +1,36 @@
 """``kubectl reversi``: plan, start, follow and settle rollbacks; halt new calls; export the record.
 
-    kubectl reversi [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] COMMAND ...
+    kubectl reversi [--kubeconfig PATH] [--context NAME] [-n NAMESPACE] COMMAND ... [-o FORMAT]
 
-    plan RUN [--json]                 what undoing RUN would do (computed locally; exit 2: not fully reversible)
+    plan RUN                          what undoing RUN would do (computed locally; exit 2: not fully reversible)
     rollback RUN [--wait] ...         create a RollbackRequest (exit 2 with --wait: not complete)
     describe REQUEST | run/RUN | run RUN   the report of a request, and what to do next
+    logs REQUEST [--step N] [--reader] [--tail N]   the logs of its compensator (or reader) Jobs
     resolve RUN STEP --status ...     settle an intended or uncertain step
     approve REQUEST --step N | --all  approve compensations that need it
     deny REQUEST --step N --note T    deny a compensation that awaits approval (it is not undone)
     cancel REQUEST                    stop a rollback: nothing new starts, running Jobs finish, the Run is released
     halt add|list|lift                refuse new calls (Halt, ClusterHalt)
     kill-switch on|off|status         refuse every new call everywhere
+    check [--pre]                     what is wrong with a cluster before an install, or with an install
     export RUN                        the journal, undo state and transitions as JSON lines
     archive list|show                 Runs retention deleted, from the archive in PostgreSQL
+    version [--client]                this plugin's schema version and each installed CRD's
+    completion bash|zsh|fish          the shell completion script (kubectl 1.26+: kubectl_complete-reversi)
+
+``-o/--output`` as kubectl's (:mod:`reversi.cli.output`): ``json`` and ``yaml`` with the API's
+camelCase keys, ``name`` (``rollbackrequest.reversi.dev/NAME``), ``wide``; each command takes the
+formats that fit it (plan, describe, rollback, halt list, archive list and show: all four;
+kill-switch status: json, yaml, name; version and check: json, yaml). A hidden ``--json`` is the
+deprecated alias of ``-o json`` (on each of them but check).
 
 The global options also work after the command (``kubectl reversi plan order-9 -n shop``).
-Errors are one line on stderr (``error: ...``) and exit 1.
+Errors are one line on stderr (``error: ...``) and exit 1, a missing optional extra and an
+unexpected exception included (``REVERSI_DEBUG=1`` shows the traceback of the latter).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import os
@@ -47,60 +57,19 @@ from ..models.halt import pattern_problem
 from ..models.rollbackrequest import Plan, run_ref_name
 from ..models.run import UNKNOWN_OUTCOMES
 from ..models.runstep import LABEL_RUN, MAX_RUN_STEPS, step_name
+from . import output as formats
 from . import views
+from .check import check as check_command
 from ..adapters import apicalls as calls
-from .api import (API_VERSION, CliError, Connection, check_name, connect, refused, retry_conflicts,
-                  server_message)
+from .api import API_VERSION, CliError, Connection, check_name, refused, retry_conflicts, server_message
+from .completion import COMPLETE_VAR, completion as completion_command
+from .logs import logs as logs_command
+from .common import (META as _META, SERVERS_SEEN as _server_seen, conn, global_options, now, out, output_of,
+                     missing_module, output_option, print_document, remark)
 
 KILL_SWITCH = "reversi-kill-switch"
 POLL_SECONDS = 1.0
 PENDING_HINT_SECONDS = 15.0  # rollback --wait: say so when no operator has taken the request by then
-_META = "reversi.cli"
-_server_seen: list[str] = []  # the API server of this invocation, for "cannot reach" errors
-
-
-# ------------------------------------------------------------------------------ connection
-
-
-def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """Store a global option in the shared context meta (a value after the command wins)."""
-    if value is not None:
-        ctx.meta.setdefault(_META, {})[param.name] = value
-    return value
-
-
-def global_options(f: Callable) -> Callable:
-    """``--kubeconfig``, ``--context``, ``-n/--namespace`` on the group and on every command."""
-    f = click.option("-n", "--namespace", default=None, expose_value=False, callback=_remember,
-                     help="Namespace (default: the context's, else default).")(f)
-    f = click.option("--context", default=None, expose_value=False, callback=_remember,
-                     help="kubeconfig context (default: the current one).")(f)
-    f = click.option("--kubeconfig", default=None, expose_value=False, callback=_remember,
-                     help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).")(f)
-    return f
-
-
-def conn() -> Connection:
-    """The connection for this invocation (made on first use)."""
-    ctx = click.get_current_context()
-    meta = ctx.meta.setdefault(_META, {})
-    if "connection" not in meta:
-        meta["connection"] = connect(meta.get("kubeconfig"), meta.get("context"), meta.get("namespace"))
-        _server_seen.append(meta["connection"].server)
-    return meta["connection"]
-
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def out(text: str = "") -> None:
-    click.echo(text)
-
-
-def remark(text: str) -> None:
-    """A remark for the person (stderr), not part of the output a script reads."""
-    click.echo(text, err=True)
 
 
 # ------------------------------------------------------------------------------------ group
@@ -119,6 +88,9 @@ The global options also work after the command: kubectl reversi plan order-9 -n 
 @global_options
 def cli() -> None:
     pass
+
+
+cli.add_command(check_command)
 
 
 # -------------------------------------------------------------------------------------- plan
@@ -158,9 +130,10 @@ def plan_of(c: Connection, run: dict) -> Plan:
 @cli.command(help="What undoing RUN would do, computed locally (with its child runs, if any). "
              "Exit 2 when it is not fully reversible.")
 @click.argument("run")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (snake_case fields).")
+@output_option(*formats.FORMATS, what="the plan")
 @global_options
-def plan(run: str, as_json: bool) -> int:
+def plan(run: str, output: str | None) -> int:
+    fmt = output_of(output)
     c = conn()
     obj = load_run(c, run)
     with no_cyclic_gc():
@@ -170,17 +143,19 @@ def plan(run: str, as_json: bool) -> int:
         children = {name: plan_of(c, load_run(c, name)) for name in tree if name != run} if tree.get(run) else {}
         blocking = sorted(name for name, cp in children.items() if not cp.fully_reversible)
         whole = p.fully_reversible and not blocking
-        if as_json:
-            doc = views.plan_json(p, run_id=obj["metadata"].get("uid"))
+        if fmt in formats.DOCUMENT_FORMATS:
+            doc = views.plan_doc(p, run_id=obj["metadata"].get("uid"))
             if children:
-                doc["runs"] = [{"run": run, "steps": len(p.actions), "fully_reversible": p.fully_reversible}] + [
-                    {"run": name, "steps": len(cp.actions), "fully_reversible": cp.fully_reversible}
+                doc["runs"] = [{"run": run, "steps": len(p.actions), "fullyReversible": p.fully_reversible}] + [
+                    {"run": name, "steps": len(cp.actions), "fullyReversible": cp.fully_reversible}
                     for name, cp in sorted(children.items())]
-                doc["fully_reversible"] = whole
-            out(json.dumps(doc, indent=2))
+                doc["fullyReversible"] = whole
+            print_document(doc, fmt)
+        elif fmt == "name":  # the run and the runs below it, as a rollback of it would undo them
+            out(formats.names("Run", [run, *sorted(children)]))
         else:
             out(f"Plan for Run {c.namespace}/{run} ({len(p.actions)} steps):")
-            out(views.plan_table(p) if p.actions else "  no steps recorded")
+            out(views.plan_table(p, wide=fmt == "wide") if p.actions else "  no steps recorded")
             out("")
             out(views.plan_verdict(p, run, c.namespace))
             if children:
@@ -226,8 +201,9 @@ def request_name(run: str) -> str:
               help="With --wait: give up after this many seconds (0: no limit); exit 1.")
 @click.option("--approval-grace", type=click.FloatRange(min=0), default=5.0, hidden=True,
               help="With --wait: seconds AwaitingApproval must last before giving up.")
-@click.option("--json", "as_json", is_flag=True,
-              help="With --wait: print only the final report as JSON (contract field names); progress goes to stderr.")
+@output_option(*formats.FORMATS, what="the request: json and yaml (with --wait) print only its final report, "
+               "with the API's field names, and progress goes to stderr; name prints rollbackrequest.reversi.dev/NAME; "
+               "wide (with --wait) shows more columns")
 @click.option("--require-verification", is_flag=True,
               help="Count an undo whose tool declares no read-back as unverified (incomplete).")
 @click.option("--force", "forced", type=click.IntRange(min=0), multiple=True, metavar="STEP",
@@ -238,10 +214,11 @@ def request_name(run: str) -> str:
               "(spec.compensationDeadlineSeconds; inverses are not limited).")
 @global_options
 def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: bool, retries: int | None,
-             parallelism: int | None, wait: bool, timeout: float, approval_grace: float, as_json: bool,
+             parallelism: int | None, wait: bool, timeout: float, approval_grace: float, output: str | None,
              require_verification: bool, forced: tuple[int, ...], compensation_deadline: int | None) -> int:
-    if as_json and not wait:
-        raise CliError("--json needs --wait (the report is printed when the request ends)")
+    fmt = output_of(output)
+    if fmt in formats.DOCUMENT_FORMATS and not wait:
+        raise CliError(f"-o {fmt} needs --wait (the report is printed when the request ends)")
     c = conn()
     load_run(c, run)
     name = name or request_name(run)
@@ -259,20 +236,25 @@ def rollback(run: str, name: str | None, dry_run: bool, approve_compensations: b
     body = {"apiVersion": API_VERSION, "kind": "RollbackRequest",
             "metadata": {"name": name, "namespace": c.namespace}, "spec": spec}
     c.create("rollbackrequests", body)
-    (remark if as_json else out)(name)
+    if fmt == "name":
+        out(formats.object_name("RollbackRequest", name))
+    else:
+        (remark if fmt in formats.DOCUMENT_FORMATS else out)(name)
     if not wait:
         remark(f"RollbackRequest {c.namespace}/{name} created; follow it with "
              f"kubectl reversi describe {name} -n {c.namespace}")
         return 0
-    return follow(c, name, timeout, approval_grace, as_json)
+    return follow(c, name, timeout, approval_grace, fmt)
 
 
-def follow(c: Connection, name: str, timeout: float, approval_grace: float, as_json: bool = False) -> int:
+def follow(c: Connection, name: str, timeout: float, approval_grace: float, fmt: str | None = None) -> int:
     """Print progress of a request until its phase is final (or it waits for approval for
-    ``approval_grace`` seconds), then the describe view (``as_json``: progress on stderr, then
-    only the report as JSON). Returns the exit code: 0 complete (a dry run: fully reversible),
-    2 not complete (a dry run: not fully reversible), 1 an error."""
-    emit = remark if as_json else out
+    ``approval_grace`` seconds), then the describe view. ``fmt`` ``json`` or ``yaml``: progress
+    and the view on stderr, then only the report (:func:`views.report_doc`) on stdout; ``name``:
+    everything on stderr; ``wide``: the view with more columns. Returns the exit code: 0 complete
+    (a dry run: fully reversible), 2 not complete (a dry run: not fully reversible), 1 an error."""
+    emit = remark if fmt in (*formats.DOCUMENT_FORMATS, "name") else out
+    wide = fmt == "wide"
     started = time.monotonic()
     shown_phase = None
     shown: dict[int, tuple] = {}
@@ -294,9 +276,9 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float, as_j
         phase = status.get("phase")
         if phase in views.FINAL_EXIT:
             emit("")
-            emit(describe_view(c, req))
-            if as_json:
-                click.echo(json.dumps(views.report_json(req), indent=2))
+            emit(describe_view(c, req, wide))
+            if fmt in formats.DOCUMENT_FORMATS:
+                print_document(views.report_doc(req), fmt)
             if phase == "Planned":
                 return 0 if (status.get("plan") or {}).get("fullyReversible") else 2
             return views.FINAL_EXIT[phase]
@@ -304,11 +286,11 @@ def follow(c: Connection, name: str, timeout: float, approval_grace: float, as_j
             awaiting_since = awaiting_since or time.monotonic()
             if time.monotonic() - awaiting_since >= approval_grace:
                 emit("")
-                emit(describe_view(c, req))
+                emit(describe_view(c, req, wide))
                 emit("")
                 emit("Stopped waiting: " + views.approval_hint(req))
-                if as_json:
-                    click.echo(json.dumps(views.report_json(req), indent=2))
+                if fmt in formats.DOCUMENT_FORMATS:
+                    print_document(views.report_doc(req), fmt)
                 return 2
         else:
             awaiting_since = None
@@ -355,7 +337,7 @@ def request_of_run(c: Connection, run: dict) -> dict:
     return max(mine, key=lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"]))
 
 
-def describe_view(c: Connection, req: dict) -> str:
+def describe_view(c: Connection, req: dict, wide: bool = False) -> str:
     """The describe report; the Run (tool names) and the Events are extras: a user who may not
     read them still gets the report."""
     run_name = ((req.get("spec") or {}).get("runRef") or {}).get("name", "")
@@ -377,15 +359,18 @@ def describe_view(c: Connection, req: dict) -> str:
     except CliError as err:
         remark(f"warning: {err}")
         events = []
-    return views.describe_request(req, run, events, now(), run_missing=missing, step_tools=step_tools)
+    return views.describe_request(req, run, events, now(), run_missing=missing, step_tools=step_tools, wide=wide)
 
 
 @cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN or run RUN), "
                   "and what to do next. Exit 0 when the report is shown, whatever its verdict.")
 @click.argument("target", metavar="REQUEST|run/RUN|run RUN")
 @click.argument("run_name", metavar="", required=False)
+@output_option(*formats.FORMATS, what="the report: json and yaml as rollback --wait -o json prints it, name as "
+               "rollbackrequest.reversi.dev/NAME, wide with more columns in the steps table")
 @global_options
-def describe(target: str, run_name: str | None) -> int:
+def describe(target: str, run_name: str | None, output: str | None) -> int:
+    fmt = output_of(output)
     c = conn()
     lowered = target.lower()
     if run_name is not None:  # kubectl style: describe run NAME
@@ -403,7 +388,12 @@ def describe(target: str, run_name: str | None) -> int:
         req = c.get("rollbackrequests", name,
                     missing=f"list them with kubectl get rollbackrequests -n {c.namespace}, "
                             f"or describe the newest of a run with kubectl reversi describe run/RUN")
-    out(describe_view(c, req))
+    if fmt in formats.DOCUMENT_FORMATS:
+        print_document(views.report_doc(req), fmt)
+    elif fmt == "name":
+        out(formats.object_name("RollbackRequest", req["metadata"]["name"]))
+    else:
+        out(describe_view(c, req, wide=fmt == "wide"))
     return 0
 
 
@@ -799,8 +789,11 @@ def warn_no_tool(c: Connection, scope: dict[str, str], namespace: str | None) ->
 
 @halt.command("list", help="Halts (of the namespace, or all) and ClusterHalts: reason, scope, active, refused, age.")
 @click.option("-A", "--all-namespaces", is_flag=True, help="Halts of every namespace.")
+@output_option(*formats.FORMATS, what="the halts: json and yaml as a v1 List of the objects, name as "
+               "halt.reversi.dev/NAME and clusterhalt.reversi.dev/NAME, wide with InForce and every condition")
 @global_options
-def halt_list(all_namespaces: bool) -> int:
+def halt_list(all_namespaces: bool, output: str | None) -> int:
+    fmt = output_of(output)
     c = conn()
     halts = c.list("halts", all_namespaces=all_namespaces)
     if not halts and not all_namespaces:
@@ -816,11 +809,17 @@ def halt_list(all_namespaces: bool) -> int:
         h.setdefault("kind", "ClusterHalt")
     items = sorted(cluster_halts, key=lambda h: h["metadata"]["name"]) + \
         sorted(halts, key=lambda h: (h["metadata"].get("namespace", ""), h["metadata"]["name"]))
+    if fmt in formats.DOCUMENT_FORMATS:
+        print_document(formats.list_of(items), fmt)
+        return 0
     if not items:
         where = "any namespace" if all_namespaces else f"namespace {c.namespace}"
-        out(f"No halts in {where} and no ClusterHalts: new calls are admitted.")
+        (remark if fmt == "name" else out)(f"No halts in {where} and no ClusterHalts: new calls are admitted.")
         return 0
-    out(views.halt_rows(items, now(), all_namespaces))
+    if fmt == "name":
+        out("\n".join(formats.object_name(h["kind"], h["metadata"]["name"]) for h in items))
+        return 0
+    out(views.halt_rows(items, now(), all_namespaces, wide=fmt == "wide"))
     for note in views.halt_notes(items):
         out(note)
     return 0
@@ -921,10 +920,20 @@ def kill_switch_off() -> int:
 
 
 @kill_switch.command("status", help="Whether the kill switch is on.")
+@output_option("json", "yaml", "name", what="the state: json and yaml as {on, reason, by, since, refusedCalls}, "
+               f"name as clusterhalt.reversi.dev/{KILL_SWITCH} when it is on (nothing when it is off)")
 @global_options
-def kill_switch_status() -> int:
+def kill_switch_status(output: str | None) -> int:
+    fmt = output_of(output)
     c = conn()
-    out(views.kill_switch_text(c.get("clusterhalts", KILL_SWITCH, cluster=True), now()))
+    halt_obj = c.get("clusterhalts", KILL_SWITCH, cluster=True)
+    if fmt in formats.DOCUMENT_FORMATS:
+        print_document(views.kill_switch_doc(halt_obj), fmt)
+    elif fmt == "name":
+        if halt_obj is not None:
+            out(formats.object_name("ClusterHalt", KILL_SWITCH))
+    else:
+        out(views.kill_switch_text(halt_obj, now()))
     return 0
 
 
@@ -963,11 +972,22 @@ def archive() -> None:
     pass
 
 
+#: The extra of pyproject.toml that installs the archive's PostgreSQL driver.
+ARCHIVE_EXTRA = "archive"
+
+
 def _archive(dsn: str | None) -> Any:
+    """The archive, once its driver is known to import (the adapter imports psycopg only when it
+    connects: without this check a missing extra would surface as a traceback mid-command)."""
+    import importlib
+
     try:
-        from ..adapters.archive import Archive
-    except ImportError as err:  # pragma: no cover - the archive extra is not installed
-        raise CliError(f"the archive needs psycopg: pip install 'reversi[archive]' ({err})") from err
+        importlib.import_module("psycopg")
+    except ImportError as err:
+        raise CliError("kubectl reversi archive needs the PostgreSQL driver psycopg, which is not installed: "
+                       f"pip install 'reversi[{ARCHIVE_EXTRA}]'") from err
+    from ..adapters.archive import Archive
+
     return Archive(dsn if dsn is not None else os.environ.get("REVERSI_ARCHIVE_DSN", ""))
 
 
@@ -1005,9 +1025,13 @@ DSN_OPTION = click.option("--dsn", default=None, envvar=None, metavar="DSN",
 @click.option("--until", default=None, metavar="TIME", help="Created before (RFC 3339).")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10000), help="Most rows.")
 @DSN_OPTION
+@output_option(*formats.FORMATS, what="the archived Runs: json and yaml as {runs: [{namespace, name, uid, "
+               "principal, actor, steps, writes, createdAt, lastActivity, archivedAt, deletedReason}]}, name as "
+               "run.reversi.dev/NAME, wide with the count of writes")
 @global_options
 def archive_list(all_namespaces: bool, run_name: str | None, principal: str | None, tool: str | None,
-                 since: str | None, until: str | None, limit: int, dsn: str | None) -> int:
+                 since: str | None, until: str | None, limit: int, dsn: str | None, output: str | None) -> int:
+    fmt = output_of(output)
     bounds = {}
     for flag, value in (("--since", since), ("--until", until)):
         moment = views.parse_time(value) if value else None
@@ -1018,10 +1042,16 @@ def archive_list(all_namespaces: bool, run_name: str | None, principal: str | No
     namespace = None if all_namespaces else _archive_namespace()
     found = _archive_call(lambda: store.runs(namespace=namespace, name=run_name, principal=principal, tool=tool,
                                              since=bounds["--since"], until=bounds["--until"], limit=limit))
+    if fmt in formats.DOCUMENT_FORMATS:
+        print_document({"runs": [views.archive_doc(r) for r in found]}, fmt)
+        return 0
     if not found:
         remark(f"no archived Run matches (namespace {namespace or 'any'})")
         return 0
-    out(views.archive_rows(found, now(), all_namespaces))
+    if fmt == "name":
+        out(formats.names("Run", [r.name for r in found]))
+        return 0
+    out(views.archive_rows(found, now(), all_namespaces, wide=fmt == "wide"))
     return 0
 
 
@@ -1031,8 +1061,14 @@ def archive_list(all_namespaces: bool, run_name: str | None, principal: str | No
 @click.argument("run")
 @click.option("--export", "as_export", is_flag=True, help="JSON lines, as kubectl reversi export (no transitions).")
 @DSN_OPTION
+@output_option(*formats.FORMATS, what="the archived Run: json and yaml as {run, steps, requests, actions, "
+               "deletedReason, lastActivity} (the objects as the API served them), name as run.reversi.dev/NAME, "
+               "wide with each step's dependencies and resolution")
 @global_options
-def archive_show(run: str, as_export: bool, dsn: str | None) -> int:
+def archive_show(run: str, as_export: bool, dsn: str | None, output: str | None) -> int:
+    fmt = output_of(output)
+    if as_export and fmt:
+        raise click.UsageError("--export prints JSON lines; give it or -o, not both")
     store = _archive(dsn)
     uid = run
     if not _looks_like_uid(run):
@@ -1047,8 +1083,12 @@ def archive_show(run: str, as_export: bool, dsn: str | None) -> int:
     if as_export:
         for item in views.export_records(record.run, record.steps, [], inline=False):
             out(views.json_line(item))
+    elif fmt in formats.DOCUMENT_FORMATS:
+        print_document(views.archived_run_doc(record), fmt)
+    elif fmt == "name":
+        out(formats.object_name("Run", record.name))
     else:
-        out(views.archived_run(record, now()))
+        out(views.archived_run(record, now(), wide=fmt == "wide"))
     return 0
 
 
@@ -1100,19 +1140,23 @@ def kube_manifest(name: str, image: str, service_account: str, runner_name: str,
 
 @cli.command(help="This plugin's version and schema version, and the schema version of each installed CRD. "
                   "Exit 2 when an installed CRD is missing or older (the operator then reconciles nothing).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@output_option(*formats.DOCUMENT_FORMATS, what="the versions (as kubectl version -o does): "
+               "{version, schemaVersion, crds, current, problems}")
 @click.option("--client", "client_only", is_flag=True,
               help="Only this plugin's version and schema version: no cluster is read.")
 @global_options
-def version(as_json: bool, client_only: bool) -> int:
+def version(output: str | None, client_only: bool) -> int:
+    fmt = output_of(output)
     from .. import __version__ as mine
     from .. import schema
     from ..adapters.kube import read_crds
     from ..models.common import SCHEMA_VERSION
 
     if client_only:
-        out(json.dumps({"version": mine, "schemaVersion": SCHEMA_VERSION}, indent=2) if as_json
-            else f"kubectl-reversi {mine}, operator schema version {SCHEMA_VERSION}")
+        if fmt:
+            print_document({"version": mine, "schemaVersion": SCHEMA_VERSION}, fmt)
+        else:
+            out(f"kubectl-reversi {mine}, operator schema version {SCHEMA_VERSION}")
         return 0
     c = conn()
     try:
@@ -1120,9 +1164,9 @@ def version(as_json: bool, client_only: bool) -> int:
     except ApiException as err:
         raise CliError(f"cannot read the CRDs ({err.status} {err.reason}): reading "
                        "customresourcedefinitions needs the RBAC verb get") from err
-    if as_json:
-        out(json.dumps({"version": mine, "schemaVersion": result.wanted, "crds": result.installed,
-                        "current": result.ok, "problems": list(result.problems)}, indent=2))
+    if fmt:
+        print_document({"version": mine, "schemaVersion": result.wanted, "crds": result.installed,
+                        "current": result.ok, "problems": list(result.problems)}, fmt)
     else:
         out(f"kubectl-reversi {mine}, operator schema version {result.wanted}")
         out("installed CRDs:")
@@ -1133,12 +1177,19 @@ def version(as_json: bool, client_only: bool) -> int:
     return 0 if result.ok else 2
 
 
+# ----------------------------------------------------------------------- logs and completion
+
+cli.add_command(logs_command)
+cli.add_command(completion_command)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the plugin; exit 0, 1 (an error, one line on stderr) or 2 (not fully undone)."""
+    """Run the plugin; exit 0, 1 (an error, one line on stderr) or 2 (not fully undone). With
+    click's completion variable set (the ``completion`` scripts set it) it prints candidates."""
     for noisy in ("urllib3", "kubernetes"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     try:
-        code = cli.main(args=argv, prog_name="kubectl reversi", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="kubectl reversi", complete_var=COMPLETE_VAR, standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as err:
         click.echo(err.ctx.get_help() if err.ctx else str(err))
         code = 0
@@ -1162,14 +1213,26 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 1
-    except Exception as err:  # connection failures come in many types
-        if not _is_connection_error(err):
-            raise
-        host = _server()
-        click.echo(f"error: cannot reach the API server{f' at {host}' if host else ''}: {_short(err)}; "
-                   "check --kubeconfig and --context, and that the cluster is up (kubectl cluster-info)", err=True)
+    except ImportError as err:  # an optional extra not installed
+        click.echo(f"error: {missing_module(err)}", err=True)
+        code = 1
+    except Exception as err:  # noqa: BLE001 - every error is one line: connection failures come in many types
+        click.echo(f"error: {_unexpected(err)}", err=True)
         code = 1
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _unexpected(err: Exception) -> str:
+    """One line for an exception no command expected: a connection failure names the server and
+    the fix; anything else is a bug, shown whole only with ``REVERSI_DEBUG=1``."""
+    if _is_connection_error(err):
+        host = _server()
+        return (f"cannot reach the API server{f' at {host}' if host else ''}: {_short(err)}; "
+                "check --kubeconfig and --context, and that the cluster is up (kubectl cluster-info)")
+    if os.environ.get("REVERSI_DEBUG") == "1":
+        raise err
+    return (f"unexpected {type(err).__name__}: {_short(err)} (a bug of kubectl reversi; "
+            "REVERSI_DEBUG=1 shows where)")
 
 
 def _is_connection_error(err: BaseException) -> bool:

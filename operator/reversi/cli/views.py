@@ -12,7 +12,8 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..adapters.jobs import job_name
+from ..adapters.jobs import (ANNOTATION_REQUEST, LABEL_ATTEMPT, LABEL_READ, LABEL_REQUEST_UID, LABEL_STEP,
+                             job_name)
 from ..engine import standing as sd
 from ..engine.acknowledgement import acknowledged, residue_request, stale
 from ..engine.archive import step_columns
@@ -20,8 +21,9 @@ from ..engine.plan import COMPENSATE, DEFER, SKIP, UNMANIFESTED, UNRECOVERABLE, 
 from ..engine.nested_runs import Node, units
 from ..models.rollbackrequest import TERMINAL_PHASES, Plan, PlanAction
 
-#: Fields of one action in ``plan --json``, in this order (snake_case, the plugin's JSON contract).
-PLAN_JSON_FIELDS = (
+#: Fields of one action in ``plan -o json|yaml``, in this order: :class:`PlanAction`'s, printed
+#: with their API names (camelCase, as ``status.plan.actions`` of a RollbackRequest has them).
+PLAN_FIELDS = (
     "step",
     "tool",
     "kind",
@@ -123,48 +125,58 @@ def ns_flag(namespace: str) -> str:
 # -------------------------------------------------------------------------------------- plan
 
 
-def plan_json(plan: Plan, run_id: str | None = None) -> dict[str, Any]:
-    """``plan --json``: ``{"run_id", "fully_reversible", "actions": [{PLAN_JSON_FIELDS...}]}``;
-    ``run_id`` is the Run's uid (the compensation idempotency keys are derived from it)."""
+def _api_name(field: str) -> str:
+    """A :class:`PlanAction` field's name in the API (``needs_approval`` -> ``needsApproval``)."""
+    return PlanAction.model_fields[field].alias or field
+
+
+def plan_doc(plan: Plan, run_id: str | None = None) -> dict[str, Any]:
+    """``plan -o json|yaml``: ``{"runId", "fullyReversible", "actions": [{PLAN_FIELDS...}]}``
+    with the API's camelCase names (``compensationTool``, ``idempotencyKey``, ``needsApproval``,
+    ``compensationKind``, ``blockedBy``); ``runId`` is the Run's uid (the compensation
+    idempotency keys are derived from it)."""
     return {
-        "run_id": run_id,
-        "fully_reversible": bool(plan.fully_reversible),
-        "actions": [{name: _plain(getattr(action, name)) for name in PLAN_JSON_FIELDS} for action in plan.actions],
+        "runId": run_id,
+        "fullyReversible": bool(plan.fully_reversible),
+        "actions": [{_api_name(name): _plain(getattr(action, name)) for name in PLAN_FIELDS}
+                    for action in plan.actions],
     }
 
 
-#: ``rollback --wait --json``: the report's fields with the contract's names, in order, then this
-#: project's additions (README.md#what-the-plugin-promises-scripts).
-REPORT_JSON_FIELDS = (
-    ("compensated", "compensated"),
-    ("skipped", "skipped"),
-    ("failed", "failed"),
-    ("unrecoverable", "unrecoverable"),
-    ("unresolved", "unresolved"),
-    ("unmanifested", "unmanifested"),
-    ("deferred", "deferred"),
-    ("awaitingApproval", "awaiting_approval"),
-    ("unverified", "unverified"),
-    ("complete", "complete"),
-    ("pending", "pending"),
-    ("cancelled", "cancelled"),
-    ("noReadBack", "no_read_back"),
-    ("denied", "denied"),
-    ("alreadyRecovered", "already_recovered"),
-    ("expired", "expired"),
-    ("handlerUnavailable", "handler_unavailable"),
-    ("conflict", "conflict"),
-    ("compensationDeadlinePassed", "compensation_deadline_passed"),
-    ("forced", "forced"),
-    ("residue", "residue"),
+#: ``rollback --wait -o json`` and ``describe -o json``: the report's fields, with the API's names
+#: (``status.report``), in the order printed (README.md#what-the-plugin-promises-scripts).
+REPORT_FIELDS = (
+    "compensated",
+    "skipped",
+    "failed",
+    "unrecoverable",
+    "unresolved",
+    "unmanifested",
+    "deferred",
+    "awaitingApproval",
+    "unverified",
+    "complete",
+    "pending",
+    "cancelled",
+    "noReadBack",
+    "denied",
+    "alreadyRecovered",
+    "expired",
+    "handlerUnavailable",
+    "conflict",
+    "compensationDeadlinePassed",
+    "forced",
+    "residue",
 )
 
 
-def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
-    """``rollback --wait --json``: the final report of ``request`` with the contract's field
-    names (snake_case: ``awaiting_approval``, ``deferred[].blocked_by``), plus ``request``,
-    ``run``, ``phase``, ``dry_run``, for a dry run ``fully_reversible``, and for a run with
-    child runs ``runs`` (one section per run, as in ``status.report.runs``)."""
+def report_doc(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``rollback --wait -o json|yaml`` and ``describe -o json|yaml``: the report of ``request``
+    with the API's camelCase names (:data:`REPORT_FIELDS`; ``deferred[].blockedBy``, typed
+    ``residue[]``), after ``request`` and ``run`` (``namespace/name``), ``phase``, ``dryRun``;
+    for a dry run ``fullyReversible``, and for a run with child runs ``runs`` (one section per
+    run, as in ``status.report.runs``). A request not reported yet has empty buckets and
+    ``complete: false``."""
     meta = request.get("metadata") or {}
     spec = request.get("spec") or {}
     status = request.get("status") or {}
@@ -173,19 +185,19 @@ def report_json(request: Mapping[str, Any]) -> dict[str, Any]:
         "request": f"{meta.get('namespace')}/{meta.get('name')}",
         "run": f"{meta.get('namespace')}/{(spec.get('runRef') or {}).get('name')}",
         "phase": status.get("phase"),
-        "dry_run": bool(spec.get("dryRun")),
+        "dryRun": bool(spec.get("dryRun")),
     }
-    for wire, name in REPORT_JSON_FIELDS:
-        value = report.get(wire, False if wire == "complete" else [])
-        if wire == "deferred":
-            value = [{"step": d.get("step"), "blocked_by": list(d.get("blockedBy") or [])} for d in value]
-        if wire == "residue":
+    for name in REPORT_FIELDS:
+        value = report.get(name, False if name == "complete" else [])
+        if name == "deferred":
+            value = [{"step": d.get("step"), "blockedBy": list(d.get("blockedBy") or [])} for d in value]
+        if name == "residue":
             value = residue_entries(value)
         doc[name] = value
     if report.get("runs"):  # nested runs: one section per run of the tree, in rollback order
         doc["runs"] = [dict(sec) for sec in report["runs"] if isinstance(sec, Mapping)]
     if spec.get("dryRun"):
-        doc["fully_reversible"] = bool((status.get("plan") or {}).get("fullyReversible"))
+        doc["fullyReversible"] = bool((status.get("plan") or {}).get("fullyReversible"))
     return doc
 
 
@@ -206,23 +218,30 @@ def _last_column(action: PlanAction, kinds: Mapping[int, str]) -> str:
     return action.reason
 
 
-def plan_table(plan: Plan) -> str:
+def plan_table(plan: Plan, wide: bool = False) -> str:
     """The plan as a table: step, tool, kind, compensation tool, approval, verified, reason or
-    blockedBy."""
+    blockedBy; ``wide`` (``-o wide``) adds the compensation's kind, its runner and its resolved
+    arguments (compact JSON) before the last column."""
     kinds = _kinds(plan)
     rows = []
     for a in plan.actions:
         undoes = a.kind in (COMPENSATE, DEFER)
-        rows.append((
+        row: list[Any] = [
             a.step,
             a.tool,
             a.kind,
             a.compensation_tool or "-",
             ("required" if a.needs_approval else "no") if undoes else "-",
             ("yes" if a.verified else "no") if undoes else "-",
-            _last_column(a, kinds),
-        ))
-    return table(("STEP", "TOOL", "KIND", "COMPENSATION", "APPROVAL", "VERIFIED", "REASON / BLOCKED BY"), rows)
+        ]
+        if wide:
+            row += [a.compensation_kind or "-", a.runner or "-",
+                    json_line(a.args) if a.args is not None else "-"]
+        rows.append(row + [_last_column(a, kinds)])
+    headers = ["STEP", "TOOL", "KIND", "COMPENSATION", "APPROVAL", "VERIFIED"]
+    if wide:
+        headers += ["UNDO KIND", "RUNNER", "ARGS"]
+    return table(headers + ["REASON / BLOCKED BY"], rows)
 
 
 def plan_verdict(plan: Plan, run: str, namespace: str) -> str:
@@ -604,10 +623,11 @@ def _next_steps_left(report: Mapping[str, Any], phase: str | None, run_name: str
 
 def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]],
                      now: dt.datetime, run_missing: str = "not found",
-                     step_tools: Mapping[int, str] | None = None) -> str:
+                     step_tools: Mapping[int, str] | None = None, wide: bool = False) -> str:
     """``kubectl reversi describe``: a report a person can read (Velero style). ``run_missing``
     says why ``run`` is ``None`` (``not found``, or e.g. ``not readable``); ``step_tools``: the
-    tool of each step, from its RunStep, for steps the request's status does not name."""
+    tool of each step, from its RunStep, for steps the request's status does not name; ``wide``
+    (``-o wide``): the steps table also shows each step's compensation tool and read-backs."""
     meta = request.get("metadata") or {}
     spec = request.get("spec") or {}
     status = request.get("status") or {}
@@ -670,7 +690,7 @@ def describe_request(request: Mapping[str, Any], run: Mapping[str, Any] | None, 
         lines += _report_lines(report, tools)
     entries = status.get("steps") or []
     if entries and status.get("phase") not in ("Planned", "Failed"):
-        lines += _step_lines(entries, tools, ((run or {}).get("metadata") or {}).get("uid"), ns)
+        lines += _step_lines(entries, tools, ((run or {}).get("metadata") or {}).get("uid"), meta, wide)
     lines += _next_step_lines(request, run)
     if events:
         lines += _event_lines(events, now)
@@ -767,20 +787,26 @@ def _report_lines(report: Mapping[str, Any], tools: Mapping[int, str]) -> list[s
 
 
 def _step_lines(entries: Sequence[Mapping[str, Any]], tools: Mapping[Any, str], run_uid: str | None,
-                ns: str) -> list[str]:
-    """``describe``'s steps section: stage, attempts, Jobs and conditions of each step."""
+                meta: Mapping[str, Any], wide: bool = False) -> list[str]:
+    """``describe``'s steps section: stage, attempts, Jobs and conditions of each step (``wide``:
+    with its compensation tool and read-backs); ``meta``: the request's metadata."""
     lines: list[str] = []
     lines.append("")
     lines.append("Steps:")
-    step_rows: list[tuple[Any, ...]] = []
+    step_rows: list[list[Any]] = []
     for e in entries[:BUCKET_LIMIT]:
         error = f"  error: {e['lastError']}" if e.get("lastError") else ""
-        step_rows.append((e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
-                          e.get("attempts", 0), step_jobs(run_uid, e), condition_reasons(e) + error))
-    lines += ["  " + line for line in
-              table(("STEP", "TOOL", "STAGE", "ATTEMPTS", "JOBS", "CONDITIONS"), step_rows).splitlines()]
+        row = [e.get("step"), e.get("tool") or tools.get(e.get("step"), ""), e.get("stage") or "pending",
+               e.get("attempts", 0)]
+        if wide:
+            row += [e.get("compensationTool") or "-", e.get("reads", 0)]
+        step_rows.append(row + [step_jobs(run_uid, e), condition_reasons(e) + error])
+    headers = ["STEP", "TOOL", "STAGE", "ATTEMPTS"] + (["COMPENSATION", "READS"] if wide else []) + \
+        ["JOBS", "CONDITIONS"]
+    lines += ["  " + line for line in table(headers, step_rows).splitlines()]
     if run_uid:
-        lines.append(f"  (a Job's log: kubectl logs -n {ns} job/JOB, while the Job is kept)")
+        lines.append(f"  (a step's Job logs: kubectl reversi logs {meta.get('name', 'REQUEST')} --step N "
+                     f"[--reader] {ns_flag(meta.get('namespace', 'default'))}, while the Job is kept)")
     if len(entries) > BUCKET_LIMIT:
         lines.append(f"  ... and {len(entries) - BUCKET_LIMIT} more")
     return lines
@@ -828,6 +854,58 @@ def step_jobs(run_uid: str | None, entry: Mapping[str, Any]) -> str:
     return ", ".join(jobs)
 
 
+# -------------------------------------------------------------------------------------- logs
+
+
+#: The labels the Job controller puts on a Job's pods (the newer one first).
+POD_JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+
+
+def _number(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return int(labels.get(key, "0"))
+    except ValueError:
+        return 0
+
+
+def jobs_by_step(jobs: Iterable[Mapping[str, Any]], request_uid: str | None) -> dict[int, Mapping[str, Any]]:
+    """``logs``: the Job to show for each step among ``jobs`` (Job metadata: ``name``,
+    ``labels``, ``annotations``) of one role of one run, selected by their labels
+    (``reversi.dev/step``, ``reversi.dev/attempt``, ``reversi.dev/read``,
+    ``reversi.dev/request-uid``): the last attempt (then the last read-back) that the request
+    ``request_uid`` started, else, for a step this request adopted or did not run, the run's last
+    one (its ``reversi.dev/request`` annotation names who started it)."""
+    best: dict[int, tuple[tuple[bool, int, int], Mapping[str, Any]]] = {}
+    for job in jobs:
+        labels = job.get("labels") or {}
+        if not str(labels.get(LABEL_STEP, "")).isdigit():
+            continue
+        step = int(labels[LABEL_STEP])
+        rank = (labels.get(LABEL_REQUEST_UID) == request_uid, _number(labels, LABEL_ATTEMPT),
+                _number(labels, LABEL_READ))
+        if step not in best or rank > best[step][0]:
+            best[step] = (rank, job)
+    return {step: job for step, (_, job) in best.items()}
+
+
+def pod_of_job(pods: Iterable[Mapping[str, Any]], job: str) -> Mapping[str, Any] | None:
+    """``logs``: the newest pod (metadata: ``name``, ``labels``, ``created``) of Job ``job``,
+    by the labels the Job controller sets; ``None`` when it has none (yet, or any more)."""
+    mine = [p for p in pods if any((p.get("labels") or {}).get(k) == job for k in POD_JOB_LABELS)]
+    return max(mine, key=lambda p: (str(p.get("created") or ""), p.get("name", ""))) if mine else None
+
+
+def logs_heading(step: int, tool: str | None, job: Mapping[str, Any] | None, request: str) -> str:
+    """``logs``' line above a step's log: ``==> step 2 (payments.refund): Job rv-...-2-c1 <==``,
+    naming the request that started the Job when it is not ``request``."""
+    what = f"step {step}" + (f" ({tool})" if tool else "")
+    if job is None:
+        return f"==> {what} <=="
+    started = (job.get("annotations") or {}).get(ANNOTATION_REQUEST)
+    by = f", started by RollbackRequest {started}" if started and started != request else ""
+    return f"==> {what}: Job {job.get('name')}{by} <=="
+
+
 # ------------------------------------------------------------------------------------- halts
 
 
@@ -841,10 +919,12 @@ def scope_text(scope: Mapping[str, Any] | None) -> str:
     return " ".join(fields) if fields else "<every call>"
 
 
-def halt_rows(halts: Iterable[Mapping[str, Any]], now: dt.datetime, all_namespaces: bool) -> str:
-    """``halt list``: kind, (namespace), name, reason, scope, active, refused, by, age."""
+def halt_rows(halts: Iterable[Mapping[str, Any]], now: dt.datetime, all_namespaces: bool, wide: bool = False) -> str:
+    """``halt list``: kind, (namespace), name, reason, scope, active, refused, by, age; ``wide``
+    (``-o wide``) adds whether the API server refuses its calls yet (its ``InForce`` condition)
+    and every condition as ``Type=Status``."""
     headers = ["KIND"] + (["NAMESPACE"] if all_namespaces else []) + \
-        ["NAME", "REASON", "SCOPE", "ACTIVE", "REFUSED", "BY", "AGE"]
+        ["NAME", "REASON", "SCOPE", "ACTIVE", "REFUSED", "BY"] + (["IN-FORCE", "CONDITIONS"] if wide else []) + ["AGE"]
     rows = []
     for h in halts:
         meta, spec, status = h.get("metadata") or {}, h.get("spec") or {}, h.get("status") or {}
@@ -855,8 +935,12 @@ def halt_rows(halts: Iterable[Mapping[str, Any]], now: dt.datetime, all_namespac
         active = status.get("active")
         row += [meta.get("name", ""), spec.get("reason", ""), scope_text(spec.get("scope")),
                 "<unknown>" if active is None else str(bool(active)).lower(), status.get("refusedCalls", 0),
-                spec.get("by") or "-", age(meta.get("creationTimestamp"), now)]
-        rows.append(row)
+                spec.get("by") or "-"]
+        if wide:
+            conds = _conditions(status)
+            row += [(conds.get("InForce") or {}).get("status") or "-",
+                    ",".join(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions") or []) or "-"]
+        rows.append(row + [age(meta.get("creationTimestamp"), now)])
     return table(headers, rows)
 
 
@@ -884,6 +968,16 @@ def kill_switch_text(halt: Mapping[str, Any] | None, now: dt.datetime) -> str:
     return (f"kill switch: ON{by} for {age(meta.get('creationTimestamp'), now)}: {spec.get('reason', '')}\n"
             f"every new call in every namespace is refused ({status.get('refusedCalls', 0)} refused so far); "
             "rollbacks keep working. Turn it off with kubectl reversi kill-switch off")
+
+
+def kill_switch_doc(halt: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``kill-switch status -o json|yaml``: ``{"on": false}``, or ``{"on": true, "reason", "by",
+    "since" (RFC 3339), "refusedCalls"}`` from the kill switch's ClusterHalt."""
+    if halt is None:
+        return {"on": False}
+    meta, spec, status = halt.get("metadata") or {}, halt.get("spec") or {}, halt.get("status") or {}
+    return {"on": True, "reason": spec.get("reason", ""), "by": spec.get("by"),
+            "since": meta.get("creationTimestamp"), "refusedCalls": status.get("refusedCalls", 0)}
 
 
 # ------------------------------------------------------------------------------------ export
@@ -961,27 +1055,57 @@ def json_line(record: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------ archive
 
 
-def archive_rows(runs: Sequence[Any], now: dt.datetime, all_namespaces: bool) -> str:
-    """``archive list``: one row per archived Run (``reversi.adapters.archive.ArchivedRun``)."""
-    headers = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "PRINCIPAL", "ACTOR", "STEPS", "CREATED",
-                                                           "LAST-ACTIVITY", "ARCHIVED", "REASON", "UID"]
+def archive_rows(runs: Sequence[Any], now: dt.datetime, all_namespaces: bool, wide: bool = False) -> str:
+    """``archive list``: one row per archived Run (``reversi.adapters.archive.ArchivedRun``);
+    ``wide`` (``-o wide``) adds how many of its steps were writes."""
+    headers = (["NAMESPACE"] if all_namespaces else []) + ["NAME", "PRINCIPAL", "ACTOR", "STEPS"] + \
+        (["WRITES"] if wide else []) + ["CREATED", "LAST-ACTIVITY", "ARCHIVED", "REASON", "UID"]
     rows = []
     for r in runs:
-        row = ([r.namespace] if all_namespaces else []) + [
-            r.name, r.principal or "-", r.actor or "-", str(r.steps), _stamp(r.created_at), _stamp(r.last_activity),
-            f"{age(_stamp(r.archived_at), now)} ago", r.deleted_reason, r.uid]
+        row = ([r.namespace] if all_namespaces else []) + [r.name, r.principal or "-", r.actor or "-", str(r.steps)]
+        row += ([str(r.writes)] if wide else []) + [
+            _stamp(r.created_at), _stamp(r.last_activity), f"{age(_stamp(r.archived_at), now)} ago", r.deleted_reason,
+            r.uid]
         rows.append(row)
     return table(headers, rows)
+
+
+def archive_doc(run: Any) -> dict[str, Any]:
+    """``archive list -o json|yaml``: one archived Run (``ArchivedRun``) with camelCase keys and
+    RFC 3339 times (``null`` when unknown)."""
+    def when(moment: dt.datetime | None) -> str | None:
+        return _stamp(moment) if moment is not None else None
+
+    return {"namespace": run.namespace, "name": run.name, "uid": run.uid, "principal": run.principal,
+            "actor": run.actor, "steps": run.steps, "writes": run.writes, "createdAt": when(run.created_at),
+            "lastActivity": when(run.last_activity), "archivedAt": when(run.archived_at),
+            "deletedReason": run.deleted_reason}
+
+
+def archived_run_doc(record: Any) -> dict[str, Any]:
+    """``archive show -o json|yaml``: the archived Run (``reversi.engine.archive.Record``) whole:
+    ``run``, ``steps`` (its RunSteps) and ``requests`` (its RollbackRequests) as the API served
+    them, ``actions`` (who did what: ``{action, actor, at, step, request, note}``),
+    ``deletedReason`` and ``lastActivity``."""
+    return {
+        "run": dict(record.run), "steps": [dict(s) for s in record.steps],
+        "requests": [dict(r) for r in record.requests],
+        "actions": [{"action": a.action, "actor": a.actor, "at": _stamp(a.at) if a.at else None, "step": a.step,
+                     "request": a.request, "note": a.note} for a in record.actions],
+        "deletedReason": record.reason,
+        "lastActivity": _stamp(record.last_activity) if record.last_activity else None,
+    }
 
 
 def _stamp(moment: dt.datetime | None) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "-"
 
 
-def archived_run(record: Any, now: dt.datetime) -> str:
+def archived_run(record: Any, now: dt.datetime, wide: bool = False) -> str:
     """``archive show``: the archived Run (``reversi.engine.archive.Record``): who ran it, who did
     what, its steps, and the report of each of its RollbackRequests as ``describe`` printed it
-    (without Events, which are not archived)."""
+    (without Events, which are not archived). ``wide`` (``-o wide``): the steps table also shows
+    each step's dependencies and resolution, and the reports their wide steps tables."""
     cols = record.columns()
     lines = [
         f"Run:           {cols['namespace']}/{cols['name']}  (uid {cols['uid']})",
@@ -998,12 +1122,19 @@ def archived_run(record: Any, now: dt.datetime) -> str:
         what = f"{a.action}" + (f" step {a.step}" if a.step is not None else "") + (
             f" ({a.request})" if a.request else "") + (f": {a.note}" if a.note else "")
         lines.append(f"  {_stamp(a.at)}  {a.actor or '-'}  {what}")
-    lines += ["", "Steps:", table(["STEP", "TOOL", "OUTCOME", "PRINCIPAL", "RECORDED"], [
-        [str(c["index"]), c["tool"], c["outcome"] or "-", c["principal"] or "-", _stamp(c["recorded_at"])]
-        for c in (step_columns(s) for s in record.steps)])]
+    headers = ["STEP", "TOOL", "OUTCOME", "PRINCIPAL", "RECORDED"] + (["DEPENDS-ON", "RESOLUTION"] if wide else [])
+    rows = []
+    for s in record.steps:
+        c, spec = step_columns(s), s.get("spec") or {}
+        row = [str(c["index"]), c["tool"], c["outcome"] or "-", c["principal"] or "-", _stamp(c["recorded_at"])]
+        if wide:
+            row += [steps_text(spec.get("dependsOn") or [], 8) or "-",
+                    (spec.get("resolution") or {}).get("status") or "-"]
+        rows.append(row)
+    lines += ["", "Steps:", table(headers, rows)]
     for request in record.requests:
         lines += ["", f"--- RollbackRequest {(request.get('metadata') or {}).get('name')} ---",
-                  describe_request(request, record.run, [], now)]
+                  describe_request(request, record.run, [], now, wide=wide)]
     if not record.requests:
         lines += ["", "No RollbackRequest named this run."]
     return "\n".join(lines)
