@@ -80,6 +80,9 @@ def test_default_render_has_the_expected_objects(render):
         # leader election of the operator's two replicas (docs/operations.md#leader-election)
         ("PodDisruptionBudget", "rv-reversi"), ("Role", "rv-reversi-leader-election"),
         ("RoleBinding", "rv-reversi-leader-election"),
+        # API Priority and Fairness (docs/operations.md#api-priority-and-fairness; test_chart_flowcontrol.py)
+        ("PriorityLevelConfiguration", "rv-reversi-operator"), ("FlowSchema", "rv-reversi-operator"),
+        ("FlowSchema", "rv-reversi-leader-election"),
         ("MutatingWebhookConfiguration", "rv-reversi"), ("ValidatingWebhookConfiguration", "rv-reversi"),
         ("ValidatingWebhookConfiguration", "rv-reversi-record"),
         # the admission server: its own Deployment, identity and roles, and the API server's policy

@@ -65,7 +65,9 @@ CLUSTER_RIGHTS = (("", "namespaces"), ("apiextensions.k8s.io", "customresourcede
                   ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
                   ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"),
                   ("admissionregistration.k8s.io", "mutatingadmissionpolicies"),
-                  ("admissionregistration.k8s.io", "mutatingadmissionpolicybindings"))
+                  ("admissionregistration.k8s.io", "mutatingadmissionpolicybindings"),
+                  ("flowcontrol.apiserver.k8s.io", "flowschemas"),
+                  ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations"))
 NAMESPACED_RIGHTS = (("apps", "deployments"), ("", "services"), ("", "secrets"), ("", "serviceaccounts"),
                      ("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
                      ("policy", "poddisruptionbudgets"))
