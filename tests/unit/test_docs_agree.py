@@ -840,3 +840,35 @@ def test_every_setting_the_docs_name_exists_with_its_default():
                   for env, value in written_defaults(text)
                   if env in defaults and same_default(value, defaults[env]) is False]
     assert not wrong, "\n".join(wrong)
+
+
+# ----- the suite's times --------------------------------------------------------------------------
+
+DURATION = re.compile(r"\b(\d+(?:[.,]\d+)?)(?:-\d+)?\s*(s|min|minutes|hours?)\b")
+
+
+def figures(text: str) -> set[tuple[str, str]]:
+    """The durations of ``text`` as ``(number, unit)``, minutes as ``min``."""
+    return {(m.group(1), "min" if m.group(2).startswith("min") else m.group(2)) for m in DURATION.finditer(text)}
+
+
+def test_the_suites_times_are_quoted_from_one_place():
+    """How long ``make test``, ``make e2e`` and ``.ci/run`` take is written in one place,
+    docs/development.md#times (the last measured run and the budgets). Elsewhere, a duration next
+    to one of their names is one that section gives (or the docs link there instead)."""
+    development = ROOT / "docs" / "development.md"
+    times = section(development, "Times")
+    known = figures(times)
+    assert ("12", "min") in known, "docs/development.md#times no longer gives make test's budget: update this test"
+    wrong = []
+    for path in doc_files():
+        text = path.read_text()
+        if path == development:
+            text = text.replace(times, "\n" * times.count("\n"))
+        for number, line in enumerate(text.splitlines(), 1):
+            for suite in re.finditer(r"`(make test|make e2e|\.ci/run)`", line):
+                near = line[max(0, suite.start() - 30):suite.end() + 30]  # a duration this close is its time
+                if figures(near) - known:
+                    wrong.append(f"{rel(path)}:{number}: ...{near}... ({sorted(figures(near) - known)})")
+    assert not wrong, ("times of the suite that docs/development.md#times does not give (quote it, or link "
+                       "there):\n" + "\n".join(wrong))
