@@ -872,3 +872,19 @@ def test_the_suites_times_are_quoted_from_one_place():
                     wrong.append(f"{rel(path)}:{number}: ...{near}... ({sorted(figures(near) - known)})")
     assert not wrong, ("times of the suite that docs/development.md#times does not give (quote it, or link "
                        "there):\n" + "\n".join(wrong))
+
+
+def test_every_page_of_the_docs_is_reachable_from_the_readme():
+    """A page nobody links to is a page nobody reads: every Markdown file under docs/ is reached
+    from README.md by following links."""
+    seen, todo = {README}, [README]
+    while todo:
+        page = todo.pop()
+        for target in LINK.findall(INLINE_CODE.sub(" ", without_fences(page.read_text()))):
+            file = target.partition("#")[0]
+            path = (page.parent / file).resolve() if file and not re.match(r"[a-z]+:", file) else None
+            if path and path.suffix == ".md" and path.exists() and path not in seen:
+                seen.add(path)
+                todo.append(path)
+    orphans = sorted(rel(path) for path in (ROOT / "docs").rglob("*.md") if path.resolve() not in seen)
+    assert not orphans, f"pages of docs/ no link from README.md leads to: {orphans}"
