@@ -126,6 +126,11 @@ class OperatorSettings(BaseSettings):
                     "committed, and a Run deleted by hand is written before it goes (its finalizer "
                     "reversi.dev/archive). Give it from a Secret (the chart's archive.existingSecret); it is never "
                     "logged.")
+    archive_enabled: bool = Field(
+        False,
+        description="The archive is on (the chart's archive.enabled; read by the admission server, which has no "
+                    "connection string): each new Run is created with the finalizer reversi.dev/archive, so a "
+                    "person's delete waits for its record (docs/operations.md#a-run-deleted-by-hand).")
     message_limit: int = Field(300, ge=50, le=2000, description="Longest error text kept per step in status.")
 
     @field_validator("namespaces", mode="before")

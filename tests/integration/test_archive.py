@@ -53,12 +53,13 @@ def archiving(cluster, crds, admin_api, operator, postgres):
     operator.stop()
     remove_webhook_configurations(admin_api)
     os.environ["REVERSI_ARCHIVE_DSN"] = postgres.dsn()
+    os.environ["REVERSI_ARCHIVE_ENABLED"] = "true"  # the admission server's (it creates Runs with the finalizer)
     try:
         op = OperatorProcess(cluster.paths.admin_kubeconfig, cluster.paths.logs / "operator-archive.log",
                              metrics_port=PORT, webhook_port=operator.webhook_port, admission_metrics_port=PORT + 1)
         op.start()
     finally:
-        del os.environ["REVERSI_ARCHIVE_DSN"]
+        del os.environ["REVERSI_ARCHIVE_DSN"], os.environ["REVERSI_ARCHIVE_ENABLED"]
     try:
         yield op
     finally:
@@ -239,8 +240,9 @@ def _deleted_reason(postgres: Postgres, uid: str) -> str:
 def test_a_run_deleted_by_hand_is_archived_before_it_goes(arv, postgres, cluster):
     rv = arv
     _keep_forever(rv)
-    uid = _quiet(rv, "by-hand", steps=3)["metadata"]["uid"]
-    wait_for(lambda: FINALIZER in _finalizers(rv, "by-hand"), what=f"the finalizer {FINALIZER} on the Run")
+    created = _quiet(rv, "by-hand", steps=3)
+    assert FINALIZER in created["metadata"]["finalizers"], "the admission webhook puts it on at creation"
+    uid = created["metadata"]["uid"]
     _kubectl_delete(cluster, rv, "by-hand", "--timeout=90s")  # kubectl waits until the Run is gone
     assert not _exists(rv, "runs", "by-hand")
     # downstream truth: the row and its steps in PostgreSQL, written once, as deleted by hand
@@ -287,16 +289,21 @@ def test_turning_the_archive_off_takes_the_finalizer_off_again(arv, archiving, a
     archiving.stop()
     remove_webhook_configurations(admin_api)
     try:
-        archiving.start()  # without REVERSI_ARCHIVE_DSN: the archive is off
+        archiving.start()  # without REVERSI_ARCHIVE_DSN nor REVERSI_ARCHIVE_ENABLED: the archive is off
         wait_for(lambda: FINALIZER not in _finalizers(rv, "unheld"), timeout=60,
                  what=f"the finalizer {FINALIZER} taken off with the archive off")
         _kubectl_delete(cluster, rv, "unheld", "--timeout=60s")
         assert not _exists(rv, "runs", "unheld") and _archived(postgres, uid) == {}
+        # and a Run made now has none: the archive turned on again gives it one (the operator's pass)
+        assert not _quiet(rv, "later", steps=1)["metadata"].get("finalizers")
     finally:
         archiving.stop()
         remove_webhook_configurations(admin_api)
         os.environ["REVERSI_ARCHIVE_DSN"] = postgres.dsn()
+        os.environ["REVERSI_ARCHIVE_ENABLED"] = "true"
         try:
             archiving.start()
         finally:
-            del os.environ["REVERSI_ARCHIVE_DSN"]
+            del os.environ["REVERSI_ARCHIVE_DSN"], os.environ["REVERSI_ARCHIVE_ENABLED"]
+    wait_for(lambda: FINALIZER in _finalizers(rv, "later"), timeout=60,
+             what=f"the finalizer {FINALIZER} put on a Run made while the archive was off")

@@ -4,7 +4,9 @@ Mutating (they stamp what must come from the server, never from the client):
 
 - ``/mutate-run``: ``spec.principal`` from the authenticated user on create (rule 10); each new
   step's ``snapshot`` from the current ToolManifest and its ``recordedAt`` (an inline journal
-  given on create); each new resolution's ``actor`` and ``resolvedAt`` (rule 7).
+  given on create); each new resolution's ``actor`` and ``resolvedAt`` (rule 7); with the archive
+  on (``settings.archive_enabled``), the finalizer ``reversi.dev/archive`` on create
+  (docs/operations.md#a-run-deleted-by-hand).
 - ``/mutate-runstep``: records a step. On create it stamps the Run as owner, the labels, the
   snapshot, ``recordedAt`` and ``principal``, then checks the journal's rules (rules 7, 9-12,
   forward duplicates, sizes): the one webhook a recorded call crosses. The outcome write crosses
@@ -54,6 +56,7 @@ from ..adapters.kube import Kube, api_message
 from ..adapters import run_tree as tree_io
 from ..engine import acknowledgement
 from ..engine import admission as rules
+from ..engine import archive as archive_rules
 from ..engine.graph import InvalidRun, build_graph
 from ..engine.journal import assemble
 from ..engine.keys import forward_key, snapshot_id
@@ -196,6 +199,8 @@ def mutate_run(body: Any, old: Any, patch: kopf.Patch, userinfo: dict, operation
         _stamp(s.get("resolutions"), old_res, ("actor", "resolvedAt"), user, now)
         family(raw)
         _label_recording(raw)
+        if operation == "CREATE" and parts.settings.archive_enabled:
+            _hold_for_archive(raw)
 
     patch.fns.append(_raw(stamp))
 
@@ -330,6 +335,15 @@ def _carry(old: dict, new: dict, fields: tuple[str, ...]) -> None:
     for f in fields:
         if f in old:
             new[f] = old[f]
+
+
+def _hold_for_archive(raw: dict) -> None:
+    """Put the archive's finalizer on a new Run, so a person's delete waits until its record is
+    in the archive, from the Run's first moment (docs/operations.md#a-run-deleted-by-hand); the
+    operator removes it, and puts it on Runs made before the archive was on."""
+    meta = raw.setdefault("metadata", {})
+    held = meta.get("finalizers") if isinstance(meta.get("finalizers"), list) else []
+    meta["finalizers"] = archive_rules.with_finalizer([f for f in held if isinstance(f, str)])
 
 
 def _label_recording(raw: dict) -> None:
