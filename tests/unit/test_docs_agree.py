@@ -888,3 +888,15 @@ def test_every_page_of_the_docs_is_reachable_from_the_readme():
                 todo.append(path)
     orphans = sorted(rel(path) for path in (ROOT / "docs").rglob("*.md") if path.resolve() not in seen)
     assert not orphans, f"pages of docs/ no link from README.md leads to: {orphans}"
+
+
+def test_the_kinds_table_is_the_crds():
+    """docs/concepts.md's table of kinds has each CRD of crds/ with its scope and short name."""
+    crds = {}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["spec"]
+        scope = {"Namespaced": "namespace", "Cluster": "cluster"}[spec["scope"]]
+        crds[spec["names"]["kind"]] = (scope, ", ".join(f"`{name}`" for name in spec["names"].get("shortNames", [])))
+    rows = table_rows((ROOT / "docs" / "concepts.md").read_text(), "kind")
+    documented = {cells[0]: (cells[1], cells[2]) for cells in rows}
+    assert documented == crds, f"docs/concepts.md's kinds (scope, short names) {documented} are not the CRDs' {crds}"
