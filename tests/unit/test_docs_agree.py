@@ -900,3 +900,29 @@ def test_the_kinds_table_is_the_crds():
     rows = table_rows((ROOT / "docs" / "concepts.md").read_text(), "kind")
     documented = {cells[0]: (cells[1], cells[2]) for cells in rows}
     assert documented == crds, f"docs/concepts.md's kinds (scope, short names) {documented} are not the CRDs' {crds}"
+
+
+#: reasons the docs give that are not Reversi's conditions', with the file that writes them
+NOT_CONDITION_REASONS = {
+    "NodeAgentRestarted": "devcluster/reversi_devcluster/nodeagent.py",  # a pod's, written by the node agent
+}
+REASON_WORDS = re.compile(r"\breasons?:?(?: is| of| are)? ((?:`[A-Z][A-Za-z]+`(?:,? (?:or |and )?|, )?)+)")
+CONDITION_TYPE_WORD = re.compile(r"`([A-Z][A-Za-z]+)=(?:True|False|Unknown)`")
+
+
+def test_every_condition_type_and_reason_the_docs_name_is_reversis():
+    """``reason `X``` and ```Type=True``` in the docs name a reason and a type of the closed set
+    of :mod:`reversi.conditions`."""
+    from reversi import conditions
+
+    for word, source in NOT_CONDITION_REASONS.items():
+        assert word in (ROOT / source).read_text(), f"NOT_CONDITION_REASONS: {source} no longer writes {word}: drop it"
+    wrong = []
+    for path in doc_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            named = [word for match in REASON_WORDS.finditer(line) for word in re.findall(r"`(\w+)`", match.group(1))]
+            wrong += [f"{rel(path)}:{number}: reason {word}" for word in named
+                      if word not in conditions.REASONS and word not in NOT_CONDITION_REASONS]
+            wrong += [f"{rel(path)}:{number}: condition type {word}" for word in CONDITION_TYPE_WORD.findall(line)
+                      if word not in conditions.TYPES]
+    assert not wrong, "the docs name condition reasons or types reversi.conditions does not have:\n" + "\n".join(wrong)
