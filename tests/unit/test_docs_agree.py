@@ -1,19 +1,29 @@
 """The docs say what the code does: names they quote exist, and lists they give are complete.
 
 Each test reads the Markdown of docs/, README.md, charts/reversi/README.md and CHANGELOG.md (and
-the chart's NOTES.txt where it names values) and holds one kind of name equal to its one source:
+the chart's NOTES.txt where it names values or targets) and holds one kind of name equal to its
+one source (docs/development.md#tests lists them for readers):
 
 - metrics: what :mod:`reversi.metrics` registers (read from prometheus_client's registry) against
-  the table of docs/operations.md#metrics, and every ``reversi_*`` series the docs name;
+  the table of docs/operations.md#metrics (names, types, labels), and every ``reversi_*`` series
+  the docs name;
 - alerts: ``charts/reversi/files/alerts/reversi.rules.yaml`` against the sections of
-  docs/operations.md#alerts, and each alert's ``runbook_url`` against those sections' anchors;
+  docs/operations.md#alerts, and each alert's ``runbook_url`` against its own section's anchor;
 - chart values: every value the docs name (``metrics.port``, ``--set a.b=...``) is a key of
   ``charts/reversi/values.yaml``, and every key there is in the table of docs/operations.md#values;
-- ``kubectl reversi``: every command and option the docs name is in click's tree of
-  :data:`reversi.cli.main.cli`, and every command and option of the tree is in the README's table;
-- ``make <target>`` quoted in the docs is a target of the Makefile;
-- links and citations: every ``file.md#anchor`` in the docs and every ``docs/<page>.md#<anchor>``
-  the code cites names a heading (anchors made the way GitHub makes them) or an ``<a id>``.
+- programs: every command and option of ``kubectl reversi`` the docs show is in click's tree of
+  :data:`reversi.cli.main.cli`, and every command and option of the tree is in the README's
+  table; the same for the options of ``reversi-operator``, ``reversi-admission``,
+  ``reversi-devcluster``, ``reversi-gateway`` and ``reversi-crdgen``;
+- ``make <target>`` is a target of the Makefile; a repository path exists; every link leads to a
+  file and heading, every ``docs/<page>.md#<anchor>`` that code, tests and docs cite names a
+  heading (anchors made the way GitHub makes them) or an ``<a id>``; every page of docs/ is
+  reached from the README;
+- ``<fullname>-x`` is a name the chart's templates make; every ``helm upgrade`` resets then
+  reuses values; running the operator by hand installs the roles for agents and people;
+- ``REVERSI_*`` variables exist, with the defaults of their settings models; condition reasons
+  and types are :mod:`reversi.conditions`'; the kinds table is the CRDs'; the suite's times are
+  quoted from docs/development.md#times only.
 
 A failure names the file, the line and the difference. Fix the docs, not this test; where the
 code is wrong, fix the code.
