@@ -1,13 +1,16 @@
 """The archive's finalizer (docs/operations.md#a-run-deleted-by-hand): one test per case of the
-pure decision, a hypothesis property over every combination, and the Run's facts that carry it."""
+pure decision, a hypothesis property over every combination, the Run's facts that carry it, and
+the pace of the controller's writes."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from reversi.engine import archive as records
 from reversi.engine import retention as rules
+from reversi.handlers.finalizer import Slots
 
 FOREIGN = "example.com/keep"
 
@@ -85,3 +88,29 @@ def test_a_failed_write_says_why_the_run_is_still_there():
     assert records.FINALIZER in by_hand and "tried again with backoff" in by_hand
     expired = records.failure_message(records.EXPIRED, "auth", "password authentication failed")
     assert expired.startswith("not deleted: ") and "retention tries again with backoff" in expired
+
+
+def test_paced_turns_are_one_per_key_and_kept_until_the_key_comes_back():
+    now = [100.0]
+    slots = Slots(10.0, clock=lambda: now[0])
+    assert slots.wait("a") == 0.0  # the first is now
+    assert slots.wait("b") == pytest.approx(0.1) and slots.wait("c") == pytest.approx(0.2)
+    assert slots.wait("b") == pytest.approx(0.1), "asked again early: the same turn, no new one"
+    now[0] += 0.1
+    assert slots.wait("b") == 0.0 and slots.wait("c") == pytest.approx(0.1)
+    slots.forget("c")
+    now[0] += 60  # idle: the next one is now again
+    assert slots.wait("d") == 0.0 and slots.wait("e") == pytest.approx(0.1)
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=60))
+def test_property_paced_turns_never_come_faster_than_the_rate(keys):
+    now = [0.0]
+    slots = Slots(20.0, clock=lambda: now[0])
+    used = []
+    for key in keys:
+        if slots.wait(key) == 0.0:
+            used.append(now[0])
+        now[0] += 0.01
+    # by any moment t, at most 1 + 20 t turns were used (a key that comes back late uses an older turn)
+    assert all(n <= 1 + 20.0 * at + 1e-9 for n, at in enumerate(used, 1))

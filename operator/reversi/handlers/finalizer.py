@@ -16,7 +16,9 @@ again on what the informer holds and does it:
 - add the finalizer to a Run that lacks it while the archive is on (Runs that existed when the
   archive was turned on get it too), and remove it from every Run while the archive is off (so
   turning the archive off never leaves a Run undeletable). These writes are merge patches with
-  the Run's resourceVersion as precondition, paced (``settings.retention_deletes_per_second``);
+  the Run's resourceVersion as precondition, paced (``settings.retention_deletes_per_second``:
+  each Run waiting its turn is given its own moment, :class:`Slots`, so turning the archive on
+  over 50,000 Runs queues them once instead of waking them all at each free token);
 - archive a Run being deleted that carries it, then remove it. A write that fails keeps the
   finalizer: the Run says why (``Archived=False``, reason ``ArchiveFailed``, a Warning Event
   ``ArchiveFailed``), the failure counts in ``reversi_archive_failures_total`` and the pass is
@@ -28,7 +30,9 @@ Only the holder of the Lease acts (``paused``, ``reconciling``), as everywhere i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from kubernetes.client.rest import ApiException
@@ -39,7 +43,7 @@ from ..engine import archive as records
 from ..engine import retention as rules
 from ..workqueue import Backoff, WorkQueue
 from .archive import RunChanged
-from .retention import MAX_BACKOFF_SECONDS, SLACK_SECONDS, Pacer
+from .retention import MAX_BACKOFF_SECONDS, SLACK_SECONDS
 
 if TYPE_CHECKING:
     from ..adapters.informer import Informer
@@ -48,6 +52,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("reversi.finalizer")
 
 RunKey = tuple[str, str]  # (namespace, name)
+
+
+class Slots:
+    """Paced turns, one per key: at most ``rate`` per second, each key given its own moment
+    ``1/rate`` after the one before (golang's ``rate.Limiter.Reserve``), kept until that key
+    comes back for it. Safe from any thread; ``clock`` (monotonic seconds) is injected for tests."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
+        self.gap = 1.0 / rate
+        self.clock = clock
+        self._next = clock()
+        self._held: dict[Hashable, float] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, key: Hashable) -> float:
+        """Seconds until ``key``'s turn: 0.0 when it is now (the turn is used), else the wait
+        (the turn is kept for it)."""
+        with self._lock:
+            now = self.clock()
+            at = self._held.get(key)
+            if at is None:
+                at = max(now, self._next)
+                self._next = at + self.gap
+            if at <= now:
+                self._held.pop(key, None)
+                return 0.0
+            self._held[key] = at
+            return at - now
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s turn (the Run is gone)."""
+        with self._lock:
+            self._held.pop(key, None)
 
 
 class ArchiveFinalizer:
@@ -63,7 +100,7 @@ class ArchiveFinalizer:
         self.runs = runs
         self.archiver = archiver
         self.reconciling = reconciling
-        self.pacer = Pacer(writes_per_second)
+        self.slots = Slots(writes_per_second)
         self._hints: dict[str, int] = {}  # run uid -> its step count when last read
         self.queue: WorkQueue[RunKey] = WorkQueue(
             self._pass, workers=workers, backoff=Backoff(1.0, MAX_BACKOFF_SECONDS), failed=self._failed,
@@ -84,6 +121,7 @@ class ArchiveFinalizer:
     def _run_changed(self, key: RunKey, old: rules.RunFacts | None, new: rules.RunFacts | None) -> None:
         if new is None:
             self.queue.forget(key)
+            self.slots.forget(key)
             if old is not None:
                 self._hints.pop(old.uid, None)
         elif self.step(new) != records.NOTHING:
@@ -100,13 +138,14 @@ class ArchiveFinalizer:
             return 30.0
         step = self.step(facts)
         if step == records.NOTHING:
+            self.slots.forget(key)  # a turn it was given is not needed any more
             return None
         if step == records.ADD and self.archiver is not None:
             held = self.archiver.held_back(facts.uid)
             if held > 0:  # retention took it off for its delete: the Run is about to go
                 return held
         if not facts.deleting:
-            wait = self.pacer.take()
+            wait = self.slots.wait(key)
             if wait > 0:
                 return wait
         version, finalizers = facts.resource_version, facts.finalizers
