@@ -98,7 +98,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_via_client(**kwargs)
     cfg = client.Configuration()
     config.load_kube_config(config_file=path, client_configuration=cfg)
-    token = (cfg.api_key or {}).get("authorization", "")
+    # a kubeconfig's token (a ServiceAccount's, say): the official client keeps it under "BearerToken"
+    # (older releases: "authorization"), as "Bearer <token>"
+    keys = cfg.api_key or {}
+    token = keys.get("BearerToken") or keys.get("authorization") or ""
     return kopf.ConnectionInfo(
         server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
         certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
