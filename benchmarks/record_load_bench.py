@@ -1,6 +1,6 @@
 """Recording under load: many agents recording at once, next to the same API server's plain writes.
 
-    python benchmarks/record_load_bench.py [--agents 1,4,16,32] [--seconds 10] [--only load,gap] [--breakdown]
+    python benchmarks/record_load_bench.py [--agents 1,4,16,32] [--seconds 10] [--only load,gap] [--breakdown] [--apf]
 
 Every figure is printed next to a baseline measured in the same run on the same local control
 plane, so the ratio, not the absolute rate, is the claim:
@@ -22,7 +22,17 @@ plane, so the ratio, not the absolute rate, is the claim:
   Halt's time to its first refusal.
 - **interference**: a 10-step rollback at parallelism 1 (compensators that exit 0 at once) on an
   idle operator, then while 16 agents record as fast as they can. Printed: both durations (first
-  pass to the final phase) and their ratio.
+  pass to the final phase) and their ratio. On the local control plane every process uses the
+  admin's kubeconfig, which API Priority and Fairness exempts (group system:masters), so nothing
+  tells the operator's requests from the agents'. With ``--apf`` they are told apart as on a real
+  cluster: the chart's PriorityLevelConfiguration and FlowSchemas (``helm template`` of
+  templates/flowcontrol.yaml, release ``bench`` in a namespace of its own) are created, and the
+  operator, the admission replicas and the agents each use a kubeconfig of a ServiceAccount
+  (``bench-reversi``, ``bench-reversi-admission``, ``bench-agent``; TokenRequest tokens, bound to
+  cluster-admin for the run: their rights are not what is measured), so the agents' requests fall
+  into the built-in workload-low and the operator's into ``bench-reversi-operator``
+  (docs/operations.md#api-priority-and-fairness). Every scenario then runs so; all of it is deleted
+  at the end.
 - **floor** (first, before the admission server starts, in a namespace of its own deleted
   before the other scenarios; the operator runs): what each layer of a recorded call
   costs, for the first and the last ``--agents`` count, each next to the plain writes of the same
@@ -61,7 +71,9 @@ import argparse
 import contextlib
 import itertools
 import multiprocessing as mp
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -73,11 +85,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
+import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 from reversi.adapters.journal import list_objects, step_body  # noqa: E402
 from reversi.models import ToolManifestSpec  # noqa: E402
+from reversi_devcluster.build import binary  # noqa: E402
 from reversi_devcluster.cluster import Cluster  # noqa: E402
 from reversi_devcluster.localop import AdmissionPool, OperatorProcess, apply_crds, free_port  # noqa: E402
 from reversi_devcluster.localop import remove_webhook_configurations  # noqa: E402
@@ -564,6 +578,14 @@ def _wait(check: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"{what}: not within {timeout:.0f} s")
 
 
+def _loadavg() -> str:
+    """This machine's load (its first three figures), which the ratios are read next to."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
 def _rollback_seconds(api: client.ApiClient, namespace: str, tag: str, steps: int) -> float:
     """Record ``steps`` calls of box.put in a new Run, roll it back at parallelism 1 and return the
     seconds from the request's create to its final phase (every step compensated, checked)."""
@@ -587,18 +609,19 @@ def _rollback_seconds(api: client.ApiClient, namespace: str, tag: str, steps: in
     return seconds
 
 
-def interference(kubeconfig: str, api: client.ApiClient, namespace: str, processes: int) -> dict[str, float]:
-    """A 10-step parallelism-1 rollback idle, then while 16 agents record."""
+def interference(kubeconfig: str, api: client.ApiClient, namespace: str, processes: int) -> dict[str, Any]:
+    """A 10-step parallelism-1 rollback idle, then while 16 agents record; with /proc/loadavg after each."""
     idle = _rollback_seconds(api, namespace, "idle", 10)
-    box: dict[str, float] = {}
+    box: dict[str, Any] = {"load_idle": _loadavg()}
 
     def during(start: float) -> None:
         time.sleep(max(0.0, start - time.time()))
         box["busy"] = _rollback_seconds(api, namespace, "busy", 10)
+        box["load_busy"] = _loadavg()
 
     # the agents record for longer than the rollback can take; the measured run is the rollback's
     drive("recorded", kubeconfig, namespace, 16, max(30.0, 3 * idle), processes, during=during)
-    return {"idle_s": idle, "busy_s": box["busy"], "ratio": box["busy"] / idle}
+    return {"idle_s": idle, "busy_s": box["busy"], "ratio": box["busy"] / idle, **box}
 
 
 def move(api: client.ApiClient, namespace: str, steps: int = 3000) -> dict[str, float]:
@@ -667,6 +690,94 @@ def rolling(seconds: float, processes: int) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- --apf
+
+#: the release the chart's flowcontrol objects are rendered for; its ServiceAccounts' names follow from it
+APF_RELEASE = "bench"
+APF_FULLNAME = f"{APF_RELEASE}-reversi"
+APF_IDENTITIES = {"operator": APF_FULLNAME, "admission": f"{APF_FULLNAME}-admission", "agents": "bench-agent"}
+APF_TIMEOUT = 30
+
+
+def _flowcontrol_objects(api: client.ApiClient, namespace: str) -> list[dict]:
+    """The chart's PriorityLevelConfiguration and FlowSchemas for release APF_RELEASE in ``namespace``,
+    exactly as ``helm template`` renders them for this server (the level first: a FlowSchema names it)."""
+    version = client.VersionApi(api).get_code(_request_timeout=APF_TIMEOUT).git_version
+    out = subprocess.run([binary("helm", "helm"), "template", APF_RELEASE, ROOT / "charts" / "reversi",
+                          "--namespace", namespace, "--kube-version", version, "-s", "templates/flowcontrol.yaml"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return sorted((o for o in yaml.safe_load_all(out) if o), key=lambda o: o["kind"] != "PriorityLevelConfiguration")
+
+
+def _token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
+    """A kubeconfig of the admin's cluster (server, CA) that authenticates with ``token`` alone."""
+    cluster = yaml.safe_load(admin.read_text())["clusters"][0]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": "sa"}}], "current-context": "sa"}))
+    path.chmod(0o600)
+    return path
+
+
+def _priority_level(api: client.ApiClient, token: str) -> str:
+    """The UID of the priority level the API server puts a request made with ``token`` in (its
+    X-Kubernetes-PF-PriorityLevel-UID header; APF classifies before authorization)."""
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert = api.configuration.host, api.configuration.ssl_ca_cert
+    with client.ApiClient(cfg) as bare:
+        answer = bare.rest_client.request("GET", cfg.host + "/apis/batch/v1/jobs", _request_timeout=APF_TIMEOUT,
+                                          headers={"Authorization": f"Bearer {token}"})
+        return answer.getheader("X-Kubernetes-PF-PriorityLevel-UID") or ""
+
+
+@contextlib.contextmanager
+def apf_identities(api: client.ApiClient, admin: Path, folder: Path) -> Iterator[dict[str, Any]]:
+    """``--apf``: the chart's flowcontrol objects created for release APF_RELEASE in a new namespace,
+    and a ServiceAccount per identity of APF_IDENTITIES there, bound to cluster-admin. Yields the
+    namespace and a kubeconfig path per identity, once the API server puts the operator's requests
+    in the chart's level; deletes all of it afterwards."""
+    namespace = f"reversi-apf-{uuid.uuid4().hex[:5]}"
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    flow = client.FlowcontrolApiserverV1Api(api)
+    create = {"PriorityLevelConfiguration": flow.create_priority_level_configuration,
+              "FlowSchema": flow.create_flow_schema}
+    delete = {"PriorityLevelConfiguration": flow.delete_priority_level_configuration,
+              "FlowSchema": flow.delete_flow_schema}
+    made: list[tuple[str, str]] = []
+    bindings: list[str] = []
+    core.create_namespace({"metadata": {"name": namespace}}, _request_timeout=APF_TIMEOUT)
+    try:
+        level = ""
+        for obj in _flowcontrol_objects(api, namespace):
+            stored = create[obj["kind"]](obj, _request_timeout=APF_TIMEOUT)
+            made.append((obj["kind"], obj["metadata"]["name"]))
+            if obj["kind"] == "PriorityLevelConfiguration":
+                level = stored.metadata.uid
+        found: dict[str, Any] = {"namespace": namespace}
+        for who, account in APF_IDENTITIES.items():
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": account}},
+                                                   _request_timeout=APF_TIMEOUT)
+            rbac.create_cluster_role_binding({
+                "metadata": {"name": f"{namespace}-{who}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+                _request_timeout=APF_TIMEOUT)
+            bindings.append(f"{namespace}-{who}")
+            token = core.create_namespaced_service_account_token(account, namespace, {
+                "spec": {"expirationSeconds": 6 * 3600}}, _request_timeout=APF_TIMEOUT).status.token
+            found[who] = _token_kubeconfig(admin, token, folder / f"{namespace}-{who}.kubeconfig")
+            found[f"{who}_token"] = token
+        _wait(lambda: _priority_level(api, found["operator_token"]) == level, 30, "the chart's priority level in force")
+        yield found
+    finally:
+        for name in bindings:
+            rbac.delete_cluster_role_binding(name, _request_timeout=APF_TIMEOUT)
+        for kind, name in reversed(made):
+            delete[kind](name, _request_timeout=APF_TIMEOUT)
+        core.delete_namespace(namespace, _request_timeout=APF_TIMEOUT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", default="1,4,16,32", help="agent counts of the load scenario")
@@ -679,6 +790,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-only", default="", help="gap: only the victim whose name starts so (e.g. every)")
     parser.add_argument("--admission-down", type=float, default=60.0,
                         help="gap: seconds every admission replica stays SIGKILLed")
+    parser.add_argument("--apf", action="store_true",
+                        help="the chart's FlowSchemas and priority level in force, and the operator, the admission "
+                             "replicas and the agents each with a ServiceAccount's token (the admin is exempt)")
     parser.add_argument("--breakdown", action="store_true",
                         help="load: also print the API requests and webhook time of each recorded call")
     args = parser.parse_args(argv)
@@ -696,9 +810,18 @@ def main(argv: list[str] | None = None) -> int:
     api = config.new_client_from_config(config_file=kubeconfig)
     apply_crds(api)
     logs = cluster.paths.logs
-    admission = AdmissionPool(cluster.paths.admin_kubeconfig, logs / "bench-admission.log", webhook_port=free_port(),
+    identities: dict[str, Any] = {"operator": cluster.paths.admin_kubeconfig,
+                                  "admission": cluster.paths.admin_kubeconfig}
+    apf = contextlib.ExitStack()
+    if args.apf:
+        identities = apf.enter_context(apf_identities(api, cluster.paths.admin_kubeconfig, logs))
+        kubeconfig = str(identities["agents"])
+        os.environ["REVERSI_LEASE_NAMESPACE"] = identities["namespace"]  # as the chart's release namespace
+        print(f"apf: the chart's priority level and FlowSchemas in force; the operator, the admission replicas and "
+              f"the agents as ServiceAccounts of {identities['namespace']}", flush=True)
+    admission = AdmissionPool(identities["admission"], logs / "bench-admission.log", webhook_port=free_port(),
                               replicas=args.replicas)
-    op = OperatorProcess(cluster.paths.admin_kubeconfig, logs / "bench-operator.log", metrics_port=free_port())
+    op = OperatorProcess(identities["operator"], logs / "bench-operator.log", metrics_port=free_port())
     namespace = f"record-load-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     problems: list[str] = []
@@ -744,7 +867,8 @@ def main(argv: list[str] | None = None) -> int:
             print("interference: a 10-step rollback at parallelism 1, idle, then while 16 agents record", flush=True)
             i = interference(kubeconfig, api, namespace, args.processes)
             print(f"  idle {i['idle_s']:.1f} s, under load {i['busy_s']:.1f} s: ratio {i['ratio']:.2f} "
-                  "(target <= 1.2)", flush=True)
+                  f"(target <= 1.2){' with --apf' if args.apf else ''}; /proc/loadavg after the idle one "
+                  f"{i['load_idle']}, after the one under load {i['load_busy']}", flush=True)
         if "crowd" in only:
             print("crowd: one agent in an empty namespace, then among 20,000 RunSteps of other runs", flush=True)
             cr = crowd(kubeconfig, api, namespace, admission, args.seconds)
@@ -763,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
             core.delete_namespace(namespace)
         except ApiException:
             pass
+        apf.close()
         if started_cluster:
             cluster.down()
     if problems:
