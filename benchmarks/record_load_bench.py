@@ -299,6 +299,24 @@ def apiserver_counters(api: client.ApiClient) -> dict[str, float]:
     return out
 
 
+def flowcontrol_waits(api: client.ApiClient) -> dict[str, list[float]]:
+    """Per API Priority and Fairness level: [requests dispatched, seconds they waited for a seat in
+    all, the level's nominal seats], from the API server's /metrics."""
+    resp = api.call_api("GET", api.configuration.host + "/metrics")
+    resp.read()
+    out: dict[str, list[float]] = {}
+    for line in resp.data.decode().splitlines():
+        metric = line.split("{", 1)[0]
+        if metric not in ("apiserver_flowcontrol_request_wait_duration_seconds_count",
+                          "apiserver_flowcontrol_request_wait_duration_seconds_sum",
+                          "apiserver_flowcontrol_nominal_limit_seats") or 'execute="false"' in line:
+            continue
+        level = line.split('priority_level="', 1)[1].split('"', 1)[0]
+        row = out.setdefault(level, [0.0, 0.0, 0.0])
+        row[("_count" not in metric) + ("seats" in metric)] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def print_breakdown(before: dict[str, float], after: dict[str, float]) -> None:
     """What each recorded call cost the API server: requests by verb and resource, and the mean
     time of each webhook review (the difference of two :func:`apiserver_counters`; a recorded
@@ -616,8 +634,13 @@ def interference(kubeconfig: str, api: client.ApiClient, namespace: str, process
 
     def during(start: float) -> None:
         time.sleep(max(0.0, start - time.time()))
+        before = flowcontrol_waits(api)
         box["busy"] = _rollback_seconds(api, namespace, "busy", 10)
         box["load_busy"] = _loadavg()
+        after = flowcontrol_waits(api)
+        # each level's requests while the rollback ran under load, and their mean wait for a seat
+        box["waits"] = {level: (n - before.get(level, [0.0])[0], (s - before.get(level, [0.0, 0.0])[1]), seats)
+                        for level, (n, s, seats) in after.items() if n > before.get(level, [0.0])[0]}
 
     # the agents record for longer than the rollback can take; the measured run is the rollback's
     drive("recorded", kubeconfig, namespace, 16, max(30.0, 3 * idle), processes, during=during)
@@ -869,6 +892,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  idle {i['idle_s']:.1f} s, under load {i['busy_s']:.1f} s: ratio {i['ratio']:.2f} "
                   f"(target <= 1.2){' with --apf' if args.apf else ''}; /proc/loadavg after the idle one "
                   f"{i['load_idle']}, after the one under load {i['load_busy']}", flush=True)
+            print("  while it ran under load, requests per priority level (API Priority and Fairness), their mean "
+                  "wait for a seat, the level's nominal seats: " + ", ".join(
+                      f"{level} {n:.0f} ({s / n * 1000:.2f} ms, {seats:.0f})"
+                      for level, (n, s, seats) in sorted(i["waits"].items(), key=lambda kv: -kv[1][0])), flush=True)
         if "crowd" in only:
             print("crowd: one agent in an empty namespace, then among 20,000 RunSteps of other runs", flush=True)
             cr = crowd(kubeconfig, api, namespace, admission, args.seconds)
