@@ -192,6 +192,19 @@ def test_the_archive_takes_its_connection_string_from_a_secret_never_from_values
     assert "existingSecret" in render.errors({"archive": {"enabled": True}})
 
 
+
+def test_the_admission_server_knows_the_archive_is_on_but_never_its_connection_string(render):
+    def env(values):
+        container = find(render(values), "Deployment", "rv-reversi-admission")["spec"]["template"]["spec"][
+            "containers"][0]
+        return {e["name"]: e for e in container["env"]}
+
+    assert "REVERSI_ARCHIVE_ENABLED" not in env(None), "off by default"
+    on = env({"archive": {"enabled": True, "existingSecret": "reversi-archive"}})
+    assert on["REVERSI_ARCHIVE_ENABLED"]["value"] == "true", "each new Run gets the archive's finalizer"
+    assert "REVERSI_ARCHIVE_DSN" not in on
+
+
 def test_journal_quota_is_rendered_in_each_listed_namespace_and_matches_the_example(render):
     assert not [o for o in render() if o["kind"] == "ResourceQuota"], "no quota unless namespaces are listed"
     quotas = [o for o in render({"journalQuota": {"namespaces": ["shop", "billing"], "runsteps": 5000}})
