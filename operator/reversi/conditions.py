@@ -152,6 +152,7 @@ HALT_IN_EFFECT = "HaltInEffect"  # Active=True
 # Ready / Reconciling / Stalled (every kind); most reuse the reasons above
 NO_ROLLBACK = "NoRollback"  # Run Ready=True: no rollback has worked on the run yet
 RESIDUE_ACKNOWLEDGED = "ResidueAcknowledged"  # Ready=True (a Run, its last request): a person accepted what stands
+SUPERSEDED = "Superseded"  # Ready=True (an Incomplete request): a later rollback of its Run says what stands now
 IDLE = "Idle"  # Reconciling=False / Stalled=False: nothing is in progress, nothing is stuck
 SCHEMA_OUTDATED = "SchemaOutdated"  # Event reason: the installed CRDs are older than the operator
 SCHEMA_CURRENT = "SchemaCurrent"  # Event reason: the installed CRDs are current again
@@ -166,6 +167,7 @@ ARCHIVE_FAILED = "ArchiveFailed"  # Archived=False (and a Warning Event): the re
 REASONS = frozenset(
     {
         RESIDUE_ACKNOWLEDGED,
+        SUPERSEDED,
         PLAN_READY,
         DRY_RUN,
         WAITING_FOR_RUN,

@@ -152,6 +152,16 @@ def test_an_acknowledgement_covers_what_stands_until_a_later_rollback_leaves_som
     assert a["status"]["lastRequest"] == "again-a" and a["status"]["standing"]["request"] == "undo-a"
     assert _conditions(a)["Ready"] == ("True", "ResidueAcknowledged") and not incomplete_run(a)
     wait_for(lambda: _acknowledged_by(rv, cluster) == {"a": "lead", "b": ""}, what="ACKNOWLEDGED-BY of a only")
+    # only the request whose residue stands follows the acknowledgement; the run's other Incomplete requests
+    # are Ready as superseded (a GitOps health check of them is green), their verdicts unchanged
+    def ready(name: str) -> tuple[str, str]:
+        return _conditions(rv.get("rollbackrequests", name))["Ready"]
+
+    wait_for(lambda: ready("undo-b") == ("True", "Superseded") and ready("again-a") == ("True", "Superseded"),
+             what="undo-b and again-a superseded")
+    assert ready("undo-a") == ("True", "ResidueAcknowledged")
+    assert ready("again-b")[0] == "False" and _conditions(rv.get("rollbackrequests", "again-b"))["Stalled"][0] == "True"
+    assert rv.get("rollbackrequests", "undo-b")["status"]["phase"] == "Incomplete"
     shown_b = kr(cluster, "describe", "run/b", namespace=ns).stdout
     assert "Standing:     on Run b now: 1 failed undo(s) stand, left by RollbackRequest again-b" in shown_b, shown_b
     assert "Residue:      not acknowledged now: acknowledged by lead" in shown_b, shown_b

@@ -3,12 +3,13 @@ when one may be set, and what the Run's and its last request's readiness say."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from reversi import conditions as cond
 from reversi.adapters import status as status_io
-from reversi.engine.acknowledgement import LEGACY_ANNOTATION, Acknowledged, acknowledged, changed, problem
+from reversi.engine.acknowledgement import LEGACY_ANNOTATION, Acknowledged, acknowledged, changed, problem, superseded
 
 ACK = {"note": "refunded by hand", "actor": "lead", "acknowledgedAt": "2026-12-01T10:00:00Z", "request": "undo"}
 
@@ -94,3 +95,36 @@ def test_a_finished_requests_readiness_follows_acknowledgement_back_and_forth(fl
 def test_only_an_incomplete_request_follows_acknowledgement():
     assert status_io.request_acknowledged_update({"phase": "Succeeded", "conditions": []},
                                                  acknowledged(_run(ack=ACK))) is None
+
+
+@pytest.mark.parametrize("reason", [cond.PARTIAL, cond.NOT_POSSIBLE, cond.CANCELLED])
+def test_an_incomplete_request_whose_residue_no_longer_stands_is_ready_as_superseded(reason):
+    """Only the request whose residue stands on the Run follows its acknowledgement; an earlier one is Ready,
+    reason Superseded, naming the request that says what stands, and its verdict never changes
+    (docs/concepts.md#acknowledging-residue)."""
+    status = _finished(reason)
+    update = status_io.request_superseded_update(status, "undo-2", "r")
+    assert update is not None
+    after = {x["type"]: x for x in update["conditions"]}
+    assert (after[cond.READY]["status"], after[cond.READY]["reason"]) == (cond.TRUE, cond.SUPERSEDED)
+    assert after[cond.STALLED]["status"] == cond.FALSE and after[cond.RECONCILING]["status"] == cond.FALSE
+    assert "RollbackRequest undo-2's to say" in after[cond.READY]["message"]
+    assert after[cond.COMPLETE] == {x["type"]: x for x in status["conditions"]}[cond.COMPLETE], "the verdict stays"
+    assert status_io.request_superseded_update({**status, **update}, "undo-2", "r") is None, "written once"
+    assert status_io.request_superseded_update({"phase": "Succeeded", "conditions": []}, "undo-2", "r") is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["r1", "r2", "r3", "r4"]),
+                          st.sampled_from([None, "Running", "Incomplete", "Succeeded", "Failed"]),
+                          st.sampled_from([None, "Incomplete", "ResidueAcknowledged", "Superseded"])),
+                unique_by=lambda r: r[0]),
+       st.sampled_from([None, "r1", "r2"]), st.sampled_from([None, "r3"]))
+def test_superseded_names_every_other_incomplete_request_once_while_no_rollback_holds_the_run(
+        requests, holder, locked_by):
+    marked = superseded(holder, locked_by, requests)
+    if holder is None or locked_by is not None:
+        assert marked == []
+        return
+    assert holder not in marked
+    assert marked == sorted(n for n, phase, reason in requests if phase == "Incomplete" and n != holder
+                            and reason != "Superseded")

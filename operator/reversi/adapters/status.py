@@ -304,6 +304,28 @@ def request_acknowledged_update(status: dict | None, acknowledged: Acknowledged 
     return {"conditions": conds}
 
 
+def request_superseded_update(status: dict | None, holder: str, run: str) -> dict | None:
+    """For a RollbackRequest of Run ``run`` that ended ``Incomplete`` and whose residue is not what stands on
+    the run (``holder``: the request whose residue stands, :func:`reversi.engine.acknowledgement.residue_request`):
+    the status merge patch that makes it Ready, reason ``Superseded``, since what stands is ``holder``'s to say
+    and to acknowledge (docs/concepts.md#acknowledging-residue); ``None`` when it already says so or the request
+    is in another phase. Its phase, report and ``Complete`` condition stay as they ended: the record of what it
+    did."""
+    status = status or {}
+    if status.get("phase") != "Incomplete":
+        return None
+    old = status.get("conditions") or []
+    complete = cond.get_condition(old, cond.COMPLETE) or {}
+    verdict = complete.get("message") or "incomplete"
+    wanted = readiness(READY_STATE, cond.SUPERSEDED,
+                       f"{verdict}; superseded: what stands on Run {run} is RollbackRequest {holder}'s to say "
+                       f"(kubectl reversi describe run/{run})")
+    conds = summary_conditions(old, status.get("observedGeneration") or 0, wanted)
+    if same_conditions(conds, old):
+        return None
+    return {"conditions": conds}
+
+
 def run_status_update(status: dict | None, generation: int | None, name: str = "NAME",
                       acknowledged: Acknowledged | None = None) -> dict | None:
     """The status merge patch that makes a Run's ``observedGeneration`` current, its

@@ -17,7 +17,7 @@ Pure functions over the Run as a dict (what the API server returns): no client, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,3 +134,20 @@ def problem(run: Mapping[str, Any], run_name: str) -> str | None:
         return (f"Run {run_name} has no incomplete rollback to acknowledge: its last rollback undid everything, or "
                 "none has run (kubectl reversi describe run/" + run_name + ")")
     return None
+
+
+#: the Ready reason of a request whose residue no longer stands (:func:`superseded`)
+SUPERSEDED = "Superseded"
+
+
+def superseded(residue_request: str | None, locked_by: str | None,
+               requests: Iterable[tuple[str, str | None, str | None]]) -> list[str]:
+    """The requests of a Run to mark Ready, reason ``Superseded``: those that ended ``Incomplete`` and are not
+    the one whose residue stands on the Run (``residue_request``, :func:`residue_request`), while no rollback
+    holds it (``locked_by`` None). Only the request whose residue stands follows the Run's acknowledgement, so
+    only it may stay Stalled (docs/concepts.md#acknowledging-residue). ``requests``: ``(name, phase, Ready
+    reason)`` of the requests naming the Run; those already marked are left out. Sorted names."""
+    if not residue_request or locked_by:
+        return []
+    return sorted(name for name, phase, reason in requests
+                  if phase == "Incomplete" and name != residue_request and reason != SUPERSEDED)

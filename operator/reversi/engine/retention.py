@@ -178,6 +178,8 @@ class RunFacts:
     #: ``metadata.finalizers`` (the archive's own, docs/operations.md#a-run-deleted-by-hand, is the one
     #: the operator reads; empty on almost every Run)
     finalizers: tuple[str, ...] = ()
+    #: the RollbackRequest whose residue stands on the Run (:func:`~reversi.engine.acknowledgement.residue_request`)
+    residue_request: str | None = None
 
 
 def facts_of(run: Mapping[str, Any]) -> RunFacts:
@@ -195,15 +197,18 @@ def facts_of(run: Mapping[str, Any]) -> RunFacts:
         active_request=status.get("activeRequest") or None, residue=acknowledgement.incomplete(run),
         activity=run_activity(run), standing=tuple(sorted(sd.by_tool(status.get("standing")).items())),
         recording=kube_review.recorded_by(run),
-        finalizers=tuple(sys.intern(f) for f in meta.get("finalizers") or [] if isinstance(f, str)))
+        finalizers=tuple(sys.intern(f) for f in meta.get("finalizers") or [] if isinstance(f, str)),
+        residue_request=acknowledgement.residue_request(run))
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """A RollbackRequest that names the run: its name and phase (None: not reconciled yet)."""
+    """A RollbackRequest that names the run: its name and phase (None: not reconciled yet), and the reason of
+    its Ready condition (None: none yet)."""
 
     name: str
     phase: str | None
+    ready_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

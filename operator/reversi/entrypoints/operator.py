@@ -40,6 +40,7 @@ from ..handlers import runtime
 from ..adapters.archive import Archive
 from ..handlers.archive import Archiver
 from ..handlers.finalizer import ArchiveFinalizer
+from ..handlers.superseded import SupersededRequests
 from ..handlers.recording import RecordedUsers
 from ..handlers.retention import Retention
 from ..handlers.reconciler import Reconciler
@@ -178,6 +179,13 @@ def _start_retention(parts: runtime.Parts) -> None:
     parts.recorded_users = RecordedUsers(parts.kube.api, parts.informers["runs"], ours.record_webhook,
                                          paused=parts.paused)
     parts.recorded_users.start()
+    # an Incomplete request whose residue a later rollback superseded is Ready (docs/concepts.md#acknowledging-residue)
+    superseded = SupersededRequests(parts.kube, parts.informers["runs"], parts.retention.requests.of,
+                                    paused=parts.paused)
+    parts.informers["requests"].subscribe(lambda key, old, new: superseded.request_changed(
+        {(key[0], facts[0]) for facts in (old, new) if facts is not None}))
+    parts.superseded = superseded
+    superseded.start()
     # Runs are watched here, not by kopf (a kopf worker per Run costs ~10 KB each): the Run status,
     # the incomplete-rollbacks gauge, the requests a Run wakes and moving an inline journal
     parts.informers["runs"].observe(_run_handlers.observer(parts, ThreadPoolExecutor(2, thread_name_prefix="runs")))
@@ -216,6 +224,8 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
         parts.finalizer.stop()
     if parts.recorded_users is not None:
         parts.recorded_users.stop()
+    if parts.superseded is not None:
+        parts.superseded.stop()
     caches.stop(parts.informers)
 
 

@@ -116,7 +116,9 @@ def request_facts(obj: dict) -> tuple[str, rules.RequestFacts] | None:
     name = (obj.get("metadata") or {}).get("name")
     if not isinstance(run, str) or not name:
         return None
-    return run, rules.RequestFacts(name, (obj.get("status") or {}).get("phase"))
+    status = obj.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Ready"), {})
+    return run, rules.RequestFacts(name, status.get("phase"), ready.get("reason"))
 
 
 def namespace_setting(obj: dict) -> str | None:

@@ -95,6 +95,8 @@ class Parts:
     finalizer: Any = None
     #: the recording webhook's match condition (:class:`reversi.handlers.recording.RecordedUsers`)
     recorded_users: Any = None
+    #: marks superseded requests Ready (:class:`reversi.handlers.superseded.SupersededRequests`)
+    superseded: Any = None
     #: this replica's candidate for the Lease (``reversi.handlers.leader.Leader``; ``reversi-operator``
     #: only: its start-up handler builds it with the parts, before the workers). None: no election
     #: (the admission server, unit tests): the process always acts
