@@ -13,11 +13,13 @@ same ports) runs in its place."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+import yaml
 from kubernetes import client
 
 from reversi.adapters.archive import Archive
@@ -139,6 +141,16 @@ def test_an_expired_run_is_archived_then_deleted_and_reads_back_as_describe_show
                           check=True).stdout
     assert "--- RollbackRequest undo ---" in show and "denied step 1 (undo): the customer wants it" in show
     assert PASSWORD not in show + listed
+    as_json = json.loads(subprocess.run([*cli, "list", "-n", rv.ns, "--run", "held", "-o", "json"], capture_output=True,
+                                        text=True, env=env, check=True).stdout)
+    assert [(r["name"], r["uid"], r["writes"]) for r in as_json["runs"]] == [("held", run["metadata"]["uid"], 1)]
+    as_yaml = yaml.safe_load(subprocess.run([*cli, "show", "held", "-n", rv.ns, "-o", "yaml"], capture_output=True,
+                                            text=True, env=env, check=True).stdout)
+    assert as_yaml["run"]["metadata"]["uid"] == run["metadata"]["uid"] and len(as_yaml["requests"]) == 1
+    assert [(a["step"], a["actor"]) for a in as_yaml["actions"] if a["action"] == "denied"] == [(1, "reversi-admin")]
+    named = subprocess.run([*cli, "show", "held", "-n", rv.ns, "-o", "name"], capture_output=True, text=True, env=env,
+                           check=True).stdout
+    assert named == "run.reversi.dev/held\n"
 
 
 def test_a_database_that_is_down_delays_the_delete_says_so_and_loses_nothing(arv, postgres):
