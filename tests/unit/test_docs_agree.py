@@ -936,3 +936,15 @@ def test_every_condition_type_and_reason_the_docs_name_is_reversis():
             wrong += [f"{rel(path)}:{number}: condition type {word}" for word in CONDITION_TYPE_WORD.findall(line)
                       if word not in conditions.TYPES]
     assert not wrong, "the docs name condition reasons or types reversi.conditions does not have:\n" + "\n".join(wrong)
+
+
+def test_the_steps_metric_lists_every_bucket():
+    """The row of ``reversi_rollback_steps_total`` lists the values of its ``bucket`` label:
+    :data:`reversi.metrics.BUCKETS`, the report's buckets in snake case."""
+    from reversi.metrics import BUCKETS
+
+    rows = [cells for path in doc_files() for cells in table_rows(path.read_text(), "metric")
+            if spans(cells[0]) == ["reversi_rollback_steps_total"]]
+    assert len(rows) == 1, "docs/operations.md#metrics has no single row of reversi_rollback_steps_total"
+    listed = [word.strip() for word in rows[0][3].split(":", 1)[-1].split(",")]
+    assert listed == list(BUCKETS), f"the row lists the buckets {listed}, reversi.metrics.BUCKETS are {BUCKETS}"
