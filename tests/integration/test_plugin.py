@@ -45,6 +45,15 @@ def kr(cluster, *args: str, namespace: str | None = None, kubeconfig: Path | Non
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
 
 
+def complete(cluster, *words: str, namespace: str) -> list[str]:
+    """What ``kubectl_complete-reversi`` answers kubectl for ``kubectl reversi WORDS<TAB>``."""
+    entry = "from reversi.entrypoints.plugin import complete_main; complete_main()"
+    done = subprocess.run([sys.executable, "-c", entry, "--kubeconfig", str(cluster.paths.admin_kubeconfig),
+                           "-n", namespace, *words], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout.splitlines()
+
+
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
     """The process failed with exit 1 and one ``error: ...`` line on stderr, no traceback."""
     assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
@@ -136,6 +145,8 @@ def test_plan_of_a_reversible_run_exits_0_with_resolved_args_and_key(rv, cluster
     assert action["compensationKind"] == "compensation" and action["needsApproval"] is False
     human = kr(cluster, "plan", "r", namespace=rv.ns)
     assert human.returncode == 0 and "Verdict: fully reversible" in human.stdout
+    assert complete(cluster, "plan", "", namespace=rv.ns) == ["r", ":4"]  # RUN names from the cluster
+    assert complete(cluster, "plan", "x", namespace=rv.ns) == [":4"]
 
 
 def test_plan_of_a_missing_run_is_one_line_naming_the_fix(rv, cluster):
@@ -175,6 +186,7 @@ def test_rollback_wait_undoes_the_run_and_exits_0(rv, cluster):
     read = kr(cluster, "logs", name, "--step", "0", "--reader", "--tail", "1", namespace=rv.ns)
     assert read.returncode == 0, read.stderr
     assert json.loads(read.stdout)["refunded"] is True  # the read-back's answer, alone
+    assert complete(cluster, "logs", "r-", namespace=rv.ns) == [name, ":4"]  # REQUEST names from the cluster
     absent = kr(cluster, "logs", name, "--step", "7", namespace=rv.ns)
     assert "step 7 of RollbackRequest" in one_line_error(absent) and "has no compensator Job" in absent.stderr
 

@@ -76,3 +76,18 @@ def test_kubectl_complete_reversi_is_a_console_script_that_answers_kubectl():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["kill-switch", ":4"]
+
+
+def test_names_are_not_completed_and_nothing_is_printed_when_the_cluster_cannot_be_read(tmp_path):
+    """RUN and REQUEST arguments complete from the cluster (tests/integration/test_plugin.py);
+    an unreachable API server gives no candidate, and no error in the shell."""
+    import yaml
+
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+              "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+              "users": [{"name": "u", "user": {"token": "t"}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert kubectl_complete(plugin.cli, ["--kubeconfig", str(path), "plan", ""]) == ":4"
+    assert kubectl_complete(plugin.cli, ["--kubeconfig", str(path), "logs", "undo"]) == ":4"

@@ -11,6 +11,9 @@ from typing import Any
 
 import click
 
+from click.shell_completion import CompletionItem
+
+from ..adapters import apicalls as calls
 from . import output as formats
 from .api import CliError, Connection, connect
 
@@ -43,9 +46,10 @@ def given_namespace() -> str | None:
     return click.get_current_context().meta.get(META, {}).get("namespace")
 
 
-def conn() -> Connection:
-    """The connection for this invocation (made on first use)."""
-    ctx = click.get_current_context()
+def conn(ctx: click.Context | None = None) -> Connection:
+    """The connection for this invocation (made on first use); ``ctx``: the context to read the
+    global options from (default: click's current one)."""
+    ctx = ctx or click.get_current_context()
     meta = ctx.meta.setdefault(META, {})
     if "connection" not in meta:
         meta["connection"] = connect(meta.get("kubeconfig"), meta.get("context"), meta.get("namespace"))
@@ -64,6 +68,30 @@ def out(text: str = "") -> None:
 def remark(text: str) -> None:
     """A remark for the person (stderr), not part of the output a script reads."""
     click.echo(text, err=True)
+
+
+# ---------------------------------------------------------------------------- completion
+
+#: How long shell completion waits for the API server's answer (one attempt, no retry).
+COMPLETION_TIMEOUT = 3.0
+
+
+def complete_names(plural: str) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    """A ``shell_complete`` for an argument that names an object of the namespace: the names of
+    ``plural`` (``runs``, ``rollbackrequests``, ``halts``) that start with the word typed, from one
+    LIST of the API server's cache with the global options given so far. Nothing (the shell offers
+    no candidate) when the cluster cannot be read: completion never prints an error."""
+
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        try:
+            c = conn(ctx)
+            names = calls.list_objects(c.custom, plural, c.namespace, cached=True, timeout=COMPLETION_TIMEOUT,
+                                       policy=calls.Policy(attempts=1), keep=lambda o: o["metadata"]["name"])
+        except Exception:  # noqa: BLE001 - any failure means no candidates, never a message in the shell
+            return []
+        return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]
+
+    return complete
 
 
 # ------------------------------------------------------------------------------------ -o
@@ -133,5 +161,6 @@ def missing_module(err: ImportError) -> str:
             "pip install --force-reinstall reversi")
 
 
-__all__ = ["META", "MODULE_EXTRAS", "SERVERS_SEEN", "CliError", "conn", "global_options", "given_namespace",
+__all__ = ["META", "MODULE_EXTRAS", "SERVERS_SEEN", "CliError", "complete_names", "conn", "global_options",
+           "given_namespace",
            "missing_module", "now", "out", "output_of", "output_option", "print_document", "remark"]

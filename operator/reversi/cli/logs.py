@@ -20,7 +20,7 @@ from ..adapters import apicalls as calls
 from ..adapters.jobs import LABEL_ROLE, LABEL_RUN_UID, LABEL_STEP
 from . import views
 from .api import CliError, Connection
-from .common import conn, global_options, out, remark
+from .common import complete_names, conn, global_options, out, remark
 
 REQUEST_PREFIXES = ("rollbackrequest/", "rollbackrequests/", "rbr/", "rollbackrequest.reversi.dev/",
                     "rollbackrequests.reversi.dev/")
@@ -61,7 +61,7 @@ def read_log(c: Connection, pod: str, container: str, tail: int | None) -> tuple
                             "reader Job, the read-back), each under a line naming its step and Job; --step N: that "
                             "step's log alone. A Job is the last attempt the request started (or, for a step it did "
                             "not run, the run's last); logs last as long as the Job is kept (ttlSecondsAfterFinished).")
-@click.argument("request")
+@click.argument("request", shell_complete=complete_names("rollbackrequests"))
 @click.option("--step", type=click.IntRange(min=0), default=None, help="Only this step (its log alone, no heading).")
 @click.option("--reader", is_flag=True, help="The reader Job's log (the read-back) instead of the compensator's.")
 @click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N",

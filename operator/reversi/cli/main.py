@@ -64,8 +64,11 @@ from ..adapters import apicalls as calls
 from .api import API_VERSION, CliError, Connection, check_name, refused, retry_conflicts, server_message
 from .completion import COMPLETE_VAR, completion as completion_command
 from .logs import logs as logs_command
-from .common import (META as _META, SERVERS_SEEN as _server_seen, conn, global_options, now, out, output_of,
-                     missing_module, output_option, print_document, remark)
+from .common import (META as _META, SERVERS_SEEN as _server_seen, complete_names, conn, global_options, now, out,
+                     output_of, missing_module, output_option, print_document, remark)
+
+RUN_NAMES = complete_names("runs")  # shell completion of a RUN argument
+REQUEST_NAMES = complete_names("rollbackrequests")
 
 KILL_SWITCH = "reversi-kill-switch"
 POLL_SECONDS = 1.0
@@ -129,7 +132,7 @@ def plan_of(c: Connection, run: dict) -> Plan:
 
 @cli.command(help="What undoing RUN would do, computed locally (with its child runs, if any). "
              "Exit 2 when it is not fully reversible.")
-@click.argument("run")
+@click.argument("run", shell_complete=RUN_NAMES)
 @output_option(*formats.FORMATS, what="the plan")
 @global_options
 def plan(run: str, output: str | None) -> int:
@@ -189,7 +192,7 @@ def request_name(run: str) -> str:
 
 
 @cli.command(help="Undo RUN: create a RollbackRequest and print its name.")
-@click.argument("run")
+@click.argument("run", shell_complete=RUN_NAMES)
 @click.option("--name", default=None, help="Name of the request (default: <run>-undo-<random>).")
 @click.option("--dry-run", is_flag=True, help="Only plan; nothing is undone.")
 @click.option("--approve-compensations", is_flag=True,
@@ -364,7 +367,7 @@ def describe_view(c: Connection, req: dict, wide: bool = False) -> str:
 
 @cli.command(help="The report of a RollbackRequest (or of the newest one of a run: run/RUN or run RUN), "
                   "and what to do next. Exit 0 when the report is shown, whatever its verdict.")
-@click.argument("target", metavar="REQUEST|run/RUN|run RUN")
+@click.argument("target", metavar="REQUEST|run/RUN|run RUN", shell_complete=REQUEST_NAMES)
 @click.argument("run_name", metavar="", required=False)
 @output_option(*formats.FORMATS, what="the report: json and yaml as rollback --wait -o json prints it, name as "
                "rollbackrequest.reversi.dev/NAME, wide with more columns in the steps table")
@@ -429,7 +432,7 @@ def missing_step(run: dict, namespace: str, step: int) -> CliError:
 
 
 @cli.command(help="Settle an intended or uncertain step of RUN: what did the call really do?")
-@click.argument("run")
+@click.argument("run", shell_complete=RUN_NAMES)
 @click.argument("step", type=click.IntRange(min=0, max=MAX_RUN_STEPS - 1))
 @click.option("--status", "outcome", type=click.Choice(["succeeded", "failed"]), required=True,
               help="What the call really did.")
@@ -508,7 +511,7 @@ def check_approval(req: dict, namespace: str, steps: tuple[int, ...]) -> None:
 @cli.command(help="Deny the compensation of a step that awaits approval: it is not undone, the report says "
              "\"denied by <you>: <note>\" under awaitingApproval, and the request finishes. "
              "Needs the RBAC verb approve.")
-@click.argument("request")
+@click.argument("request", shell_complete=REQUEST_NAMES)
 @click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, required=True,
               help="Step to deny (repeatable).")
 @click.option("--note", required=True, help="Why, for the record.")
@@ -555,7 +558,7 @@ def append_to_spec_list(obj: dict, field: str, entries: list[dict]) -> list[dict
 
 
 @cli.command(help="Approve compensations of a RollbackRequest: --step N (repeatable) or --all.")
-@click.argument("request")
+@click.argument("request", shell_complete=REQUEST_NAMES)
 @click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, help="Step to approve (repeatable).")
 @click.option("--all", "approve_all", is_flag=True, help="Approve every compensation (spec.approveCompensations).")
 @global_options
@@ -608,7 +611,7 @@ def approve(request: str, steps: tuple[int, ...], approve_all: bool) -> int:
              "finish and their outcome is recorded; every step not started is reported cancelled; the Run is "
              "released and the request ends Incomplete (Complete=False, reason Cancelled). A request that has "
              "ended is left as it is. Needs the RBAC verb patch on rollbackrequests (as deleting needs delete).")
-@click.argument("request")
+@click.argument("request", shell_complete=REQUEST_NAMES)
 @global_options
 def cancel(request: str) -> int:
     c = conn()
@@ -646,7 +649,7 @@ def cancel(request: str) -> int:
              "done about it. A later rollback that leaves something new standing is not covered; one that undid "
              "nothing is. --withdraw takes the acknowledgement back. Needs the RBAC verb acknowledge on runs (the "
              "role reversi-acknowledge).")
-@click.argument("run")
+@click.argument("run", shell_complete=RUN_NAMES)
 @click.option("--note", default=None, help="What was done about the residue, for the record (at most 1024 characters).")
 @click.option("--withdraw", is_flag=True, help="Take the acknowledgement back: the run is incomplete again.")
 @global_options
@@ -827,7 +830,7 @@ def halt_list(all_namespaces: bool, output: str | None) -> int:
 
 @halt.command("lift", help="Delete a Halt (or a ClusterHalt with --cluster): calls are admitted again. "
               "--all lifts every Halt of the namespace (with --cluster: every ClusterHalt) after a confirmation.")
-@click.argument("name", required=False)
+@click.argument("name", required=False, shell_complete=complete_names("halts"))
 @click.option("--cluster", is_flag=True, help="Lift a ClusterHalt.")
 @click.option("--all", "lift_all", is_flag=True,
               help="Lift every Halt of the namespace (--cluster: every ClusterHalt).")
@@ -941,7 +944,7 @@ def kill_switch_status(output: str | None) -> int:
 
 
 @cli.command(help="The record of RUN as JSON lines: run, steps (its RunSteps), resolutions, undo state, transitions.")
-@click.argument("run")
+@click.argument("run", shell_complete=RUN_NAMES)
 @click.option("--with-snapshots", is_flag=True, help="Include each step's manifest snapshot.")
 @global_options
 def export(run: str, with_snapshots: bool) -> int:
