@@ -55,7 +55,17 @@ reversi_crd_schema_outdated                 gauge   1 while an installed CRD is 
 reversi_crd_schema_version                  gauge   schema version of each installed CRD, by
                                                     ``crd`` (0: no annotation); and the
                                                     operator's own, ``crd="operator"``
+reversi_leader                              gauge   1 while this replica holds the operator's
+                                                    Lease and acts, 0 on a standby, by
+                                                    ``identity``
+reversi_foreign_steps_total                 counter RunSteps a finished rollback found that
+                                                    are not part of the run's record
+reversi_closed_run_slice_runs               gauge   Runs each ClosedRunSlice holds, by
+                                                    ``namespace`` and ``slice``
 =========================================== ======= ==========================================
+
+The admission server exports its own (``reversi_webhook_*``, e.g.
+``reversi_webhook_connections_dropped_total``; docs/operations.md#metrics).
 
 Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
 operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``). Alerts on

@@ -175,7 +175,7 @@ def test_operator_log_shows_no_permission_error(release, undone):
     ("delete", "jobs.batch", False),
     ("create", "pods", False),
     ("update", "runs.reversi.dev", False),
-    ("patch", "runs.reversi.dev", False),
+    ("patch", "runs.reversi.dev", True),  # its finalizers only (docs/operations.md#a-run-deleted-by-hand)
     ("delete", "rollbackrequests.reversi.dev", False),
     ("approve", "rollbackrequests.reversi.dev", False),
     ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io", False),

@@ -375,9 +375,6 @@ def test_every_alert_the_docs_name_exists():
     assert not unknown, "the docs name alerts the rules file does not have:\n" + "\n".join(unknown)
 
 
-@pytest.mark.xfail(strict=True, reason="ReversiRollbackRequestFailed and ReversiRollbackAwaitingApproval print "
-                   "`kubectl reversi status`, which does not exist (describe says it), and tests/chart/"
-                   "alerts_test.yaml expects that text: fix both, then drop this mark")
 def test_every_kubectl_reversi_command_the_alerts_print_exists():
     wrong = [f"{name}: {problem}" for name, rule in alert_rules().items()
              for text in (rule.get("annotations") or {}).values()
