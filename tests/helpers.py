@@ -99,3 +99,41 @@ async def open_stalled(port: int, context: ssl.SSLContext, stage: str,
     if stage == "idle":
         assert (await reader.readline()).startswith(b"HTTP/1.1 405")  # answered: now it idles
     return reader, writer
+
+
+class RunsInformerStub:
+    """The operator's informer of Runs as the metrics read it (``values()`` of RunFacts, ``synced()``), fed
+    with Runs as dicts: :meth:`put` (a change), :meth:`delete`; ``listed``: whether its first LIST is in."""
+
+    def __init__(self, listed: bool = True) -> None:
+        self.listed = listed
+        self._facts: dict[tuple[str, str], Any] = {}
+
+    def put(self, run: dict) -> None:
+        from reversi.engine.retention import facts_of
+
+        facts = facts_of(run)
+        self._facts[(facts.namespace, facts.name)] = facts
+
+    def delete(self, namespace: str, name: str) -> None:
+        self._facts.pop((namespace, name), None)
+
+    def values(self) -> list[Any]:
+        return list(self._facts.values())
+
+    def items(self) -> list[tuple[tuple[str, str], Any]]:
+        return list(self._facts.items())
+
+    def synced(self, timeout: float | None = None) -> bool:
+        return self.listed
+
+
+def metrics_reading(informer: RunsInformerStub, registry: Any = None) -> Any:
+    """A :class:`reversi.metrics.Metrics` whose gauges of what stands read ``informer`` at each scrape, as the
+    operator's do."""
+    from reversi.handlers import caches
+    from reversi.metrics import Metrics
+
+    metrics = Metrics(registry)
+    metrics.runs_source = lambda: caches.incomplete_runs(informer)  # type: ignore[arg-type]
+    return metrics

@@ -70,10 +70,11 @@ The admission server exports its own (``reversi_webhook_*``, e.g.
 Gauges are recomputed from the API at start-up and every ``refresh`` so they stay right across
 operator restarts; counters restart at zero, as Prometheus expects (use ``increase()``). Alerts on
 what still stands read the gauges (docs/operations.md#alerts): a counter says that something
-happened, a gauge that it is still so. The two gauges of what stands read only the Runs (their
-watch events, and the resync's paged list): ``RolledBack``, the acknowledgement and
-``status.standing`` (docs/concepts.md#what-stands), never the RollbackRequests, so a request that
-undid nothing (cancelled, a dry run) changes neither.
+happened, a gauge that it is still so. The two gauges of what stands (:class:`StandingCollector`)
+are computed at each scrape from the operator's informer of Runs, which keeps of each Run whether
+its residue stands (``RolledBack``, the acknowledgement) and ``status.standing``
+(docs/concepts.md#what-stands): never from the RollbackRequests, so a request that undid nothing
+(cancelled, a dry run) changes neither, and no copy of the Runs is kept for them.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ import logging
 import threading
 import time
 from datetime import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .engine import acknowledgement, standing
+from .engine import acknowledgement
 from .models.rollbackrequest import TERMINAL_PHASES
 
 log = logging.getLogger("reversi.metrics")
@@ -104,15 +106,6 @@ BUCKETS = ("compensated", "failed", "unverified", "unrecoverable", "unresolved",
 DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 Standing = dict[tuple[str, str], int]  # (tool, state) -> steps
-
-
-def _counted(run: dict) -> Standing | None:
-    """What a Run adds to the gauges of what stands: None when
-    :func:`~reversi.engine.acknowledgement.incomplete` does not count it, else its standing undos by
-    ``(tool, state)`` (``status.standing``, maybe empty)."""
-    if not acknowledgement.incomplete(run):
-        return None
-    return standing.by_tool((run.get("status") or {}).get("standing"))
 
 
 #: the ResourceQuota resource that counts RunSteps (object count quota of a custom resource)
@@ -136,13 +129,57 @@ def journal_ceilings(quotas: Any) -> dict[str, int]:
     return out
 
 
-def _incomplete_key(run: dict) -> tuple[str, str, Standing] | None:
-    """``(namespace, name, standing undos)`` of a Run that
-    :func:`~reversi.engine.acknowledgement.incomplete` counts, else ``None``: what a resync keeps of each Run."""
-    counted = _counted(run)
-    if counted is None:
-        return None
-    return run["metadata"]["namespace"], run["metadata"]["name"], counted
+class StandingCollector:
+    """``reversi_incomplete_rollbacks`` and ``reversi_standing_undos``, computed at each scrape from
+    ``source()`` (a custom collector: no copy of the Runs is kept here). ``source()`` gives ``(namespace,
+    name, standing undos by (tool, state))`` of each Run that
+    :func:`~reversi.engine.acknowledgement.incomplete` counts (the operator's informer of Runs,
+    :func:`reversi.handlers.caches.incomplete_runs`), or None before that informer's first LIST: nothing is
+    exported then (a freshly started operator knows one Run of a namespace, not the others, and a 0 would clear
+    a firing alert). A namespace or label set once exported and now at nothing is exported as 0, never dropped:
+    a series that vanishes and comes back at 1 looks unchanged to ``increase()``."""
+
+    def __init__(self, source: Callable[[], Iterable[tuple[str, str, Standing]] | None]) -> None:
+        self.source = source
+        self._lock = threading.Lock()
+        self._known_incomplete: set[str] = set()
+        self._known_standing: set[tuple[str, str, str]] = set()
+
+    def describe(self) -> list[Metric]:
+        """The two families with no sample (registered without a first collect: the informer may not have
+        listed yet)."""
+        return list(self._families())
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        incomplete = GaugeMetricFamily("reversi_incomplete_rollbacks",
+                                       "Runs whose last rollback is incomplete (RolledBack=False).",
+                                       labels=["namespace"])
+        standing_undos = GaugeMetricFamily(
+            "reversi_standing_undos", "Steps whose undo failed or is unverified, in the last rollback of Runs not "
+            "fully rolled back and not acknowledged.", labels=["namespace", "tool", "state"])
+        return incomplete, standing_undos
+
+    def collect(self) -> Iterator[Metric]:
+        found = self.source()
+        if found is None:
+            return
+        runs: dict[str, int] = {}
+        totals: dict[tuple[str, str, str], int] = {}
+        for namespace, _name, counts in found:
+            runs[namespace] = runs.get(namespace, 0) + 1
+            for (tool, state), n in counts.items():
+                totals[(namespace, tool, state)] = totals.get((namespace, tool, state), 0) + n
+        with self._lock:
+            self._known_incomplete |= set(runs)
+            self._known_standing |= set(totals)
+            namespaces, label_sets = sorted(self._known_incomplete), sorted(self._known_standing)
+        incomplete, standing_undos = self._families()
+        for namespace in namespaces:
+            incomplete.add_metric([namespace], runs.get(namespace, 0))
+        for labels in label_sets:
+            standing_undos.add_metric(list(labels), totals.get(labels, 0))
+        yield incomplete
+        yield standing_undos
 
 
 class Metrics:
@@ -159,17 +196,12 @@ class Metrics:
         self.foreign = Counter("reversi_foreign_steps", "RunSteps found by a finished rollback that are not part of "
                                "their run's record (never undone; the report's foreign list says why).",
                                ["namespace"], registry=r)
-        self.incomplete = Gauge("reversi_incomplete_rollbacks",
-                                "Runs whose last rollback is incomplete (RolledBack=False).", ["namespace"], registry=r)
         self.compensation_seconds = Histogram("reversi_compensation_duration_seconds",
                                               "Compensator start to its verdict.", ["namespace", "tool"],
                                               buckets=DURATION_BUCKETS, registry=r)
         self.verification_seconds = Histogram("reversi_verification_duration_seconds",
                                               "First read-back to the verification verdict.", ["namespace", "tool"],
                                               buckets=DURATION_BUCKETS, registry=r)
-        self.standing = Gauge("reversi_standing_undos",
-                              "Steps whose undo failed or is unverified, in the last rollback of Runs not fully rolled "
-                              "back and not acknowledged.", ["namespace", "tool", "state"], registry=r)
         self.halts = Gauge("reversi_active_halts", "Halts and ClusterHalts in force (ClusterHalts: namespace=\"\").",
                            ["namespace"], registry=r)
         self.schema_outdated = Gauge("reversi_crd_schema_outdated",
@@ -189,10 +221,10 @@ class Metrics:
         #: the namespaces whose journal is measured and their Runs (from the operator's informer of Runs):
         #: a callable giving {namespace: runs}; None: the journal is not measured
         self.journal_namespaces: Callable[[], dict[str, int]] | None = None
-        #: where the periodic resync reads the Runs instead of a LIST of every Run (the operator's own
-        #: informer): ``runs_source()`` gives ``(namespace, name, standing undos)`` of each Run
-        #: :func:`~reversi.engine.acknowledgement.incomplete` counts (what :func:`_incomplete_key` keeps),
-        #: or None while the informer has not listed yet
+        #: what the gauges of what stands are computed from at each scrape (the operator's informer of
+        #: Runs): ``runs_source()`` gives ``(namespace, name, standing undos)`` of each Run
+        #: :func:`~reversi.engine.acknowledgement.incomplete` counts, or None while the informer has not
+        #: listed yet (:class:`StandingCollector`)
         self.runs_source: Callable[[], list[tuple[str, str, Standing]] | None] | None = None
         self._known_journal: set[str] = set()
         self._known_quota: set[str] = set()
@@ -202,23 +234,14 @@ class Metrics:
         self.archive_failures = Counter("reversi_archive_failures",
                                         "Writes to the archive that failed (the Run is kept until one succeeds).",
                                         ["namespace", "reason"], registry=r)
-        self._known_incomplete: set[str] = set()
-        self._incomplete_runs: dict[str, set[str]] = {}  # namespace -> names of incomplete, unacknowledged Runs
-        #: Run watch events that came in while a resync listed the Runs, (namespace, name) -> what the
-        #: Run counts (None: nothing): newer than the list, they are laid over it; None while no resync lists
-        self._changes_while_listing: dict[tuple[str, str], Standing | None] | None = None
-        #: False until the first resync: a watch event alone (the operator just started) knows one
-        #: Run of a namespace, not the others, and a 0 it exported would clear a firing alert
-        self._synced = False
         self._known_halts: set[str] = set()
         self.leader = Gauge("reversi_leader",
                             "1 while this replica holds the operator's Lease and acts, 0 on a standby "
                             "(docs/operations.md#leader-election); identity: the Lease's holderIdentity it writes.",
                             ["identity"], registry=r)
-        #: (namespace, run) -> the standing undos of an incomplete, unacknowledged Run, from its
-        #: status.standing (Runs with none are left out: memory and export cost what stands, not the Runs)
-        self._standing_by_run: dict[tuple[str, str], Standing] = {}
-        self._known_standing: set[tuple[str, str, str]] = set()  # label sets ever exported: zeroed, never removed
+        #: the gauges of what stands, computed at each scrape from runs_source (nothing before it is set)
+        self.standing = StandingCollector(lambda: self.runs_source() if self.runs_source is not None else None)
+        r.register(self.standing)
         self._lock = threading.Lock()
 
     def _person_gauges(self, r: CollectorRegistry) -> None:
@@ -251,7 +274,7 @@ class Metrics:
 
     def request_finished(self, namespace: str, verdict: str, report: Any = None, plan: Any = None) -> None:
         """Count a finished request and, with its report and plan, each step by bucket and tool.
-        What stands is not taken from a request (:meth:`run_observed` reads it from the Run)."""
+        What stands is not taken from a request (:class:`StandingCollector` reads the Runs)."""
         self.rollbacks.labels(namespace, verdict).inc()
         if report is None or plan is None:
             return
@@ -311,8 +334,7 @@ class Metrics:
     # ----- gauges from the API ---------------------------------------------------------------
 
     def refresh(self, kube: Any) -> None:
-        """Recompute every gauge from the API."""
-        self.refresh_runs(kube)
+        """Recompute the gauges read from the API (what stands is computed at each scrape)."""
         self.refresh_halts(kube)
         if self.journal_namespaces is not None:
             self.refresh_journal(kube, self.journal_namespaces())
@@ -340,93 +362,6 @@ class Metrics:
             for ns, ceiling in ceilings.items():
                 self.journal_quota.labels(ns).set(ceiling)
             self._known_quota = set(ceilings)
-
-    def _export_standing(self) -> None:
-        """Set ``reversi_standing_undos`` from the standing undos of the Runs counted incomplete
-        (call with the lock held). A label set that falls to nothing is set to 0, not removed: a
-        series that disappears and comes back at 1 looks unchanged to ``increase()``. Nothing is
-        exported before the first resync of the Runs (:meth:`refresh_runs`)."""
-        if not self._synced:
-            return
-        totals: dict[tuple[str, str, str], int] = {}
-        for (namespace, _), counts in self._standing_by_run.items():
-            for (tool, state), n in counts.items():
-                totals[(namespace, tool, state)] = totals.get((namespace, tool, state), 0) + n
-        for labels in self._known_standing | set(totals):
-            self.standing.labels(*labels).set(totals.get(labels, 0))
-        self._known_standing |= set(totals)
-
-    def refresh_runs(self, kube: Any) -> None:
-        """Recompute ``reversi_incomplete_rollbacks`` and ``reversi_standing_undos`` from a paged
-        list of the Runs (the periodic resync; between resyncs :meth:`run_observed` keeps them
-        from the Runs' watch events). A watch event that comes in while the list is read is newer
-        than the list: it is laid over it. The first resync is also the first time the gauges are
-        exported (a namespace's count, or a 0, is never exported from the events of a freshly
-        started operator alone)."""
-        source = self.runs_source() if self.runs_source is not None else None
-        if source is None and self.runs_source is not None:
-            return  # the informer has not listed yet: the next resync
-        with self._lock:
-            self._changes_while_listing = {}
-        try:
-            found: dict[str, set[str]] = {}
-            standing_by_run: dict[tuple[str, str], Standing] = {}
-            listed = source if source is not None else self._list(kube, "runs", keep=_incomplete_key)
-            for namespace, name, counts in listed:
-                found.setdefault(namespace, set()).add(name)
-                if counts:
-                    standing_by_run[(namespace, name)] = counts
-        except BaseException:
-            with self._lock:
-                self._changes_while_listing = None
-            raise
-        with self._lock:
-            for (namespace, name), counts in (self._changes_while_listing or {}).items():
-                names = found.setdefault(namespace, set())
-                if counts is not None:
-                    names.add(name)
-                else:
-                    names.discard(name)
-                if counts:
-                    standing_by_run[(namespace, name)] = counts
-                else:
-                    standing_by_run.pop((namespace, name), None)
-            self._changes_while_listing = None
-            self._incomplete_runs = found
-            self._standing_by_run = standing_by_run
-            self._synced = True
-            for ns in self._known_incomplete | set(found):
-                self.incomplete.labels(ns).set(len(found.get(ns, ())))
-            self._known_incomplete |= set(found)
-            self._export_standing()
-
-    def run_observed(self, namespace: str, name: str, run: dict | None) -> None:
-        """Keep ``reversi_incomplete_rollbacks`` and ``reversi_standing_undos`` from one watch
-        event of a Run (``run``: the object, ``None`` when it was deleted): O(what the Run counts),
-        no API call; exported once the Runs were resynced at least once (:meth:`refresh_runs`)."""
-        counts = None if run is None else _counted(run)
-        with self._lock:
-            if self._changes_while_listing is not None:
-                self._changes_while_listing[(namespace, name)] = counts
-            before = self._standing_by_run.get((namespace, name))
-            if counts:
-                self._standing_by_run[(namespace, name)] = counts
-            else:
-                self._standing_by_run.pop((namespace, name), None)
-            names = self._incomplete_runs.setdefault(namespace, set())
-            counted = counts is not None
-            if (name in names) == counted and namespace in self._known_incomplete and before == (counts or None):
-                return
-            if counted:
-                names.add(name)
-            else:
-                names.discard(name)
-            if not self._synced:
-                return
-            self.incomplete.labels(namespace).set(len(names))
-            self._known_incomplete.add(namespace)
-            if before != (counts or None):
-                self._export_standing()
 
     def refresh_halts(self, kube: Any) -> None:
         """Recompute ``reversi_active_halts`` from the Halts and ClusterHalts."""

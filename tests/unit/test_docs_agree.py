@@ -265,6 +265,12 @@ def code_metrics() -> dict[str, Metric]:
     for module in map(importlib.import_module, METRIC_MODULES):
         for holder in metric_holders(module):
             for wrapper in vars(holder).values():
+                # a custom collector (computed at each scrape) describes its families, labels included
+                if getattr(wrapper, "_labelnames", None) is None and hasattr(wrapper, "describe") \
+                        and hasattr(wrapper, "collect"):
+                    for family in wrapper.describe():
+                        found[family.name] = Metric(family.name, family.type, frozenset(family._labelnames))
+                    continue
                 # the label names of a metric with no child yet are only on the wrapper
                 labels = getattr(wrapper, "_labelnames", None)
                 if labels is None or not hasattr(wrapper, "collect"):

@@ -105,10 +105,10 @@ def test_the_run_handler_takes_the_writer_from_the_memo_the_start_up_handler_fil
 
     memo[runtime.MEMO_KEY] = runtime.build(ours, kube, metrics, operating=operating)  # type: ignore[arg-type]
     run_memo = copy.copy(memo)  # what kopf hands the handlers of one Run
-    runs.run_event(type="ADDED", body=body(1), namespace="shop", name="r", memo=run_memo)
-    assert metrics.observed == [("shop", "r")] and not runtime.parts(run_memo).operating().run_status.queue.keys()
+    runs.run_changed(runtime.parts(run_memo), "ADDED", body(1), "shop", "r")
+    assert not runtime.parts(run_memo).operating().run_status.queue.keys()
     runtime.parts(memo).schema = schema.SchemaCheck(installed={}, wanted=0, problems=())  # the CRDs are current
-    runs.run_event(type="MODIFIED", body=body(2), namespace="shop", name="r", memo=run_memo)
+    runs.run_changed(runtime.parts(run_memo), "MODIFIED", body(2), "shop", "r")
     wait_until(lambda: len(kube.writes) == 1)
     assert kube.writes[0][:3] == ("shop", "r", 2)
 

@@ -1,7 +1,7 @@
 """reversi_standing_undos: the failed and unverified undos that still stand, by namespace, tool
-and state (docs/operations.md#alerts), read from each Run's ``status.standing`` (its watch events
-and the resync's list of Runs: docs/concepts.md#what-stands). They count while the Run is not
-rolled back in full and nobody acknowledged what stands; a finished RollbackRequest alone, of
+and state (docs/operations.md#alerts), read from each Run's ``status.standing`` as the operator's
+informer of Runs keeps it, at each scrape (docs/concepts.md#what-stands). They count while the Run
+is not rolled back in full and nobody acknowledged what stands; a finished RollbackRequest alone, of
 whatever verdict, changes nothing."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from reversi.engine import standing as sd
 from reversi.metrics import ACKNOWLEDGED, Metrics
+from tests.helpers import RunsInformerStub, metrics_reading
 
 CHARGE, RESERVE = "payments.create_charge", "inventory.reserve"
 TOOLS = {0: CHARGE, 1: CHARGE, 2: RESERVE}
@@ -50,22 +51,10 @@ def _report(failed=(), unverified=(), compensated=(), cancelled=()) -> SimpleNam
 PLAN = SimpleNamespace(actions={i: SimpleNamespace(tool=t) for i, t in TOOLS.items()})
 
 
-class _Kube:
-    def __init__(self, runs: list[dict]):
-        self.objects = {"runs": runs}
-        self.listed: list[str] = []
-
-    def list_paged(self, plural: str, namespace: str | None = None, keep=None) -> list:
-        self.listed.append(plural)
-        found = self.objects.get(plural, [])
-        return found if keep is None else [k for k in map(keep, found) if k is not None]
-
-
-def _resynced(registry: CollectorRegistry, runs: list[dict] | None = None) -> Metrics:
-    """The operator's metrics after its first resync of the Runs (before it, nothing is exported)."""
-    metrics = Metrics(registry)
-    metrics.refresh_runs(_Kube(runs or []))
-    return metrics
+def _reading(registry: CollectorRegistry) -> tuple[Metrics, RunsInformerStub]:
+    """The operator's metrics reading an informer of Runs that has listed them (before it, nothing is exported)."""
+    runs = RunsInformerStub()
+    return metrics_reading(runs, registry), runs
 
 
 def _standing(registry: CollectorRegistry, tool: str = CHARGE, state: str = "failed") -> float | None:
@@ -74,11 +63,11 @@ def _standing(registry: CollectorRegistry, tool: str = CHARGE, state: str = "fai
 
 def test_a_failed_undo_stands_while_the_run_says_so():
     registry = CollectorRegistry()
-    metrics = _resynced(registry)
-    metrics.run_observed("shop", "r", _run("r", "False", failed=[0, 1], unverified=[2]))
+    _metrics, runs = _reading(registry)
+    runs.put(_run("r", "False", failed=[0, 1], unverified=[2]))
     assert _standing(registry) == 2
     assert _standing(registry, RESERVE, "unverified") == 1
-    metrics.run_observed("shop", "r", _run("r", "True"))
+    runs.put(_run("r", "True"))
     assert _standing(registry) == 0, "fixed: the series stays, at 0 (a series that vanishes looks unchanged)"
     assert _standing(registry, RESERVE, "unverified") == 0
 
@@ -87,8 +76,8 @@ def test_a_request_that_ends_changes_nothing_that_stands_only_the_run_does():
     """A request created cancelled, a dry run, an invalid one: counted by verdict, and what
     stands is what the Run says (the bug: the last finished request's report, whatever it did)."""
     registry = CollectorRegistry()
-    metrics = _resynced(registry)
-    metrics.run_observed("shop", "r", _run("r", "False", failed=[0, 1]))
+    metrics, runs = _reading(registry)
+    runs.put(_run("r", "False", failed=[0, 1]))
     metrics.request_finished("shop", "cancelled", _report(cancelled=[0, 1]), PLAN)
     metrics.request_finished("shop", "dryRun")
     metrics.request_finished("shop", "invalid")
@@ -101,43 +90,28 @@ def test_a_request_that_ends_changes_nothing_that_stands_only_the_run_does():
 
 def test_acknowledging_the_run_clears_what_stands_and_deleting_it_too():
     registry = CollectorRegistry()
-    metrics = _resynced(registry)
-    metrics.run_observed("shop", "r", _run("r", "False", failed=[0]))
+    _metrics, runs = _reading(registry)
+    runs.put(_run("r", "False", failed=[0]))
     assert _standing(registry) == 1
-    metrics.run_observed("shop", "r", _run("r", "False", acknowledged=True, failed=[0]))
+    runs.put(_run("r", "False", acknowledged=True, failed=[0]))
     assert _standing(registry) == 0
-    metrics.run_observed("shop", "r", _run("r", "False", failed=[0]))  # the acknowledgement removed: it stands again
+    runs.put(_run("r", "False", failed=[0]))  # the acknowledgement removed: it stands again
     assert _standing(registry) == 1
-    metrics.run_observed("shop", "r", None)
+    runs.delete("shop", "r")
     assert _standing(registry) == 0
 
 
-def test_a_resync_reads_the_runs_only():
+def test_only_the_runs_count_and_nothing_is_exported_before_the_informer_listed_them():
     registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    kube = _Kube([_run("r", "False", failed=[1], unverified=[2]), _run("ok", "True"),
-                  _run("acked", "False", acknowledged=True, failed=[0, 1]), _run("new", None)])
-    metrics.refresh(kube)
+    runs = RunsInformerStub(listed=False)
+    metrics_reading(runs, registry)
+    for run in (_run("r", "False", failed=[1], unverified=[2]), _run("ok", "True"),
+                _run("acked", "False", acknowledged=True, failed=[0, 1]), _run("new", None)):
+        runs.put(run)
+    assert _standing(registry) is None  # one event of a freshly started operator: not the whole namespace
+    runs.listed = True
     assert _standing(registry) == 1
     assert _standing(registry, RESERVE, "unverified") == 1
-    assert "rollbackrequests" not in kube.listed
-
-
-def test_nothing_is_exported_before_the_first_resync_and_events_during_it_win():
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    metrics.run_observed("shop", "r", _run("r", "False", failed=[0]))
-    assert _standing(registry) is None  # one event of a freshly started operator: not the whole namespace
-
-    class _Meanwhile(_Kube):
-        def list_paged(self, plural, namespace=None, keep=None):
-            found = super().list_paged(plural, namespace, keep)
-            metrics.run_observed("shop", "r", _run("r", "True"))  # newer than the list: it wins
-            metrics.run_observed("shop", "s", _run("s", "False", failed=[0, 1]))
-            return found
-
-    metrics.refresh_runs(_Meanwhile([_run("r", "False", failed=[0])]))
-    assert _standing(registry) == 2
 
 
 def test_a_standing_of_many_tools_counts_the_rest_under_other_tools():
@@ -156,11 +130,11 @@ def test_the_gauge_always_sums_what_each_incomplete_unacknowledged_run_says(even
     """Whatever order Runs change in, the gauge is the sum, over the Runs now incomplete and not
     acknowledged, of the failed steps their ``status.standing`` counts."""
     registry = CollectorRegistry()
-    metrics = _resynced(registry)
+    _metrics, runs = _reading(registry)
     now: dict[str, dict] = {}
     for run, failed, rolled_back, acknowledged in events:
         obj = _run(run, rolled_back, acknowledged, failed=sorted(failed))
-        metrics.run_observed("shop", run, obj)
+        runs.put(obj)
         now[run] = obj
     counted = [r for r, obj in now.items() if obj["status"]["conditions"]
                and obj["status"]["conditions"][0]["status"] == "False" and not obj["metadata"]["annotations"]]

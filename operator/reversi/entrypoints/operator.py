@@ -187,9 +187,9 @@ def _start_retention(parts: runtime.Parts) -> None:
     parts.superseded = superseded
     superseded.start()
     # Runs are watched here, not by kopf (a kopf worker per Run costs ~10 KB each): the Run status,
-    # the incomplete-rollbacks gauge, the requests a Run wakes and moving an inline journal
+    # the requests a Run wakes and moving an inline journal
     parts.informers["runs"].observe(_run_handlers.observer(parts, ThreadPoolExecutor(2, thread_name_prefix="runs")))
-    if parts.metrics is not None:  # the gauges' resync reads the informers, never a LIST of every Run or request
+    if parts.metrics is not None:  # the gauges read the informers (what stands: at each scrape), never a LIST
         parts.metrics.journal_namespaces = lambda: caches.runs_per_namespace(parts.informers["runs"])
         parts.metrics.runs_source = lambda: caches.incomplete_runs(parts.informers["runs"])
 

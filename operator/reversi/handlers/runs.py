@@ -208,29 +208,16 @@ def _sync_last_request(kube: Any, namespace: str, name: str, ack: acknowledgemen
         pass  # changed since: the Run's next event brings it here again
 
 
-def run_event(type: str, body: Any, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """A Run's event (``type`` ADDED, MODIFIED, DELETED; ``body`` the Run): the incomplete-rollbacks
-    gauge and the Run's status (:func:`run_changed`). :func:`observer` calls it for each event of the
-    operator's informer of Runs; ``memo`` is kopf's (the parts are on it)."""
-    assert namespace is not None  # Runs are namespaced
-    parts = runtime.parts(memo)
-    if parts.metrics is not None:  # the incomplete-rollbacks gauge, from events
-        parts.metrics.run_observed(namespace, name, None if type == "DELETED" else dict(body))
-    run_changed(parts, type, body, namespace, name)
-
-
 def observer(parts: runtime.Parts, slow: Executor) -> Callable[[str, Any, Any], None]:
     """What the operator does with each event of its informer of Runs (it watches Runs itself,
     not through kopf, which would keep a worker per Run: docs/operations.md, "The ceiling"):
-    the gauge and the status (:func:`run_event`), and waking the requests that wait for the Run
+    the Run's status (:func:`run_changed`), and waking the requests that wait for the Run
     (:func:`reversi.handlers.rollback.run_seen`). What may call the API (a lock's holder read
     back, an inline journal moved) runs on ``slow``, never on the informer's thread."""
     def observe(kind: str, key: tuple[str, str], obj: dict | None) -> None:
         namespace, name = key
         kind = "DELETED" if kind == "DELETED" or obj is None else kind
         body: dict = obj or {"metadata": {"namespace": namespace, "name": name}}
-        if parts.metrics is not None:
-            parts.metrics.run_observed(namespace, name, None if kind == "DELETED" else body)
         run_changed(parts, kind, body, namespace, name, slow=slow)
         from . import rollback  # rollback imports this module
 
