@@ -7,15 +7,12 @@ ADDED event on a watch of the namespace, made by the standby: its field manager 
 managedFields), and whether every charge was refunded exactly once (the downstream server's own
 record of the refunds it made, replays left out).
 
-Two elections are measured, each with the same rollback:
+The election is the coordination.k8s.io Lease (15 s lease, 10 s renew deadline, 2 s retry).
+Targets: SIGKILL <= 15 s (a crash: the standby waits out the Lease), SIGTERM <= 3 s (a rolling
+update: the leaving replica releases the Lease). The kopf peering it replaced is gone from the
+tree, and with it the baseline this benchmark once measured it against: the targets are absolute.
 
-- ``lease``: this tree's operator, the coordination.k8s.io Lease (15 s lease, 10 s renew
-  deadline, 2 s retry). Targets: SIGKILL <= 15 s, SIGTERM <= 3 s.
-- ``peering``: the baseline, kopf peering as the operator at ``--peering-ref`` (default ``main``)
-  does it, run from ``git archive`` of that ref (its ``operator/`` first on PYTHONPATH) with the
-  kopf peering CRDs of its chart.
-
-    python benchmarks/failover_bench.py --rounds 1 [--only lease|peering] [--steps 20]
+    python benchmarks/failover_bench.py --rounds 1 [--steps 20]
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -39,7 +35,6 @@ sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import yaml  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 from reversi_devcluster.cluster import Cluster  # noqa: E402
@@ -48,7 +43,6 @@ from reversi_devcluster.localop import OperatorProcess, apply_crds, free_port, r
 from rollback_bench import Bench  # noqa: E402
 
 TARGETS = {"kill": 15.0, "term": 3.0}
-PEERING_NAME = "failover-bench"
 
 
 def job_adds(api: client.ApiClient, ns: str, seen: list[tuple[float, str, list[str]]], stop: threading.Event) -> None:
@@ -170,59 +164,21 @@ def one_round(bench: Bench, pair: Pair, active: str, how: str, steps: int, paral
             "next_active": new_active}
 
 
-def peering_source(ref: str, into: Path) -> Path:
-    """``git archive`` of ``ref``'s operator and chart CRDs into ``into``; its operator/ folder."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "operator", "charts/reversi/crds"],
-                             check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "operator"
-
-
-def setup_peering(api: client.ApiClient, src: Path) -> None:
-    ext = client.ApiextensionsV1Api(api)
-    for doc in yaml.safe_load_all((src.parent / "charts" / "reversi" / "crds" / "kopf-peering.yaml").read_text()):
-        try:
-            ext.create_custom_resource_definition(doc)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-    custom = client.CustomObjectsApi(api)
-    time.sleep(2)  # served a moment after creation
-    try:
-        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING_NAME)
-        time.sleep(1)
-    except ApiException:
-        pass
-    custom.create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", {
-        "apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING_NAME}, "status": {}})
-
-
-def run_mode(mode: str, bench: Bench, cluster: Cluster, args: argparse.Namespace, tmp: Path) -> list[dict]:
-    env: dict[str, str] = {}
-    lease_ns = None
-    if mode == "peering":
-        src = peering_source(args.peering_ref, tmp)
-        setup_peering(bench.api, src)
-        env = {"PYTHONPATH": str(src), "REVERSI_PEERING": PEERING_NAME}
-    else:
-        lease_ns = bench.namespace("fo-lease")
-        env = {"REVERSI_LEASE_NAMESPACE": lease_ns}
+def run_mode(mode: str, bench: Bench, cluster: Cluster, args: argparse.Namespace) -> list[dict]:
+    lease_ns = bench.namespace("fo-lease")
+    env = {"REVERSI_LEASE_NAMESPACE": lease_ns}
     pair = Pair(mode, cluster, env, free_port())
     results = []
     try:
         pair.start("a")
-        if lease_ns is not None:
-            wait(lambda: lease_holder(bench.api, lease_ns) == pair.procs["a"].identity, 60, "a to hold the Lease")
-        else:
-            time.sleep(5)  # the first replica is active once kopf's peering has seen it alone
+        wait(lambda: lease_holder(bench.api, lease_ns) == pair.procs["a"].identity, 60, "a to hold the Lease")
         pair.start("b")
         time.sleep(3)
         active = "a"
         for how in ("kill", "term"):
             for _ in range(args.rounds):
-                if lease_ns is not None:
-                    holder = lease_holder(bench.api, lease_ns)
-                    active = next(n for n, p in pair.procs.items() if p.identity == holder)
+                holder = lease_holder(bench.api, lease_ns)
+                active = next(n for n, p in pair.procs.items() if p.identity == holder)
                 figures = one_round(bench, pair, active, how, args.steps, args.parallelism, lease_ns)
                 active = figures.pop("next_active")
                 print(json.dumps(figures), flush=True)
@@ -239,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="failovers of each kind per election (default 1)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--only", choices=("lease", "peering"), default=None)
-    parser.add_argument("--peering-ref", default="main", help="git ref of the peering baseline (default main)")
     args = parser.parse_args(argv)
     cluster = Cluster()
     started = not cluster.is_running()
@@ -256,10 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         line = ds_proc.stdout.readline().strip() if ds_proc.stdout else ""
         bench = Bench(api, line.split()[-1])
-        with tempfile.TemporaryDirectory() as tmp:
-            for mode in ("peering", "lease"):
-                if args.only in (None, mode):
-                    results += run_mode(mode, bench, cluster, args, Path(tmp))
+        results += run_mode("lease", bench, cluster, args)
     finally:
         ds_proc.terminate()
         ds_proc.wait(timeout=10)
