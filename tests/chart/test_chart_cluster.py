@@ -206,6 +206,8 @@ def _check_can_i(release, account: str, verb: str, resource: str, allowed: bool)
     # (docs/concepts.md#recording-with-no-agent-code)
     ("create", "runsteps.reversi.dev", True),
     ("watch", "runs.reversi.dev", True),
+    ("get", "serviceaccounts", True),  # a Run recording an account that does not exist is warned
+    ("list", "serviceaccounts", False),
     ("create", "secrets", False),
     ("get", "secrets", False),
     ("get", "pods/log", False),

@@ -259,3 +259,11 @@ def test_only_the_service_account_or_who_may_act_as_it_opens_a_run_that_records_
     assert refused.value.status == 403
     assert f"spec.record names ServiceAccount {ns}/{AGENT_SA}; only that ServiceAccount" in refused.value.body
     assert "create on serviceaccounts/token" in refused.value.body
+    # a user who may act as an account that does not exist opens the Run, and is told it records nothing yet
+    typo = {**body, "metadata": {"name": "typo"}, "spec": {**body["spec"], "record": {"serviceAccount": "agnet"}}}
+    answer = client.CustomObjectsApi(rv.api).create_namespaced_custom_object(G, V, ns, "runs", typo,
+                                                                             _preload_content=False)
+    assert f"spec.record names ServiceAccount {ns}/agnet, which does not exist" in answer.headers.get("Warning", "")
+    mine = client.CustomObjectsApi(rv.api).create_namespaced_custom_object(G, V, ns, "runs", body, dry_run="All",
+                                                                           _preload_content=False)
+    assert "does not exist" not in (mine.headers.get("Warning") or ""), "the agent's own account exists"

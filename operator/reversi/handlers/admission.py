@@ -382,10 +382,28 @@ def _check_record(kube: Kube, spec: RunSpec, userinfo: dict, namespace: str, wha
                                   code=422)
 
 
+def _record_warnings(kube: Kube, spec: RunSpec, namespace: str, what: str, warnings: list[str]) -> None:
+    """What a new Run that records a ServiceAccount's writes should know but is not refused for: the account
+    does not exist (yet), so no write of it is recorded until it does (a typo records nothing, silently
+    otherwise). Unreadable (no right): nothing said (docs/concepts.md#recording-with-no-agent-code)."""
+    if spec.record is None:
+        return
+    account = spec.record.service_account
+    try:
+        calls.call(kube.core.read_namespaced_service_account, account, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            warnings.append(f"{what}: spec.record names ServiceAccount {namespace}/{account}, which does not exist: "
+                            "no write is recorded until it does; check the name (kubectl get serviceaccounts -n "
+                            f"{namespace})")
+        else:
+            log.info("%s: ServiceAccount %s/%s not read (%s): no warning given", what, namespace, account, err.status)
+
+
 @kopf.on.validate(G, V, "runs", id="validate-run", operations=OPS, persistent=True, side_effects=True)
 @untrusted
 def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: str, name: str, operation: str,
-                 memo: kopf.Memo, **kwargs: Any) -> None:
+                 memo: kopf.Memo, warnings: list[str], **kwargs: Any) -> None:
     """Refuse what rules 7, 9 and 10 forbid, and forward duplicates, in an inline journal given on
     create (an import, moved into RunSteps by the operator); on update the inline journal never
     changes."""
@@ -412,6 +430,7 @@ def validate_run(body: Any, old: Any, userinfo: dict, dryrun: bool, namespace: s
     if spec.parent_ref is not None:
         _check_parent(parts.kube, namespace, name, spec.parent_ref.name, what)
     _check_record(parts.kube, spec, userinfo, namespace, what)
+    _record_warnings(parts.kube, spec, namespace, what, warnings)
     try:
         build_graph(spec)
     except InvalidRun as err:
