@@ -17,22 +17,11 @@ from reversi.cli import output, views
 from reversi.engine import build_plan
 
 from reversi_testkit import RUN_ID, example_run_spec
+from tests.unit.test_plugin_cli import run, single_error
 
 NOW = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        plugin.main(list(argv))
-    captured = capsys.readouterr()
-    return done.value.code, captured.out, captured.err
-
-
-def single_error(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 # ---------------------------------------------------------------------------- rendering
