@@ -66,10 +66,6 @@ def real_api(real_cluster) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(real_cluster.paths.admin_kubeconfig))
 
 
-#: ``kubectl reversi check --pre`` as it ran just before the chart's install (the ``release`` fixture)
-PRE_CHECK: list[subprocess.CompletedProcess] = []
-
-
 def kubectl_reversi(real_cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``kubectl reversi ARGS`` (as ``python -m reversi.entrypoints.plugin``) with the admin kubeconfig."""
     return subprocess.run([sys.executable, "-m", "reversi.entrypoints.plugin", "--kubeconfig",
@@ -78,10 +74,16 @@ def kubectl_reversi(real_cluster, *args: str, timeout: float = 120) -> subproces
 
 
 @pytest.fixture(scope="session")
-def release(real_cluster, real_api):
+def pre_check(real_cluster) -> subprocess.CompletedProcess:
+    """``kubectl reversi check --pre`` as it ran on the cluster before the chart's install (``release`` asks
+    for it first)."""
+    return kubectl_reversi(real_cluster, "check", "--pre")
+
+
+@pytest.fixture(scope="session")
+def release(real_cluster, real_api, pre_check):
     """The operator installed by its chart with its image (fast ticks for the tests), once ``kubectl reversi check
-    --pre`` has checked the cluster (:data:`PRE_CHECK`)."""
-    PRE_CHECK.append(kubectl_reversi(real_cluster, "check", "--pre"))
+    --pre`` has checked the cluster (``pre_check``)."""
     on_real_node.install_chart(real_api, real_cluster.paths.admin_kubeconfig, {"operator": {"tickSeconds": 0.5}})
     yield on_real_node.RELEASE
     if os.environ.get("REVERSI_REUSE_CLUSTER") == "1":

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from demo import on_real_node
 from reversi_devcluster import images
-from tests.e2e.conftest import PRE_CHECK, describe, kubectl_reversi
+from tests.e2e.conftest import describe, kubectl_reversi
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -485,11 +485,11 @@ def test_rollbacks_hold_against_the_nodes_own_faults(shop, real_cluster, real_ap
 
 
 def test_kubectl_reversi_check_passes_before_and_after_the_install_and_names_admission_scaled_to_zero(
-        shop, real_cluster, real_api):
+        shop, real_cluster, real_api, pre_check):
     """``kubectl reversi check --pre`` passed on the bare cluster (run before the chart's install), ``kubectl
     reversi check`` passes on the install, and with the admission replicas scaled to 0 it fails (exit 2) with one
     line that names them and what to do (docs/operations.md#checking-an-install)."""
-    pre = PRE_CHECK[0]
+    pre = pre_check
     assert pre.returncode == 0 and pre.stdout.strip().endswith("all checks passed"), (pre.stdout, pre.stderr)
     assert "Kubernetes v1.36" in pre.stdout
     installed = kubectl_reversi(real_cluster, "check", "--release-namespace", on_real_node.SYSTEM_NS)
