@@ -732,3 +732,21 @@ def test_version_shows_the_plugins_and_each_crds_schema_version(cluster, crds):
     assert set(answer["crds"].values()) == {SCHEMA_VERSION}
     text = kr(cluster, "version")
     assert text.returncode == 0 and f"operator schema version {SCHEMA_VERSION}" in text.stdout
+
+
+def test_check_without_the_chart_says_so_in_one_line_and_a_user_with_few_rights_gets_notes(cluster, namespace):
+    """``kubectl reversi check`` where nothing is installed: one problem line that says how to install
+    (docs/operations.md#checking-an-install); a user who may read none of it gets a note per check it could not
+    make, never a refusal of the whole check."""
+    absent = kr(cluster, "check", "--release-namespace", "no-reversi-here")
+    assert absent.returncode == 2, (absent.stdout, absent.stderr)
+    problems = [line for line in absent.stdout.splitlines() if line.startswith("✗")]
+    assert problems == ["✗ namespace no-reversi-here does not exist: Reversi is not installed there; install it "
+                        "(helm install reversi charts/reversi -n no-reversi-here --create-namespace), or name where "
+                        "it is with --release-namespace"], absent.stdout
+    nobody = kr(cluster, "check", "--release-namespace", namespace, "-o", "json",
+                kubeconfig=cluster.kubeconfig_for("check-nobody"))
+    assert nobody.returncode == 2 and "Traceback" not in nobody.stderr, (nobody.stdout, nobody.stderr)
+    notes = [f for f in json.loads(nobody.stdout) if f["status"] == "note"]
+    assert {f["check"] for f in notes} >= {"crds", "operator", "policies"}, nobody.stdout
+    assert all(f["message"].startswith("not checked: you may not read") for f in notes if f["check"] == "crds")

@@ -122,5 +122,12 @@ def test_the_rendering_is_one_line_per_finding_and_a_summary():
     findings = [check.ok("a", "fine"), check.problem("b", "broken: fix it"), check.Finding("c", "note", "fyi")]
     assert check.render(findings).splitlines() == ["✔ fine", "✗ broken: fix it", "• fyi", "1 problem found"]
     assert not check.passed(findings) and check.passed(findings[::2])
+    assert not check.passed(findings[2:]), "notes alone prove nothing"
+    assert check.render(findings[2:]).splitlines()[-1] == "nothing could be checked (see the notes)"
     assert check.render(findings[:1]).splitlines()[-1] == "all checks passed"
     assert check.as_dicts(findings[:1]) == [{"check": "a", "status": "ok", "message": "fine"}]
+
+
+def test_the_policies_checked_include_the_outcome_writes_own():
+    names = check.policy_names("reversi")
+    assert names[0] == "reversi-runstep-outcome" and "reversi-runstep-lock" in names and len(names) == len(set(names))

@@ -294,3 +294,10 @@ def test_version_client_reads_no_cluster(capsys, tmp_path, monkeypatch):
     assert code == 0 and err == "" and f"operator schema version {SCHEMA_VERSION}" in out
     code, out, _ = run(capsys, "version", "--client", "--json")
     assert code == 0 and json.loads(out)["schemaVersion"] == SCHEMA_VERSION
+
+
+def test_a_missing_choice_is_one_line_that_lists_the_choices(capsys):
+    code, _out, err = run(capsys, "completion")
+    assert code == 1
+    assert single_error(err) == ("error: Missing argument '{bash|zsh|fish}'. Choose from: bash, zsh, fish; see "
+                                 "kubectl reversi completion --help")

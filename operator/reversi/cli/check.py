@@ -217,7 +217,8 @@ def judge_policies(present: Iterable[str], bound: Iterable[str], expected: Itera
                                        "): recorded calls are not judged by them; helm upgrade the release to put "
                                        "them back"))
     else:
-        out.append(ok("policies", f"{len(names)} admission policies of the recorded call present and bound"))
+        out.append(ok("policies", f"{len(names)} admission policies of the recorded call and its outcome present "
+                                  "and bound"))
     param = ((lock_binding or {}).get("spec") or {}).get("paramRef")
     if lock_binding is not None and (not isinstance(param, Mapping) or "selector" not in param):
         out.append(problem("lock", f"the binding {lock_name} selects no params: the rollback lock refuses nothing; "
@@ -225,6 +226,13 @@ def judge_policies(present: Iterable[str], bound: Iterable[str], expected: Itera
     elif lock_binding is not None:
         out.append(ok("lock", f"the rollback lock is bound to the namespace's {LOCK_PARAM_KIND}s"))
     return out
+
+
+def policy_names(release: str) -> list[str]:
+    """The admission policies of release ``release``: the outcome write's (``<release>-runstep-outcome``) and
+    the recorded call's (:func:`reversi.adapters.policies.recording_policies`)."""
+    return [f"{release}-runstep-outcome"] + [p["metadata"]["name"] for p in recording_policies(release)
+                                              if not p["kind"].endswith("Binding")]
 
 
 def judge_policy_probe(error: ApiException | None, refused_text: str) -> Finding:
@@ -266,8 +274,9 @@ def judge_metrics(ready_endpoints: int | None, service: str, namespace: str,
 
 
 def passed(findings: Iterable[Finding]) -> bool:
-    """True when no finding is a problem."""
-    return all(f.status != "problem" for f in findings)
+    """True when no finding is a problem and at least one check passed (notes alone prove nothing)."""
+    found = list(findings)
+    return all(f.status != "problem" for f in found) and any(f.status == "ok" for f in found)
 
 
 def render(findings: list[Finding]) -> str:
@@ -275,7 +284,10 @@ def render(findings: list[Finding]) -> str:
     marks = {"ok": "✔", "problem": "✗", "note": "•"}
     lines = [f"{marks[f.status]} {f.line}" for f in findings]
     problems = sum(f.status == "problem" for f in findings)
-    lines.append("all checks passed" if not problems else f"{problems} problem{'s' if problems > 1 else ''} found")
+    if problems:
+        lines.append(f"{problems} problem{'s' if problems > 1 else ''} found")
+    else:
+        lines.append("all checks passed" if passed(findings) else "nothing could be checked (see the notes)")
     return "\n".join(lines)
 
 
@@ -356,26 +368,58 @@ def _served(api: client.ApiClient) -> dict[str, set[str]]:
 
 
 def gather_install(c: Connection, release: str, namespace: str, now: dt.datetime) -> list[Finding]:
-    """The findings about the release ``release`` installed in ``namespace``."""
+    """The findings about the release ``release`` installed in ``namespace``. A release namespace that does
+    not exist is one problem (nothing is installed there); a check the user may not read is a note that says
+    which right it needs, and the other checks go on."""
+    core = client.CoreV1Api(c.api)
+    try:
+        calls.call(core.read_namespace, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return [problem("install", f"namespace {namespace} does not exist: Reversi is not installed there; "
+                                       f"install it (helm install {release} charts/reversi -n {namespace} "
+                                       "--create-namespace), or name where it is with --release-namespace")]
+        if err.status not in (401, 403):
+            raise
+    findings: list[Finding] = []
+    for name, part in (("crds", _crds), ("operator", partial(_operator, release=release, now=now)),
+                       ("admission", partial(_admission, release=release)),
+                       ("policies", partial(_policies, release=release)),
+                       ("metrics", partial(_metrics, release=release))):
+        try:
+            findings += part(c, namespace=namespace)
+        except ApiException as err:
+            if err.status not in (401, 403):
+                raise
+            findings.append(Finding(name, "note", f"not checked: you may not read what it needs ({_short(err)})"))
+    return findings
+
+
+def _crds(c: Connection, namespace: str) -> list[Finding]:
     from .. import schema
     from ..adapters.kube import read_crds
 
     result = schema.check(read_crds(c.api, schema.CRD_NAMES))
-    findings = [judge_crds(result.summary(), result.ok)]
+    return [judge_crds(result.summary(), result.ok)]
+
+
+def _operator(c: Connection, namespace: str, release: str, now: dt.datetime) -> list[Finding]:
     apps, coord = client.AppsV1Api(c.api), client.CoordinationV1Api(c.api)
     lease = _maybe(lambda: calls.call(coord.read_namespaced_lease, f"{release}-operator", namespace))
-    findings.append(judge_lease(None if lease is None else _dict(c.api, lease), f"{release}-operator", namespace, now))
-    for name, role, fix in (
-            (release, "operator", f"kubectl -n {namespace} describe deployment {release}"),
-            (f"{release}-admission", "admission",
-             f"every write of Reversi's kinds is refused meanwhile (failurePolicy Fail): kubectl -n {namespace} "
-             f"scale deployment {release}-admission --replicas=2, and see docs/operations.md#reversiadmissiondown")):
-        found = _maybe(partial(calls.call, apps.read_namespaced_deployment, name, namespace))
-        findings.append(judge_deployment(None if found is None else _dict(c.api, found), name, namespace, role, fix))
+    found = _maybe(partial(calls.call, apps.read_namespaced_deployment, release, namespace))
+    return [judge_lease(None if lease is None else _dict(c.api, lease), f"{release}-operator", namespace, now),
+            judge_deployment(None if found is None else _dict(c.api, found), release, namespace, "operator",
+                             f"kubectl -n {namespace} describe deployment {release}")]
+
+
+def _admission(c: Connection, namespace: str, release: str) -> list[Finding]:
+    name = f"{release}-admission"
+    found = _maybe(partial(calls.call, client.AppsV1Api(c.api).read_namespaced_deployment, name, namespace))
+    fix = (f"every write of Reversi's kinds is refused meanwhile (failurePolicy Fail): kubectl -n {namespace} "
+           f"scale deployment {name} --replicas=2, and see docs/operations.md#reversiadmissiondown")
+    findings = [judge_deployment(None if found is None else _dict(c.api, found), name, namespace, "admission", fix)]
     if findings[-1].status == "ok":  # with no admission replica ready, the probe can only say the same again
         findings.append(judge_webhook_probe(*_probe_webhooks(c, namespace), release, namespace))
-    findings += _policies(c, release, namespace)
-    findings += _metrics(c, release, namespace)
     return findings
 
 
@@ -401,9 +445,9 @@ def _probe_webhooks(c: Connection, namespace: str) -> tuple[ApiException | None,
 WRONG_NAME_REFUSAL = "must be named"
 
 
-def _policies(c: Connection, release: str, namespace: str) -> list[Finding]:
+def _policies(c: Connection, namespace: str, release: str) -> list[Finding]:
     adm = client.AdmissionregistrationV1Api(c.api)
-    expected = [p["metadata"]["name"] for p in recording_policies(release) if not p["kind"].endswith("Binding")]
+    expected = policy_names(release)
     present = [p.metadata.name for p in calls.list_all(adm.list_validating_admission_policy)[0]]
     present += [p["metadata"]["name"] for p in _mutating_policies(c)]
     bindings = [_dict(c.api, b) for b in calls.list_all(adm.list_validating_admission_policy_binding)[0]]
@@ -428,7 +472,7 @@ def _mutating_policies(c: Connection, plural: str = "mutatingadmissionpolicies")
     return [_dict(c.api, p) for p in calls.list_all(method)[0]]
 
 
-def _metrics(c: Connection, release: str, namespace: str) -> list[Finding]:
+def _metrics(c: Connection, namespace: str, release: str) -> list[Finding]:
     service = f"{release}-operator"
     core, discovery = client.CoreV1Api(c.api), client.DiscoveryV1Api(c.api)
     found = _maybe(lambda: calls.call(core.read_namespaced_service, service, namespace))
@@ -465,6 +509,12 @@ def _metrics(c: Connection, release: str, namespace: str) -> list[Finding]:
               help="Print the findings as JSON or YAML: [{check, status, message}].")
 @global_options
 def check(pre: bool, release: str, release_namespace: str, output: str | None) -> int:
+    from .api import CliError, check_name
+
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", release or "") or len(release) > 53:
+        raise CliError(f"--release {release!r} is not a release name (lowercase letters, digits and '-', at most 53): "
+                       "helm list -A lists them")
+    check_name(release_namespace, "Namespace")
     c = conn()
     try:
         findings = gather_pre(c, release_namespace) if pre else gather_install(c, release, release_namespace, now())

@@ -1198,7 +1198,8 @@ def main(argv: list[str] | None = None) -> None:
         code = 0
     except click.UsageError as err:
         where = err.ctx.command_path if err.ctx else "kubectl reversi"
-        click.echo(f"error: {err.format_message().rstrip('.')}; see {where} --help", err=True)
+        message = " ".join(err.format_message().split()).rstrip(".")  # click lists choices on lines of their own
+        click.echo(f"error: {message}; see {where} --help", err=True)
         code = 1
     except click.ClickException as err:
         click.echo(f"error: {err.format_message()}", err=True)

@@ -1101,6 +1101,10 @@ def _stamp(moment: dt.datetime | None) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else "-"
 
 
+#: ``deleted_reason`` -> who deleted the Run (reversi.engine.archive.EXPIRED, DELETED)
+_DELETED_BY = {"expired": "by retention, its time to live passed", "deleted": "by a person or its namespace's deletion"}
+
+
 def archived_run(record: Any, now: dt.datetime, wide: bool = False) -> str:
     """``archive show``: the archived Run (``reversi.engine.archive.Record``): who ran it, who did
     what, its steps, and the report of each of its RollbackRequests as ``describe`` printed it
@@ -1113,7 +1117,8 @@ def archived_run(record: Any, now: dt.datetime, wide: bool = False) -> str:
         f"Scope:         {scope_text((record.run.get('spec') or {}).get('scope'))}",
         f"Created:       {_stamp(cols['created_at'])}",
         f"Last activity: {_stamp(cols['last_activity'])}",
-        f"Deleted:       {cols['deleted_reason']} (by retention; its record is this archive)",
+        f"Deleted:       {cols['deleted_reason']} ({_DELETED_BY.get(cols['deleted_reason'], 'deleted')}; its record is "
+        "this archive)",
         f"Steps:         {cols['steps']}",
         "",
         "Who did what:",
