@@ -41,7 +41,7 @@ lint: install
 # the node agent; make e2e: the real node, every chart release and upgrade, chaos, failover and live
 # Prometheus (the tier is E2E_MODULES in tests/conftest.py; docs/development.md#tests)
 test: build
-	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e"
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not e2e" --durations=15
 
 e2e: build
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m e2e
