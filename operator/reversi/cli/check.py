@@ -20,7 +20,6 @@ the Prometheus Operator is installed).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,13 +27,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import click
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ..adapters import apicalls as calls
 from ..adapters.policies import recording_policies
-from .common import conn, global_options, now, out
+from .common import conn, global_options, now, out, output_of, output_option, print_document
 
 if TYPE_CHECKING:
     from .api import Connection
@@ -505,8 +503,7 @@ def _metrics(c: Connection, namespace: str, release: str) -> list[Finding]:
               help="The release's full name (the prefix of its objects: Deployments, Lease, policies).")
 @click.option("--release-namespace", default="reversi-system", show_default=True,
               help="The namespace the release is (or will be) installed in.")
-@click.option("-o", "--output", "output", type=click.Choice(["json", "yaml"]), default=None,
-              help="Print the findings as JSON or YAML: [{check, status, message}].")
+@output_option("json", "yaml", what="the findings ([{check, status, message}])")
 @global_options
 def check(pre: bool, release: str, release_namespace: str, output: str | None) -> int:
     from .api import CliError, check_name
@@ -520,10 +517,9 @@ def check(pre: bool, release: str, release_namespace: str, output: str | None) -
         findings = gather_pre(c, release_namespace) if pre else gather_install(c, release, release_namespace, now())
     except ApiException as err:
         raise c.api_error(err, "checking the cluster") from err
-    if output == "json":
-        out(json.dumps(as_dicts(findings), indent=2))
-    elif output == "yaml":
-        out(yaml.safe_dump(as_dicts(findings), sort_keys=False).rstrip())
-    else:
+    fmt = output_of(output)
+    if fmt is None:
         out(render(findings))
+    else:
+        print_document(as_dicts(findings), fmt)
     return 0 if passed(findings) else 2

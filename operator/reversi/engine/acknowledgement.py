@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import conditions as cond
+
 #: The annotation earlier versions used to acknowledge a Run (value: who and what was done). It
 #: is honoured still; anyone who may patch the Run can set it, so ``kubectl reversi acknowledge``
 #: (an RBAC verb of its own, actor stamped by the server) replaces it.
@@ -49,9 +51,9 @@ class Acknowledged:
 
 def _condition(run: Mapping[str, Any], kind: str) -> str | None:
     """The status (``"True"``, ``"False"``, ...) of the Run's condition of type ``kind``, or None."""
-    for cond in (run.get("status") or {}).get("conditions") or []:
-        if isinstance(cond, dict) and cond.get("type") == kind:
-            return cond.get("status")
+    for condition in (run.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, dict) and condition.get("type") == kind:
+            return condition.get("status")
     return None
 
 
@@ -136,10 +138,6 @@ def problem(run: Mapping[str, Any], run_name: str) -> str | None:
     return None
 
 
-#: the Ready reason of a request whose residue no longer stands (:func:`superseded`)
-SUPERSEDED = "Superseded"
-
-
 def superseded(residue_request: str | None, locked_by: str | None,
                requests: Iterable[tuple[str, str | None, str | None]]) -> list[str]:
     """The requests of a Run to mark Ready, reason ``Superseded``: those that ended ``Incomplete`` and are not
@@ -150,4 +148,4 @@ def superseded(residue_request: str | None, locked_by: str | None,
     if not residue_request or locked_by:
         return []
     return sorted(name for name, phase, reason in requests
-                  if phase == "Incomplete" and name != residue_request and reason != SUPERSEDED)
+                  if phase == "Incomplete" and name != residue_request and reason != cond.SUPERSEDED)

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import conditions as cond
 from ..adapters import journal as jr
 from ..adapters.informer import Informer
 from ..adapters.kube import Conflict, Kube
@@ -117,7 +118,7 @@ def request_facts(obj: dict) -> tuple[str, rules.RequestFacts] | None:
     if not isinstance(run, str) or not name:
         return None
     status = obj.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Ready"), {})
+    ready = cond.get_condition(status.get("conditions"), cond.READY) or {}
     return run, rules.RequestFacts(name, status.get("phase"), ready.get("reason"))
 
 
