@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 
 from ..adapters import apicalls as calls
 from ..adapters.policies import recording_policies
+from ..engine.retention import parse_time
 from .common import conn, global_options, now, out, output_of, output_option, print_document
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def judge_lease(lease: Mapping[str, Any] | None, name: str, namespace: str, now:
     if lease is None:
         return problem("operator", f"{where} does not exist: {fix}")
     spec = lease.get("spec") or {}
-    holder, renewed = spec.get("holderIdentity"), _time(spec.get("renewTime"))
+    holder, renewed = spec.get("holderIdentity"), parse_time(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds") or 15
     if not holder or renewed is None:
         return problem("operator", f"{where} is held by no replica: {fix}")
@@ -292,17 +293,6 @@ def render(findings: list[Finding]) -> str:
 def as_dicts(findings: Iterable[Finding]) -> list[dict[str, str]]:
     """``-o json``/``yaml``: ``[{check, status, message}]``."""
     return [{"check": f.check, "status": f.status, "message": f.line} for f in findings]
-
-
-def _time(value: Any) -> dt.datetime | None:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, str) and value:
-        try:
-            return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return None
 
 
 def _short(err: ApiException) -> str:
