@@ -115,6 +115,9 @@ class WriteRecorder:
         self.objects = Objects(api, FIELD_MANAGER)
         self.settle_seconds = settle_seconds
         self._recorders: dict[tuple[str, str, str], tuple[Recorder, threading.Lock]] = {}
+        #: (run namespace, run name, object uid, resourceVersion) -> the step a stored version settled: one
+        #: stored write is one step's, never two attempts' (a write admitted again after losing a race)
+        self._claimed: dict[tuple[str, str, str, str], int] = {}
         self._lock = threading.Lock()
         self._settling = ThreadPoolExecutor(settlers, thread_name_prefix="settle")
         runs.subscribe(self._run_changed)
@@ -137,6 +140,8 @@ class WriteRecorder:
             with self._lock:
                 for held in [k for k in self._recorders if k[:2] == key]:
                     del self._recorders[held]
+                for claim in [k for k in self._claimed if k[:2] == key]:
+                    del self._claimed[claim]
 
     def close(self) -> None:
         """Stop taking outcomes to settle (those under way finish)."""
@@ -219,6 +224,7 @@ class WriteRecorder:
                 reason += "; grant the admission server's ServiceAccount get, list and watch on it " \
                           "(docs/operations.md#the-recorders-rights)"
             settled = kube_review.Settlement("uncertain", error=reason)
+        settled = self._claim(recorder, step, write, settled)
         try:
             recorder.finish(step, settled.outcome, settled.result, settled.error)
         except (RecordingRefused, OutcomeNotRecorded) as err:
@@ -227,6 +233,18 @@ class WriteRecorder:
         except Exception:
             log.exception("the outcome of step %d of Run %s/%s was not recorded", step.index, recorder.namespace,
                           recorder.run)
+
+    def _claim(self, recorder: Recorder, step: Step, write: kube_review.Written,
+               settled: kube_review.Settlement) -> kube_review.Settlement:
+        """``settled``, unless the stored version it names is already another step's: then ``failed``
+        (:func:`reversi.engine.kube_review.claimed_by_another`)."""
+        version = str((settled.result or {}).get("resourceVersion") or "")
+        if settled.outcome != "succeeded" or not version or write.verb == "delete":
+            return settled
+        key = (recorder.namespace, recorder.run, write.uid or write.ref["name"], version)
+        with self._lock:
+            owner = self._claimed.setdefault(key, step.index)
+        return settled if owner == step.index else kube_review.claimed_by_another(write, owner)
 
     def _settlement(self, write: kube_review.Written) -> kube_review.Settlement:
         if write.verb == "create":

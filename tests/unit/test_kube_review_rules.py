@@ -225,3 +225,11 @@ def test_the_recording_configuration_refuses_while_no_replica_answers_and_sees_e
     assert hook["clientConfig"] == {"url": "https://x/validate-record"}
     assert hook["rules"][0]["resources"] == ["*", "*/scale"] and hook["rules"][0]["scope"] == "Namespaced"
     assert hook["matchConditions"][0]["expression"] == webhooks.recorded_users({AGENT: ("team",)})
+
+
+def test_an_attempt_whose_stored_version_is_another_steps_is_failed_with_nothing_to_undo():
+    write = kube_review.Written(ref={"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "ns", "name": "web"},
+                                verb="scale", tool="kube.scale", args={}, expected={}, uid="u", prior_version="7",
+                                user="agent")
+    settled = kube_review.claimed_by_another(write, 2)
+    assert settled.outcome == "failed" and "another write's, step 2's" in settled.error

@@ -189,6 +189,15 @@ def not_created(write: Written) -> Settlement:
                                       "admission: a quota, another webhook, a lost race); nothing to undo")
 
 
+def claimed_by_another(write: Written, step: int) -> Settlement:
+    """The outcome of an attempt whose stored version another step of the run already settled to: ``failed``.
+    A write that loses a race is admitted again (a review, a step of its own); when both reviews start from
+    the same prior version, both would find the one version stored, which is one write, not two
+    (docs/concepts.md#recording-with-no-agent-code)."""
+    return Settlement("failed", error=f"{_what(write)} was admitted again after losing a race; the version stored is "
+                                      f"another write's, step {step}'s; nothing to undo here")
+
+
 def _not_stored(write: Written, first: Mapping[str, Any] | None) -> Settlement:
     if first is None:
         why = "no new version was stored"
